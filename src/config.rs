@@ -1,0 +1,377 @@
+//! Configuration: defaults, then a TOML file, then `SNAKECAGE_*` environment variables,
+//! then command-line flags; validated once at start-up.
+//!
+//! Environment variables name nested keys with `__`: `SNAKECAGE_POOL__SIZE=8`,
+//! `SNAKECAGE_LIMITS__MEMORY_LIMIT_MB=512`, `SNAKECAGE_LISTEN=0.0.0.0:8000`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address the HTTP API listens on.
+    pub listen: SocketAddr,
+    pub pool: PoolConfig,
+    pub limits: LimitsConfig,
+    pub python: PythonConfig,
+    pub worker: WorkerConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Idle, pre-forked workers kept ready. Default: 2 × cores.
+    pub size: usize,
+    /// Requests that may wait for a worker; one more gets 429.
+    pub queue_length: usize,
+    /// A request that waited this long for a worker gets 503.
+    pub queue_timeout_ms: u64,
+    /// How long a new worker may take to become ready.
+    pub spawn_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// `timeout_ms` when the request does not give one.
+    pub default_timeout_ms: u64,
+    /// Largest `timeout_ms` a request may ask for.
+    pub max_timeout_ms: u64,
+    /// Memory a job may allocate on top of the preloaded interpreter.
+    pub memory_limit_mb: u64,
+    /// Per stream (stdout, stderr); the rest is cut with `\n...[truncated]`.
+    pub max_output_bytes: usize,
+    /// Largest request body.
+    pub max_request_bytes: usize,
+    /// Largest file a job may write (RLIMIT_FSIZE).
+    pub max_file_size_mb: u64,
+    /// RLIMIT_NOFILE for workers.
+    pub max_open_files: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PythonConfig {
+    /// A virtualenv whose site-packages user code may import from, and whose base
+    /// interpreter runs the workers (its `pyvenv.cfg` names it).
+    pub venv: Option<PathBuf>,
+    /// CPython's prefix; overrides the one `venv` names.
+    pub home: Option<PathBuf>,
+    /// Extra directories appended to `sys.path`.
+    pub site_packages: Vec<PathBuf>,
+    /// Imported once in the zygote; those that are not installed are skipped and reported.
+    pub preload: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// The zygote binary; default: `snakecage-worker` next to this executable.
+    pub binary: Option<PathBuf>,
+    /// Where per-worker workspaces and the zygote's caches live.
+    pub state_dir: PathBuf,
+    /// In-flight requests get this long to finish on shutdown before workers are killed.
+    pub shutdown_grace_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// A `tracing` filter, e.g. `info` or `snakecage=debug`. `RUST_LOG` overrides it.
+    pub level: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8000)),
+            pool: PoolConfig::default(),
+            limits: LimitsConfig::default(),
+            python: PythonConfig::default(),
+            worker: WorkerConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self {
+            size: 2 * cores,
+            queue_length: 256,
+            queue_timeout_ms: 30_000,
+            spawn_timeout_ms: 30_000,
+        }
+    }
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            default_timeout_ms: 2_000,
+            max_timeout_ms: 60_000,
+            memory_limit_mb: 256,
+            max_output_bytes: 1_000_000,
+            max_request_bytes: 10 << 20,
+            max_file_size_mb: 100,
+            max_open_files: 256,
+        }
+    }
+}
+
+impl Default for PythonConfig {
+    fn default() -> Self {
+        Self {
+            venv: Some(PathBuf::from(".venv")),
+            home: None,
+            site_packages: Vec::new(),
+            preload: ["numpy", "pandas", "matplotlib", "matplotlib.pyplot"]
+                .map(String::from)
+                .to_vec(),
+        }
+    }
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            binary: None,
+            state_dir: std::env::temp_dir().join("snakecage"),
+            shutdown_grace_ms: 10_000,
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Human,
+            level: "info".into(),
+        }
+    }
+}
+
+/// Values given on the command line; each one that is set overrides every other source.
+#[derive(Debug, Default, Clone, clap::Args, Serialize)]
+pub struct Overrides {
+    /// Address to listen on, e.g. 127.0.0.1:8000.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Virtualenv with the packages user code may import.
+    #[arg(long = "venv")]
+    #[serde(skip)]
+    pub venv: Option<PathBuf>,
+    /// Idle workers kept ready.
+    #[arg(long = "pool-size")]
+    #[serde(skip)]
+    pub pool_size: Option<usize>,
+    /// Log format.
+    #[arg(long = "log-format", value_enum)]
+    #[serde(skip)]
+    pub log_format: Option<LogFormat>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("configuration: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Loads defaults < `file` < environment < `overrides`, then validates.
+    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(file) = file {
+            if !file.is_file() {
+                return Err(ConfigError::Invalid(format!(
+                    "config file {} not found",
+                    file.display()
+                )));
+            }
+            fig = fig.merge(Toml::file(file));
+        }
+        fig = fig.merge(Env::prefixed("SNAKECAGE_").split("__").ignore(&["config"]));
+        fig = fig.merge(Serialized::defaults(overrides));
+        if let Some(venv) = &overrides.venv {
+            fig = fig.merge(Serialized::default("python.venv", venv));
+        }
+        if let Some(size) = overrides.pool_size {
+            fig = fig.merge(Serialized::default("pool.size", size));
+        }
+        if let Some(format) = overrides.log_format {
+            fig = fig.merge(Serialized::default("log.format", format));
+        }
+        let config: Config = fig.extract().map_err(Box::new)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |msg: &str| Err(ConfigError::Invalid(msg.to_owned()));
+        if self.pool.size == 0 {
+            return bad("pool.size must be at least 1");
+        }
+        if self.limits.default_timeout_ms == 0 || self.limits.max_timeout_ms == 0 {
+            return bad("limits.default_timeout_ms and limits.max_timeout_ms must be positive");
+        }
+        if self.limits.default_timeout_ms > self.limits.max_timeout_ms {
+            return bad("limits.default_timeout_ms must not exceed limits.max_timeout_ms");
+        }
+        if self.limits.memory_limit_mb == 0 {
+            return bad("limits.memory_limit_mb must be positive");
+        }
+        if self.limits.max_open_files < 16 {
+            return bad("limits.max_open_files must be at least 16 (CPython needs a few)");
+        }
+        Ok(())
+    }
+
+    /// The zygote binary to exec.
+    pub fn worker_binary(&self) -> PathBuf {
+        if let Some(bin) = &self.worker.binary {
+            return bin.clone();
+        }
+        let exe = std::env::current_exe().unwrap_or_default();
+        let dir = exe.parent().unwrap_or(Path::new("."));
+        // Integration tests and benches run from target/<profile>/deps.
+        let sibling = dir.join("snakecage-worker");
+        if !sibling.exists() && dir.ends_with("deps") {
+            return dir.parent().unwrap_or(dir).join("snakecage-worker");
+        }
+        sibling
+    }
+}
+
+/// Where the Python side lives, resolved from [`PythonConfig`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PythonLayout {
+    pub home: Option<PathBuf>,
+    pub site_packages: Vec<PathBuf>,
+}
+
+impl PythonConfig {
+    /// Resolves the venv (if present) into a home and its site-packages directory. A
+    /// configured venv that does not exist is an error: silently running without the
+    /// packages the operator asked for would be worse.
+    pub fn layout(&self) -> Result<PythonLayout, ConfigError> {
+        let mut layout = PythonLayout {
+            home: self.home.clone(),
+            site_packages: Vec::new(),
+        };
+        if let Some(venv) = &self.venv {
+            let cfg_path = venv.join("pyvenv.cfg");
+            let cfg = std::fs::read_to_string(&cfg_path).map_err(|e| {
+                ConfigError::Invalid(format!(
+                    "python.venv {}: cannot read {}: {e} (create it with the README's first command, or set python.venv)",
+                    venv.display(),
+                    cfg_path.display()
+                ))
+            })?;
+            if layout.home.is_none() {
+                layout.home = venv_home(&cfg);
+            }
+            let lib = venv.join("lib");
+            let site = std::fs::read_dir(&lib)
+                .map_err(|e| {
+                    ConfigError::Invalid(format!("python.venv: cannot list {}: {e}", lib.display()))
+                })?
+                .filter_map(Result::ok)
+                .map(|entry| entry.path().join("site-packages"))
+                .find(|p| p.is_dir())
+                .ok_or_else(|| {
+                    ConfigError::Invalid(format!(
+                        "python.venv: no site-packages under {}",
+                        lib.display()
+                    ))
+                })?;
+            layout
+                .site_packages
+                .push(std::path::absolute(site).map_err(|e| ConfigError::Invalid(e.to_string()))?);
+        }
+        layout
+            .site_packages
+            .extend(self.site_packages.iter().cloned());
+        Ok(layout)
+    }
+}
+
+/// `home = /prefix/bin` in pyvenv.cfg names the base interpreter's bin directory.
+fn venv_home(cfg: &str) -> Option<PathBuf> {
+    cfg.lines().find_map(|line| {
+        let (key, value) = line.split_once('=')?;
+        (key.trim() == "home")
+            .then(|| PathBuf::from(value.trim()).parent().map(Path::to_path_buf))?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pyvenv_home_is_the_prefix_above_bin() {
+        let cfg = "home = /opt/py/3.11.7/bin\ninclude-system-site-packages = false\n";
+        assert_eq!(venv_home(cfg), Some(PathBuf::from("/opt/py/3.11.7")));
+        assert_eq!(venv_home("version = 3.11\n"), None);
+    }
+
+    #[test]
+    fn defaults_are_valid_and_documented_values() {
+        let c = Config::default();
+        c.validate().unwrap();
+        assert_eq!(c.limits.default_timeout_ms, 2000);
+        assert_eq!(c.limits.max_timeout_ms, 60_000);
+        assert_eq!(c.limits.max_output_bytes, 1_000_000);
+        assert_eq!(c.limits.memory_limit_mb, 256);
+    }
+
+    #[test]
+    fn file_then_overrides_take_precedence() {
+        let dir = std::env::temp_dir().join(format!("snakecage-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(
+            &file,
+            "listen = \"127.0.0.1:9000\"\n[pool]\nsize = 3\n[python]\nvenv = \"/nope\"\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&file), &Overrides::default()).unwrap();
+        assert_eq!((c.listen.port(), c.pool.size), (9000, 3));
+        let over = Overrides {
+            pool_size: Some(5),
+            listen: Some("127.0.0.1:9100".parse().unwrap()),
+            ..Default::default()
+        };
+        let c = Config::load(Some(&file), &over).unwrap();
+        assert_eq!((c.listen.port(), c.pool.size), (9100, 5));
+        std::fs::write(&file, "[pool]\nsize = 0\n").unwrap();
+        assert!(matches!(
+            Config::load(Some(&file), &Overrides::default()),
+            Err(ConfigError::Invalid(_))
+        ));
+        std::fs::write(&file, "[pool]\nsise = 2\n").unwrap();
+        assert!(matches!(
+            Config::load(Some(&file), &Overrides::default()),
+            Err(ConfigError::Load(_))
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

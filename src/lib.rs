@@ -1,0 +1,17 @@
+//! snakecage: runs untrusted Python in pre-forked, sandboxed CPython workers behind an
+//! HTTP API compatible with the Onyx code interpreter.
+//!
+//! - [`config`]: defaults, TOML file, `SNAKECAGE_*` environment, CLI flags.
+//! - [`server`]: `serve(listener, config, shutdown)`, used by `main` and by the tests.
+//! - [`api`]: the router and its handlers.
+//! - [`error`]: `ApiError`, the one place statuses and `detail`s are decided.
+//! - [`pool`]: the zygote, the pre-forked workers, one run of one job.
+//!
+//! The supervisor never forks and never links CPython: the zygote (`snakecage-worker`)
+//! does that, and the two speak the protocol in the `snakecage_worker` library.
+
+pub mod api;
+pub mod config;
+pub mod error;
+pub mod pool;
+pub mod server;

@@ -1,0 +1,323 @@
+//! One job on one worker: send it, capture stdout and stderr as they come, wait for the
+//! result or the deadline, kill on timeout, and turn what happened into a [`RunVerdict`].
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use snakecage_worker::frame::FrameError;
+use snakecage_worker::protocol::{ExitStatus, Job, JobRequest, JobResult, WorkerMessage};
+use tokio::sync::mpsc;
+
+use super::capture::CappedOutput;
+use super::worker::{Worker, read_pipe};
+
+/// How a run ended, from the user's point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunVerdict {
+    /// Exit code 0.
+    Ok,
+    /// Non-zero exit: an uncaught exception or `sys.exit(n)`.
+    Error,
+    /// Killed at the deadline (or by the CPU-time backstop).
+    Timeout,
+    /// Ran out of its memory budget (`MemoryError`).
+    MemoryLimit,
+    /// Finished, but its output was cut at `max_output_bytes`.
+    OutputLimit,
+    /// Died without reporting: a signal, a crash, a protocol violation, the zygote dying.
+    Killed,
+}
+
+impl RunVerdict {
+    pub const ALL: [RunVerdict; 6] = [
+        RunVerdict::Ok,
+        RunVerdict::Error,
+        RunVerdict::Timeout,
+        RunVerdict::MemoryLimit,
+        RunVerdict::OutputLimit,
+        RunVerdict::Killed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunVerdict::Ok => "ok",
+            RunVerdict::Error => "error",
+            RunVerdict::Timeout => "timeout",
+            RunVerdict::MemoryLimit => "memory_limit",
+            RunVerdict::OutputLimit => "output_limit",
+            RunVerdict::Killed => "killed",
+        }
+    }
+}
+
+/// Which stream a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// A piece of output as it was produced (for streaming responses).
+#[derive(Debug, Clone)]
+pub struct OutputChunk {
+    pub stream: Stream,
+    pub data: Vec<u8>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunLimits {
+    pub timeout: Duration,
+    pub max_output_bytes: usize,
+}
+
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    /// `None` when the worker did not exit on its own (timeout, signal).
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+    pub verdict: RunVerdict,
+    pub duration: Duration,
+    pub result: Option<JobResult>,
+    /// The signal that ended the worker, when one did.
+    pub signal: Option<i32>,
+}
+
+/// Failures that leave no result for the user: the job never reached the worker.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("the worker was gone before it took the job: {0}")]
+    WorkerLost(FrameError),
+}
+
+/// How long to wait for the zygote to report the exit status of a worker that died.
+const EXIT_STATUS_WAIT: Duration = Duration::from_secs(2);
+
+/// Runs `job` on `worker`. The worker is consumed: it is killed when this returns.
+pub async fn run(
+    mut worker: Worker,
+    job: Job,
+    limits: &RunLimits,
+    chunks: Option<mpsc::Sender<OutputChunk>>,
+) -> Result<RunOutcome, RunError> {
+    let started = Instant::now();
+    worker
+        .channel
+        .send(&JobRequest::Run(job))
+        .await
+        .map_err(RunError::WorkerLost)?;
+    let deadline = tokio::time::Instant::from_std(started + limits.timeout);
+    let mut capture = Capture::new(limits.max_output_bytes, chunks);
+
+    let mut buf = vec![0u8; 64 << 10];
+    let ending = loop {
+        tokio::select! {
+            msg = worker.channel.recv() => break match msg {
+                Ok(Some(WorkerMessage::Result(result))) => Ending::Reported(result),
+                Ok(Some(WorkerMessage::Ready)) | Err(_) => Ending::ProtocolViolation,
+                Ok(None) => Ending::Died,
+            },
+            ready = worker.stdout.readable(), if capture.stdout_open => {
+                if let Ok(mut guard) = ready {
+                    match guard.try_io(|fd| read_pipe(fd, &mut buf)) {
+                        Ok(Ok(0)) | Ok(Err(_)) => capture.stdout_open = false,
+                        Ok(Ok(n)) => capture.push(Stream::Stdout, &buf[..n]).await,
+                        Err(_would_block) => {}
+                    }
+                }
+            }
+            ready = worker.stderr.readable(), if capture.stderr_open => {
+                if let Ok(mut guard) = ready {
+                    match guard.try_io(|fd| read_pipe(fd, &mut buf)) {
+                        Ok(Ok(0)) | Ok(Err(_)) => capture.stderr_open = false,
+                        Ok(Ok(n)) => capture.push(Stream::Stderr, &buf[..n]).await,
+                        Err(_would_block) => {}
+                    }
+                }
+            }
+            () = tokio::time::sleep_until(deadline) => break Ending::Deadline,
+        }
+    };
+    let duration = started.elapsed();
+
+    if !matches!(ending, Ending::Reported(_)) {
+        worker.kill();
+    }
+    // Everything the worker wrote before its result (or death) is already in the pipes.
+    capture.drain(&worker, &mut buf).await;
+
+    if ending == Ending::ProtocolViolation {
+        tracing::warn!(
+            worker = worker.id,
+            pid = worker.pid,
+            "worker violated the job protocol; killed"
+        );
+    }
+    let (result, signal, exit_code, timed_out) = match ending {
+        Ending::Reported(result) => {
+            let code = result.exit_code;
+            (Some(result), None, Some(code), false)
+        }
+        Ending::Deadline => (None, None, None, true),
+        Ending::Died | Ending::ProtocolViolation => {
+            match worker.exit_status(EXIT_STATUS_WAIT).await {
+                // SIGXCPU: the CPU-time backstop, a timeout by another clock.
+                Some(ExitStatus::Signal(sig)) if sig == libc::SIGXCPU => {
+                    (None, Some(sig), None, true)
+                }
+                Some(ExitStatus::Signal(sig)) => (None, Some(sig), None, false),
+                Some(ExitStatus::Code(_)) | None => (None, None, None, false),
+            }
+        }
+    };
+    let verdict = verdict(result.as_ref(), timed_out, capture.truncated());
+    let (stdout, stdout_truncated) = capture.stdout.finish();
+    let (stderr, stderr_truncated) = capture.stderr.finish();
+    Ok(RunOutcome {
+        stdout,
+        stderr,
+        stdout_truncated,
+        stderr_truncated,
+        exit_code,
+        timed_out,
+        verdict,
+        duration,
+        result,
+        signal,
+    })
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Ending {
+    Reported(JobResult),
+    Deadline,
+    Died,
+    ProtocolViolation,
+}
+
+/// Precedence: a timeout or a memory error explains everything after it; a death without
+/// a result is `killed`; a cut output is worth knowing even when the code succeeded.
+fn verdict(result: Option<&JobResult>, timed_out: bool, truncated: bool) -> RunVerdict {
+    match result {
+        _ if timed_out => RunVerdict::Timeout,
+        None => RunVerdict::Killed,
+        Some(r) if r.memory_error => RunVerdict::MemoryLimit,
+        Some(_) if truncated => RunVerdict::OutputLimit,
+        Some(r) if r.exit_code == 0 => RunVerdict::Ok,
+        Some(_) => RunVerdict::Error,
+    }
+}
+
+struct Capture {
+    stdout: CappedOutput,
+    stderr: CappedOutput,
+    stdout_open: bool,
+    stderr_open: bool,
+    chunks: Option<mpsc::Sender<OutputChunk>>,
+}
+
+impl Capture {
+    fn new(max: usize, chunks: Option<mpsc::Sender<OutputChunk>>) -> Self {
+        Self {
+            stdout: CappedOutput::new(max),
+            stderr: CappedOutput::new(max),
+            stdout_open: true,
+            stderr_open: true,
+            chunks,
+        }
+    }
+
+    async fn push(&mut self, stream: Stream, bytes: &[u8]) {
+        let out = match stream {
+            Stream::Stdout => &mut self.stdout,
+            Stream::Stderr => &mut self.stderr,
+        };
+        let kept = out.push(bytes);
+        if let (Some(tx), false) = (&self.chunks, kept.is_empty()) {
+            // A gone listener (client disconnected) is the caller's business, not ours.
+            let _ = tx
+                .send(OutputChunk {
+                    stream,
+                    data: kept.to_vec(),
+                })
+                .await;
+        }
+    }
+
+    /// Reads whatever is already in the pipes, without waiting for more.
+    async fn drain(&mut self, worker: &Worker, buf: &mut [u8]) {
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            let (fd, open) = match stream {
+                Stream::Stdout => (&worker.stdout, self.stdout_open),
+                Stream::Stderr => (&worker.stderr, self.stderr_open),
+            };
+            if !open {
+                continue;
+            }
+            loop {
+                match read_pipe(fd, buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let chunk = buf[..n].to_vec();
+                        self.push(stream, &chunk).await;
+                    }
+                }
+            }
+        }
+    }
+
+    fn truncated(&self) -> bool {
+        self.stdout.truncated() || self.stderr.truncated()
+    }
+}
+
+trait Finish {
+    fn finish(self) -> (String, bool);
+}
+
+impl Finish for CappedOutput {
+    fn finish(self) -> (String, bool) {
+        let truncated = self.truncated();
+        (self.into_string(), truncated)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(exit_code: i32, memory_error: bool) -> JobResult {
+        JobResult {
+            exit_code,
+            memory_error,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn verdict_precedence() {
+        assert_eq!(
+            verdict(Some(&result(0, false)), false, false),
+            RunVerdict::Ok
+        );
+        assert_eq!(
+            verdict(Some(&result(3, false)), false, false),
+            RunVerdict::Error
+        );
+        assert_eq!(
+            verdict(Some(&result(1, true)), false, true),
+            RunVerdict::MemoryLimit
+        );
+        assert_eq!(
+            verdict(Some(&result(0, false)), false, true),
+            RunVerdict::OutputLimit
+        );
+        assert_eq!(verdict(None, true, true), RunVerdict::Timeout);
+        assert_eq!(verdict(None, false, false), RunVerdict::Killed);
+    }
+}

@@ -1,0 +1,186 @@
+//! One forked worker as the supervisor holds it: its job socket, its output pipes, its
+//! workspace and a pidfd. Dropping a `Worker` SIGKILLs it: a worker is never reused and
+//! never outlives its handle (no orphans; the zygote reaps it).
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use snakecage_worker::frame::{self, FrameDecoder, FrameError, MAX_FRAME_LEN};
+use snakecage_worker::protocol::{ExitStatus, JobRequest, WorkerMessage};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::sync::oneshot;
+
+use super::zygote::Forked;
+
+/// A forked, hardened, warmed-up worker.
+pub struct Worker {
+    pub id: u64,
+    pub pid: i32,
+    pub generation: u64,
+    pidfd: Option<OwnedFd>,
+    pub(super) channel: JobChannel,
+    pub(super) stdout: AsyncFd<OwnedFd>,
+    pub(super) stderr: AsyncFd<OwnedFd>,
+    exit: oneshot::Receiver<ExitStatus>,
+    exit_status: Option<ExitStatus>,
+    pub(super) workspace: Workspace,
+}
+
+impl Worker {
+    pub(super) fn new(
+        id: u64,
+        generation: u64,
+        forked: Forked,
+        channel: JobChannel,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+        workspace: Workspace,
+    ) -> io::Result<Self> {
+        Ok(Self {
+            id,
+            pid: forked.pid,
+            generation,
+            pidfd: forked.pidfd,
+            channel,
+            stdout: async_fd(stdout)?,
+            stderr: async_fd(stderr)?,
+            exit: forked.exit,
+            exit_status: None,
+            workspace,
+        })
+    }
+
+    /// False once the zygote has reaped it, or the zygote itself is gone.
+    pub fn is_alive(&mut self) -> bool {
+        self.exit_status.is_none()
+            && matches!(
+                self.exit.try_recv(),
+                Err(oneshot::error::TryRecvError::Empty)
+            )
+    }
+
+    /// SIGKILL, through the pidfd so a recycled pid can never be hit.
+    pub fn kill(&self) {
+        match &self.pidfd {
+            // SAFETY: pidfd_send_signal with a pidfd we own, a signal number and no info.
+            Some(fd) => unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd.as_raw_fd(),
+                    libc::SIGKILL,
+                    0usize,
+                    0u32,
+                );
+            },
+            None => {
+                // No pidfd (old kernel): only signal a pid whose exit has not been reported.
+                if self.exit_status.is_none() && !self.exit.is_terminated() {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(self.pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+        }
+    }
+
+    /// The exit status, waiting up to `wait` for the zygote to report it. `None`: the
+    /// zygote died (and took the worker with it) or did not answer in time.
+    pub async fn exit_status(&mut self, wait: std::time::Duration) -> Option<ExitStatus> {
+        if self.exit_status.is_none() && !self.exit.is_terminated() {
+            if let Ok(Ok(status)) = tokio::time::timeout(wait, &mut self.exit).await {
+                self.exit_status = Some(status);
+            }
+        }
+        self.exit_status
+    }
+
+    pub fn workspace_path(&self) -> &Path {
+        &self.workspace.path
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The framed job socket, supervisor side. `recv` is cancel-safe (bytes are kept in the
+/// decoder), so it can sit in a `select!` next to the output pipes and the deadline.
+pub struct JobChannel {
+    stream: UnixStream,
+    decoder: FrameDecoder,
+}
+
+impl JobChannel {
+    pub fn new(stream: UnixStream) -> Self {
+        Self {
+            stream,
+            decoder: FrameDecoder::new(MAX_FRAME_LEN),
+        }
+    }
+
+    pub async fn send(&mut self, request: &JobRequest) -> Result<(), FrameError> {
+        let bytes = frame::encode(request)?;
+        self.stream.write_all(&bytes).await?;
+        Ok(())
+    }
+
+    /// The next message; `Ok(None)` when the worker closed the socket (it died or exited).
+    pub async fn recv(&mut self) -> Result<Option<WorkerMessage>, FrameError> {
+        let mut buf = [0u8; 8192];
+        loop {
+            if let Some(msg) = self.decoder.next_frame()? {
+                return Ok(Some(msg));
+            }
+            let n = self.stream.read(&mut buf).await?;
+            if n == 0 {
+                self.decoder.finish()?;
+                return Ok(None);
+            }
+            self.decoder.push(&buf[..n]);
+        }
+    }
+}
+
+/// A worker's private directory, removed when dropped.
+pub struct Workspace {
+    pub path: PathBuf,
+}
+
+impl Workspace {
+    pub fn create(root: &Path, worker_id: u64) -> io::Result<(Self, OwnedFd)> {
+        use std::os::unix::fs::DirBuilderExt;
+        let path = root.join(format!("w{worker_id}"));
+        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
+        let dir = std::fs::File::open(&path)?;
+        Ok((Self { path }, OwnedFd::from(dir)))
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.path) {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!(path = %self.path.display(), error = %e, "could not remove a workspace");
+            }
+        }
+    }
+}
+
+/// Registers an fd with the tokio reactor.
+pub(super) fn async_fd(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: an OwnedFd is a valid open fd and returns the same number for as long as it
+    // lives; the AsyncFd takes ownership of it, so it stays open while registered.
+    unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)
+}
+
+/// Non-blocking read from a pipe the supervisor owns.
+pub(super) fn read_pipe(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<usize> {
+    let n = nix::unistd::read(fd.get_ref().as_fd(), buf)?;
+    Ok(n)
+}

@@ -1,0 +1,360 @@
+//! The zygote process as the supervisor sees it: started with exec (never forked from
+//! this threaded process), one control socket, replies routed to whoever waits for them.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+use snakecage_worker::fdpass::{self, Record};
+use snakecage_worker::frame::{self, MAX_FRAME_LEN};
+use snakecage_worker::protocol::{
+    ControlReply, ControlRequest, ExitStatus, ZygoteConfig, ZygoteInfo,
+};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{Notify, oneshot};
+
+/// The zygote's replies are small; a bigger record is a protocol violation.
+const MAX_REPLY: usize = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ZygoteError {
+    #[error("cannot start the zygote {binary}: {source}")]
+    Spawn { binary: String, source: io::Error },
+    #[error("the zygote exited before it was ready{}", stderr_hint(.0))]
+    DiedDuringStartup(Option<String>),
+    #[error("the zygote did not become ready within {0:?}")]
+    StartupTimeout(Duration),
+    #[error("the zygote is gone")]
+    Gone,
+    #[error("the zygote could not fork: {0}")]
+    ForkFailed(String),
+    #[error("control socket: {0}")]
+    Io(#[from] io::Error),
+    #[error("the zygote broke the control protocol: {0}")]
+    Protocol(String),
+}
+
+fn stderr_hint(s: &Option<String>) -> String {
+    s.as_ref().map(|s| format!(": {s}")).unwrap_or_default()
+}
+
+/// A forked worker, as the zygote reported it.
+pub struct Forked {
+    pub pid: i32,
+    pub pidfd: Option<OwnedFd>,
+    /// Fires with the exit status once the zygote reaps the worker; closes if the zygote dies.
+    pub exit: oneshot::Receiver<ExitStatus>,
+}
+
+type ForkReply = Result<Forked, ZygoteError>;
+
+#[derive(Default)]
+struct Routes {
+    forks: HashMap<u64, oneshot::Sender<ForkReply>>,
+    exits: HashMap<i32, oneshot::Sender<ExitStatus>>,
+}
+
+/// One running zygote. Dropping the last handle does not kill it; [`ZygoteHandle::shutdown`]
+/// or the supervisor's exit does (the zygote has PDEATHSIG).
+pub struct ZygoteHandle {
+    pub generation: u64,
+    pub info: ZygoteInfo,
+    sock: Arc<AsyncFd<OwnedFd>>,
+    routes: Arc<Mutex<Routes>>,
+    alive: Arc<AtomicBool>,
+    died: Arc<Notify>,
+    reader: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl ZygoteHandle {
+    /// Execs the zygote and waits for its Hello.
+    pub async fn start(
+        binary: &std::path::Path,
+        config: &ZygoteConfig,
+        generation: u64,
+        startup_timeout: Duration,
+    ) -> Result<Arc<Self>, ZygoteError> {
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        )
+        .map_err(io::Error::from)?;
+        // The zygote's end is blocking (it polls); ours stays non-blocking for AsyncFd.
+        set_blocking(&theirs)?;
+        let json =
+            serde_json::to_string(config).map_err(|e| ZygoteError::Protocol(e.to_string()))?;
+        let mut cmd = tokio::process::Command::new(binary);
+        cmd.arg("--control-fd").arg("3").arg("--config").arg(json);
+        // The zygote's own stdout would mix with ours; its stray prints go to our stderr.
+        let stderr_copy = io::stderr().as_fd().try_clone_to_owned()?;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(stderr_copy))
+            .stderr(Stdio::piped());
+        cmd.kill_on_drop(true);
+        let theirs_raw = theirs.as_raw_fd();
+        // SAFETY: runs in the forked child before exec; dup2 and fcntl are async-signal-safe
+        // and touch only fds of that child.
+        unsafe {
+            cmd.pre_exec(move || {
+                if theirs_raw == 3 {
+                    let flags = libc::fcntl(3, libc::F_GETFD);
+                    if flags < 0 || libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                } else if libc::dup2(theirs_raw, 3) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|source| ZygoteError::Spawn {
+            binary: binary.display().to_string(),
+            source,
+        })?;
+        drop(theirs);
+        let stderr = child.stderr.take();
+        let sock = Arc::new(super::worker::async_fd(ours)?);
+
+        // Forward the zygote's stderr (worker start-up errors, Python warnings) to our log.
+        let stderr_tail = Arc::new(Mutex::new(String::new()));
+        if let Some(stderr) = stderr {
+            tokio::spawn(forward_stderr(stderr, stderr_tail.clone()));
+        }
+
+        let hello = tokio::time::timeout(startup_timeout, recv(&sock));
+        let info = match hello.await {
+            Err(_) => return Err(ZygoteError::StartupTimeout(startup_timeout)),
+            Ok(Ok(Some((ControlReply::Hello(info), _)))) => info,
+            Ok(Ok(None)) => {
+                let _ = child.wait().await;
+                tokio::time::sleep(Duration::from_millis(50)).await; // let stderr drain
+                let tail = stderr_tail.lock().expect("stderr tail").trim().to_owned();
+                return Err(ZygoteError::DiedDuringStartup(
+                    (!tail.is_empty()).then_some(tail),
+                ));
+            }
+            Ok(Ok(Some((other, _)))) => {
+                return Err(ZygoteError::Protocol(format!(
+                    "expected hello, got {other:?}"
+                )));
+            }
+            Ok(Err(e)) => return Err(e),
+        };
+        let handle = Arc::new(Self {
+            generation,
+            info,
+            sock: sock.clone(),
+            routes: Arc::default(),
+            alive: Arc::new(AtomicBool::new(true)),
+            died: Arc::new(Notify::new()),
+            reader: Mutex::new(None),
+        });
+        let reader = tokio::spawn(read_replies(
+            sock,
+            handle.routes.clone(),
+            handle.alive.clone(),
+            handle.died.clone(),
+            child,
+        ));
+        *handle.reader.lock().expect("reader lock") = Some(reader);
+        Ok(handle)
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// Resolves when the zygote has died (immediately if it already has).
+    pub async fn died(&self) {
+        let notified = self.died.notified();
+        if !self.is_alive() {
+            return;
+        }
+        notified.await;
+    }
+
+    /// Asks for one worker; `fds` are its job socket, stdout and stderr write ends and its
+    /// workspace directory, closed here once sent.
+    pub async fn fork(&self, worker_id: u64, fds: [OwnedFd; 4]) -> Result<Forked, ZygoteError> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut routes = self.routes.lock().expect("routes lock");
+            if !self.is_alive() {
+                return Err(ZygoteError::Gone);
+            }
+            routes.forks.insert(worker_id, tx);
+        }
+        let request = ControlRequest::Fork { worker_id };
+        if let Err(e) = self.send(&request, &fds).await {
+            self.routes
+                .lock()
+                .expect("routes lock")
+                .forks
+                .remove(&worker_id);
+            return Err(e);
+        }
+        drop(fds);
+        rx.await.map_err(|_| ZygoteError::Gone)?
+    }
+
+    async fn send(&self, request: &ControlRequest, fds: &[OwnedFd]) -> Result<(), ZygoteError> {
+        let bytes = frame::encode(request).map_err(|e| ZygoteError::Protocol(e.to_string()))?;
+        let borrowed: Vec<_> = fds.iter().map(|fd| fd.as_fd()).collect();
+        loop {
+            let mut guard = self.sock.writable().await?;
+            match guard
+                .try_io(|sock| fdpass::send_record(sock.get_ref().as_fd(), &bytes, &borrowed))
+            {
+                Ok(result) => {
+                    return result.map_err(|e| {
+                        if is_gone(&e) {
+                            ZygoteError::Gone
+                        } else {
+                            e.into()
+                        }
+                    });
+                }
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    /// Asks the zygote to kill and reap every worker and exit, then waits for it (bounded).
+    pub async fn shutdown(&self, wait: Duration) {
+        let _ = self.send(&ControlRequest::Shutdown, &[]).await;
+        let reader = self.reader.lock().expect("reader lock").take();
+        if let Some(reader) = reader {
+            let _ = tokio::time::timeout(wait, reader).await;
+        }
+    }
+}
+
+fn is_gone(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN)
+    )
+}
+
+fn set_blocking(fd: &OwnedFd) -> io::Result<()> {
+    // SAFETY: F_GETFL/F_SETFL on a valid fd we own.
+    unsafe {
+        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        if flags < 0 || libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Receives one reply; `Ok(None)` when the zygote closed its end.
+async fn recv(
+    sock: &AsyncFd<OwnedFd>,
+) -> Result<Option<(ControlReply, Vec<OwnedFd>)>, ZygoteError> {
+    let mut buf = vec![0u8; MAX_REPLY];
+    loop {
+        let mut guard = sock.readable().await?;
+        let rec: Record =
+            match guard.try_io(|sock| fdpass::recv_record(sock.get_ref().as_fd(), &mut buf)) {
+                Ok(Ok(rec)) => rec,
+                Ok(Err(e)) if is_gone(&e) => return Ok(None),
+                Ok(Err(e)) => return Err(e.into()),
+                Err(_would_block) => continue,
+            };
+        if rec.bytes == 0 && rec.fds.is_empty() {
+            return Ok(None);
+        }
+        let reply = frame::decode_exact(&buf[..rec.bytes], MAX_FRAME_LEN.min(MAX_REPLY))
+            .map_err(|e| ZygoteError::Protocol(e.to_string()))?;
+        return Ok(Some((reply, rec.fds)));
+    }
+}
+
+/// Routes replies until the zygote goes away, then fails everyone still waiting and reaps it.
+async fn read_replies(
+    sock: Arc<AsyncFd<OwnedFd>>,
+    routes: Arc<Mutex<Routes>>,
+    alive: Arc<AtomicBool>,
+    died: Arc<Notify>,
+    mut child: tokio::process::Child,
+) {
+    loop {
+        match recv(&sock).await {
+            Ok(Some((reply, fds))) => route(&routes, reply, fds),
+            Ok(None) => break,
+            Err(e) => {
+                tracing::error!(error = %e, "zygote control socket failed; restarting the zygote");
+                break;
+            }
+        }
+    }
+    {
+        // Fail pending forks and close exit channels: waiters see the zygote is gone.
+        let mut routes = routes.lock().expect("routes lock");
+        alive.store(false, Ordering::Release);
+        routes.forks.clear();
+        routes.exits.clear();
+    }
+    died.notify_waiters();
+    let _ = child.start_kill();
+    match child.wait().await {
+        Ok(status) => tracing::info!(%status, "zygote exited"),
+        Err(e) => tracing::warn!(error = %e, "waiting for the zygote failed"),
+    }
+}
+
+fn route(routes: &Mutex<Routes>, reply: ControlReply, fds: Vec<OwnedFd>) {
+    let mut routes = routes.lock().expect("routes lock");
+    match reply {
+        ControlReply::Forked { worker_id, pid } => {
+            let (exit_tx, exit_rx) = oneshot::channel();
+            routes.exits.insert(pid, exit_tx);
+            let forked = Forked {
+                pid,
+                pidfd: fds.into_iter().next(),
+                exit: exit_rx,
+            };
+            if let Some(tx) = routes.forks.remove(&worker_id) {
+                let _ = tx.send(Ok(forked));
+            }
+        }
+        ControlReply::ForkFailed { worker_id, reason } => {
+            if let Some(tx) = routes.forks.remove(&worker_id) {
+                let _ = tx.send(Err(ZygoteError::ForkFailed(reason)));
+            }
+        }
+        ControlReply::Exited { pid, status } => {
+            if let Some(tx) = routes.exits.remove(&pid) {
+                let _ = tx.send(status);
+            }
+        }
+        ControlReply::Hello(_) => tracing::warn!("zygote sent a second hello; ignored"),
+    }
+}
+
+/// Logs each line the zygote (or a worker before its pipes are set up) writes to stderr,
+/// keeping the last few for start-up error reports.
+async fn forward_stderr(stderr: tokio::process::ChildStderr, tail: Arc<Mutex<String>>) {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        tracing::warn!(target: "snakecage::zygote", "{line}");
+        let mut tail = tail.lock().expect("stderr tail");
+        tail.push_str(&line);
+        tail.push('\n');
+        if tail.len() > 4096 {
+            let cut = tail.len() - 4096;
+            let cut = (cut..tail.len())
+                .find(|&i| tail.is_char_boundary(i))
+                .unwrap_or(tail.len());
+            tail.drain(..cut);
+        }
+    }
+}

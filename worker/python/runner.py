@@ -1,0 +1,611 @@
+"""Owns the Python side of one snakecage job: compile, run, display, report.
+
+The Rust zygote executes this file as the module ``_snakecage_runner`` (its
+code objects are named ``snakecage/runner.py``), calls ``warm_up()`` once,
+forks, calls ``prepare_child()`` in each child and then ``run(job)`` or
+``Session().run(job)``.
+
+User code behaves as under ``python __main__.py`` (the Onyx code-interpreter
+contract): it runs in a fresh ``__main__`` module compiled as ``__main__.py``,
+uncaught exceptions print CPython's usual traceback (without any frame of
+this file) to stderr and give exit code 1, ``SystemExit`` gives its code.
+With ``last_line_interactive`` a trailing bare expression is shown through
+``sys.displayhook`` like in a REPL or notebook cell.
+
+Only the standard library is imported here: this module is loaded before any
+third-party package is known to be importable.
+"""
+
+import _sitebuiltins
+import ast
+import builtins
+import io
+import linecache
+import os
+import signal
+import sys
+import traceback
+import types
+
+SOURCE_FILENAME = "__main__.py"
+"""The filename user code is compiled under and shown with in tracebacks."""
+
+_RUNNER_FILENAME = (lambda: 0).__code__.co_filename
+_MISSING = object()
+_C_LONG_MIN = -(2**63)
+_C_LONG_MAX = 2**63 - 1
+_LAST_RESORT_MESSAGE = b"snakecage: the uncaught exception could not be printed\n"
+
+
+# --------------------------------------------------------------------------
+# Public API
+
+
+class Session:
+    """One persistent ``__main__`` module that successive jobs share."""
+
+    _wait_for_threads = False
+
+    def __init__(self):
+        self._module = types.ModuleType("__main__")
+        _init_main_globals(self._module.__dict__)
+
+    def run(self, job):
+        """Run one job in this session's globals; see ``run`` for the result."""
+        source, stdin, interactive = _read_job(job)
+        threads_before = _live_threads()
+        with _JobContext(self._module, stdin):
+            result = _execute(source, self._module.__dict__, interactive)
+            if self._wait_for_threads:
+                result = _wait_for_new_threads(threads_before, result, source)
+        _flush_std_streams()
+        return result
+
+    def reset(self):
+        """Forget every user global; the module object itself is kept."""
+        namespace = self._module.__dict__
+        namespace.clear()
+        _init_main_globals(namespace)
+
+
+class _OneShotSession(Session):
+    # Like ``python __main__.py``, a one-shot job ends only when the threads
+    # it started (non-daemon ones) have finished.
+    _wait_for_threads = True
+
+
+def run(job):
+    """Run one job in a fresh ``__main__`` module.
+
+    ``job`` is ``{"code": str, "stdin": str | None,
+    "last_line_interactive": bool}``.  Returns ``{"exit_code": int,
+    "memory_error": bool, "error": None | {"type": str, "message": str}}``.
+    """
+    return _OneShotSession().run(job)
+
+
+def warm_up():
+    """Run representative jobs through ``run`` so CPython's caches exist before fork.
+
+    All output goes to throwaway buffers, and every piece of interpreter
+    state a job touches is put back afterwards.
+    """
+    saved = _save_interpreter_state()
+    try:
+        sys.stdout = io.StringIO()
+        sys.stderr = io.StringIO()
+        for job in _WARM_UP_JOBS:
+            run(job)
+    finally:
+        _restore_interpreter_state(saved)
+
+
+def prepare_child():
+    """Make a freshly forked child ready for its first job."""
+    for stream in (sys.stdout, sys.stderr):
+        _line_buffer(stream)
+    _reseed_random_generators()
+    _install_python_signal_defaults()
+    _install_site_builtins()
+
+
+# --------------------------------------------------------------------------
+# Job setup
+
+
+def _read_job(job):
+    source = job["code"]
+    if not isinstance(source, str):
+        raise TypeError("job['code'] must be a str, not %s" % type(source).__name__)
+    stdin = job.get("stdin")
+    if stdin is not None and not isinstance(stdin, str):
+        raise TypeError("job['stdin'] must be a str or None, not %s" % type(stdin).__name__)
+    return source, stdin, bool(job.get("last_line_interactive", False))
+
+
+def _init_main_globals(namespace):
+    """Fill a ``__main__`` namespace the way ``python __main__.py`` does."""
+    namespace.update(
+        __name__="__main__",
+        __doc__=None,
+        __package__=None,
+        __loader__=None,
+        __spec__=None,
+        __annotations__={},
+        __builtins__=builtins,
+        __file__=SOURCE_FILENAME,
+        __cached__=None,
+    )
+
+
+def _stdin_stream(text):
+    """A text stream over ``text`` that, like the real stdin, also has ``.buffer``."""
+    data = (text or "").encode("utf-8", "replace")
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="surrogateescape")
+
+
+class _JobContext:
+    """Installs the job's ``__main__`` module, stdin and argv; restores them after."""
+
+    def __init__(self, module, stdin):
+        self._module = module
+        self._stdin = stdin
+        self._saved = None
+
+    def __enter__(self):
+        self._saved = (
+            sys.modules.get("__main__", _MISSING),
+            sys.stdin,
+            sys.__dict__.get("argv", _MISSING),
+        )
+        sys.modules["__main__"] = self._module
+        sys.stdin = _stdin_stream(self._stdin)
+        sys.argv = [SOURCE_FILENAME]
+        return self
+
+    def __exit__(self, *exc_info):
+        main, sys.stdin, argv = self._saved
+        _restore_item(sys.modules, "__main__", main)
+        _restore_item(sys.__dict__, "argv", argv)
+        return False
+
+
+# --------------------------------------------------------------------------
+# Compiling and executing
+
+
+def _execute(source, namespace, interactive):
+    """Compile and run ``source`` in ``namespace``; report what escaped it."""
+    try:
+        _register_source(source)
+        body, last = _compile(source, interactive)
+    except BaseException as exc:
+        # Like ``python __main__.py``: a file that fails to compile is
+        # reported without a traceback (its frames would be ours and ast's).
+        return _report_uncaught(exc.with_traceback(None), source)
+    try:
+        exec(body, namespace)
+        if last is not None:
+            exec(last, namespace)
+    except SystemExit as exc:
+        return _result(_system_exit_status(exc))
+    except BaseException as exc:
+        return _report_uncaught(exc, source)
+    return _result(0)
+
+
+def _register_source(source):
+    """Put ``source`` in linecache so tracebacks show its lines, never a file on disk."""
+    lines = _source_lines(source)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    # mtime None marks the entry as not backed by a file: checkcache keeps it.
+    linecache.cache[SOURCE_FILENAME] = (len(source), None, lines, SOURCE_FILENAME)
+
+
+def _source_lines(source):
+    """Split ``source`` into lines the way the parser and a text-mode file do.
+
+    Only ``\\n``, ``\\r\\n`` and ``\\r`` end a line (``str.splitlines`` would
+    also split at form feeds and U+2028, shifting every later line number).
+    """
+    return io.StringIO(source, newline=None).readlines()
+
+
+def _compile(source, interactive):
+    """Return ``(body, last)`` code objects; ``last`` is the displayed expression or None."""
+    if "\0" in source:
+        raise _null_byte_error(source)
+    try:
+        tree = ast.parse(_as_file_bytes(source), SOURCE_FILENAME, "exec")
+        last = None
+        if interactive and tree.body and isinstance(tree.body[-1], ast.Expr):
+            # 'single' mode makes the expression statement call sys.displayhook.
+            last = ast.Interactive(body=[tree.body.pop()])
+        body = compile(tree, SOURCE_FILENAME, "exec", dont_inherit=True)
+        if last is not None:
+            last = compile(last, SOURCE_FILENAME, "single", dont_inherit=True)
+        return body, last
+    except SyntaxError as exc:
+        _use_own_source_line(exc, source)
+        raise
+
+
+def _as_file_bytes(source):
+    """``source`` as ``python __main__.py`` would read it from disk.
+
+    Parsing bytes rather than str makes SyntaxError offsets byte-based, as
+    the C printer expects for non-ASCII lines.  Text that cannot be UTF-8
+    (lone surrogates) is parsed as str.
+    """
+    try:
+        return source.encode("utf-8")
+    except UnicodeEncodeError:
+        return source
+
+
+def _null_byte_error(source):
+    # ast.parse says "source code string cannot ..." without a location; show
+    # what ``python __main__.py`` shows instead.
+    lines = _source_lines(source)
+    lineno = next(number for number, line in enumerate(lines, 1) if "\0" in line)
+    text = lines[lineno - 1].rstrip("\n").replace("\0", "") + "\n"
+    return SyntaxError("source code cannot contain null bytes", (SOURCE_FILENAME, lineno, None, text))
+
+
+def _use_own_source_line(exc, source):
+    """Make a SyntaxError quote ``source``.
+
+    For some errors CPython's parser reads the offending line back from the
+    file named in the error; a ``__main__.py`` in the working directory would
+    then be quoted instead of the job's code.
+    """
+    if exc.filename != SOURCE_FILENAME or not isinstance(exc.lineno, int):
+        return
+    lines = _source_lines(source)
+    if 1 <= exc.lineno <= len(lines):
+        exc.text = lines[exc.lineno - 1]
+
+
+# --------------------------------------------------------------------------
+# Outcomes
+
+
+def _result(exit_code, memory_error=False, error=None):
+    return {"exit_code": exit_code, "memory_error": memory_error, "error": error}
+
+
+def _system_exit_status(exc):
+    """The exit status CPython's ``_Py_HandleSystemExit`` would give the process."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        if not _C_LONG_MIN <= code <= _C_LONG_MAX:
+            return 255  # PyLong_AsLong overflows to -1
+        return code & 0xFF
+    try:
+        _write_stderr(_safe_str(code) + "\n")
+    except BaseException:
+        pass  # stderr is gone; the exit status still says it failed
+    return 1
+
+
+def _report_uncaught(exc, source):
+    """Print ``exc`` like CPython's excepthook and describe it in a result.
+
+    ``source`` is the job's code, put back into linecache first in case user
+    code cleared it.
+    """
+    memory_error = isinstance(exc, MemoryError)
+    exc.__traceback__ = _without_leading_runner_frames(exc.__traceback__)
+    if memory_error:
+        # The user's locals are no longer needed; free them before formatting.
+        traceback.clear_frames(exc.__traceback__)
+    try:
+        _register_source(source)
+        _print_exception(exc)
+    except BaseException:
+        _print_fallback_line(exc)
+    return _result(1, memory_error, _describe(exc))
+
+
+def _describe(exc):
+    """The ``error`` entry: the type name and the text after it on the last line."""
+    if isinstance(exc, SyntaxError) and exc.msg is not None:
+        message = _safe_str(exc.msg)
+    else:
+        message = _safe_str(exc)
+    return {"type": type(exc).__name__, "message": message}
+
+
+def _safe_str(value):
+    try:
+        return str(value)
+    except BaseException:
+        return "<exception str() failed>"
+
+
+def _without_leading_runner_frames(tb):
+    while tb is not None and tb.tb_frame.f_code.co_filename == _RUNNER_FILENAME:
+        tb = tb.tb_next
+    return tb
+
+
+def _print_exception(exc):
+    hook = sys.excepthook
+    if hook is sys.__excepthook__ or not callable(hook):
+        _print_traceback(exc)
+        return
+    try:
+        hook(type(exc), exc, exc.__traceback__)
+    except BaseException as hook_exc:
+        # What CPython's PyErr_PrintEx does when sys.excepthook fails.
+        hook_exc.__traceback__ = _without_leading_runner_frames(hook_exc.__traceback__)
+        _write_stderr("Error in sys.excepthook:\n")
+        _print_traceback(hook_exc)
+        _write_stderr("\nOriginal exception was:\n")
+        _print_traceback(exc)
+
+
+def _print_traceback(exc):
+    """Print like ``traceback.print_exception``, minus every frame of this file.
+
+    Uses the traceback module rather than the C excepthook because only the
+    former reads source lines from linecache, where the job's code is.
+    """
+    summary = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
+    for part in _chained_summaries(summary):
+        part.stack[:] = [f for f in part.stack if f.filename != _RUNNER_FILENAME]
+        if part.exc_type is not None and issubclass(part.exc_type, SyntaxError):
+            part._format_syntax_error = types.MethodType(_format_syntax_error_like_c, part)
+    for chunk in summary.format():
+        _write_stderr(chunk)
+
+
+def _chained_summaries(summary):
+    """A TracebackException and every one it chains to (cause, context, group)."""
+    pending, seen, found = [summary], set(), []
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        found.append(current)
+        pending.extend((current.__cause__, current.__context__))
+        pending.extend(current.exceptions or ())
+    return found
+
+
+def _format_syntax_error_like_c(summary, stype):
+    """Lines for a SyntaxError as 3.11's C printer (pythonrun.c) writes them.
+
+    ``python __main__.py`` reports through that printer, whose caret line
+    differs from the traceback module's: subclasses such as IndentationError
+    get one caret, and tabs are stripped from the quoted line.  Replaces
+    ``TracebackException._format_syntax_error``; ``summary`` is its ``self``.
+    """
+    try:
+        lineno = int(summary.lineno)
+    except (TypeError, ValueError):
+        # The C printer cannot read the location and prints str(exc).
+        yield _message_line(stype, summary._str)
+        return
+    filename = "<string>" if summary.filename is None else summary.filename
+    yield '  File "%s", line %d\n' % (filename, lineno)
+    if summary.text is not None:
+        offset, end_offset = _c_caret_span(summary, lineno)
+        yield from _c_error_text(offset, end_offset, summary.text)
+    yield _message_line(stype, None if summary.msg is None else _safe_str(summary.msg))
+
+
+def _c_caret_span(summary, lineno):
+    """The (offset, end_offset) pair pythonrun.c passes to print_error_text."""
+    offset = summary.offset if isinstance(summary.offset, int) else -1
+    end_lineno, end_offset = lineno, -1
+    if summary.exc_type is SyntaxError:  # subclasses keep end_offset -1
+        if summary.end_lineno is not None:
+            end_lineno = int(summary.end_lineno)
+        if isinstance(summary.end_offset, int):
+            end_offset = summary.end_offset
+    line_size = len(summary.text.encode("utf-8", "surrogatepass"))
+    if end_lineno > lineno:
+        end_offset = line_size
+    if end_offset > line_size + 1:
+        end_offset = line_size + 1
+    return offset, end_offset
+
+
+def _c_error_text(offset, end_offset, text):
+    """pythonrun.c's print_error_text: the quoted line and its caret line."""
+    carets = end_offset - offset if end_offset > 0 and end_offset > offset else 1
+    data = text.encode("utf-8", "surrogatepass")
+    offset -= 1  # 1-based to 0-based
+    stripped = data.lstrip(b" \t\f")
+    offset -= len(data) - len(stripped)
+    data = stripped
+    length = len(data) - 1 if data.endswith(b"\n") else len(data)
+    offset = min(offset, length)
+    while True:  # skip past newlines embedded in the text
+        newline = data.find(b"\n")
+        if newline == -1 or newline >= offset:
+            break
+        data, length, offset = data[newline + 1:], length - newline - 1, offset - newline - 1
+    quoted = "    " + data.decode("utf-8", "replace")
+    yield quoted if data[length:length + 1] == b"\n" else quoted + "\n"
+    if offset >= 0:
+        yield "    " + " " * offset + "^" * carets + "\n"
+
+
+def _message_line(stype, message):
+    """``Type: message``, or just ``Type`` when the message is empty or None."""
+    return "%s: %s\n" % (stype, message) if message else stype + "\n"
+
+
+def _print_fallback_line(exc):
+    """Last resort when formatting failed (e.g. out of memory): one short line."""
+    try:
+        _write_stderr(_message_line(type(exc).__name__, _safe_str(exc)))
+    except BaseException:
+        try:
+            os.write(2, _LAST_RESORT_MESSAGE)
+        except BaseException:
+            pass
+
+
+def _write_stderr(text):
+    stream = sys.stderr
+    if stream is None:
+        os.write(2, text.encode("utf-8", "backslashreplace"))
+    else:
+        stream.write(text)
+
+
+def _flush_std_streams():
+    """Flush the current and original std streams; a broken one is ignored."""
+    streams = []
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        if stream is not None and all(stream is not s for s in streams):
+            streams.append(stream)
+    for stream in streams:
+        try:
+            stream.flush()
+        except BaseException:  # closed, broken pipe, or a user object's flush
+            pass
+
+
+# --------------------------------------------------------------------------
+# Threads left running by a one-shot job
+
+
+def _live_threads():
+    threading = sys.modules.get("threading")
+    return set(threading.enumerate()) if threading is not None else set()
+
+
+def _wait_for_new_threads(threads_before, result, source):
+    """Join non-daemon threads the job started, as interpreter shutdown would."""
+    threading = sys.modules.get("threading")
+    if threading is None:
+        return result
+    current = threading.current_thread()
+    try:
+        for thread in threading.enumerate():
+            if thread is not current and not thread.daemon and thread not in threads_before:
+                thread.join()
+    except KeyboardInterrupt as exc:
+        if result["exit_code"] == 0:
+            return _report_uncaught(exc, source)
+    return result
+
+
+# --------------------------------------------------------------------------
+# Child preparation
+
+
+def _line_buffer(stream):
+    try:
+        stream.reconfigure(line_buffering=True)
+    except (AttributeError, ValueError, OSError):
+        pass  # not a TextIOWrapper, or closed
+
+
+def _reseed_random_generators():
+    """Forked children share the zygote's generator state; give each its own."""
+    random = sys.modules.get("random")
+    if random is not None:
+        random.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        try:
+            numpy_random.seed()
+        except Exception:
+            pass
+
+
+def _install_python_signal_defaults():
+    """Give signals the dispositions ``python`` sets at startup, where still default.
+
+    An embedding interpreter may skip this (Py_InitializeEx(0)); without it
+    SIGINT would kill the child instead of raising KeyboardInterrupt.
+    """
+    wanted = [(signal.SIGINT, signal.default_int_handler)]
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        if hasattr(signal, name):
+            wanted.append((getattr(signal, name), signal.SIG_IGN))
+    for signum, handler in wanted:
+        try:
+            if signal.getsignal(signum) == signal.SIG_DFL:
+                signal.signal(signum, handler)
+        except (OSError, ValueError):
+            pass
+
+
+def _install_site_builtins():
+    """Add ``exit``, ``quit`` and ``help``, which ``site`` (disabled here) provides."""
+    defaults = {
+        "exit": lambda: _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)"),
+        "quit": lambda: _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)"),
+        "help": _sitebuiltins._Helper,
+    }
+    for name, make in defaults.items():
+        if not hasattr(builtins, name):
+            setattr(builtins, name, make())
+
+
+# --------------------------------------------------------------------------
+# Warm-up
+
+
+_WARM_UP_JOBS = (
+    {
+        "code": (
+            "import sys\n"
+            "name = input('name? ')\n"
+            "def divide(a, b):\n"
+            "    return a / b\n"
+            "try:\n"
+            "    divide(len(name), 0)\n"
+            "except ZeroDivisionError as exc:\n"
+            "    raise ValueError('bad input') from exc\n"
+        ),
+        "stdin": "warm\n",
+        "last_line_interactive": False,
+    },
+    {
+        "code": "total = sum(i * i for i in range(10))\nprint(total)\n{'total': total}\n",
+        "stdin": None,
+        "last_line_interactive": True,
+    },
+    {"code": "import sys\nsys.exit('stopped')\n", "stdin": None, "last_line_interactive": False},
+    {"code": "x = (1,\n", "stdin": None, "last_line_interactive": True},
+)
+
+
+def _save_interpreter_state():
+    return {
+        "stdout": sys.stdout,
+        "stderr": sys.stderr,
+        "stdin": sys.stdin,
+        "argv": sys.__dict__.get("argv", _MISSING),
+        "main": sys.modules.get("__main__", _MISSING),
+        "underscore": builtins.__dict__.get("_", _MISSING),
+        "linecache": linecache.cache.get(SOURCE_FILENAME, _MISSING),
+    }
+
+
+def _restore_interpreter_state(saved):
+    sys.stdout = saved["stdout"]
+    sys.stderr = saved["stderr"]
+    sys.stdin = saved["stdin"]
+    _restore_item(sys.__dict__, "argv", saved["argv"])
+    _restore_item(sys.modules, "__main__", saved["main"])
+    _restore_item(builtins.__dict__, "_", saved["underscore"])
+    _restore_item(linecache.cache, SOURCE_FILENAME, saved["linecache"])
+
+
+def _restore_item(mapping, key, value):
+    if value is _MISSING:
+        mapping.pop(key, None)
+    else:
+        mapping[key] = value

@@ -1,0 +1,713 @@
+"""Tests for worker/python/runner.py and the stdlib allowlist it is paired with.
+
+The runner is loaded the way the Rust worker loads it: its source compiled
+under the name ``snakecage/runner.py`` and executed into a fresh module named
+``_snakecage_runner``.  Behaviour that only shows in a forked child with
+``site`` disabled runs in a ``python -S`` subprocess.
+"""
+
+import builtins
+import json
+import linecache
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+RUNNER_PATH = REPO_ROOT / "worker" / "python" / "runner.py"
+ALLOWLIST_PATH = REPO_ROOT / "python-stdlib-allowlist"
+PYENV_PYTHON = Path("/root/.pyenv/versions/3.11.7/bin/python3.11")
+# The service's CPython; the venv's interpreter is the same build.
+CPYTHON = str(PYENV_PYTHON) if PYENV_PYTHON.exists() else sys.executable
+
+OK = {"exit_code": 0, "memory_error": False, "error": None}
+
+
+def load_runner():
+    source = RUNNER_PATH.read_text(encoding="utf-8")
+    module = types.ModuleType("_snakecage_runner")
+    exec(compile(source, "snakecage/runner.py", "exec"), module.__dict__)
+    return module
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return load_runner()
+
+
+def job(code, stdin=None, interactive=False):
+    return {"code": code, "stdin": stdin, "last_line_interactive": interactive}
+
+
+def error(type_name, message):
+    return {"exit_code": 1, "memory_error": False, "error": {"type": type_name, "message": message}}
+
+
+# --------------------------------------------------------------------------
+# Basics
+
+
+def test_hello_world(runner, capsys):
+    result = runner.run(job('print("hello, world")'))
+    assert result == OK
+    assert capsys.readouterr() == ("hello, world\n", "")
+
+
+def test_result_has_exactly_the_documented_keys(runner, capsys):
+    assert set(runner.run(job("pass"))) == {"exit_code", "memory_error", "error"}
+    assert set(runner.run(job("1/0"))["error"]) == {"type", "message"}
+
+
+def test_empty_code_succeeds(runner, capsys):
+    assert runner.run(job("", interactive=True)) == OK
+    assert capsys.readouterr() == ("", "")
+
+
+def test_code_must_be_a_string(runner):
+    with pytest.raises(TypeError):
+        runner.run(job(b"print(1)"))
+
+
+# --------------------------------------------------------------------------
+# last_line_interactive
+
+
+@pytest.mark.parametrize(
+    "code, shown",
+    [
+        ("1 + 1\n2 + 2", "4\n"),
+        ("x = 1", ""),
+        ("print(3)", "3\n"),
+        ("total = 0\nfor i in range(4):\n    total += i\ntotal\n", "6\n"),
+        ("x = 5\nx  # the answer\n# trailing comment\n", "5\n"),
+        ("'text'", "'text'\n"),
+        ("None", ""),
+        ("[i * i for i in range(3)]", "[0, 1, 4]\n"),
+        ("def f():\n    return 7\nf()\n\n\n", "7\n"),
+        ("if True:\n    8", ""),  # only a top-level expression is shown
+    ],
+)
+def test_last_line_interactive_displays_trailing_expression(runner, capsys, code, shown):
+    assert runner.run(job(code, interactive=True)) == OK
+    assert capsys.readouterr() == (shown, "")
+
+
+def test_nothing_is_displayed_when_not_interactive(runner, capsys):
+    assert runner.run(job("1 + 1\n2 + 2", interactive=False)) == OK
+    assert capsys.readouterr() == ("", "")
+
+
+def test_display_sets_underscore_like_the_repl(runner, capsys, monkeypatch):
+    monkeypatch.setattr(builtins, "_", None, raising=False)
+    runner.run(job("6 * 7", interactive=True))
+    assert builtins._ == 42
+
+
+def test_display_keeps_future_imports_of_the_body(runner, capsys):
+    code = "from __future__ import annotations\ndef f(x: Undefined) -> None: pass\nf.__annotations__\n"
+    assert runner.run(job(code, interactive=True)) == OK
+    assert capsys.readouterr().out == "{'x': 'Undefined', 'return': 'None'}\n"
+
+
+def test_error_in_displayed_expression_points_at_its_line(runner, capsys):
+    result = runner.run(job("x = 0\n1 / x", interactive=True))
+    assert result == error("ZeroDivisionError", "division by zero")
+    err = capsys.readouterr().err
+    assert 'File "__main__.py", line 2, in <module>\n    1 / x\n' in err
+
+
+# --------------------------------------------------------------------------
+# Uncaught exceptions
+
+
+def test_exception_gives_exit_code_1_and_trimmed_traceback(runner, capsys):
+    code = "def divide(a, b):\n    return a / b\n\ndivide(1, 0)\n"
+    result = runner.run(job(code))
+    assert result == error("ZeroDivisionError", "division by zero")
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "runner.py" not in err
+    assert err == (
+        "Traceback (most recent call last):\n"
+        '  File "__main__.py", line 4, in <module>\n'
+        "    divide(1, 0)\n"
+        '  File "__main__.py", line 2, in divide\n'
+        "    return a / b\n"
+        "           ~~^~~\n"
+        "ZeroDivisionError: division by zero\n"
+    )
+
+
+def test_chained_exceptions_are_all_printed(runner, capsys):
+    code = textwrap.dedent(
+        """\
+        try:
+            {}["missing"]
+        except KeyError as exc:
+            raise ValueError("bad key") from exc
+        """
+    )
+    assert runner.run(job(code)) == error("ValueError", "bad key")
+    err = capsys.readouterr().err
+    assert "runner.py" not in err
+    assert err.count("Traceback (most recent call last):") == 2
+    assert "KeyError: 'missing'\n" in err
+    assert "\nThe above exception was the direct cause of the following exception:\n\n" in err
+    assert err.endswith('    raise ValueError("bad key") from exc\nValueError: bad key\n')
+
+
+def test_frames_inside_libraries_stay_in_the_traceback(runner, capsys):
+    assert runner.run(job("import json\njson.loads('{')"))["exit_code"] == 1
+    err = capsys.readouterr().err
+    assert 'File "__main__.py", line 2, in <module>' in err
+    assert re.search(r'File ".*json[/\\]decoder\.py", line \d+, in raw_decode', err)
+    assert "runner.py" not in err
+
+
+def test_user_defined_exception_is_named_without_module(runner, capsys):
+    code = "class Oops(Exception):\n    pass\nraise Oops('custom')\n"
+    assert runner.run(job(code)) == error("Oops", "custom")
+    assert capsys.readouterr().err.endswith("\nOops: custom\n")
+
+
+def test_keyboard_interrupt_gives_exit_code_1_with_traceback(runner, capsys):
+    result = runner.run(job("raise KeyboardInterrupt"))
+    assert result == error("KeyboardInterrupt", "")
+    assert capsys.readouterr().err == (
+        "Traceback (most recent call last):\n"
+        '  File "__main__.py", line 1, in <module>\n'
+        "    raise KeyboardInterrupt\n"
+        "KeyboardInterrupt\n"
+    )
+
+
+def test_user_excepthook_is_called_like_cpython_does(runner, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    code = textwrap.dedent(
+        """\
+        import sys
+        def hook(kind, value, tb):
+            print("hooked", kind.__name__, tb.tb_frame.f_code.co_filename, file=sys.stderr)
+        sys.excepthook = hook
+        1 / 0
+        """
+    )
+    assert runner.run(job(code))["exit_code"] == 1
+    assert capsys.readouterr().err == "hooked ZeroDivisionError __main__.py\n"
+
+
+def test_traceback_quotes_the_job_not_a_main_file_on_disk(runner, capsys, monkeypatch, tmp_path):
+    (tmp_path / "__main__.py").write_text("WRONG = 'a file on disk'\n" * 3)
+    monkeypatch.chdir(tmp_path)
+    runner.run(job("x = 1\ny = x / 0\n"))
+    runner.run(job("z = (\n"))
+    err = capsys.readouterr().err
+    assert "WRONG" not in err
+    assert "    y = x / 0\n" in err
+    assert "    z = (\n" in err
+
+
+def test_traceback_shows_source_even_if_user_clears_linecache(runner, capsys):
+    runner.run(job("import linecache\nlinecache.clearcache()\n1 / 0\n"))
+    assert '  File "__main__.py", line 3, in <module>\n    1 / 0\n' in capsys.readouterr().err
+
+
+def test_broken_stderr_still_reports_on_fd_2(runner, capfd, monkeypatch):
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    result = runner.run(job("import sys\nsys.stderr = None\n1 / 0\n"))
+    assert result == error("ZeroDivisionError", "division by zero")
+    assert "ZeroDivisionError: division by zero" in capfd.readouterr().err
+
+
+# --------------------------------------------------------------------------
+# Syntax errors
+
+
+def test_syntax_error_is_reported_like_cpython(runner, capsys):
+    result = runner.run(job("x = (\n", interactive=True))
+    assert result == error("SyntaxError", "'(' was never closed")
+    assert capsys.readouterr() == (
+        "",
+        '  File "__main__.py", line 1\n'
+        "    x = (\n"
+        "        ^\n"
+        "SyntaxError: '(' was never closed\n",
+    )
+
+
+def test_indentation_error_gets_a_single_caret(runner, capsys):
+    result = runner.run(job("if True:\nprint(1)\n"))
+    assert result["error"]["type"] == "IndentationError"
+    assert capsys.readouterr().err == (
+        '  File "__main__.py", line 2\n'
+        "    print(1)\n"
+        "    ^\n"
+        "IndentationError: expected an indented block after 'if' statement on line 1\n"
+    )
+
+
+def test_compile_stage_syntax_error_has_no_traceback(runner, capsys):
+    result = runner.run(job("print('before')\nreturn 5\n"))
+    assert result == error("SyntaxError", "'return' outside function")
+    out, err = capsys.readouterr()
+    assert out == ""  # nothing ran
+    assert err == '  File "__main__.py", line 2\n    return 5\n    ^^^^^^^^\nSyntaxError: \'return\' outside function\n'
+
+
+def test_null_byte_is_a_syntax_error(runner, capsys):
+    result = runner.run(job("x = 1\ny = 2\x00\n"))
+    assert result == error("SyntaxError", "source code cannot contain null bytes")
+    assert capsys.readouterr().err == (
+        '  File "__main__.py", line 2\n    y = 2\nSyntaxError: source code cannot contain null bytes\n'
+    )
+
+
+# --------------------------------------------------------------------------
+# SystemExit
+
+
+@pytest.mark.parametrize(
+    "code, exit_code, err",
+    [
+        ("import sys\nsys.exit(3)", 3, ""),
+        ("import sys\nsys.exit(None)", 0, ""),
+        ("import sys\nsys.exit()", 0, ""),
+        ("raise SystemExit", 0, ""),
+        ("raise SystemExit(7)", 7, ""),
+        ("import sys\nsys.exit(True)", 1, ""),
+        ("import sys\nsys.exit('msg')", 1, "msg\n"),
+        ("raise SystemExit(1, 2)", 1, "(1, 2)\n"),
+        # What the process's exit status would be under `python __main__.py`.
+        ("import sys\nsys.exit(256)", 0, ""),
+        ("import sys\nsys.exit(-1)", 255, ""),
+        ("import sys\nsys.exit(2**70)", 255, ""),
+    ],
+)
+def test_system_exit(runner, capsys, code, exit_code, err):
+    assert runner.run(job(code)) == {"exit_code": exit_code, "memory_error": False, "error": None}
+    assert capsys.readouterr() == ("", err)
+
+
+def test_system_exit_runs_no_further_code(runner, capsys):
+    assert runner.run(job("import sys\nprint('a')\nsys.exit(2)\nprint('b')"))["exit_code"] == 2
+    assert capsys.readouterr().out == "a\n"
+
+
+# --------------------------------------------------------------------------
+# stdin, __main__, argv
+
+
+def test_input_reads_from_job_stdin(runner, capsys):
+    code = "name = input()\nage = int(input('age? '))\nprint(f'{name} is {age}')"
+    assert runner.run(job(code, stdin="Ada\n36\n")) == OK
+    assert capsys.readouterr().out == "age? Ada is 36\n"
+
+
+def test_stdin_none_is_empty(runner, capsys):
+    assert runner.run(job("import sys\nprint(repr(sys.stdin.read()))", stdin=None)) == OK
+    assert capsys.readouterr().out == "''\n"
+    assert runner.run(job("input()"))["error"] == {"type": "EOFError", "message": "EOF when reading a line"}
+
+
+def test_stdin_has_a_binary_buffer_like_the_real_one(runner, capsys):
+    assert runner.run(job("import sys\nprint(sys.stdin.buffer.read())", stdin="é\r\n")) == OK
+    assert capsys.readouterr().out == "b'\\xc3\\xa9\\r\\n'\n"
+
+
+def test_std_streams_and_main_are_restored_after_run(runner, capsys):
+    before = (sys.stdin, sys.modules.get("__main__"), list(sys.argv))
+    runner.run(job("import sys\nprint(sys.argv)\nx = input()", stdin="data"))
+    assert (sys.stdin, sys.modules.get("__main__"), sys.argv) == before
+    assert capsys.readouterr().out == "['__main__.py']\n"
+
+
+def test_code_runs_as_main_module(runner, capsys):
+    code = textwrap.dedent(
+        """\
+        import sys
+        if __name__ == "__main__":
+            print("main", __file__)
+        print(sys.modules["__main__"].__dict__ is globals())
+        print(__builtins__ is __import__("builtins"))
+        """
+    )
+    assert runner.run(job(code)) == OK
+    assert capsys.readouterr().out == "main __main__.py\nTrue\nTrue\n"
+
+
+def test_dataclass_and_pickle_of_user_classes(runner, capsys):
+    code = textwrap.dedent(
+        """\
+        import dataclasses, pickle
+
+        @dataclasses.dataclass
+        class Point:
+            x: int
+            y: int = 0
+
+        class Box:
+            def __init__(self, item):
+                self.item = item
+
+        p = Point(1, 2)
+        box = pickle.loads(pickle.dumps(Box(p)))
+        print(p, box.item == p, type(box).__module__)
+        """
+    )
+    assert runner.run(job(code)) == OK
+    assert capsys.readouterr().out == "Point(x=1, y=2) True __main__\n"
+
+
+def test_inspect_getsource_finds_user_functions(runner, capsys):
+    code = "import inspect\ndef twice(x):\n    return 2 * x\nprint(inspect.getsource(twice), end='')"
+    assert runner.run(job(code)) == OK
+    assert capsys.readouterr().out == "def twice(x):\n    return 2 * x\n"
+
+
+def test_globals_are_isolated_between_runs(runner, capsys):
+    assert runner.run(job("secret = 42")) == OK
+    result = runner.run(job("print(secret)"))
+    assert result == error("NameError", "name 'secret' is not defined")
+
+
+def test_one_shot_run_waits_for_threads_it_started(runner, capsys):
+    code = textwrap.dedent(
+        """\
+        import threading, time
+        def late():
+            time.sleep(0.2)
+            print("thread done")
+        threading.Thread(target=late).start()
+        print("main done")
+        """
+    )
+    assert runner.run(job(code)) == OK
+    assert capsys.readouterr().out == "main done\nthread done\n"
+
+
+# --------------------------------------------------------------------------
+# MemoryError
+
+
+def test_memory_error_is_flagged(runner, capsys):
+    result = runner.run(job("data = bytearray(2**62)"))
+    assert result == {"exit_code": 1, "memory_error": True, "error": {"type": "MemoryError", "message": ""}}
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):\n")
+    assert err.endswith("    data = bytearray(2**62)\n           ^^^^^^^^^^^^^^^^\nMemoryError\n")
+
+
+def test_memory_error_subclass_is_flagged(runner, capsys):
+    code = "class Huge(MemoryError):\n    pass\nraise Huge('too big')"
+    assert runner.run(job(code))["memory_error"] is True
+
+
+def test_numpy_memory_error_is_flagged(runner, capsys):
+    pytest.importorskip("numpy")
+    result = runner.run(job("import numpy as np\nnp.empty(2**50, dtype=np.uint8)"))
+    assert result["exit_code"] == 1
+    assert result["memory_error"] is True
+    assert "Unable to allocate" in capsys.readouterr().err
+
+
+def test_other_exceptions_are_not_memory_errors(runner, capsys):
+    assert runner.run(job("raise ValueError('x')"))["memory_error"] is False
+
+
+def test_failure_while_formatting_falls_back_to_one_line(runner, capsys, monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    broken = types.SimpleNamespace(TracebackException=no_memory, clear_frames=lambda tb: None)
+    monkeypatch.setattr(runner, "traceback", broken)
+    result = runner.run(job("data = bytearray(2**62)"))
+    assert result["memory_error"] is True
+    assert capsys.readouterr().err == "MemoryError\n"
+
+
+# --------------------------------------------------------------------------
+# Session
+
+
+def test_session_keeps_globals_between_runs(runner, capsys):
+    session = runner.Session()
+    assert session.run(job("x = 41\ndef inc(v):\n    return v + 1")) == OK
+    assert session.run(job("inc(x)", interactive=True)) == OK
+    assert capsys.readouterr().out == "42\n"
+
+
+def test_session_errors_do_not_lose_state(runner, capsys):
+    session = runner.Session()
+    session.run(job("items = [1]"))
+    assert session.run(job("items.append(2)\n1 / 0"))["exit_code"] == 1
+    session.run(job("print(items)"))
+    assert capsys.readouterr().out == "[1, 2]\n"
+
+
+def test_session_reset_clears_user_globals(runner, capsys):
+    session = runner.Session()
+    session.run(job("x = 1"))
+    session.reset()
+    assert session.run(job("x")) == error("NameError", "name 'x' is not defined")
+    assert session.run(job("print(__name__)")) == OK
+    assert capsys.readouterr().out == "__main__\n"
+
+
+def test_sessions_are_independent(runner, capsys):
+    first, second = runner.Session(), runner.Session()
+    first.run(job("x = 'first'"))
+    assert second.run(job("x"))["exit_code"] == 1
+
+
+# --------------------------------------------------------------------------
+# warm_up
+
+
+@pytest.mark.parametrize("had_entries", [True, False])
+def test_warm_up_leaves_no_trace(runner, capfd, monkeypatch, had_entries):
+    sentinel_main = types.ModuleType("__main__")
+    monkeypatch.setitem(sys.modules, "__main__", sentinel_main)
+    if had_entries:
+        underscore = object()
+        monkeypatch.setattr(builtins, "_", underscore, raising=False)
+        entry = (1, None, ["x\n"], "__main__.py")
+        monkeypatch.setitem(linecache.cache, "__main__.py", entry)
+    else:
+        monkeypatch.delattr(builtins, "_", raising=False)
+        monkeypatch.delitem(linecache.cache, "__main__.py", raising=False)
+    streams = (sys.stdout, sys.stderr, sys.stdin)
+    argv = sys.argv
+
+    runner.warm_up()
+
+    assert (sys.stdout, sys.stderr, sys.stdin) == streams
+    assert sys.argv is argv
+    assert sys.modules["__main__"] is sentinel_main
+    if had_entries:
+        assert builtins._ is underscore
+        assert linecache.cache["__main__.py"] is entry
+    else:
+        assert not hasattr(builtins, "_")
+        assert "__main__.py" not in linecache.cache
+    assert capfd.readouterr() == ("", "")
+
+
+# --------------------------------------------------------------------------
+# The forked child, as the embedded interpreter sees it (site disabled)
+
+CHILD_PRELUDE = textwrap.dedent(
+    """\
+    import json, sys, types
+    source = open(sys.argv[1], encoding="utf-8").read()
+    runner = types.ModuleType("_snakecage_runner")
+    exec(compile(source, "snakecage/runner.py", "exec"), runner.__dict__)
+
+    def report(value):
+        sys.__stdout__.write("RESULT " + json.dumps(value) + "\\n")
+        sys.__stdout__.flush()
+    """
+)
+
+
+def run_child(body):
+    """Run ``body`` after loading the runner in a ``python -S`` process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    return subprocess.run(
+        [CPYTHON, "-S", "-c", CHILD_PRELUDE + textwrap.dedent(body), str(RUNNER_PATH)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        text=True,
+        timeout=60,
+    )
+
+
+def child_results(output):
+    return [json.loads(line[len("RESULT "):]) for line in output.splitlines() if line.startswith("RESULT ")]
+
+
+def test_child_streams_are_line_buffered_and_interleave(runner):
+    proc = run_child(
+        """\
+        before = sys.stdout.line_buffering
+        runner.warm_up()
+        runner.prepare_child()
+        report([before, sys.stdout.line_buffering, sys.stderr.line_buffering])
+        code = "import sys\\nprint('out 1')\\nprint('err 1', file=sys.stderr)\\nprint('out 2')\\n"
+        report(runner.run({"code": code, "stdin": None, "last_line_interactive": False}))
+        """
+    )
+    assert proc.returncode == 0, proc.stdout
+    assert child_results(proc.stdout) == [[False, True, True], OK]
+    assert "out 1\nerr 1\nout 2\n" in proc.stdout
+
+
+def test_child_has_exit_and_quit_without_site(runner):
+    proc = run_child(
+        """\
+        import builtins
+        report(hasattr(builtins, "exit"))
+        runner.prepare_child()
+        report(runner.run({"code": "exit(4)", "stdin": None, "last_line_interactive": False}))
+        report(runner.run({"code": "quit()", "stdin": None, "last_line_interactive": False}))
+        """
+    )
+    assert proc.returncode == 0, proc.stdout
+    assert child_results(proc.stdout) == [False, {"exit_code": 4, "memory_error": False, "error": None}, OK]
+
+
+def test_child_turns_sigint_into_keyboard_interrupt(runner):
+    proc = run_child(
+        """\
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # as after Py_InitializeEx(0)
+        runner.prepare_child()
+        code = "import os, signal, time\\nos.kill(os.getpid(), signal.SIGINT)\\ntime.sleep(30)\\n"
+        report(runner.run({"code": code, "stdin": None, "last_line_interactive": False}))
+        """
+    )
+    assert proc.returncode == 0, proc.stdout
+    assert child_results(proc.stdout) == [error("KeyboardInterrupt", "")]
+    assert "KeyboardInterrupt" in proc.stdout
+
+
+def test_child_warnings_quote_the_job_source(runner):
+    # Checked outside pytest, which captures warnings itself.
+    proc = run_child(
+        """\
+        code = "import warnings\\nwarnings.warn('careful')\\n"
+        report(runner.run({"code": code, "stdin": None, "last_line_interactive": False}))
+        """
+    )
+    assert proc.returncode == 0, proc.stdout
+    assert child_results(proc.stdout) == [OK]
+    assert "__main__.py:2: UserWarning: careful\n  warnings.warn('careful')\n" in proc.stdout
+
+
+def test_child_reseeds_random(runner):
+    proc = run_child(
+        """\
+        import random
+        random.seed(1234)
+        zygote_draw = random.random()
+        random.seed(1234)
+        runner.prepare_child()
+        report(random.random() != zygote_draw)
+        """
+    )
+    assert proc.returncode == 0, proc.stdout
+    assert child_results(proc.stdout) == [True]
+
+
+# --------------------------------------------------------------------------
+# Parity with `python __main__.py` (what Onyx runs)
+
+PARITY_CASES = [
+    "print('hello')",
+    "def f():\n    return 1 / 0\nf()",
+    "import json\njson.loads('{')",
+    "d = {'a': {'b': 1}}\nprint(d['a']['c'])",
+    "x = None\nx.attr",
+    "try:\n    1 / 0\nexcept Exception:\n    raise KeyError('k')",
+    "raise ExceptionGroup('group', [ValueError(1), TypeError(2)])",
+    "e = ValueError('n')\ne.add_note('a note')\nraise e",
+    "class B(Exception):\n    def __str__(self):\n        raise RuntimeError\nraise B()",
+    "assert 1 == 2, 'nope'",
+    "data = bytearray(2**62)",
+    "import sys\nsys.exit('bye')",
+    "import sys\nsys.exit(300)",
+    "x = (",
+    "if True:\nprint(1)",
+    "class A:\n  def f(self):\n\treturn 1\n        pass",
+    "print 'x'",
+    "f(**a, *b)",
+    "x = 1\nbreak",
+    "def f():\n    nonlocal q",
+    "x = \"héllo\" +",
+    "s = \"日本語\" ç",
+    "x = \"\"\"abc\ndef",
+    "print(f\"{x!z}\")",
+    "x = {1: 2,\n     3}",
+]
+
+
+@pytest.mark.parametrize("code", PARITY_CASES)
+def test_output_matches_python_running_main_py(runner, capsys, tmp_path, code):
+    (tmp_path / "__main__.py").write_text(code, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    real = subprocess.run(
+        [CPYTHON, "__main__.py"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60
+    )
+    # CPython 3.11 shows the script's absolute path; the runner shows __main__.py.
+    real_err = real.stderr.replace(str(tmp_path / "__main__.py"), "__main__.py")
+    (tmp_path / "__main__.py").unlink()
+
+    result = runner.run(job(code))
+    out, err = capsys.readouterr()
+    assert (result["exit_code"], out, err) == (real.returncode, real.stdout, real_err)
+
+
+# --------------------------------------------------------------------------
+# The stdlib allowlist
+
+IDENTIFIER_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+NEVER_ALLOWED = {
+    "subprocess", "socket", "ssl", "http", "urllib", "ftplib", "smtplib", "ctypes",
+    "multiprocessing", "signal", "resource", "pty", "mmap", "importlib",
+}
+
+
+def allowlist_names():
+    """Parse the allowlist with the rules the Rust side uses."""
+    names = []
+    for line in ALLOWLIST_PATH.read_text(encoding="utf-8").splitlines():
+        name = line.split("#", 1)[0].strip()
+        if name:
+            names.append(name)
+    return names
+
+
+def test_allowlist_entries_are_unique_dotted_identifiers():
+    names = allowlist_names()
+    assert len(names) > 50
+    assert len(names) == len(set(names)), "duplicate entries"
+    assert [n for n in names if not IDENTIFIER_PATH.match(n)] == []
+    assert NEVER_ALLOWED.isdisjoint(names)
+
+
+def test_allowlist_entries_have_a_reason():
+    for line in ALLOWLIST_PATH.read_text(encoding="utf-8").splitlines():
+        name, _, reason = line.partition("#")
+        if name.strip():
+            assert reason.strip(), f"no reason given for {name.strip()}"
+
+
+def test_allowlist_entries_are_importable_stdlib_modules():
+    names = allowlist_names()
+    script = textwrap.dedent(
+        """\
+        import importlib, json, sys
+        bad = []
+        for name in json.loads(sys.argv[1]):
+            if name.split(".")[0] not in sys.stdlib_module_names:
+                bad.append(name + ": not in the standard library")
+                continue
+            try:
+                importlib.import_module(name)
+            except Exception as exc:
+                bad.append(f"{name}: {exc!r}")
+        print(json.dumps(bad))
+        """
+    )
+    proc = subprocess.run(
+        [CPYTHON, "-S", "-c", script, json.dumps(names)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []

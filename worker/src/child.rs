@@ -1,0 +1,117 @@
+//! One worker's life after fork: harden, in order, warm up, say Ready, run one job, exit.
+//!
+//! The order matters and each step says why it comes where it does. Nothing here returns:
+//! the worker ends with `_exit`, skipping CPython finalisation and atexit handlers (they
+//! belong to the zygote).
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::mem::ManuallyDrop;
+use std::os::fd::{FromRawFd, OwnedFd};
+
+use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
+use nix::unistd::Pid;
+use snakecage_worker::frame::{self, FrameError, MAX_FRAME_LEN};
+use snakecage_worker::protocol::{JobRequest, WorkerLimits, WorkerMessage};
+
+use crate::interpreter::{InterpreterError, Runner};
+use crate::sandbox::{self, fds, rlimits};
+
+/// Exit code of a worker that could not harden itself (never becomes Ready).
+const EXIT_HARDENING_FAILED: i32 = 70;
+/// Exit code of a worker whose job socket broke or spoke nonsense.
+const EXIT_PROTOCOL: i32 = 71;
+
+#[derive(Debug, thiserror::Error)]
+enum ChildError {
+    #[error("{step}: {source}")]
+    Step {
+        step: &'static str,
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Python(#[from] InterpreterError),
+    #[error("job socket: {0}")]
+    Frame(#[from] FrameError),
+}
+
+fn step(step: &'static str) -> impl FnOnce(io::Error) -> ChildError {
+    move |source| ChildError::Step { step, source }
+}
+
+pub fn run(runner: &Runner<'_>, fds: [OwnedFd; 4], zygote: Pid, limits: &WorkerLimits) -> ! {
+    if let Err(e) = harden(runner, fds, zygote, limits) {
+        report(&e);
+        exit(EXIT_HARDENING_FAILED);
+    }
+    match serve(runner) {
+        Ok(()) => exit(0),
+        Err(e) => {
+            report(&e);
+            exit(EXIT_PROTOCOL)
+        }
+    }
+}
+
+fn harden(
+    runner: &Runner<'_>,
+    fds: [OwnedFd; 4],
+    zygote: Pid,
+    limits: &WorkerLimits,
+) -> Result<(), ChildError> {
+    // 1. Die with the zygote, then check it is still there: PDEATHSIG set after the parent
+    //    died would never fire.
+    sandbox::die_with_parent(Some(zygote)).map_err(step("PR_SET_PDEATHSIG"))?;
+    // The zygote blocks SIGCHLD for its signalfd; the worker wants default signals back.
+    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+        .map_err(|e| step("unblocking signals")(e.into()))?;
+    // Rust's runtime catches SIGSEGV/SIGBUS to report stack overflows; a worker must crash
+    // on them like plain CPython does, so a sent SIGSEGV kills it too.
+    for sig in [Signal::SIGSEGV, Signal::SIGBUS] {
+        // SAFETY: restoring the default disposition installs no handler code.
+        unsafe { signal(sig, SigHandler::SigDfl) }
+            .map_err(|e| step("resetting crash signals")(e.into()))?;
+    }
+    // 2. Exactly our own fds: stdout/stderr onto the pipes (so C-level writes are captured
+    //    too), then everything inherited from the zygote closed.
+    fds::arrange(fds).map_err(step("arranging fds"))?;
+    // SAFETY: fd 4 is the workspace directory, placed by `arrange`.
+    if unsafe { libc::fchdir(fds::WORKSPACE_FD) } != 0 {
+        return Err(step("entering the workspace")(io::Error::last_os_error()));
+    }
+    // 3. Resource limits, before any user-controlled allocation.
+    rlimits::apply(limits).map_err(step("setting rlimits"))?;
+    // 7. Python level: line-buffered streams, fresh RNG state; then pay this child's
+    //    copy-on-write faults with a throwaway job so the real one does not.
+    runner.prepare_child()?;
+    runner.warm_up()?;
+    Ok(())
+}
+
+fn serve(runner: &Runner<'_>) -> Result<(), ChildError> {
+    // SAFETY: fd 3 is the job socket placed by `fds::arrange`; ManuallyDrop keeps this File
+    // from closing it, the process exits without unwinding anyway.
+    let mut sock = ManuallyDrop::new(unsafe { File::from_raw_fd(fds::JOB_FD) });
+    frame::write_frame(&mut *sock, &WorkerMessage::Ready)?;
+    let Some(request) = frame::read_frame::<_, JobRequest>(&mut *sock, MAX_FRAME_LEN)? else {
+        return Ok(()); // the supervisor let this worker go without a job
+    };
+    match request {
+        JobRequest::Run(job) => {
+            let result = runner.run(&job)?;
+            frame::write_frame(&mut *sock, &WorkerMessage::Result(result))?;
+        }
+    }
+    Ok(())
+}
+
+/// Best effort: the supervisor logs what a worker wrote to stderr before it died.
+fn report(e: &ChildError) {
+    let _ = writeln!(io::stderr(), "snakecage-worker: {e}");
+}
+
+fn exit(code: i32) -> ! {
+    // SAFETY: _exit ends the process immediately; skipping destructors and CPython
+    // finalisation is the point (they belong to the zygote's state).
+    unsafe { libc::_exit(code) }
+}

@@ -1,0 +1,12 @@
+//! snakecage-worker's library: what the supervisor and the zygote share, without PyO3.
+//!
+//! - [`frame`]: the length-prefixed frame codec, with its limits.
+//! - [`protocol`]: the messages, one enum per direction.
+//! - [`fdpass`]: sending and receiving one record with file descriptors (SCM_RIGHTS) on a
+//!   SOCK_SEQPACKET socket.
+//!
+//! The zygote binary (`src/main.rs`, feature `zygote`) adds CPython and the sandbox layers.
+
+pub mod fdpass;
+pub mod frame;
+pub mod protocol;

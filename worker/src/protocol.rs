@@ -1,0 +1,178 @@
+//! The messages that cross process boundaries, one enum per direction.
+//!
+//! supervisor → zygote: [`ControlRequest`] on the control socket (SOCK_SEQPACKET, file
+//! descriptors in SCM_RIGHTS); zygote → supervisor: [`ControlReply`].
+//! supervisor → worker: [`JobRequest`] on the job socket; worker → supervisor:
+//! [`WorkerMessage`]. User output never travels here: it goes through the worker's fd 1 and 2.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything the zygote needs before it initialises CPython; passed as JSON on its
+/// command line by the supervisor.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ZygoteConfig {
+    /// CPython's prefix (`sys.base_prefix`); `None`: the one the zygote was built against.
+    pub python_home: Option<PathBuf>,
+    /// Appended to `sys.path` after start-up (`site` is off).
+    pub site_packages: Vec<PathBuf>,
+    /// Modules imported once in the zygote so every child has them for free.
+    pub preload: Vec<String>,
+    /// Matplotlib's config and font cache; written by the zygote only.
+    pub mpl_config_dir: PathBuf,
+    pub limits: WorkerLimits,
+}
+
+/// Resource limits every worker applies to itself before it says Ready.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WorkerLimits {
+    /// Added to the zygote's data segment to make RLIMIT_DATA.
+    pub memory_limit_bytes: u64,
+    /// RLIMIT_CPU: a backstop behind the supervisor's wall-clock kill.
+    pub cpu_seconds: u64,
+    /// RLIMIT_FSIZE: the largest file a job may write.
+    pub max_file_bytes: u64,
+    /// RLIMIT_NOFILE.
+    pub max_open_files: u64,
+}
+
+/// supervisor → zygote.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ControlRequest {
+    /// Fork one worker. Attached fds, in order: the worker's end of its job socket, the
+    /// write ends of its stdout and stderr pipes, and its workspace directory.
+    Fork { worker_id: u64 },
+    /// Kill every child, reap them, exit.
+    Shutdown,
+}
+
+/// Number of fds attached to [`ControlRequest::Fork`].
+pub const FORK_FDS: usize = 4;
+
+/// zygote → supervisor.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ControlReply {
+    /// Sent once, when the zygote is initialised and ready to fork.
+    Hello(ZygoteInfo),
+    /// The worker exists. A pidfd for it is attached when the kernel supports pidfds.
+    Forked {
+        worker_id: u64,
+        pid: i32,
+    },
+    ForkFailed {
+        worker_id: u64,
+        reason: String,
+    },
+    /// A child was reaped.
+    Exited {
+        pid: i32,
+        status: ExitStatus,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ZygoteInfo {
+    pub pid: i32,
+    pub python_version: String,
+    /// Preloaded modules that imported, with their versions where they have one.
+    pub preloaded: Vec<PreloadedModule>,
+    /// Preloaded modules that failed to import, with the error.
+    pub preload_failures: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PreloadedModule {
+    pub name: String,
+    pub version: Option<String>,
+}
+
+/// How a child ended, as `waitpid` reported it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", content = "value", rename_all = "snake_case")]
+pub enum ExitStatus {
+    Code(i32),
+    Signal(i32),
+}
+
+/// supervisor → worker.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum JobRequest {
+    Run(Job),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Job {
+    pub code: String,
+    pub stdin: Option<String>,
+    pub last_line_interactive: bool,
+}
+
+/// worker → supervisor.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WorkerMessage {
+    /// Hardened, warmed up, waiting for its job.
+    Ready,
+    /// The job ran to an end the worker could report (any exit code).
+    Result(JobResult),
+}
+
+/// What the runner reports about one job; output is not in here (it went to fd 1/2).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct JobResult {
+    pub exit_code: i32,
+    /// An uncaught `MemoryError`: the job hit its memory limit.
+    pub memory_error: bool,
+    pub error: Option<ErrorInfo>,
+}
+
+/// The uncaught exception of a job.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ErrorInfo {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{MAX_FRAME_LEN, decode_exact, encode};
+
+    #[test]
+    fn messages_have_a_stable_tagged_wire_form() {
+        let msg = WorkerMessage::Result(JobResult {
+            exit_code: 1,
+            memory_error: false,
+            error: Some(ErrorInfo {
+                kind: "ZeroDivisionError".into(),
+                message: "division by zero".into(),
+            }),
+        });
+        let json = serde_json::to_value(&msg).unwrap();
+        assert_eq!(json["type"], "result");
+        assert_eq!(json["error"]["type"], "ZeroDivisionError");
+        let reply = ControlReply::Exited {
+            pid: 9,
+            status: ExitStatus::Signal(9),
+        };
+        let back: ControlReply = decode_exact(&encode(&reply).unwrap(), MAX_FRAME_LEN).unwrap();
+        assert!(matches!(
+            back,
+            ControlReply::Exited {
+                pid: 9,
+                status: ExitStatus::Signal(9)
+            }
+        ));
+    }
+
+    #[test]
+    fn an_unknown_message_type_is_rejected() {
+        let err = serde_json::from_str::<WorkerMessage>(r#"{"type":"root_shell"}"#);
+        assert!(err.is_err());
+    }
+}

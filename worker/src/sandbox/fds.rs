@@ -1,0 +1,43 @@
+//! The worker's file descriptors: exactly 0 = /dev/null, 1 = stdout pipe, 2 = stderr pipe,
+//! 3 = job socket, 4 = workspace directory. Everything else inherited from the zygote (its
+//! control socket, its signalfd) is closed.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+pub const JOB_FD: RawFd = 3;
+pub const WORKSPACE_FD: RawFd = 4;
+
+/// Places `[job, stdout, stderr, workspace]` on their fixed numbers and closes the rest.
+pub fn arrange(fds: [OwnedFd; 4]) -> io::Result<()> {
+    // Move every source above the targets first, so no dup2 below overwrites a source.
+    let mut high = Vec::with_capacity(4);
+    for fd in &fds {
+        // SAFETY: F_DUPFD_CLOEXEC on a valid fd returns a new fd >= 10 or -1.
+        let dup = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+        if dup < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        high.push(dup);
+    }
+    drop(fds);
+    let [job, stdout, stderr, workspace] = [high[0], high[1], high[2], high[3]];
+    for (src, dst) in [
+        (stdout, 1),
+        (stderr, 2),
+        (job, JOB_FD),
+        (workspace, WORKSPACE_FD),
+    ] {
+        // SAFETY: both are valid fd numbers; dup2 onto a target atomically replaces it and
+        // clears close-on-exec on the copy.
+        if unsafe { libc::dup2(src, dst) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    // SAFETY: closes fds 5.. in this process; nothing below relies on any of them (the
+    // Rust objects that owned the originals were dropped above).
+    if unsafe { libc::close_range(5, u32::MAX, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

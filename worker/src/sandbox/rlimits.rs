@@ -1,0 +1,59 @@
+//! Resource limits. RLIMIT_DATA is the zygote's data segment (inherited by the child) plus
+//! the job's memory budget, so a large allocation fails with MemoryError instead of the
+//! machine swapping; the others bound CPU, file sizes, fds and core dumps.
+
+use std::io;
+
+use nix::sys::resource::{Resource, setrlimit};
+use snakecage_worker::protocol::WorkerLimits;
+
+pub fn apply(limits: &WorkerLimits) -> io::Result<()> {
+    let data = current_data_bytes()?.saturating_add(limits.memory_limit_bytes);
+    set(Resource::RLIMIT_DATA, data, data)?;
+    // SIGXCPU at the soft limit, SIGKILL one second later.
+    set(
+        Resource::RLIMIT_CPU,
+        limits.cpu_seconds,
+        limits.cpu_seconds + 1,
+    )?;
+    set(
+        Resource::RLIMIT_FSIZE,
+        limits.max_file_bytes,
+        limits.max_file_bytes,
+    )?;
+    set(
+        Resource::RLIMIT_NOFILE,
+        limits.max_open_files,
+        limits.max_open_files,
+    )?;
+    set(Resource::RLIMIT_CORE, 0, 0)?;
+    Ok(())
+}
+
+fn set(resource: Resource, soft: u64, hard: u64) -> io::Result<()> {
+    setrlimit(resource, soft, hard).map_err(|e| io::Error::other(format!("{resource:?}: {e}")))
+}
+
+/// VmData of this process, in bytes: what RLIMIT_DATA counts.
+fn current_data_bytes() -> io::Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    parse_vm_data(&status).ok_or_else(|| io::Error::other("no VmData line in /proc/self/status"))
+}
+
+fn parse_vm_data(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmData:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vm_data_is_read_in_bytes() {
+        let status = "Name:\tx\nVmData:\t  123456 kB\nVmStk:\t 132 kB\n";
+        assert_eq!(parse_vm_data(status), Some(123456 * 1024));
+        assert_eq!(parse_vm_data("Name:\tx\n"), None);
+    }
+}

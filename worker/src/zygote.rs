@@ -1,0 +1,212 @@
+//! The fork server: a single-threaded loop over the control socket and SIGCHLD. It forks
+//! workers on request, reaps every child and reports each exit status.
+
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{SigSet, Signal, kill};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use pyo3::prelude::*;
+use snakecage_worker::fdpass::{recv_record, send_record};
+use snakecage_worker::frame::{self, MAX_FRAME_LEN};
+use snakecage_worker::protocol::{
+    ControlReply, ControlRequest, ExitStatus, FORK_FDS, ZygoteConfig, ZygoteInfo,
+};
+
+use crate::child;
+use crate::interpreter::{self, InterpreterError, Runner};
+use crate::sandbox;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ZygoteError {
+    #[error(transparent)]
+    Interpreter(#[from] InterpreterError),
+    #[error("{doing}: {source}")]
+    Io {
+        doing: &'static str,
+        source: io::Error,
+    },
+    #[error("the supervisor sent a bad control message: {0}")]
+    Protocol(String),
+}
+
+fn io_err(doing: &'static str) -> impl FnOnce(io::Error) -> ZygoteError {
+    move |source| ZygoteError::Io { doing, source }
+}
+
+/// Largest control record the zygote accepts (requests are tiny).
+const MAX_CONTROL_RECORD: usize = 64 << 10;
+
+pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
+    // The zygote dies with the supervisor; its workers die with it in turn.
+    sandbox::die_with_parent(None).map_err(io_err("setting PR_SET_PDEATHSIG"))?;
+    sandbox::stdin_from_dev_null().map_err(io_err("opening /dev/null"))?;
+    sandbox::fixed_environment(&config);
+    interpreter::initialize(&config)?;
+
+    // SIGCHLD is read from a signalfd, so it must stay blocked; children unblock it.
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    mask.thread_block()
+        .map_err(|e| io_err("blocking SIGCHLD")(e.into()))?;
+    let sigchld = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(|e| io_err("creating the SIGCHLD signalfd")(e.into()))?;
+
+    Python::attach(|py| {
+        let (runner, preloaded, preload_failures) = interpreter::prepare(py, &config)?;
+        sandbox::ensure_single_thread().map_err(io_err("checking threads after preload"))?;
+        let info = ZygoteInfo {
+            pid: std::process::id() as i32,
+            python_version: interpreter::python_version(),
+            preloaded,
+            preload_failures,
+        };
+        let mut zygote = Zygote {
+            runner,
+            control,
+            sigchld,
+            children: HashSet::new(),
+            config: &config,
+        };
+        zygote.reply(&ControlReply::Hello(info), None)?;
+        zygote.serve()
+    })
+}
+
+struct Zygote<'py, 'c> {
+    runner: Runner<'py>,
+    control: OwnedFd,
+    sigchld: SignalFd,
+    children: HashSet<i32>,
+    config: &'c ZygoteConfig,
+}
+
+impl Zygote<'_, '_> {
+    fn serve(&mut self) -> Result<(), ZygoteError> {
+        let mut buf = vec![0u8; MAX_CONTROL_RECORD];
+        loop {
+            let (control_ready, child_exited) = {
+                let mut fds = [
+                    PollFd::new(self.control.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(self.sigchld.as_fd(), PollFlags::POLLIN),
+                ];
+                match poll(&mut fds, PollTimeout::NONE) {
+                    Ok(_) => {}
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => return Err(io_err("polling")(e.into())),
+                }
+                let ready = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
+                (ready(&fds[0]), ready(&fds[1]))
+            };
+            if child_exited {
+                while let Ok(Some(_)) = self.sigchld.read_signal() {}
+                self.reap()?;
+            }
+            if control_ready {
+                let rec = recv_record(self.control.as_fd(), &mut buf)
+                    .map_err(io_err("reading the control socket"))?;
+                if rec.bytes == 0 && rec.fds.is_empty() {
+                    return self.shutdown(); // the supervisor is gone
+                }
+                let request: ControlRequest = frame::decode_exact(&buf[..rec.bytes], MAX_FRAME_LEN)
+                    .map_err(|e| ZygoteError::Protocol(e.to_string()))?;
+                match request {
+                    ControlRequest::Fork { worker_id } => self.fork(worker_id, rec.fds)?,
+                    ControlRequest::Shutdown => return self.shutdown(),
+                }
+            }
+        }
+    }
+
+    fn reply(&self, msg: &ControlReply, fd: Option<BorrowedFd<'_>>) -> Result<(), ZygoteError> {
+        let bytes = frame::encode(msg).map_err(|e| ZygoteError::Protocol(e.to_string()))?;
+        let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
+        send_record(self.control.as_fd(), &bytes, &fds)
+            .map_err(io_err("replying to the supervisor"))
+    }
+
+    fn fork(&mut self, worker_id: u64, fds: Vec<OwnedFd>) -> Result<(), ZygoteError> {
+        let fds: [OwnedFd; FORK_FDS] = match fds.try_into() {
+            Ok(fds) => fds,
+            Err(fds) => {
+                let reason = format!(
+                    "fork request carried {} fds, expected {FORK_FDS}",
+                    fds.len()
+                );
+                return self.reply(&ControlReply::ForkFailed { worker_id, reason }, None);
+            }
+        };
+        if let Err(e) = sandbox::ensure_single_thread() {
+            let reason = format!("refusing to fork: {e}");
+            return self.reply(&ControlReply::ForkFailed { worker_id, reason }, None);
+        }
+        let zygote_pid = nix::unistd::getpid();
+        // SAFETY: PyOS_BeforeFork/AfterFork_* bracket fork() exactly as os.fork() does; the
+        // process is single-threaded (checked above) and this thread holds the GIL.
+        let pid = unsafe {
+            pyo3::ffi::PyOS_BeforeFork();
+            let pid = libc::fork();
+            if pid == 0 {
+                pyo3::ffi::PyOS_AfterFork_Child();
+                child::run(&self.runner, fds, zygote_pid, &self.config.limits);
+            }
+            pyo3::ffi::PyOS_AfterFork_Parent();
+            pid
+        };
+        if pid < 0 {
+            let reason = format!("fork failed: {}", io::Error::last_os_error());
+            return self.reply(&ControlReply::ForkFailed { worker_id, reason }, None);
+        }
+        drop(fds);
+        self.children.insert(pid);
+        let pidfd = pidfd_open(pid);
+        self.reply(
+            &ControlReply::Forked { worker_id, pid },
+            pidfd.as_ref().map(|fd| fd.as_fd()),
+        )
+    }
+
+    /// Reaps every child that has exited and reports each one.
+    fn reap(&mut self) -> Result<(), ZygoteError> {
+        loop {
+            let status = match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => (pid, ExitStatus::Code(code)),
+                Ok(WaitStatus::Signaled(pid, sig, _)) => (pid, ExitStatus::Signal(sig as i32)),
+                Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::ECHILD) => return Ok(()),
+                Ok(_) => continue,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(io_err("reaping children")(e.into())),
+            };
+            let (pid, status) = (status.0.as_raw(), status.1);
+            self.children.remove(&pid);
+            self.reply(&ControlReply::Exited { pid, status }, None)?;
+        }
+    }
+
+    /// Kills every child and waits for each: no orphans, no zombies.
+    fn shutdown(&mut self) -> Result<(), ZygoteError> {
+        for &pid in &self.children {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        for pid in self.children.drain() {
+            let _ = waitpid(Pid::from_raw(pid), None);
+        }
+        Ok(())
+    }
+}
+
+/// A pidfd for `pid`, so the supervisor can signal it without pid-reuse races. The child
+/// cannot have been reaped yet: only this thread reaps, and it is here.
+fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the kernel just returned this fd; we are its only owner.
+    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
