@@ -5,8 +5,10 @@
 //! - [`run`]: one job on one worker, with deadline, capture and verdict.
 //! - [`capture`]: bounded output buffers.
 //!
-//! The pool keeps `size` idle workers. A request takes one (waiting in a bounded FIFO
-//! queue when none is idle), runs one job on it and drops it: a worker is never reused.
+//! `size` is both the number of jobs that run at once and the number of idle workers kept
+//! ready, so the next job after a finished one starts on a warm worker at once. A request
+//! takes a slot and an idle worker (waiting in a bounded FIFO queue when all slots are
+//! busy), runs one job and drops the worker: a worker is never reused.
 //! A background task refills the pool off the request path; another restarts the zygote
 //! when it dies. Idle workers of a dead zygote died with it and are skipped.
 
@@ -20,11 +22,11 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 use snakecage_worker::protocol::{Job, WorkerMessage, ZygoteConfig, ZygoteInfo};
-use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use self::run::{OutputChunk, RunError, RunLimits, RunOutcome};
@@ -112,6 +114,8 @@ struct Inner {
     settings: PoolSettings,
     zygote: RwLock<Arc<ZygoteHandle>>,
     idle: Mutex<VecDeque<Worker>>,
+    /// One permit per concurrent execution: `size` jobs run at once, the rest queue.
+    slots: Arc<Semaphore>,
     /// One permit per idle worker (possibly more, after stale workers were purged: a taker
     /// that finds the deque empty simply waits again).
     available: Semaphore,
@@ -139,10 +143,12 @@ impl Pool {
             settings.spawn_timeout * 4,
         )
         .await?;
+        let size = settings.size;
         let inner = Arc::new(Inner {
             settings,
             zygote: RwLock::new(zygote),
             idle: Mutex::new(VecDeque::new()),
+            slots: Arc::new(Semaphore::new(size)),
             available: Semaphore::new(0),
             waiting: AtomicUsize::new(0),
             busy: AtomicUsize::new(0),
@@ -165,40 +171,34 @@ impl Pool {
         &self.inner.counters
     }
 
-    /// Takes an idle worker, waiting in the FIFO queue if there is none.
-    pub async fn acquire(&self) -> Result<Worker, PoolError> {
+    /// Takes an execution slot and an idle worker, waiting in the FIFO queue when all
+    /// `size` slots are busy (or, briefly, when the refill has not caught up).
+    pub async fn acquire(&self) -> Result<Checkout, PoolError> {
         let inner = &self.inner;
-        let started = Instant::now();
-        loop {
-            if inner.shutdown.is_cancelled() {
-                return Err(PoolError::ShuttingDown);
+        if inner.shutdown.is_cancelled() {
+            return Err(PoolError::ShuttingDown);
+        }
+        let deadline = tokio::time::Instant::now() + inner.settings.queue_timeout;
+        let slot = match inner.slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                if inner.waiting.fetch_add(1, Ordering::AcqRel) >= inner.settings.queue_length {
+                    inner.waiting.fetch_sub(1, Ordering::AcqRel);
+                    return Err(PoolError::QueueFull);
+                }
+                let _waiting = WaitingGuard(&inner.waiting);
+                inner
+                    .wait(inner.slots.clone().acquire_owned(), deadline)
+                    .await?
             }
+        };
+        loop {
             let permit = match inner.available.try_acquire() {
                 Ok(permit) => permit,
                 Err(_) => {
-                    if inner.waiting.fetch_add(1, Ordering::AcqRel) >= inner.settings.queue_length {
-                        inner.waiting.fetch_sub(1, Ordering::AcqRel);
-                        return Err(PoolError::QueueFull);
-                    }
-                    let left = inner
-                        .settings
-                        .queue_timeout
-                        .saturating_sub(started.elapsed());
-                    let waited = tokio::select! {
-                        permit = tokio::time::timeout(left, inner.available.acquire()) => permit,
-                        () = inner.shutdown.cancelled() => {
-                            inner.waiting.fetch_sub(1, Ordering::AcqRel);
-                            return Err(PoolError::ShuttingDown);
-                        }
-                    };
-                    inner.waiting.fetch_sub(1, Ordering::AcqRel);
-                    match waited {
-                        Ok(Ok(permit)) => permit,
-                        Ok(Err(_closed)) => return Err(PoolError::ShuttingDown),
-                        Err(_elapsed) => {
-                            return Err(PoolError::QueueTimeout(inner.settings.queue_timeout));
-                        }
-                    }
+                    inner.waiting.fetch_add(1, Ordering::AcqRel);
+                    let _waiting = WaitingGuard(&inner.waiting);
+                    inner.wait(inner.available.acquire(), deadline).await?
                 }
             };
             permit.forget();
@@ -206,7 +206,11 @@ impl Pool {
             inner.refill.notify_one();
             let Some(mut worker) = taken else { continue };
             if worker.generation == inner.current_zygote().generation && worker.is_alive() {
-                return Ok(worker);
+                return Ok(Checkout {
+                    worker,
+                    _slot: slot,
+                    _busy: BusyGuard::new(self.inner.clone()),
+                });
             }
             // Died with its zygote while idle: skip it, the refill replaces it.
         }
@@ -222,8 +226,11 @@ impl Pool {
     ) -> Result<RunOutcome, PoolError> {
         let mut last_error = String::new();
         for _ in 0..3 {
-            let worker = self.acquire().await?;
-            let _busy = BusyGuard::new(&self.inner.busy);
+            let Checkout {
+                worker,
+                _slot,
+                _busy,
+            } = self.acquire().await?;
             match run::run(worker, job.clone(), limits, chunks.clone()).await {
                 Ok(outcome) => return Ok(outcome),
                 Err(RunError::WorkerLost(e)) => {
@@ -267,6 +274,7 @@ impl Pool {
         let inner = &self.inner;
         inner.shutdown.cancel();
         inner.available.close();
+        inner.slots.close();
         inner.idle.lock().expect("idle lock").clear();
         inner
             .current_zygote()
@@ -280,20 +288,52 @@ impl Inner {
     fn current_zygote(&self) -> Arc<ZygoteHandle> {
         self.zygote.read().expect("zygote lock").clone()
     }
-}
 
-struct BusyGuard<'a>(&'a AtomicUsize);
-
-impl<'a> BusyGuard<'a> {
-    fn new(counter: &'a AtomicUsize) -> Self {
-        counter.fetch_add(1, Ordering::Relaxed);
-        Self(counter)
+    /// Awaits `fut` (a semaphore acquire) until `deadline`, or until shutdown.
+    async fn wait<P, E>(
+        &self,
+        fut: impl std::future::Future<Output = Result<P, E>>,
+        deadline: tokio::time::Instant,
+    ) -> Result<P, PoolError> {
+        tokio::select! {
+            got = tokio::time::timeout_at(deadline, fut) => match got {
+                Ok(Ok(permit)) => Ok(permit),
+                Ok(Err(_closed)) => Err(PoolError::ShuttingDown),
+                Err(_elapsed) => Err(PoolError::QueueTimeout(self.settings.queue_timeout)),
+            },
+            () = self.shutdown.cancelled() => Err(PoolError::ShuttingDown),
+        }
     }
 }
 
-impl Drop for BusyGuard<'_> {
+/// A worker checked out for one job, with the execution slot it occupies. Dropping it
+/// (after the run, or when the request is abandoned) kills the worker and frees the slot.
+pub struct Checkout {
+    pub worker: Worker,
+    _slot: OwnedSemaphorePermit,
+    _busy: BusyGuard,
+}
+
+struct BusyGuard(Arc<Inner>);
+
+impl BusyGuard {
+    fn new(inner: Arc<Inner>) -> Self {
+        inner.busy.fetch_add(1, Ordering::Relaxed);
+        Self(inner)
+    }
+}
+
+impl Drop for BusyGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.busy.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+struct WaitingGuard<'a>(&'a AtomicUsize);
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -1,0 +1,369 @@
+//! The core contract: Onyx-compatible `POST /v1/execute` on pre-forked workers.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::harness::{Options, Server, descendants_of, peak_rss, process_exists};
+
+#[tokio::test]
+async fn programs_behave_as_under_python_main() {
+    let s = Server::start().await;
+
+    let r = s.run("print('hello world')").await;
+    assert_eq!(r["stdout"], "hello world\n");
+    assert_eq!(r["stderr"], "");
+    assert_eq!(r["exit_code"], 0);
+    assert_eq!(r["timed_out"], false);
+    assert_eq!(r["verdict"], "ok");
+    assert_eq!(r["files"], json!([]));
+    assert!(r["duration_ms"].is_u64());
+
+    // Jupyter-style: a bare last expression is displayed, earlier ones are not.
+    assert_eq!(s.run("1 + 1\n2 + 2").await["stdout"], "4\n");
+    let r = s
+        .run_with(json!({"code": "1 + 1\n2 + 2", "last_line_interactive": false}))
+        .await;
+    assert_eq!(r["stdout"], "");
+
+    let r = s.run("def f():\n    return 1 / 0\nf()").await;
+    assert_eq!(r["exit_code"], 1);
+    assert_eq!(r["verdict"], "error");
+    let err = r["stderr"].as_str().unwrap();
+    assert!(
+        err.starts_with("Traceback (most recent call last):\n"),
+        "{err}"
+    );
+    assert!(err.contains("File \"__main__.py\", line 2, in f"), "{err}");
+    assert!(
+        err.trim_end()
+            .ends_with("ZeroDivisionError: division by zero"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("runner"),
+        "runner frames leak into the traceback: {err}"
+    );
+
+    let r = s.run("import sys\nprint('bye')\nsys.exit(3)").await;
+    assert_eq!(
+        (r["exit_code"].clone(), r["stdout"].clone()),
+        (json!(3), json!("bye\n"))
+    );
+    assert_eq!(r["verdict"], "error");
+
+    let r = s.run_with(json!({"code": "import sys\nprint(input().upper())\nprint(sys.stdin.read())", "stdin": "abc\nrest"})).await;
+    assert_eq!(r["stdout"], "ABC\nrest\n");
+
+    // fd-level writes (as C code makes them) are captured too, in order with print.
+    let r = s
+        .run("import os\nprint('a', flush=True)\nos.write(1, b'b\\n')\nos.write(2, b'e')\nNone")
+        .await;
+    assert_eq!(r["stdout"], "a\nb\n");
+    assert_eq!(r["stderr"], "e");
+
+    let r = s.run("import numpy as np, pandas as pd\nprint(int(np.arange(10).sum()), pd.DataFrame({'a': [1, 2]})['a'].sum())").await;
+    assert_eq!(r["stdout"], "45 3\n");
+}
+
+#[tokio::test]
+async fn an_infinite_loop_is_killed_at_its_deadline_and_the_next_request_is_served() {
+    let s = Server::start().await;
+    let started = Instant::now();
+    let r = s
+        .run_with(
+            json!({"code": "print('start', flush=True)\nwhile True: pass", "timeout_ms": 500}),
+        )
+        .await;
+    let elapsed = started.elapsed();
+    assert_eq!(r["timed_out"], true);
+    assert_eq!(r["exit_code"], json!(null));
+    assert_eq!(r["verdict"], "timeout");
+    assert_eq!(r["stdout"], "start\n", "output before the deadline is kept");
+    // Not a timing benchmark: only that the deadline was the requested one, not the default.
+    assert!(elapsed >= Duration::from_millis(500), "{elapsed:?}");
+    assert!(elapsed < Duration::from_millis(1900), "{elapsed:?}");
+    assert_eq!(s.run("print(2)").await["stdout"], "2\n");
+}
+
+#[tokio::test]
+async fn a_huge_allocation_is_a_memory_limit_verdict_with_memory_error() {
+    let s = Server::start().await;
+    let r = s.run("bytearray(10**10)").await;
+    assert_eq!(r["verdict"], "memory_limit");
+    assert_eq!(r["exit_code"], 1);
+    assert!(r["stderr"].as_str().unwrap().contains("MemoryError"), "{r}");
+    // numpy's allocation error is a MemoryError too.
+    let r = s
+        .run("import numpy as np\nnp.ones((1 << 20, 1 << 10))")
+        .await;
+    assert_eq!(r["verdict"], "memory_limit", "{r}");
+    // Below the budget is fine.
+    let r = s.run("b = bytearray(100 * 2**20)\nprint(len(b))").await;
+    assert_eq!(
+        (r["verdict"].clone(), r["stdout"].clone()),
+        (json!("ok"), json!("104857600\n"))
+    );
+}
+
+#[tokio::test]
+async fn flooding_output_is_truncated_and_the_service_stays_small() {
+    let s = Server::start().await;
+    let r = s
+        .run("import sys\nsys.stdout.write('y' * 50_000_000)\nprint('done', file=sys.stderr)")
+        .await;
+    let out = r["stdout"].as_str().unwrap();
+    assert_eq!(r["stdout_truncated"], true);
+    assert_eq!(r["stderr_truncated"], false);
+    assert_eq!(r["verdict"], "output_limit");
+    assert_eq!(r["exit_code"], 0);
+    assert!(out.ends_with("\n...[truncated]"));
+    assert_eq!(out.len(), 1_000_000 + "\n...[truncated]".len());
+    assert_eq!(r["stderr"], "done\n");
+    // The supervisor never held the 50 MB: its peak RSS stays far below it.
+    let peak = peak_rss(s.pid());
+    assert!(peak < 45 << 20, "supervisor peak RSS {} MiB", peak >> 20);
+}
+
+#[tokio::test]
+async fn requests_never_see_each_others_globals_files_or_process() {
+    let s = Server::start().await;
+    let a = s.run("import os\nsecret = 42\nopen('mine.txt', 'w').write('a')\nimport json\njson.dumps = None\nprint(os.getpid())").await;
+    assert_eq!(a["verdict"], "ok", "{a}");
+    let b = s
+        .run("import os, json\nprint('secret' in globals(), os.path.exists('mine.txt'), json.dumps is None, os.listdir('.'))\nprint(os.getpid())")
+        .await;
+    let lines: Vec<&str> = b["stdout"].as_str().unwrap().lines().collect();
+    assert_eq!(lines[0], "False False False []");
+    assert_ne!(
+        lines[1],
+        a["stdout"].as_str().unwrap().trim(),
+        "a worker was reused"
+    );
+}
+
+#[tokio::test]
+async fn two_hundred_concurrent_requests_are_all_answered_correctly() {
+    let s = Server::start_with(Options::default().env("SNAKECAGE_POOL__SIZE", 4)).await;
+    let mut tasks = Vec::new();
+    for i in 0..200u64 {
+        let client = s.client.clone();
+        let url = format!("{}/v1/execute", s.base);
+        tasks.push(tokio::spawn(async move {
+            let body = json!({"code": format!("x = {i}\nx * 2"), "timeout_ms": 30000});
+            let resp = client.post(url).json(&body).send().await.unwrap();
+            let status = resp.status().as_u16();
+            let v: serde_json::Value = resp.json().await.unwrap();
+            (i, status, v)
+        }));
+    }
+    for t in tasks {
+        let (i, status, v) = t.await.unwrap();
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["stdout"], format!("{}\n", i * 2), "{v}");
+    }
+}
+
+#[tokio::test]
+async fn killing_the_zygote_mid_run_fails_that_run_and_the_service_recovers() {
+    let s = Server::start().await;
+    let health = s.health().await;
+    let zygote = health["pool"]["zygote"]["pid"].as_u64().unwrap() as i32;
+    let client = s.client.clone();
+    let url = format!("{}/v1/execute", s.base);
+    let running = tokio::spawn(async move {
+        let body = json!({"code": "import time\ntime.sleep(5)", "timeout_ms": 10000});
+        client
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json::<serde_json::Value>()
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(zygote),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let r = running.await.unwrap();
+    assert_eq!(r["verdict"], "killed", "{r}");
+    assert_eq!(r["exit_code"], json!(null));
+
+    // Queued and later requests are served by the restarted zygote.
+    let r = s.run("print('after')").await;
+    assert_eq!(r["stdout"], "after\n", "{r}");
+    let health = s.health().await;
+    assert_eq!(health["pool"]["zygote_restarts"], 1);
+    assert_ne!(
+        health["pool"]["zygote"]["pid"].as_u64().unwrap() as i32,
+        zygote
+    );
+    assert!(!process_exists(zygote as u32));
+}
+
+#[tokio::test]
+async fn a_full_queue_answers_429_with_retry_after() {
+    let s = Server::start_with(
+        Options::default()
+            .env("SNAKECAGE_POOL__SIZE", 1)
+            .env("SNAKECAGE_POOL__QUEUE_LENGTH", 1),
+    )
+    .await;
+    let sleeper = json!({"code": "import time\ntime.sleep(1.5)", "timeout_ms": 5000});
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let client = s.client.clone();
+        let url = format!("{}/v1/execute", s.base);
+        let body = sleeper.clone();
+        tasks.push(tokio::spawn(async move {
+            let resp = client.post(url).json(&body).send().await.unwrap();
+            let retry_after = resp
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_owned());
+            (
+                resp.status().as_u16(),
+                retry_after,
+                resp.json::<serde_json::Value>().await.unwrap(),
+            )
+        }));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        let (status, retry_after, body) = t.await.unwrap();
+        if status == 429 {
+            assert_eq!(retry_after.as_deref(), Some("1"));
+            assert!(
+                body["detail"].as_str().unwrap().contains("queue is full"),
+                "{body}"
+            );
+        } else {
+            assert_eq!(status, 200, "{body}");
+        }
+        statuses.push(status);
+    }
+    assert!(statuses.contains(&429), "{statuses:?}");
+    assert!(statuses.contains(&200), "{statuses:?}");
+}
+
+#[tokio::test]
+async fn malformed_requests_get_4xx_with_a_detail() {
+    let s = Server::start_with(Options::default().env("SNAKECAGE_LIMITS__MAX_REQUEST_BYTES", 4096))
+        .await;
+    let url = format!("{}/v1/execute", s.base);
+    let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
+        (
+            s.client
+                .post(&url)
+                .header("content-type", "application/json")
+                .body("{\"code\": "),
+            400,
+            "not valid JSON",
+        ),
+        (
+            s.client.post(&url).json(&json!({"cod": "print(1)"})),
+            422,
+            "missing field `code`",
+        ),
+        (
+            s.client.post(&url).json(&json!({"code": 5})),
+            422,
+            "invalid type",
+        ),
+        (
+            s.client
+                .post(&url)
+                .json(&json!({"code": "1", "timeout_ms": "soon"})),
+            422,
+            "timeout_ms",
+        ),
+        (
+            s.client
+                .post(&url)
+                .json(&json!({"code": "1", "timeout_ms": 60001})),
+            422,
+            "timeout_ms exceeds maximum of 60000 ms",
+        ),
+        (
+            s.client
+                .post(&url)
+                .json(&json!({"code": "1", "timeout_ms": 0})),
+            422,
+            "timeout_ms must be greater than 0",
+        ),
+        (
+            s.client.post(&url).body("print(1)"),
+            415,
+            "Content-Type: application/json",
+        ),
+        (
+            s.client
+                .post(&url)
+                .json(&json!({"code": "x".repeat(10_000)})),
+            413,
+            "exceeds the configured maximum",
+        ),
+        (
+            s.client.get(format!("{}/v1/nope", s.base)),
+            404,
+            "no route for /v1/nope",
+        ),
+    ];
+    for (req, status, needle) in cases {
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), status);
+        let body: serde_json::Value = resp.json().await.unwrap();
+        let detail = body["detail"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no detail in {body}"));
+        assert!(
+            detail.contains(needle),
+            "{detail:?} does not mention {needle:?}"
+        );
+    }
+    // The service is unharmed.
+    assert_eq!(s.run("print(1)").await["stdout"], "1\n");
+}
+
+#[tokio::test]
+async fn shutdown_kills_and_reaps_every_worker_and_the_zygote() {
+    let s = Server::start().await;
+    let below = descendants_of(s.pid());
+    assert!(
+        below.len() >= 3,
+        "expected a zygote and workers, found {below:?}"
+    );
+    let status = s.stop();
+    assert!(status.success(), "{status:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while below.iter().any(|&p| process_exists(p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left: Vec<u32> = below.into_iter().filter(|&p| process_exists(p)).collect();
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+}
+
+#[tokio::test]
+async fn health_reports_the_pool_and_the_interpreter() {
+    let s = Server::start().await;
+    let h = s.health().await;
+    assert_eq!(h["status"], "ok");
+    assert_eq!(h["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(h["python_version"], "3.11.7");
+    assert_eq!(h["pool"]["target_size"], 2);
+    let names: Vec<&str> = h["preloaded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"numpy") && names.contains(&"pandas"),
+        "{names:?}"
+    );
+}

@@ -1,0 +1,242 @@
+//! Starts the real service for a test and talks to it.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+pub struct Server {
+    child: Child,
+    pub base: String,
+    pub client: reqwest::Client,
+    _state_dir: tempfile::TempDir,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+/// Settings for one test server; the defaults keep it small.
+pub struct Options {
+    pub env: Vec<(String, String)>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            env: vec![("SNAKECAGE_POOL__SIZE".into(), "2".into())],
+        }
+    }
+}
+
+impl Options {
+    pub fn env(mut self, key: &str, value: impl ToString) -> Self {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.into(), value.to_string()));
+        self
+    }
+}
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+impl Server {
+    pub async fn start() -> Self {
+        Self::start_with(Options::default()).await
+    }
+
+    pub async fn start_with(options: Options) -> Self {
+        let state_dir = tempfile::tempdir().expect("temp dir");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_snakecage"));
+        cmd.args(["--listen", "127.0.0.1:0", "--log-format", "json"])
+            .arg("--venv")
+            .arg(repo_root().join(".venv"))
+            .env("SNAKECAGE_WORKER__STATE_DIR", state_dir.path())
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in &options.env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start snakecage");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let log_writer = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    if v["fields"]["message"] == "snakecage is listening" {
+                        let _ = addr_tx
+                            .send(v["fields"]["addr"].as_str().unwrap_or_default().to_owned());
+                    }
+                }
+                log_writer.lock().unwrap().push(line);
+            }
+        });
+        let addr =
+            tokio::task::spawn_blocking(move || addr_rx.recv_timeout(Duration::from_secs(60)))
+                .await
+                .unwrap()
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "snakecage did not start; log:\n{}",
+                        log.lock().unwrap().join("\n")
+                    )
+                });
+        let server = Self {
+            child,
+            base: format!("http://{addr}"),
+            client: reqwest::Client::new(),
+            _state_dir: state_dir,
+            log,
+        };
+        server.wait_for_idle(1).await;
+        server
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    pub async fn health(&self) -> Value {
+        self.client
+            .get(format!("{}/health", self.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// Waits until at least `n` idle workers are ready.
+    pub async fn wait_for_idle(&self, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let health = self.health().await;
+            if health["pool"]["idle"].as_u64().unwrap_or(0) >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pool never reached {n} idle workers: {health}\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let resp = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// POST /v1/execute that must succeed at the HTTP level.
+    pub async fn run(&self, code: &str) -> Value {
+        self.run_with(json!({ "code": code })).await
+    }
+
+    pub async fn run_with(&self, body: Value) -> Value {
+        let (status, body) = self.post("/v1/execute", &body).await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// Sends SIGTERM and waits for a clean exit.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        self.terminate()
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                return self.child.wait().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.terminate();
+        }
+    }
+}
+
+/// Processes whose parent is `pid`.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // The fields after the command name (which may contain spaces) start after ')'.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let ppid: u32 = after.split(' ').nth(1).unwrap().parse().unwrap();
+        if ppid == pid {
+            out.push(child);
+        }
+    }
+    out
+}
+
+/// Every process below `pid`.
+pub fn descendants_of(pid: u32) -> Vec<u32> {
+    let mut all = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(p) = frontier.pop() {
+        for c in children_of(p) {
+            all.push(c);
+            frontier.push(c);
+        }
+    }
+    all
+}
+
+pub fn process_exists(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
+        .unwrap_or(false)
+}
+
+/// Peak resident memory of a process, in bytes.
+pub fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
