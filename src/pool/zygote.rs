@@ -98,6 +98,9 @@ impl ZygoteHandle {
             .stdout(Stdio::from(stderr_copy))
             .stderr(Stdio::piped());
         cmd.kill_on_drop(true);
+        // Its own process group: a terminal's Ctrl-C (SIGINT to the foreground group) must
+        // reach only the supervisor, which then shuts down in order, not interrupt jobs.
+        cmd.process_group(0);
         let theirs_raw = theirs.as_raw_fd();
         // SAFETY: runs in the forked child before exec; dup2 and fcntl are async-signal-safe
         // and touch only fds of that child.

@@ -81,10 +81,10 @@ fn harden(
     }
     // 3. Resource limits, before any user-controlled allocation.
     rlimits::apply(limits).map_err(step("setting rlimits"))?;
-    // 7. Python level: line-buffered streams, fresh RNG state; then pay this child's
-    //    copy-on-write faults with a throwaway job so the real one does not.
+    // 7. Python level: fresh RNG state; then pay this child's copy-on-write faults on the
+    //    common path with one small throwaway job, so the real job does not.
     runner.prepare_child()?;
-    runner.warm_up()?;
+    runner.warm_up_child()?;
     Ok(())
 }
 

@@ -106,10 +106,24 @@ impl<'py> Runner<'py> {
         Ok(Self { module })
     }
 
-    pub fn warm_up(&self) -> Result<(), InterpreterError> {
+    /// Once, in the zygote: process-wide settings every child inherits, then the
+    /// thorough warm-up that builds CPython's caches before the first fork.
+    pub fn prepare_zygote(&self) -> Result<(), InterpreterError> {
+        self.module
+            .call_method0("prepare_zygote")
+            .map_err(py_err("preparing the zygote"))?;
         self.module
             .call_method0("warm_up")
             .map_err(py_err("warming up"))?;
+        Ok(())
+    }
+
+    /// In each child: one small job on the common path, paying its copy-on-write faults
+    /// before the real job instead of during it.
+    pub fn warm_up_child(&self) -> Result<(), InterpreterError> {
+        self.module
+            .call_method0("warm_up_child")
+            .map_err(py_err("warming up the child"))?;
         Ok(())
     }
 
@@ -183,7 +197,7 @@ pub fn prepare<'py>(
     }
     let runner = Runner::load(py)?;
     let (loaded, failed) = preload(py, &config.preload);
-    runner.warm_up()?;
+    runner.prepare_zygote()?;
     py.import("gc")
         .and_then(|gc| gc.call_method0("freeze"))
         .map_err(py_err("freezing the heap"))?;

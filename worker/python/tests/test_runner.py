@@ -25,6 +25,8 @@ ALLOWLIST_PATH = REPO_ROOT / "python-stdlib-allowlist"
 PYENV_PYTHON = Path("/root/.pyenv/versions/3.11.7/bin/python3.11")
 # The service's CPython; the venv's interpreter is the same build.
 CPYTHON = str(PYENV_PYTHON) if PYENV_PYTHON.exists() else sys.executable
+# The venv's site-packages, for the tests that need numpy (this process runs in the venv).
+SITE_PACKAGES = next(Path(p) for p in sys.path if p.endswith("site-packages"))
 
 OK = {"exit_code": 0, "memory_error": False, "error": None}
 
@@ -537,6 +539,7 @@ def test_child_streams_are_line_buffered_and_interleave(runner):
     proc = run_child(
         """\
         before = sys.stdout.line_buffering
+        runner.prepare_zygote()
         runner.warm_up()
         runner.prepare_child()
         report([before, sys.stdout.line_buffering, sys.stderr.line_buffering])
@@ -554,7 +557,7 @@ def test_child_has_exit_and_quit_without_site(runner):
         """\
         import builtins
         report(hasattr(builtins, "exit"))
-        runner.prepare_child()
+        runner.prepare_zygote()
         report(runner.run({"code": "exit(4)", "stdin": None, "last_line_interactive": False}))
         report(runner.run({"code": "quit()", "stdin": None, "last_line_interactive": False}))
         """
@@ -568,7 +571,7 @@ def test_child_turns_sigint_into_keyboard_interrupt(runner):
         """\
         import signal
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # as after Py_InitializeEx(0)
-        runner.prepare_child()
+        runner.prepare_zygote()
         code = "import os, signal, time\\nos.kill(os.getpid(), signal.SIGINT)\\ntime.sleep(30)\\n"
         report(runner.run({"code": code, "stdin": None, "last_line_interactive": False}))
         """
@@ -591,19 +594,32 @@ def test_child_warnings_quote_the_job_source(runner):
     assert "__main__.py:2: UserWarning: careful\n  warnings.warn('careful')\n" in proc.stdout
 
 
-def test_child_reseeds_random(runner):
+def test_forked_children_draw_different_random_numbers(runner):
+    # Two children forked from one "zygote" whose generators were seeded alike:
+    # CPython reseeds `random` after fork, prepare_child reseeds numpy's global one.
     proc = run_child(
-        """\
-        import random
+        f"""\
+        import os, random
+        sys.path.append({str(SITE_PACKAGES)!r})
+        import numpy
         random.seed(1234)
-        zygote_draw = random.random()
-        random.seed(1234)
-        runner.prepare_child()
-        report(random.random() != zygote_draw)
+        numpy.random.seed(1234)
+        draws = []
+        for _ in range(2):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                runner.prepare_child()
+                os.write(w, json.dumps([random.random(), float(numpy.random.random())]).encode())
+                os._exit(0)
+            os.close(w)
+            draws.append(json.loads(os.read(r, 4096)))
+            os.waitpid(pid, 0)
+        report([draws[0][0] != draws[1][0], draws[0][1] != draws[1][1]])
         """
     )
     assert proc.returncode == 0, proc.stdout
-    assert child_results(proc.stdout) == [True]
+    assert child_results(proc.stdout) == [[True, True]]
 
 
 # --------------------------------------------------------------------------
