@@ -95,6 +95,8 @@ pub async fn execute(
         code: req.code,
         stdin: req.stdin,
         last_line_interactive: req.last_line_interactive,
+        entrypoint: None,
+        args: Vec::new(),
     };
     let outcome = state.pool.execute(job, &limits, None).await?;
     Ok(Json(outcome.into()))
