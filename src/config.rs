@@ -20,6 +20,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub python: PythonConfig,
     pub worker: WorkerConfig,
+    pub files: FilesConfig,
+    pub workspace: WorkspaceConfig,
     pub log: LogConfig,
 }
 
@@ -80,6 +82,38 @@ pub struct WorkerConfig {
     pub shutdown_grace_ms: u64,
 }
 
+/// The file store: uploads and the files runs write.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FilesConfig {
+    /// Where stored files and their metadata live; default: `files` under
+    /// `worker.state_dir`. Unlike the workspaces it is kept at shutdown, so files survive a
+    /// restart.
+    pub dir: Option<PathBuf>,
+    /// Largest upload (and largest file a run may leave behind to be stored).
+    pub max_file_size_mb: u64,
+    /// Stored files are deleted this long after they were stored; 0 keeps them.
+    pub ttl_seconds: u64,
+    /// Total size of all stored files; a store that would grow past it answers 507.
+    /// 0 means no quota.
+    pub quota_mb: u64,
+}
+
+/// The per-run workspace directories.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkspaceConfig {
+    /// Parent of the per-worker workspaces (a tmpfs such as /dev/shm is a good choice when
+    /// it is large enough for the staged files); default: `worker.state_dir`. Removed at
+    /// shutdown.
+    pub dir: Option<PathBuf>,
+    /// The most a run's new and changed files may add up to; what is beyond it is not
+    /// stored (each single file is also bounded by `limits.max_file_size_mb`).
+    pub max_total_mb: u64,
+    /// The most workspace entries (files and directories) looked at after a run.
+    pub max_entries: usize,
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -103,6 +137,8 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             python: PythonConfig::default(),
             worker: WorkerConfig::default(),
+            files: FilesConfig::default(),
+            workspace: WorkspaceConfig::default(),
             log: LogConfig::default(),
         }
     }
@@ -153,6 +189,27 @@ impl Default for WorkerConfig {
             binary: None,
             state_dir: std::env::temp_dir().join("snakecage"),
             shutdown_grace_ms: 10_000,
+        }
+    }
+}
+
+impl Default for FilesConfig {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            max_file_size_mb: 100,
+            ttl_seconds: 3600,
+            quota_mb: 10 << 10,
+        }
+    }
+}
+
+impl Default for WorkspaceConfig {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            max_total_mb: 500,
+            max_entries: 10_000,
         }
     }
 }
@@ -241,7 +298,31 @@ impl Config {
         if self.limits.max_open_files < 16 {
             return bad("limits.max_open_files must be at least 16 (CPython needs a few)");
         }
+        if self.files.max_file_size_mb == 0 {
+            return bad("files.max_file_size_mb must be positive");
+        }
+        if self.workspace.max_entries == 0 {
+            return bad("workspace.max_entries must be at least 1");
+        }
         Ok(())
+    }
+
+    /// Where stored files live.
+    pub fn files_dir(&self) -> PathBuf {
+        self.files
+            .dir
+            .clone()
+            .unwrap_or_else(|| self.worker.state_dir.join("files"))
+    }
+
+    /// The parent of this process's workspaces.
+    pub fn workspace_root(&self) -> PathBuf {
+        let base = self
+            .workspace
+            .dir
+            .as_ref()
+            .unwrap_or(&self.worker.state_dir);
+        base.join(format!("workspaces-{}", std::process::id()))
     }
 
     /// The zygote binary to exec.
@@ -341,6 +422,9 @@ mod tests {
         assert_eq!(c.limits.max_timeout_ms, 60_000);
         assert_eq!(c.limits.max_output_bytes, 1_000_000);
         assert_eq!(c.limits.memory_limit_mb, 256);
+        assert_eq!(c.files.max_file_size_mb, 100);
+        assert_eq!(c.files.ttl_seconds, 3600);
+        assert_eq!(c.files_dir(), c.worker.state_dir.join("files"));
     }
 
     #[test]

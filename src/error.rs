@@ -6,6 +6,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::files::StoreError;
+use crate::files::workspace::StageError;
 use crate::pool::PoolError;
 
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +26,8 @@ pub enum ApiError {
     QueueFull { retry_after_secs: u64 },
     #[error("{0}")]
     Unavailable(String),
+    #[error("{0}")]
+    InsufficientStorage(String),
     #[error("internal error")]
     Internal(String),
 }
@@ -38,6 +42,7 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -55,6 +60,39 @@ impl From<PoolError> for ApiError {
             )),
             PoolError::ShuttingDown => ApiError::Unavailable("the service is shutting down".into()),
             other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound(id) => {
+                ApiError::NotFound(format!("File with ID '{id}' not found"))
+            }
+            StoreError::TooLarge { max_bytes } => ApiError::PayloadTooLarge(format!(
+                "File size exceeds maximum of {} MB",
+                max_bytes >> 20
+            )),
+            StoreError::QuotaExceeded { quota_bytes } => ApiError::InsufficientStorage(format!(
+                "File storage is full (quota of {} MB); delete files you no longer need and retry",
+                quota_bytes >> 20
+            )),
+            StoreError::Source(e) => {
+                ApiError::BadRequest(format!("reading the upload failed: {e}"))
+            }
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<StageError> for ApiError {
+    fn from(e: StageError) -> Self {
+        match e {
+            e @ StageError::NotFound { .. } => ApiError::NotFound(e.to_string()),
+            e @ StageError::Conflict { .. } => ApiError::Validation(e.to_string()),
+            StageError::Store { source, .. } => source.into(),
+            e @ StageError::Io { .. } => ApiError::Internal(e.to_string()),
         }
     }
 }

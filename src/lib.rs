@@ -6,6 +6,8 @@
 //! - [`api`]: the router and its handlers.
 //! - [`error`]: `ApiError`, the one place statuses and `detail`s are decided.
 //! - [`pool`]: the zygote, the pre-forked workers, one run of one job.
+//! - [`files`]: the file store (uploads, run outputs), staging into and collecting from
+//!   workspaces.
 //!
 //! The supervisor never forks and never links CPython: the zygote (`snakecage-worker`)
 //! does that, and the two speak the protocol in the `snakecage_worker` library.
@@ -13,5 +15,6 @@
 pub mod api;
 pub mod config;
 pub mod error;
+pub mod files;
 pub mod pool;
 pub mod server;

@@ -14,6 +14,8 @@ use tower_http::trace::TraceLayer;
 
 use crate::api::{self, AppState};
 use crate::config::{Config, ConfigError};
+use crate::files::local::LocalStoreSettings;
+use crate::files::{self, LocalStore, SharedStore, StoreError};
 use crate::pool::{Pool, PoolError, PoolSettings};
 
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +24,8 @@ pub enum ServeError {
     Config(#[from] ConfigError),
     #[error("starting the worker pool: {0}")]
     Pool(#[from] PoolError),
+    #[error("opening the file store: {0}")]
+    Store(#[from] StoreError),
     #[error("serving HTTP: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -37,7 +41,7 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
         queue_timeout: Duration::from_millis(config.pool.queue_timeout_ms),
         spawn_timeout: Duration::from_millis(config.pool.spawn_timeout_ms),
         worker_binary: config.worker_binary(),
-        workspace_root: state_dir.join(format!("workspaces-{}", std::process::id())),
+        workspace_root: config.workspace_root(),
         zygote: ZygoteConfig {
             python_home: layout.home,
             site_packages: layout.site_packages,
@@ -60,6 +64,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let settings = pool_settings(&config)?;
+    let store = open_store(&config)?;
     std::fs::create_dir_all(&settings.zygote.mpl_config_dir)?;
     let pool = Pool::start(settings).await?;
     let info = pool.zygote_info();
@@ -73,16 +78,21 @@ pub async fn serve(
         tracing::warn!(%failure, "a configured preload module is not available");
     }
     let grace = Duration::from_millis(config.worker.shutdown_grace_ms);
+    let stop = CancellationToken::new();
+    if config.files.ttl_seconds > 0 {
+        let ttl = Duration::from_secs(config.files.ttl_seconds);
+        files::spawn_sweeper(store.clone(), files::sweep_interval(ttl), stop.clone());
+    }
     let state = Arc::new(AppState {
         config,
         pool: pool.clone(),
+        store,
     });
     let app = api::router(state)
         .layer(TraceLayer::new_for_http())
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid));
 
-    let stop = CancellationToken::new();
     let stop_signal = stop.clone();
     tokio::spawn(async move {
         shutdown.await;
@@ -100,6 +110,18 @@ pub async fn serve(
     pool.shutdown().await;
     tracing::info!("snakecage stopped");
     Ok(())
+}
+
+/// The local-disk store the configuration describes.
+pub fn open_store(config: &Config) -> Result<SharedStore, StoreError> {
+    let files = &config.files;
+    let store = LocalStore::open(LocalStoreSettings {
+        dir: config.files_dir(),
+        max_file_bytes: files.max_file_size_mb << 20,
+        quota_bytes: (files.quota_mb > 0).then_some(files.quota_mb << 20),
+        ttl: (files.ttl_seconds > 0).then(|| Duration::from_secs(files.ttl_seconds)),
+    })?;
+    Ok(Arc::new(store))
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -1,5 +1,7 @@
-//! `POST /v1/execute`, wire-compatible with the Onyx code interpreter.
+//! `POST /v1/execute`, wire-compatible with the Onyx code interpreter: stage the request's
+//! files, run `code` (or a staged `entrypoint` with `args`), store what the run wrote.
 
+use std::path::Path;
 use std::time::Duration;
 
 use axum::Json;
@@ -10,11 +12,23 @@ use snakecage_worker::protocol::Job;
 use super::SharedState;
 use super::json::ApiJson;
 use crate::error::ApiError;
+use crate::files::workspace::{
+    self, CollectLimits, SkippedFile, StageInput, Staged, WorkspaceFile,
+};
+use crate::files::{FileStore, StoreError};
+use crate::pool::Stager;
 use crate::pool::run::{RunLimits, RunOutcome, RunVerdict};
 
 #[derive(Debug, Deserialize)]
 pub struct ExecuteRequest {
-    pub code: String,
+    /// Exactly one of `code` and `entrypoint`.
+    #[serde(default)]
+    pub code: Option<String>,
+    /// A staged file to run as `__main__`, like `python <entrypoint> <args>`.
+    #[serde(default)]
+    pub entrypoint: Option<String>,
+    #[serde(default)]
+    pub args: Vec<String>,
     #[serde(default)]
     pub stdin: Option<String>,
     #[serde(default)]
@@ -43,7 +57,10 @@ pub struct ExecuteResponse {
     pub exit_code: Option<i32>,
     pub timed_out: bool,
     pub duration_ms: u64,
-    pub files: Vec<serde_json::Value>,
+    /// New or changed files (stored, with ids) and new directories the run left.
+    pub files: Vec<WorkspaceFile>,
+    /// Workspace entries that were not stored, and why (links, limits, quota).
+    pub skipped_files: Vec<SkippedFile>,
     pub verdict: RunVerdict,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
@@ -69,6 +86,7 @@ impl From<RunOutcome> for ExecuteResponse {
             timed_out: o.timed_out,
             duration_ms: o.duration.as_millis() as u64,
             files: Vec::new(),
+            skipped_files: Vec::new(),
             verdict: o.verdict,
             stdout_truncated: o.stdout_truncated,
             stderr_truncated: o.stderr_truncated,
@@ -85,19 +103,125 @@ pub async fn execute(
     ApiJson(req): ApiJson<ExecuteRequest>,
 ) -> Result<Json<ExecuteResponse>, ApiError> {
     let limits = run_limits(&state, req.timeout_ms)?;
-    if let Some(file) = req.files.first() {
-        return Err(ApiError::Validation(format!(
-            "files: cannot stage file {:?} at {:?}: staging stored files is not supported by this build yet",
-            file.file_id, file.path
-        )));
+    let inputs = stage_inputs(&req.files)?;
+    let job = job(req, &inputs)?;
+    // Unknown ids are answered before a worker is spent on the request.
+    for input in &inputs {
+        match state.store.meta(&input.file_id).await {
+            Ok(_) => {}
+            Err(StoreError::NotFound(_)) => {
+                return Err(ApiError::NotFound(format!(
+                    "File with ID '{}' not found for path '{}'",
+                    input.file_id, input.path
+                )));
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
-    let job = Job {
-        code: req.code,
+    let stager = StoreStager {
+        store: state.store.as_ref(),
+        inputs: &inputs,
+    };
+    let finished = state.pool.execute_in(job, &limits, None, &stager).await?;
+    let collected = match finished.workspace_path() {
+        Some(path) => {
+            workspace::collect(
+                state.store.as_ref(),
+                path,
+                &finished.staged,
+                collect_limits(&state),
+            )
+            .await
+        }
+        None => workspace::Collected::default(),
+    };
+    let mut response = ExecuteResponse::from(finished.outcome);
+    response.files = collected.files;
+    response.skipped_files = collected.skipped;
+    Ok(Json(response))
+}
+
+/// Checks and normalises the paths of `files`.
+pub fn stage_inputs(files: &[FileInput]) -> Result<Vec<StageInput>, ApiError> {
+    let mut inputs: Vec<StageInput> = Vec::with_capacity(files.len());
+    for file in files {
+        let path = workspace::normalize_path(&file.path).map_err(ApiError::Validation)?;
+        if inputs.iter().any(|i| i.path == path) {
+            return Err(ApiError::Validation(format!(
+                "File path '{path}' is given twice; each staged file needs its own path."
+            )));
+        }
+        inputs.push(StageInput {
+            path,
+            file_id: file.file_id.clone(),
+        });
+    }
+    Ok(inputs)
+}
+
+/// The job a request describes: exactly one of `code` and `entrypoint`, and an entrypoint
+/// must be one of the staged files.
+pub fn job(req: ExecuteRequest, inputs: &[StageInput]) -> Result<Job, ApiError> {
+    let entrypoint = match (&req.code, &req.entrypoint) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::Validation(
+                "give exactly one of `code` and `entrypoint`, not both".into(),
+            ));
+        }
+        (None, None) => {
+            return Err(ApiError::Validation(
+                "missing field `code`: give the code to run, or an `entrypoint` (a staged file) to run with `args`".into(),
+            ));
+        }
+        (Some(_), None) => {
+            if !req.args.is_empty() {
+                return Err(ApiError::Validation(
+                    "`args` are passed to an `entrypoint`; with `code` leave them out".into(),
+                ));
+            }
+            None
+        }
+        (None, Some(raw)) => {
+            let path = workspace::normalize_path(raw)
+                .map_err(|e| ApiError::Validation(format!("entrypoint: {e}")))?;
+            if !inputs.iter().any(|i| i.path == path) {
+                return Err(ApiError::Validation(format!(
+                    "entrypoint '{path}' is not one of the staged files; stage it with files: [{{\"path\": \"{path}\", \"file_id\": \"…\"}}]"
+                )));
+            }
+            Some(path)
+        }
+    };
+    Ok(Job {
+        code: req.code.unwrap_or_default(),
         stdin: req.stdin,
         last_line_interactive: req.last_line_interactive,
-    };
-    let outcome = state.pool.execute(job, &limits, None).await?;
-    Ok(Json(outcome.into()))
+        entrypoint,
+        args: req.args,
+    })
+}
+
+/// Stages stored files into a worker's workspace.
+struct StoreStager<'a> {
+    store: &'a dyn FileStore,
+    inputs: &'a [StageInput],
+}
+
+impl Stager for StoreStager<'_> {
+    type Staged = Staged;
+    type Error = ApiError;
+
+    async fn stage(&self, workspace: &Path) -> Result<Staged, ApiError> {
+        Ok(workspace::stage(self.store, workspace, self.inputs).await?)
+    }
+}
+
+fn collect_limits(state: &SharedState) -> CollectLimits {
+    let ws = &state.config.workspace;
+    CollectLimits {
+        max_entries: ws.max_entries,
+        max_total_bytes: ws.max_total_mb << 20,
+    }
 }
 
 /// Validates `timeout_ms` against the configured maximum.

@@ -31,6 +31,47 @@ use tokio_util::sync::CancellationToken;
 
 use self::run::{OutputChunk, RunError, RunLimits, RunOutcome};
 use self::worker::{JobChannel, Worker, Workspace};
+
+/// Fills a fresh worker's workspace before its job is sent (staging input files). Called
+/// again, on another worker, when the first one was lost before it took the job.
+pub trait Stager: Sync {
+    type Staged: Send;
+    type Error: From<PoolError> + Send;
+
+    fn stage(
+        &self,
+        workspace: &std::path::Path,
+    ) -> impl std::future::Future<Output = Result<Self::Staged, Self::Error>> + Send;
+}
+
+/// Stages nothing.
+pub struct NoStaging;
+
+impl Stager for NoStaging {
+    type Staged = ();
+    type Error = PoolError;
+
+    async fn stage(&self, _: &std::path::Path) -> Result<(), PoolError> {
+        Ok(())
+    }
+}
+
+/// A finished run: its outcome, what staging returned, and its workspace, which the
+/// caller may scan. The worker is dead; the execution slot stays taken and the workspace
+/// stays on disk until this is dropped.
+pub struct Finished<S> {
+    pub outcome: RunOutcome,
+    pub staged: S,
+    workspace: Option<Workspace>,
+    _slot: OwnedSemaphorePermit,
+    _busy: BusyGuard,
+}
+
+impl<S> Finished<S> {
+    pub fn workspace_path(&self) -> Option<&std::path::Path> {
+        self.workspace.as_ref().map(|w| w.path.as_path())
+    }
+}
 use self::zygote::{ZygoteError, ZygoteHandle};
 
 #[derive(Debug, Clone)]
@@ -224,15 +265,39 @@ impl Pool {
         limits: &RunLimits,
         chunks: Option<mpsc::Sender<OutputChunk>>,
     ) -> Result<RunOutcome, PoolError> {
+        let finished = self.execute_in(job, limits, chunks, &NoStaging).await?;
+        Ok(finished.outcome)
+    }
+
+    /// [`Pool::execute`] with a `stager` that fills the workspace first; the workspace is
+    /// handed back with the outcome, to be scanned.
+    pub async fn execute_in<S: Stager>(
+        &self,
+        job: Job,
+        limits: &RunLimits,
+        chunks: Option<mpsc::Sender<OutputChunk>>,
+        stager: &S,
+    ) -> Result<Finished<S::Staged>, S::Error> {
         let mut last_error = String::new();
         for _ in 0..3 {
             let Checkout {
-                worker,
+                mut worker,
                 _slot,
                 _busy,
             } = self.acquire().await?;
-            match run::run(worker, job.clone(), limits, chunks.clone()).await {
-                Ok(outcome) => return Ok(outcome),
+            // A staging failure drops the checkout: the worker is killed, no code ran.
+            let staged = stager.stage(worker.workspace_path()).await?;
+            match run::run(&mut worker, job.clone(), limits, chunks.clone()).await {
+                Ok(outcome) => {
+                    let workspace = worker.take_workspace();
+                    return Ok(Finished {
+                        outcome,
+                        staged,
+                        workspace,
+                        _slot,
+                        _busy,
+                    });
+                }
                 Err(RunError::WorkerLost(e)) => {
                     self.inner
                         .counters
@@ -243,7 +308,7 @@ impl Pool {
                 }
             }
         }
-        Err(PoolError::Unavailable(last_error))
+        Err(PoolError::Unavailable(last_error).into())
     }
 
     pub fn status(&self) -> PoolStatus {

@@ -98,9 +98,11 @@ pub enum RunError {
 /// How long to wait for the zygote to report the exit status of a worker that died.
 const EXIT_STATUS_WAIT: Duration = Duration::from_secs(2);
 
-/// Runs `job` on `worker`. The worker is consumed: it is killed when this returns.
+/// Runs `job` on `worker`. The worker is dead when this returns (killed, and its exit
+/// reported by the zygote unless that took longer than a moment), so its workspace no
+/// longer changes; it must not be given another job.
 pub async fn run(
-    mut worker: Worker,
+    worker: &mut Worker,
     job: Job,
     limits: &RunLimits,
     chunks: Option<mpsc::Sender<OutputChunk>>,
@@ -149,7 +151,7 @@ pub async fn run(
         worker.kill();
     }
     // Everything the worker wrote before its result (or death) is already in the pipes.
-    capture.drain(&worker, &mut buf).await;
+    capture.drain(worker, &mut buf).await;
 
     if ending == Ending::ProtocolViolation {
         tracing::warn!(
@@ -175,6 +177,10 @@ pub async fn run(
             }
         }
     };
+    // One job per worker: whatever it does after its result (a daemon thread still
+    // writing, say), it does no more. Waiting for the exit makes the workspace final.
+    worker.kill();
+    let _ = worker.exit_status(EXIT_STATUS_WAIT).await;
     let verdict = verdict(result.as_ref(), timed_out, capture.truncated());
     let (stdout, stdout_truncated) = capture.stdout.finish();
     let (stderr, stderr_truncated) = capture.stderr.finish();

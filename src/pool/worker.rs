@@ -26,7 +26,8 @@ pub struct Worker {
     pub(super) stderr: AsyncFd<OwnedFd>,
     exit: oneshot::Receiver<ExitStatus>,
     exit_status: Option<ExitStatus>,
-    pub(super) workspace: Workspace,
+    /// Taken out (with [`Worker::take_workspace`]) when it must outlive the worker.
+    workspace: Option<Workspace>,
 }
 
 impl Worker {
@@ -49,7 +50,7 @@ impl Worker {
             stderr: async_fd(stderr)?,
             exit: forked.exit,
             exit_status: None,
-            workspace,
+            workspace: Some(workspace),
         })
     }
 
@@ -99,7 +100,12 @@ impl Worker {
     }
 
     pub fn workspace_path(&self) -> &Path {
-        &self.workspace.path
+        self.workspace.as_ref().map_or(Path::new(""), |w| &w.path)
+    }
+
+    /// The workspace, to be scanned after the worker is dead; removed when it is dropped.
+    pub(super) fn take_workspace(&mut self) -> Option<Workspace> {
+        self.workspace.take()
     }
 }
 
@@ -164,10 +170,18 @@ impl Workspace {
 
 impl Drop for Workspace {
     fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.path) {
-            if e.kind() != io::ErrorKind::NotFound {
-                tracing::warn!(path = %self.path.display(), error = %e, "could not remove a workspace");
+        let path = std::mem::take(&mut self.path);
+        let remove = move || {
+            if let Err(e) = std::fs::remove_dir_all(&path) {
+                if e.kind() != io::ErrorKind::NotFound {
+                    tracing::warn!(path = %path.display(), error = %e, "could not remove a workspace");
+                }
             }
+        };
+        // A job may leave thousands of files: remove them off the async threads.
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(remove)),
+            Err(_) => remove(),
         }
     }
 }

@@ -12,6 +12,12 @@ this file) to stderr and give exit code 1, ``SystemExit`` gives its code.
 With ``last_line_interactive`` a trailing bare expression is shown through
 ``sys.displayhook`` like in a REPL or notebook cell.
 
+A job may name an ``entrypoint`` instead: a file in the working directory (the
+workspace) that runs as under ``python <entrypoint> <args...>``: as
+``__main__``, with ``sys.argv == [entrypoint, *args]`` and the script's
+directory first on ``sys.path``.  Its tracebacks and ``__file__`` use the
+relative path it was given.
+
 Only the standard library is imported here: this module is loaded before any
 third-party package is known to be importable.
 """
@@ -24,6 +30,7 @@ import linecache
 import os
 import signal
 import sys
+import tokenize
 import traceback
 import types
 
@@ -52,12 +59,17 @@ class Session:
 
     def run(self, job):
         """Run one job in this session's globals; see ``run`` for the result."""
-        source, stdin, interactive = _read_job(job)
+        stdin, interactive = _read_job(job)
+        program = _read_program(job)
+        if isinstance(program, dict):
+            return program  # the entrypoint could not be read
         threads_before = _live_threads()
-        with _JobContext(self._module, stdin):
-            result = _execute(source, self._module.__dict__, interactive)
+        namespace = self._module.__dict__
+        namespace["__file__"] = program.filename
+        with _JobContext(self._module, stdin, program):
+            result = _execute(program, namespace, interactive and program.data is None)
             if self._wait_for_threads:
-                result = _wait_for_new_threads(threads_before, result, source)
+                result = _wait_for_new_threads(threads_before, result, program)
         _flush_std_streams()
         return result
 
@@ -78,7 +90,8 @@ def run(job):
     """Run one job in a fresh ``__main__`` module.
 
     ``job`` is ``{"code": str, "stdin": str | None,
-    "last_line_interactive": bool}``.  Returns ``{"exit_code": int,
+    "last_line_interactive": bool}``, optionally with ``"entrypoint": str``
+    (a file to run instead of ``code``) and ``"args": [str]``.  Returns ``{"exit_code": int,
     "memory_error": bool, "error": None | {"type": str, "message": str}}``.
     """
     return _OneShotSession().run(job)
@@ -140,13 +153,61 @@ def prepare_child():
 
 
 def _read_job(job):
-    source = job["code"]
-    if not isinstance(source, str):
-        raise TypeError("job['code'] must be a str, not %s" % type(source).__name__)
     stdin = job.get("stdin")
     if stdin is not None and not isinstance(stdin, str):
         raise TypeError("job['stdin'] must be a str or None, not %s" % type(stdin).__name__)
-    return source, stdin, bool(job.get("last_line_interactive", False))
+    return stdin, bool(job.get("last_line_interactive", False))
+
+
+class _Program:
+    """What a job runs: its source, the name it is compiled under, its argv.
+
+    ``data`` is the file's bytes for an entrypoint (parsed as such, so a
+    coding cookie is honoured) and None for ``code``.
+    """
+
+    def __init__(self, filename, source, data, argv, path0):
+        self.filename = filename
+        self.source = source
+        self.data = data
+        self.argv = argv
+        self.path0 = path0
+
+
+def _read_program(job):
+    """The job's ``_Program``, or a result dict when its entrypoint cannot be read."""
+    entrypoint = job.get("entrypoint")
+    args = job.get("args") or []
+    if not isinstance(args, (list, tuple)) or not all(isinstance(a, str) for a in args):
+        raise TypeError("job['args'] must be a list of str")
+    if entrypoint is None:
+        source = job["code"]
+        if not isinstance(source, str):
+            raise TypeError("job['code'] must be a str, not %s" % type(source).__name__)
+        return _Program(SOURCE_FILENAME, source, None, [SOURCE_FILENAME, *args], None)
+    if not isinstance(entrypoint, str):
+        raise TypeError("job['entrypoint'] must be a str, not %s" % type(entrypoint).__name__)
+    try:
+        with open(entrypoint, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        # What ``python missing.py`` prints (with the path as given, like
+        # tracebacks here), with its exit status 2.
+        _write_stderr("python: can't open file %r: [Errno %s] %s\n" % (entrypoint, exc.errno, exc.strerror))
+        _flush_std_streams()
+        return _result(2, error={"type": type(exc).__name__, "message": _safe_str(exc)})
+    source = _decode_source(data)
+    path0 = os.path.dirname(os.path.abspath(entrypoint))
+    return _Program(entrypoint, source, data, [entrypoint, *args], path0)
+
+
+def _decode_source(data):
+    """The text of a source file, as the parser will read it (coding cookie, BOM)."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        return data.decode(encoding, "replace")
+    except (SyntaxError, LookupError):
+        return data.decode("utf-8", "replace")
 
 
 def _init_main_globals(namespace):
@@ -171,11 +232,13 @@ def _stdin_stream(text):
 
 
 class _JobContext:
-    """Installs the job's ``__main__`` module, stdin and argv; restores them after."""
+    """Installs the job's ``__main__`` module, stdin, argv and ``sys.path[0]``; restores
+    them after."""
 
-    def __init__(self, module, stdin):
+    def __init__(self, module, stdin, program):
         self._module = module
         self._stdin = stdin
+        self._program = program
         self._saved = None
 
     def __enter__(self):
@@ -183,16 +246,21 @@ class _JobContext:
             sys.modules.get("__main__", _MISSING),
             sys.stdin,
             sys.__dict__.get("argv", _MISSING),
+            list(sys.path),
         )
         sys.modules["__main__"] = self._module
         sys.stdin = _stdin_stream(self._stdin)
-        sys.argv = [SOURCE_FILENAME]
+        sys.argv = list(self._program.argv)
+        if self._program.path0 is not None:
+            sys.path.insert(0, self._program.path0)
         return self
 
     def __exit__(self, *exc_info):
-        main, sys.stdin, argv = self._saved
+        main, sys.stdin, argv, path = self._saved
         _restore_item(sys.modules, "__main__", main)
         _restore_item(sys.__dict__, "argv", argv)
+        if self._program.path0 is not None:
+            sys.path[:] = path
         return False
 
 
@@ -200,15 +268,15 @@ class _JobContext:
 # Compiling and executing
 
 
-def _execute(source, namespace, interactive):
-    """Compile and run ``source`` in ``namespace``; report what escaped it."""
+def _execute(program, namespace, interactive):
+    """Compile and run ``program`` in ``namespace``; report what escaped it."""
     try:
-        _register_source(source)
-        body, last = _compile(source, interactive)
+        _register_source(program)
+        body, last = _compile(program, interactive)
     except BaseException as exc:
         # Like ``python __main__.py``: a file that fails to compile is
         # reported without a traceback (its frames would be ours and ast's).
-        return _report_uncaught(exc.with_traceback(None), source)
+        return _report_uncaught(exc.with_traceback(None), program)
     try:
         exec(body, namespace)
         if last is not None:
@@ -216,17 +284,18 @@ def _execute(source, namespace, interactive):
     except SystemExit as exc:
         return _result(_system_exit_status(exc))
     except BaseException as exc:
-        return _report_uncaught(exc, source)
+        return _report_uncaught(exc, program)
     return _result(0)
 
 
-def _register_source(source):
-    """Put ``source`` in linecache so tracebacks show its lines, never a file on disk."""
+def _register_source(program):
+    """Put the program's source in linecache so tracebacks show the lines that ran."""
+    source, filename = program.source, program.filename
     lines = _source_lines(source)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
     # mtime None marks the entry as not backed by a file: checkcache keeps it.
-    linecache.cache[SOURCE_FILENAME] = (len(source), None, lines, SOURCE_FILENAME)
+    linecache.cache[filename] = (len(source), None, lines, filename)
 
 
 def _source_lines(source):
@@ -238,22 +307,24 @@ def _source_lines(source):
     return io.StringIO(source, newline=None).readlines()
 
 
-def _compile(source, interactive):
+def _compile(program, interactive):
     """Return ``(body, last)`` code objects; ``last`` is the displayed expression or None."""
+    source, filename = program.source, program.filename
     if "\0" in source:
-        raise _null_byte_error(source)
+        raise _null_byte_error(source, filename)
     try:
-        tree = ast.parse(_as_file_bytes(source), SOURCE_FILENAME, "exec")
+        data = program.data if program.data is not None else _as_file_bytes(source)
+        tree = ast.parse(data, filename, "exec")
         last = None
         if interactive and tree.body and isinstance(tree.body[-1], ast.Expr):
             # 'single' mode makes the expression statement call sys.displayhook.
             last = ast.Interactive(body=[tree.body.pop()])
-        body = compile(tree, SOURCE_FILENAME, "exec", dont_inherit=True)
+        body = compile(tree, filename, "exec", dont_inherit=True)
         if last is not None:
-            last = compile(last, SOURCE_FILENAME, "single", dont_inherit=True)
+            last = compile(last, filename, "single", dont_inherit=True)
         return body, last
     except SyntaxError as exc:
-        _use_own_source_line(exc, source)
+        _use_own_source_line(exc, source, filename)
         raise
 
 
@@ -270,23 +341,23 @@ def _as_file_bytes(source):
         return source
 
 
-def _null_byte_error(source):
+def _null_byte_error(source, filename):
     # ast.parse says "source code string cannot ..." without a location; show
     # what ``python __main__.py`` shows instead.
     lines = _source_lines(source)
     lineno = next(number for number, line in enumerate(lines, 1) if "\0" in line)
     text = lines[lineno - 1].rstrip("\n").replace("\0", "") + "\n"
-    return SyntaxError("source code cannot contain null bytes", (SOURCE_FILENAME, lineno, None, text))
+    return SyntaxError("source code cannot contain null bytes", (filename, lineno, None, text))
 
 
-def _use_own_source_line(exc, source):
+def _use_own_source_line(exc, source, filename):
     """Make a SyntaxError quote ``source``.
 
     For some errors CPython's parser reads the offending line back from the
     file named in the error; a ``__main__.py`` in the working directory would
     then be quoted instead of the job's code.
     """
-    if exc.filename != SOURCE_FILENAME or not isinstance(exc.lineno, int):
+    if exc.filename != filename or not isinstance(exc.lineno, int):
         return
     lines = _source_lines(source)
     if 1 <= exc.lineno <= len(lines):
@@ -317,11 +388,11 @@ def _system_exit_status(exc):
     return 1
 
 
-def _report_uncaught(exc, source):
+def _report_uncaught(exc, program):
     """Print ``exc`` like CPython's excepthook and describe it in a result.
 
-    ``source`` is the job's code, put back into linecache first in case user
-    code cleared it.
+    The program's source is put back into linecache first in case user code
+    cleared it.
     """
     memory_error = isinstance(exc, MemoryError)
     exc.__traceback__ = _without_leading_runner_frames(exc.__traceback__)
@@ -329,7 +400,7 @@ def _report_uncaught(exc, source):
         # The user's locals are no longer needed; free them before formatting.
         traceback.clear_frames(exc.__traceback__)
     try:
-        _register_source(source)
+        _register_source(program)
         _print_exception(exc)
     except BaseException:
         _print_fallback_line(exc)
@@ -509,7 +580,7 @@ def _live_threads():
     return set(threading.enumerate()) if threading is not None else set()
 
 
-def _wait_for_new_threads(threads_before, result, source):
+def _wait_for_new_threads(threads_before, result, program):
     """Join non-daemon threads the job started, as interpreter shutdown would."""
     threading = sys.modules.get("threading")
     if threading is None:
@@ -521,7 +592,7 @@ def _wait_for_new_threads(threads_before, result, source):
                 thread.join()
     except KeyboardInterrupt as exc:
         if result["exit_code"] == 0:
-            return _report_uncaught(exc, source)
+            return _report_uncaught(exc, program)
     return result
 
 

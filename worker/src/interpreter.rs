@@ -142,6 +142,8 @@ impl<'py> Runner<'py> {
             arg.set_item("code", &job.code)?;
             arg.set_item("stdin", job.stdin.as_deref())?;
             arg.set_item("last_line_interactive", job.last_line_interactive)?;
+            arg.set_item("entrypoint", job.entrypoint.as_deref())?;
+            arg.set_item("args", &job.args)?;
             let out = self.module.call_method1("run", (arg,))?;
             job_result(out.cast::<PyDict>()?)
         })();

@@ -106,9 +106,17 @@ pub enum JobRequest {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Job {
+    /// The source to run as `__main__.py`; empty when `entrypoint` is set.
     pub code: String,
     pub stdin: Option<String>,
     pub last_line_interactive: bool,
+    /// A file in the workspace (relative path) to run as `__main__` instead of `code`,
+    /// like `python <entrypoint> <args>`.
+    #[serde(default)]
+    pub entrypoint: Option<String>,
+    /// `sys.argv[1:]` for an `entrypoint`.
+    #[serde(default)]
+    pub args: Vec<String>,
 }
 
 /// worker → supervisor.
@@ -168,6 +176,14 @@ mod tests {
                 status: ExitStatus::Signal(9)
             }
         ));
+    }
+
+    #[test]
+    fn a_job_without_entrypoint_fields_still_decodes() {
+        let job: Job =
+            serde_json::from_str(r#"{"code":"1","stdin":null,"last_line_interactive":true}"#)
+                .unwrap();
+        assert_eq!((job.entrypoint, job.args.len()), (None, 0));
     }
 
     #[test]

@@ -1,0 +1,165 @@
+//! `POST/GET /v1/files`, `GET/DELETE /v1/files/{id}`, wire-compatible with the Onyx code
+//! interpreter. Uploads stream to the store (never held whole in memory) and are cut off
+//! with 413 as soon as they pass the maximum size.
+
+use std::io;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::multipart::MultipartRejection;
+use axum::extract::{Multipart, Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::TryStreamExt;
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio_util::io::{ReaderStream, StreamReader};
+
+use super::SharedState;
+use crate::error::ApiError;
+use crate::files::FileMeta;
+
+/// The multipart field that carries the file.
+const FILE_FIELD: &str = "file";
+
+pub async fn upload(
+    State(state): State<SharedState>,
+    multipart: Result<Multipart, MultipartRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let mut multipart = multipart.map_err(|rejection| {
+        ApiError::UnsupportedMediaType(format!(
+            "expected a multipart/form-data body with a `{FILE_FIELD}` field: {}",
+            rejection.body_text()
+        ))
+    })?;
+    while let Some(field) = multipart.next_field().await.map_err(bad_multipart)? {
+        if field.name() != Some(FILE_FIELD) {
+            continue; // other fields are skipped (and drained) by the next next_field
+        }
+        let filename = field.file_name().unwrap_or("file").to_owned();
+        let mut body = StreamReader::new(field.map_err(io::Error::other));
+        let meta = state.store.put(&filename, &mut body).await?;
+        tracing::info!(file_id = %meta.file_id, size = meta.size_bytes, "file uploaded");
+        return Ok((
+            StatusCode::CREATED,
+            Json(json!({
+                "file_id": meta.file_id,
+                "filename": meta.filename,
+                "size_bytes": meta.size_bytes,
+            })),
+        ));
+    }
+    Err(ApiError::Validation(format!(
+        "the multipart body has no `{FILE_FIELD}` field: send the file as `{FILE_FIELD}`"
+    )))
+}
+
+fn bad_multipart(e: axum::extract::multipart::MultipartError) -> ApiError {
+    ApiError::BadRequest(format!("malformed multipart body: {}", e.body_text()))
+}
+
+/// One entry of `GET /v1/files`.
+#[derive(Debug, Serialize)]
+pub struct FileEntry {
+    pub file_id: String,
+    pub filename: String,
+    pub size_bytes: u64,
+    pub upload_time: String,
+    pub mime_type: String,
+}
+
+impl From<FileMeta> for FileEntry {
+    fn from(meta: FileMeta) -> Self {
+        Self {
+            upload_time: meta.upload_time(),
+            file_id: meta.file_id,
+            filename: meta.filename,
+            size_bytes: meta.size_bytes,
+            mime_type: meta.mime_type,
+        }
+    }
+}
+
+pub async fn list(State(state): State<SharedState>) -> Result<Json<Value>, ApiError> {
+    let files: Vec<FileEntry> = state
+        .store
+        .list()
+        .await?
+        .into_iter()
+        .map(FileEntry::from)
+        .collect();
+    Ok(Json(json!({ "files": files })))
+}
+
+pub async fn download(
+    State(state): State<SharedState>,
+    Path(file_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let (meta, reader) = state.store.get(&file_id).await?;
+    let mut response = Body::from_stream(ReaderStream::new(reader)).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(meta.size_bytes));
+    headers.insert(
+        header::CONTENT_DISPOSITION,
+        content_disposition(&meta.filename),
+    );
+    Ok(response)
+}
+
+pub async fn delete(
+    State(state): State<SharedState>,
+    Path(file_id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state.store.delete(&file_id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `attachment; filename="…"`, with an RFC 5987 `filename*` when the name is not plain
+/// ASCII (the quoted one then has `_` in place of what ASCII cannot say).
+fn content_disposition(filename: &str) -> HeaderValue {
+    let ascii: String = filename
+        .chars()
+        .map(|c| match c {
+            '"' | '\\' => '_',
+            c if c.is_ascii_graphic() || c == ' ' => c,
+            _ => '_',
+        })
+        .collect();
+    let mut value = format!("attachment; filename=\"{ascii}\"");
+    if ascii != filename {
+        value.push_str("; filename*=UTF-8''");
+        for byte in filename.bytes() {
+            if byte.is_ascii_alphanumeric() || b"!#$&+-.^_`|~".contains(&byte) {
+                value.push(byte as char);
+            } else {
+                value.push_str(&format!("%{byte:02X}"));
+            }
+        }
+    }
+    HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("attachment"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_disposition_quotes_ascii_and_encodes_the_rest() {
+        assert_eq!(
+            content_disposition("plot.png"),
+            "attachment; filename=\"plot.png\""
+        );
+        assert_eq!(
+            content_disposition("a\"b.csv"),
+            "attachment; filename=\"a_b.csv\"; filename*=UTF-8''a%22b.csv"
+        );
+        assert_eq!(
+            content_disposition("résumé.txt"),
+            "attachment; filename=\"r_sum_.txt\"; filename*=UTF-8''r%C3%A9sum%C3%A9.txt"
+        );
+    }
+}

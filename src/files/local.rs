@@ -1,0 +1,478 @@
+//! `LocalStore`: files in a directory on local disk, the embedded default.
+//!
+//! Layout under the store's directory:
+//!
+//! ```text
+//! objects/<id>        the bytes
+//! meta/<id>.json      a FileMeta; its presence is what makes a file exist
+//! tmp/                in-progress writes, emptied at start-up
+//! ```
+//!
+//! A `put` streams into `tmp/`, counting bytes (past the maximum or the quota it stops and
+//! deletes what it wrote), fsyncs, renames the bytes into `objects/`, then writes the
+//! metadata the same way (tmp, fsync, rename). The metadata rename is the commit: a reader
+//! can never see a half-written file. Deletion removes the metadata first. At start-up the
+//! metadata is loaded into memory (listing and quota accounting never touch the disk), and
+//! objects without metadata (a crash between the two renames) are removed.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use super::{ByteReader, FileMeta, FileStore, StoreError, clean_filename, mime_for, now_unix_ms};
+
+#[derive(Debug, Clone)]
+pub struct LocalStoreSettings {
+    pub dir: PathBuf,
+    pub max_file_bytes: u64,
+    /// `None`: no quota.
+    pub quota_bytes: Option<u64>,
+    /// `None`: files are kept until deleted.
+    pub ttl: Option<Duration>,
+}
+
+pub struct LocalStore {
+    settings: LocalStoreSettings,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    files: HashMap<String, FileMeta>,
+    /// Bytes of every stored file plus the reservations of commits in progress.
+    used_bytes: u64,
+}
+
+fn io_err(doing: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError {
+    let path = path.to_path_buf();
+    move |source| StoreError::Io {
+        doing,
+        path,
+        source,
+    }
+}
+
+impl LocalStore {
+    /// Opens (creating it if needed) the store directory and loads its metadata.
+    pub fn open(settings: LocalStoreSettings) -> Result<Self, StoreError> {
+        let dir = &settings.dir;
+        for sub in ["objects", "meta", "tmp"] {
+            let path = dir.join(sub);
+            std::fs::create_dir_all(&path).map_err(io_err("creating", &path))?;
+        }
+        let tmp = dir.join("tmp");
+        for entry in std::fs::read_dir(&tmp).map_err(io_err("listing", &tmp))? {
+            let path = entry.map_err(io_err("listing", &tmp))?.path();
+            let _ = std::fs::remove_file(&path);
+        }
+        let mut state = State::default();
+        let meta_dir = dir.join("meta");
+        for entry in std::fs::read_dir(&meta_dir).map_err(io_err("listing", &meta_dir))? {
+            let path = entry.map_err(io_err("listing", &meta_dir))?.path();
+            let loaded = std::fs::read(&path)
+                .ok()
+                .and_then(|bytes| serde_json::from_slice::<FileMeta>(&bytes).ok())
+                .filter(|meta| {
+                    valid_id(&meta.file_id)
+                        && path.file_name() == Some(format!("{}.json", meta.file_id).as_ref())
+                });
+            let Some(meta) = loaded else {
+                tracing::warn!(path = %path.display(), "unreadable file metadata; removed");
+                let _ = std::fs::remove_file(&path);
+                continue;
+            };
+            let object = dir.join("objects").join(&meta.file_id);
+            match std::fs::metadata(&object) {
+                Ok(m) if m.len() == meta.size_bytes => {
+                    state.used_bytes += meta.size_bytes;
+                    state.files.insert(meta.file_id.clone(), meta);
+                }
+                _ => {
+                    tracing::warn!(file_id = %meta.file_id, "stored file lost its bytes; removed");
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+        let objects = dir.join("objects");
+        for entry in std::fs::read_dir(&objects).map_err(io_err("listing", &objects))? {
+            let entry = entry.map_err(io_err("listing", &objects))?;
+            let name = entry.file_name();
+            if !state.files.contains_key(name.to_string_lossy().as_ref()) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        tracing::info!(
+            dir = %dir.display(),
+            files = state.files.len(),
+            bytes = state.used_bytes,
+            "file store opened"
+        );
+        Ok(Self {
+            settings,
+            state: Mutex::new(state),
+        })
+    }
+
+    fn object_path(&self, id: &str) -> PathBuf {
+        self.settings.dir.join("objects").join(id)
+    }
+
+    fn meta_path(&self, id: &str) -> PathBuf {
+        self.settings.dir.join("meta").join(format!("{id}.json"))
+    }
+
+    fn tmp_path(&self, name: &str) -> PathBuf {
+        self.settings.dir.join("tmp").join(name)
+    }
+
+    fn live(&self, file_id: &str) -> Result<FileMeta, StoreError> {
+        let not_found = || StoreError::NotFound(file_id.to_owned());
+        if !valid_id(file_id) {
+            return Err(not_found());
+        }
+        let state = self.state.lock().expect("store lock");
+        let meta = state.files.get(file_id).ok_or_else(not_found)?;
+        if meta.expired(self.settings.ttl, now_unix_ms()) {
+            return Err(not_found());
+        }
+        Ok(meta.clone())
+    }
+
+    fn over_quota(&self, used: u64, extra: u64) -> Option<StoreError> {
+        let quota = self.settings.quota_bytes?;
+        (used.saturating_add(extra) > quota)
+            .then_some(StoreError::QuotaExceeded { quota_bytes: quota })
+    }
+
+    /// Streams `body` into `tmp`, enforcing the size limit and (optimistically) the quota.
+    async fn receive(
+        &self,
+        tmp: &Path,
+        body: &mut (dyn AsyncRead + Send + Unpin),
+    ) -> Result<u64, StoreError> {
+        let mut file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(tmp)
+            .await
+            .map_err(io_err("creating", tmp))?;
+        let mut buf = vec![0u8; 64 << 10];
+        let mut written = 0u64;
+        loop {
+            let n = body.read(&mut buf).await.map_err(StoreError::Source)?;
+            if n == 0 {
+                break;
+            }
+            written += n as u64;
+            if written > self.settings.max_file_bytes {
+                return Err(StoreError::TooLarge {
+                    max_bytes: self.settings.max_file_bytes,
+                });
+            }
+            let used = self.state.lock().expect("store lock").used_bytes;
+            if let Some(full) = self.over_quota(used, written) {
+                return Err(full);
+            }
+            file.write_all(&buf[..n])
+                .await
+                .map_err(io_err("writing", tmp))?;
+        }
+        file.sync_all().await.map_err(io_err("syncing", tmp))?;
+        Ok(written)
+    }
+
+    async fn commit(&self, meta: &FileMeta, tmp_object: &Path) -> Result<(), StoreError> {
+        let id = &meta.file_id;
+        let object = self.object_path(id);
+        tokio::fs::rename(tmp_object, &object)
+            .await
+            .map_err(io_err("renaming into", &object))?;
+        let tmp_meta = self.tmp_path(&format!("{id}.json"));
+        let json = serde_json::to_vec(meta).expect("FileMeta serialises");
+        let written = async {
+            let mut f = tokio::fs::File::create(&tmp_meta).await?;
+            f.write_all(&json).await?;
+            f.sync_all().await
+        }
+        .await;
+        written.map_err(io_err("writing", &tmp_meta))?;
+        let meta_path = self.meta_path(id);
+        let renamed = tokio::fs::rename(&tmp_meta, &meta_path).await;
+        if let Err(e) = renamed {
+            let _ = tokio::fs::remove_file(&object).await;
+            let _ = tokio::fs::remove_file(&tmp_meta).await;
+            return Err(io_err("renaming into", &meta_path)(e));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl FileStore for LocalStore {
+    async fn put(
+        &self,
+        filename: &str,
+        body: &mut (dyn AsyncRead + Send + Unpin),
+    ) -> Result<FileMeta, StoreError> {
+        let id = uuid::Uuid::new_v4().to_string();
+        let tmp = self.tmp_path(&id);
+        let size = match self.receive(&tmp, body).await {
+            Ok(size) => size,
+            Err(e) => {
+                let _ = tokio::fs::remove_file(&tmp).await;
+                return Err(e);
+            }
+        };
+        // Reserve the space under the lock, so concurrent puts cannot overrun the quota.
+        let reserved = {
+            let mut state = self.state.lock().expect("store lock");
+            match self.over_quota(state.used_bytes, size) {
+                Some(full) => Err(full),
+                None => {
+                    state.used_bytes += size;
+                    Ok(())
+                }
+            }
+        };
+        if let Err(full) = reserved {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return Err(full);
+        }
+        let filename = clean_filename(filename);
+        let meta = FileMeta {
+            file_id: id.clone(),
+            mime_type: mime_for(&filename),
+            filename,
+            size_bytes: size,
+            created_unix_ms: now_unix_ms(),
+        };
+        let committed = self.commit(&meta, &tmp).await;
+        {
+            let mut state = self.state.lock().expect("store lock");
+            match &committed {
+                Ok(()) => drop(state.files.insert(id, meta.clone())),
+                Err(_) => state.used_bytes -= size,
+            }
+        }
+        match committed {
+            Ok(()) => Ok(meta),
+            Err(e) => {
+                let _ = tokio::fs::remove_file(&tmp).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn meta(&self, file_id: &str) -> Result<FileMeta, StoreError> {
+        self.live(file_id)
+    }
+
+    async fn get(&self, file_id: &str) -> Result<(FileMeta, ByteReader), StoreError> {
+        let meta = self.live(file_id)?;
+        // Once open, the bytes stay readable even if the file is deleted meanwhile.
+        match tokio::fs::File::open(self.object_path(file_id)).await {
+            Ok(file) => Ok((meta, Box::new(file))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                Err(StoreError::NotFound(file_id.to_owned()))
+            }
+            Err(e) => Err(io_err("opening", &self.object_path(file_id))(e)),
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<FileMeta>, StoreError> {
+        let now = now_unix_ms();
+        let state = self.state.lock().expect("store lock");
+        let mut files: Vec<FileMeta> = state
+            .files
+            .values()
+            .filter(|m| !m.expired(self.settings.ttl, now))
+            .cloned()
+            .collect();
+        files.sort_by(|a, b| (a.created_unix_ms, &a.file_id).cmp(&(b.created_unix_ms, &b.file_id)));
+        Ok(files)
+    }
+
+    async fn delete(&self, file_id: &str) -> Result<(), StoreError> {
+        let meta = self.live(file_id)?;
+        // The metadata goes first: from then on the file does not exist for anyone.
+        let meta_path = self.meta_path(file_id);
+        match tokio::fs::remove_file(&meta_path).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(StoreError::NotFound(file_id.to_owned()));
+            }
+            Err(e) => return Err(io_err("removing", &meta_path)(e)),
+        }
+        {
+            let mut state = self.state.lock().expect("store lock");
+            if state.files.remove(file_id).is_some() {
+                state.used_bytes -= meta.size_bytes;
+            }
+        }
+        let _ = tokio::fs::remove_file(self.object_path(file_id)).await;
+        Ok(())
+    }
+
+    async fn remove_expired(&self) -> Result<usize, StoreError> {
+        let Some(ttl) = self.settings.ttl else {
+            return Ok(0);
+        };
+        let now = now_unix_ms();
+        let expired: Vec<FileMeta> = {
+            let state = self.state.lock().expect("store lock");
+            state
+                .files
+                .values()
+                .filter(|m| m.expired(Some(ttl), now))
+                .cloned()
+                .collect()
+        };
+        let mut removed = 0;
+        for meta in expired {
+            let id = &meta.file_id;
+            let meta_path = self.meta_path(id);
+            match tokio::fs::remove_file(&meta_path).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err("removing", &meta_path)(e)),
+            }
+            {
+                let mut state = self.state.lock().expect("store lock");
+                if state.files.remove(id).is_some() {
+                    state.used_bytes -= meta.size_bytes;
+                    removed += 1;
+                }
+            }
+            let _ = tokio::fs::remove_file(self.object_path(id)).await;
+        }
+        Ok(removed)
+    }
+}
+
+/// Ids are UUIDs; anything else (a path, say) names no file.
+fn valid_id(id: &str) -> bool {
+    uuid::Uuid::try_parse(id).is_ok_and(|u| u.hyphenated().to_string() == id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(dir: &Path, max: u64, quota: Option<u64>, ttl: Option<Duration>) -> LocalStore {
+        LocalStore::open(LocalStoreSettings {
+            dir: dir.to_path_buf(),
+            max_file_bytes: max,
+            quota_bytes: quota,
+            ttl,
+        })
+        .unwrap()
+    }
+
+    async fn read_all(mut r: ByteReader) -> Vec<u8> {
+        let mut out = Vec::new();
+        r.read_to_end(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn put_get_list_delete_and_the_metadata_survives_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 1 << 20, None, None);
+        let meta = s.put("dir/a.csv", &mut &b"x,y\n1,2\n"[..]).await.unwrap();
+        assert_eq!(
+            (
+                meta.filename.as_str(),
+                meta.size_bytes,
+                meta.mime_type.as_str()
+            ),
+            ("a.csv", 8, "text/csv")
+        );
+        let (_, r) = s.get(&meta.file_id).await.unwrap();
+        assert_eq!(read_all(r).await, b"x,y\n1,2\n");
+        drop(s);
+
+        let s = store(dir.path(), 1 << 20, None, None);
+        assert_eq!(s.list().await.unwrap(), vec![meta.clone()]);
+        s.delete(&meta.file_id).await.unwrap();
+        assert!(matches!(
+            s.get(&meta.file_id).await,
+            Err(StoreError::NotFound(_))
+        ));
+        assert!(matches!(
+            s.delete(&meta.file_id).await,
+            Err(StoreError::NotFound(_))
+        ));
+        assert!(s.list().await.unwrap().is_empty());
+        assert!(matches!(
+            s.get("../meta").await,
+            Err(StoreError::NotFound(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn too_large_and_over_quota_keep_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 10, Some(15), None);
+        let big = [7u8; 11];
+        assert!(matches!(
+            s.put("big", &mut &big[..]).await,
+            Err(StoreError::TooLarge { max_bytes: 10 })
+        ));
+        s.put("a", &mut &[1u8; 10][..]).await.unwrap();
+        assert!(matches!(
+            s.put("b", &mut &[1u8; 6][..]).await,
+            Err(StoreError::QuotaExceeded { quota_bytes: 15 })
+        ));
+        s.put("c", &mut &[1u8; 5][..]).await.unwrap();
+        assert_eq!(s.list().await.unwrap().len(), 2);
+        let leftovers = std::fs::read_dir(dir.path().join("tmp")).unwrap().count();
+        assert_eq!(leftovers, 0);
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("objects"))
+                .unwrap()
+                .count(),
+            2
+        );
+    }
+
+    #[tokio::test]
+    async fn expired_files_are_gone_at_once_and_swept_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 100, Some(100), Some(Duration::from_millis(50)));
+        let meta = s.put("a.txt", &mut &b"hello"[..]).await.unwrap();
+        assert_eq!(s.list().await.unwrap().len(), 1);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(s.list().await.unwrap().is_empty());
+        assert!(matches!(
+            s.meta(&meta.file_id).await,
+            Err(StoreError::NotFound(_))
+        ));
+        assert_eq!(s.remove_expired().await.unwrap(), 1);
+        assert_eq!(s.state.lock().unwrap().used_bytes, 0);
+        assert!(!s.object_path(&meta.file_id).exists());
+    }
+
+    #[tokio::test]
+    async fn half_written_and_orphaned_files_are_cleaned_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 100, None, None);
+        let meta = s.put("a.txt", &mut &b"hello"[..]).await.unwrap();
+        drop(s);
+        let orphan = uuid::Uuid::new_v4().to_string();
+        std::fs::write(dir.path().join("objects").join(&orphan), b"partial").unwrap();
+        std::fs::write(dir.path().join("tmp").join("x"), b"in progress").unwrap();
+        std::fs::write(dir.path().join("meta").join("junk.json"), b"{").unwrap();
+        let s = store(dir.path(), 100, None, None);
+        assert_eq!(s.list().await.unwrap(), vec![meta]);
+        assert!(!dir.path().join("objects").join(&orphan).exists());
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("tmp")).unwrap().count(),
+            0
+        );
+    }
+}

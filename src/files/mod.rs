@@ -1,0 +1,220 @@
+//! Stored files: the [`FileStore`] trait, what a stored file is ([`FileMeta`]), how store
+//! failures read ([`StoreError`]) and the TTL sweeper.
+//!
+//! - [`local`]: [`LocalStore`], the embedded default: a directory on local disk.
+//! - [`workspace`]: staging stored files into a run's workspace and storing what the run
+//!   wrote.
+//!
+//! The trait is deliberately small (put a stream, get a stream, list, delete, expire) so an
+//! object-store backend (S3-compatible) can implement it for multi-replica deployments.
+
+pub mod local;
+pub mod workspace;
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncRead;
+use tokio_util::sync::CancellationToken;
+
+pub use self::local::LocalStore;
+
+/// A byte source the store reads from, or hands out.
+pub type ByteReader = Box<dyn AsyncRead + Send + Unpin>;
+
+/// What the store knows about one file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileMeta {
+    pub file_id: String,
+    /// A plain name (no directories), used for `Content-Disposition`.
+    pub filename: String,
+    pub size_bytes: u64,
+    /// Guessed from the filename; `application/octet-stream` when unknown.
+    pub mime_type: String,
+    /// When the file was stored, in milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+}
+
+impl FileMeta {
+    /// `upload_time` on the wire: RFC 3339, UTC, seconds precision.
+    pub fn upload_time(&self) -> String {
+        rfc3339_utc(self.created_unix_ms / 1000)
+    }
+
+    /// Whether the file outlived `ttl` at `now_ms`.
+    pub fn expired(&self, ttl: Option<Duration>, now_ms: u64) -> bool {
+        ttl.is_some_and(|ttl| now_ms.saturating_sub(self.created_unix_ms) >= ttl.as_millis() as u64)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("file {0:?} not found")]
+    NotFound(String),
+    #[error("the file is larger than the maximum of {max_bytes} bytes")]
+    TooLarge { max_bytes: u64 },
+    #[error("the storage quota of {quota_bytes} bytes is used up")]
+    QuotaExceeded { quota_bytes: u64 },
+    /// The source of a `put` failed (a client that went away mid-upload, say).
+    #[error("reading the file to store: {0}")]
+    Source(io::Error),
+    #[error("{doing} {path}: {source}")]
+    Io {
+        doing: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+}
+
+/// Where files live. Implementations must make a file visible only once it is complete
+/// (no half-written file is ever listed or served), keep metadata across restarts, and
+/// treat a file past its TTL as gone even before the sweeper removed it.
+#[async_trait::async_trait]
+pub trait FileStore: Send + Sync + 'static {
+    /// Stores everything `body` yields under a new id. Fails with `TooLarge` as soon as the
+    /// body passes the store's maximum file size, and with `QuotaExceeded` when the store
+    /// would grow past its quota; nothing is kept in either case.
+    async fn put(
+        &self,
+        filename: &str,
+        body: &mut (dyn AsyncRead + Send + Unpin),
+    ) -> Result<FileMeta, StoreError>;
+
+    async fn meta(&self, file_id: &str) -> Result<FileMeta, StoreError>;
+
+    /// The file's metadata and a reader of its bytes.
+    async fn get(&self, file_id: &str) -> Result<(FileMeta, ByteReader), StoreError>;
+
+    /// Every live file, oldest first.
+    async fn list(&self) -> Result<Vec<FileMeta>, StoreError>;
+
+    async fn delete(&self, file_id: &str) -> Result<(), StoreError>;
+
+    /// Deletes the files past their TTL; returns how many.
+    async fn remove_expired(&self) -> Result<usize, StoreError>;
+}
+
+pub type SharedStore = Arc<dyn FileStore>;
+
+/// Removes expired files every `interval` until `stop` fires.
+pub fn spawn_sweeper(store: SharedStore, interval: Duration, stop: CancellationToken) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = stop.cancelled() => return,
+            }
+            match store.remove_expired().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(removed = n, "expired files removed"),
+                Err(e) => tracing::warn!(error = %e, "sweeping expired files failed"),
+            }
+        }
+    });
+}
+
+/// How often the sweeper runs for a given TTL: often enough that an expired file's space
+/// comes back soon, rarely enough to cost nothing.
+pub fn sweep_interval(ttl: Duration) -> Duration {
+    (ttl / 4).clamp(Duration::from_secs(1), Duration::from_secs(60))
+}
+
+/// The MIME type for a file name, from its extension.
+pub fn mime_for(filename: &str) -> String {
+    mime_guess::from_path(filename)
+        .first_raw()
+        .unwrap_or("application/octet-stream")
+        .to_owned()
+}
+
+/// A name safe to store and to put in a header: the last path component (clients send
+/// `C:\Users\x\data.csv` too), control characters dropped, at most 255 bytes.
+pub fn clean_filename(raw: &str) -> String {
+    let base = raw.rsplit(['/', '\\']).next().unwrap_or_default();
+    let mut name: String = base.chars().filter(|c| !c.is_control()).collect();
+    while name.len() > 255 {
+        name.pop();
+    }
+    match name.trim() {
+        "" | "." | ".." => "file".to_owned(),
+        _ => name,
+    }
+}
+
+pub fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `secs` since the epoch as `YYYY-MM-DDTHH:MM:SSZ` (proleptic Gregorian, UTC).
+pub fn rfc3339_utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_dates_are_civil_utc() {
+        assert_eq!(rfc3339_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339_utc(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339_utc(1_700_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(rfc3339_utc(4_102_444_799), "2099-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn filenames_are_reduced_to_a_safe_last_component() {
+        assert_eq!(clean_filename("data.csv"), "data.csv");
+        assert_eq!(clean_filename("../../etc/passwd"), "passwd");
+        assert_eq!(clean_filename("C:\\Users\\x\\d.xlsx"), "d.xlsx");
+        assert_eq!(clean_filename("a\nb\r.txt"), "ab.txt");
+        assert_eq!(clean_filename(".."), "file");
+        assert_eq!(clean_filename(""), "file");
+        assert_eq!(clean_filename(&"é".repeat(200)).len(), 254);
+    }
+
+    #[test]
+    fn mime_types_come_from_the_extension() {
+        assert_eq!(mime_for("plot.png"), "image/png");
+        assert_eq!(mime_for("data.csv"), "text/csv");
+        assert_eq!(mime_for("noext"), "application/octet-stream");
+    }
+
+    #[test]
+    fn expiry_is_relative_to_creation() {
+        let meta = FileMeta {
+            file_id: "x".into(),
+            filename: "x".into(),
+            size_bytes: 0,
+            mime_type: "text/plain".into(),
+            created_unix_ms: 10_000,
+        };
+        assert!(!meta.expired(None, u64::MAX));
+        assert!(!meta.expired(Some(Duration::from_secs(5)), 14_999));
+        assert!(meta.expired(Some(Duration::from_secs(5)), 15_000));
+    }
+}

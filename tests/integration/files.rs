@@ -1,0 +1,498 @@
+//! Files: upload, list, download, delete; staging into runs and getting what runs wrote
+//! back; limits, validation, durability across a restart.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::harness::{Options, Server, peak_rss};
+
+async fn upload(s: &Server, name: &str, bytes: Vec<u8>) -> Value {
+    let (status, body) = try_upload(s, name, bytes).await;
+    assert_eq!(status, 201, "{body}");
+    body
+}
+
+async fn try_upload(s: &Server, name: &str, bytes: Vec<u8>) -> (u16, Value) {
+    let part = reqwest::multipart::Part::bytes(bytes).file_name(name.to_owned());
+    let form = reqwest::multipart::Form::new()
+        .text("purpose", "analysis")
+        .part("file", part);
+    let resp = s
+        .client
+        .post(format!("{}/v1/files", s.base))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap())
+}
+
+async fn download(s: &Server, id: &str) -> reqwest::Response {
+    s.client
+        .get(format!("{}/v1/files/{id}", s.base))
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn download_bytes(s: &Server, id: &str) -> Vec<u8> {
+    let resp = download(s, id).await;
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap().to_vec()
+}
+
+async fn list(s: &Server) -> Vec<Value> {
+    let resp = s
+        .client
+        .get(format!("{}/v1/files", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.unwrap();
+    body["files"].as_array().unwrap().clone()
+}
+
+fn id(v: &Value) -> String {
+    v["file_id"].as_str().unwrap().to_owned()
+}
+
+/// The entry for `path` in an execute response's `files`.
+fn output<'a>(r: &'a Value, path: &str) -> &'a Value {
+    r["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == path)
+        .unwrap_or_else(|| panic!("{path} not in {}", r["files"]))
+}
+
+const CSV: &str = "name,amount\nalice,10\nbob,32\ncarol,0.5\n";
+
+#[tokio::test]
+async fn upload_list_download_delete_then_404() {
+    let s = Server::start().await;
+    let bytes: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
+    let up = upload(&s, "blob.bin", bytes.clone()).await;
+    assert_eq!(up["filename"], "blob.bin");
+    assert_eq!(up["size_bytes"], 300_000);
+    let file_id = id(&up);
+
+    let files = list(&s).await;
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0]["file_id"], up["file_id"]);
+    assert_eq!(files[0]["filename"], "blob.bin");
+    assert_eq!(files[0]["size_bytes"], 300_000);
+    let time = files[0]["upload_time"].as_str().unwrap();
+    assert!(time.len() == 20 && time.ends_with('Z'), "{time}");
+
+    let resp = download(&s, &file_id).await;
+    assert_eq!(resp.headers()["content-type"], "application/octet-stream");
+    assert_eq!(
+        resp.headers()["content-disposition"],
+        "attachment; filename=\"blob.bin\""
+    );
+    assert_eq!(resp.bytes().await.unwrap().to_vec(), bytes);
+
+    let del = |id: String| s.client.delete(format!("{}/v1/files/{id}", s.base)).send();
+    assert_eq!(del(file_id.clone()).await.unwrap().status(), 204);
+    let gone = download(&s, &file_id).await;
+    assert_eq!(gone.status(), 404);
+    let body: Value = gone.json().await.unwrap();
+    assert!(
+        body["detail"].as_str().unwrap().contains(&file_id),
+        "{body}"
+    );
+    assert_eq!(del(file_id).await.unwrap().status(), 404);
+    assert_eq!(download(&s, "../../etc/passwd").await.status(), 404);
+    assert!(list(&s).await.is_empty());
+
+    // A body that is not multipart, or has no `file` field, says what to send.
+    let resp = s
+        .client
+        .post(format!("{}/v1/files", s.base))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 415);
+    let form = reqwest::multipart::Form::new().text("other", "x");
+    let resp = s
+        .client
+        .post(format!("{}/v1/files", s.base))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 422);
+}
+
+#[tokio::test]
+async fn a_staged_csv_is_summed_with_csv_and_with_pandas_and_is_not_returned() {
+    let s = Server::start().await;
+    let file_id = id(&upload(&s, "in.csv", CSV.into()).await);
+    let code = "import csv\n\
+                import pandas as pd\n\
+                with open('data/in.csv', newline='') as f:\n\
+                \x20   print(sum(float(row['amount']) for row in csv.DictReader(f)))\n\
+                print(pd.read_csv('data/in.csv')['amount'].sum())";
+    let r = s
+        .run_with(json!({"code": code, "files": [{"path": "data/in.csv", "file_id": file_id}]}))
+        .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    assert_eq!(r["stdout"], "42.5\n42.5\n");
+    // Unchanged inputs (and the directories staging made) are not outputs.
+    assert_eq!(r["files"], json!([]));
+}
+
+#[tokio::test]
+async fn an_edited_input_comes_back_under_a_new_id_and_the_original_is_unchanged() {
+    let s = Server::start().await;
+    let original = id(&upload(&s, "in.csv", CSV.into()).await);
+    let r = s
+        .run_with(json!({
+            "code": "with open('in.csv', 'a') as f:\n    f.write('dave,7\\n')",
+            "files": [{"path": "in.csv", "file_id": original}],
+        }))
+        .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    let edited = output(&r, "in.csv");
+    assert_eq!(edited["kind"], "file");
+    let new_id = id(edited);
+    assert_ne!(new_id, original);
+    assert_eq!(
+        download_bytes(&s, &new_id).await,
+        format!("{CSV}dave,7\n").into_bytes()
+    );
+    assert_eq!(download_bytes(&s, &original).await, CSV.as_bytes());
+}
+
+#[tokio::test]
+async fn new_files_and_nested_directories_all_come_back() {
+    let s = Server::start().await;
+    let code = "import os\n\
+                os.makedirs('out/nested')\n\
+                os.makedirs('empty')\n\
+                open('a.txt', 'w').write('a')\n\
+                open('b.txt', 'w').write('bb')\n\
+                open('out/nested/c.json', 'w').write('{}')";
+    let r = s.run(code).await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    let paths: Vec<(&str, &str)> = r["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["path"].as_str().unwrap(), f["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        paths,
+        vec![
+            ("a.txt", "file"),
+            ("b.txt", "file"),
+            ("empty", "directory"),
+            ("out", "directory"),
+            ("out/nested", "directory"),
+            ("out/nested/c.json", "file"),
+        ]
+    );
+    assert_eq!(output(&r, "out")["file_id"], Value::Null);
+    assert_eq!(
+        output(&r, "out/nested/c.json")["mime_type"],
+        "application/json"
+    );
+    assert_eq!(download_bytes(&s, &id(output(&r, "b.txt"))).await, b"bb");
+    let listed: Vec<String> = list(&s)
+        .await
+        .iter()
+        .map(|f| f["filename"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(listed.len(), 3, "{listed:?}");
+}
+
+#[tokio::test]
+async fn a_matplotlib_savefig_returns_a_valid_png() {
+    let s = Server::start().await;
+    let code = "import matplotlib\n\
+                matplotlib.use('Agg')\n\
+                import matplotlib.pyplot as plt\n\
+                plt.plot([1, 2, 3], [4, 1, 9])\n\
+                plt.title('chart')\n\
+                plt.savefig('plot.png')";
+    let r = s.run_with(json!({"code": code, "timeout_ms": 20000})).await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    let png = output(&r, "plot.png");
+    assert_eq!(png["mime_type"], "image/png");
+    let bytes = download_bytes(&s, &id(png)).await;
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"));
+    assert!(bytes.len() > 1000, "{} bytes", bytes.len());
+    assert_eq!(png["size_bytes"], bytes.len());
+}
+
+#[tokio::test]
+async fn an_excel_file_round_trips_through_openpyxl() {
+    let s = Server::start().await;
+    let write = "from openpyxl import Workbook\n\
+                 wb = Workbook()\n\
+                 ws = wb.active\n\
+                 ws.title = 'sales'\n\
+                 ws.append(['region', 'amount'])\n\
+                 ws.append(['north', 3])\n\
+                 ws.append(['south', 4])\n\
+                 wb.save('book.xlsx')";
+    let r = s
+        .run_with(json!({"code": write, "timeout_ms": 20000}))
+        .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    let book = id(output(&r, "book.xlsx"));
+    let bytes = download_bytes(&s, &book).await;
+    assert!(bytes.starts_with(b"PK"), "an xlsx is a zip");
+
+    let read = "from openpyxl import load_workbook\n\
+                wb = load_workbook('in/book.xlsx')\n\
+                ws = wb['sales']\n\
+                print(sum(row[1] for row in ws.iter_rows(min_row=2, values_only=True)))\n\
+                ws.append(['east', 5])\n\
+                wb.save('in/book.xlsx')";
+    let r = s
+        .run_with(json!({"code": read, "timeout_ms": 20000,
+            "files": [{"path": "in/book.xlsx", "file_id": book}]}))
+        .await;
+    assert_eq!(r["stdout"], "7\n", "{r}");
+    let edited = id(output(&r, "in/book.xlsx"));
+    let check = "import pandas as pd\nprint(pd.read_excel('b.xlsx')['amount'].sum())";
+    let r = s
+        .run_with(json!({"code": check, "timeout_ms": 20000,
+            "files": [{"path": "b.xlsx", "file_id": edited}]}))
+        .await;
+    assert_eq!(r["stdout"], "12\n", "{r}");
+}
+
+#[tokio::test]
+async fn bad_paths_unknown_ids_and_bad_entrypoints_are_refused_with_a_detail() {
+    let s = Server::start().await;
+    let file_id = id(&upload(&s, "x.py", b"print(1)".to_vec()).await);
+    let staged = |path: &str| json!([{"path": path, "file_id": file_id}]);
+    let cases = vec![
+        (
+            json!({"code": "1", "files": staged("/etc/passwd")}),
+            422,
+            "File paths must be relative.".to_owned(),
+        ),
+        (
+            json!({"code": "1", "files": staged("a/../../x.py")}),
+            422,
+            "'..'".to_owned(),
+        ),
+        (
+            json!({"code": "1", "files": staged("__main__.py")}),
+            422,
+            "reserved".to_owned(),
+        ),
+        (
+            json!({"code": "1", "files": [{"path": "in.csv", "file_id": "nope"}]}),
+            404,
+            "File with ID 'nope' not found for path 'in.csv'".to_owned(),
+        ),
+        (
+            json!({"code": "1", "files": [
+                {"path": "a.py", "file_id": file_id}, {"path": "./a.py", "file_id": file_id}]}),
+            422,
+            "given twice".to_owned(),
+        ),
+        (
+            json!({"entrypoint": "other.py", "files": staged("x.py")}),
+            422,
+            "not one of the staged files".to_owned(),
+        ),
+        (
+            json!({"code": "1", "entrypoint": "x.py", "files": staged("x.py")}),
+            422,
+            "exactly one of `code` and `entrypoint`".to_owned(),
+        ),
+        (
+            json!({"files": staged("x.py")}),
+            422,
+            "missing field `code`".to_owned(),
+        ),
+        (
+            json!({"code": "1", "args": ["--x"]}),
+            422,
+            "`args` are passed to an `entrypoint`".to_owned(),
+        ),
+    ];
+    for (body, status, needle) in cases {
+        let (got, resp) = s.post("/v1/execute", &body).await;
+        assert_eq!(got, status, "{body} ⇒ {resp}");
+        let detail = resp["detail"].as_str().unwrap();
+        assert!(detail.contains(&needle), "{detail:?} lacks {needle:?}");
+    }
+    // A file used as a directory is refused at staging, before any code runs.
+    let (got, resp) = s
+        .post(
+            "/v1/execute",
+            &json!({"code": "1", "files": [
+                {"path": "a", "file_id": file_id}, {"path": "a/b.py", "file_id": file_id}]}),
+        )
+        .await;
+    assert_eq!(got, 422, "{resp}");
+    assert_eq!(s.run("print(2)").await["stdout"], "2\n");
+}
+
+#[tokio::test]
+async fn an_entrypoint_runs_as_main_with_its_args() {
+    let s = Server::start().await;
+    let script = "import sys, helper\n\
+                  year = sys.argv[sys.argv.index('--year') + 1]\n\
+                  print(__name__, sys.argv)\n\
+                  open('report-' + year + '.txt', 'w').write(helper.title(year))\n";
+    let script_id = id(&upload(&s, "report.py", script.into()).await);
+    let helper_id = id(&upload(
+        &s,
+        "helper.py",
+        b"def title(y):\n    return 'Report ' + y\n".to_vec(),
+    )
+    .await);
+    let r = s
+        .run_with(json!({
+            "entrypoint": "scripts/report.py",
+            "args": ["--year", "2024"],
+            "files": [
+                {"path": "scripts/report.py", "file_id": script_id},
+                {"path": "scripts/helper.py", "file_id": helper_id},
+            ],
+        }))
+        .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    assert_eq!(
+        r["stdout"],
+        "__main__ ['scripts/report.py', '--year', '2024']\n"
+    );
+    let report = id(output(&r, "report-2024.txt"));
+    assert_eq!(download_bytes(&s, &report).await, b"Report 2024");
+}
+
+#[tokio::test]
+async fn two_concurrent_runs_never_see_each_others_workspace() {
+    let s = Server::start().await;
+    let a = id(&upload(&s, "in.txt", b"from a".to_vec()).await);
+    let b = id(&upload(&s, "in.txt", b"from b".to_vec()).await);
+    let code = "import os, time\n\
+                mine = open('in.txt').read()\n\
+                open(mine.replace(' ', '_') + '.out', 'w').write(mine)\n\
+                time.sleep(0.5)\n\
+                print(mine, sorted(os.listdir('.')))";
+    let run = |file_id: String| {
+        s.run_with(json!({"code": code, "files": [{"path": "in.txt", "file_id": file_id}]}))
+    };
+    let (ra, rb) = tokio::join!(run(a), run(b));
+    assert_eq!(ra["stdout"], "from a ['from_a.out', 'in.txt']\n", "{ra}");
+    assert_eq!(rb["stdout"], "from b ['from_b.out', 'in.txt']\n", "{rb}");
+    assert_eq!(ra["files"].as_array().unwrap().len(), 1);
+    assert_eq!(output(&ra, "from_a.out")["kind"], "file");
+    assert_eq!(output(&rb, "from_b.out")["kind"], "file");
+}
+
+#[tokio::test]
+async fn a_timed_out_run_still_returns_what_it_wrote_and_links_are_not_followed() {
+    let s = Server::start().await;
+    let code = "import os\n\
+                open('partial.txt', 'w').write('so far')\n\
+                try:\n\
+                \x20   os.symlink('/etc/passwd', 'passwd')\n\
+                except OSError:\n\
+                \x20   pass\n\
+                while True: pass";
+    let r = s.run_with(json!({"code": code, "timeout_ms": 700})).await;
+    assert_eq!(r["timed_out"], true, "{r}");
+    assert_eq!(
+        download_bytes(&s, &id(output(&r, "partial.txt"))).await,
+        b"so far"
+    );
+    // A link is never stored (nor followed out of the workspace).
+    assert!(
+        r["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["path"] != "passwd")
+    );
+    if let Some(skipped) = r["skipped_files"].as_array().unwrap().first() {
+        assert_eq!(skipped["path"], "passwd");
+        assert!(
+            skipped["reason"]
+                .as_str()
+                .unwrap()
+                .contains("symbolic link")
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_upload_over_the_limit_is_413_without_the_service_holding_it() {
+    let s = Server::start().await;
+    let (status, body) = try_upload(&s, "big.bin", vec![b'x'; 101 << 20]).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["detail"], "File size exceeds maximum of 100 MB");
+    let peak = peak_rss(s.pid());
+    assert!(peak < 45 << 20, "supervisor peak RSS {} MiB", peak >> 20);
+    assert!(list(&s).await.is_empty());
+    // Just under the limit is fine.
+    let up = upload(&s, "ok.bin", vec![b'y'; 100 << 20]).await;
+    assert_eq!(up["size_bytes"], 100 << 20);
+    let peak = peak_rss(s.pid());
+    assert!(peak < 45 << 20, "supervisor peak RSS {} MiB", peak >> 20);
+}
+
+#[tokio::test]
+async fn stored_files_survive_a_restart() {
+    let files_dir = tempfile::tempdir().unwrap();
+    let options = || Options::default().env("SNAKECAGE_FILES__DIR", files_dir.path().display());
+    let s = Server::start_with(options()).await;
+    let up = upload(&s, "keep.csv", CSV.into()).await;
+    let r = s.run("open('made.txt', 'w').write('made')").await;
+    let made = id(output(&r, "made.txt"));
+    assert!(s.stop().success());
+
+    let s = Server::start_with(options()).await;
+    let files = list(&s).await;
+    assert_eq!(files.len(), 2, "{files:?}");
+    assert_eq!(download_bytes(&s, &id(&up)).await, CSV.as_bytes());
+    assert_eq!(download_bytes(&s, &made).await, b"made");
+}
+
+#[tokio::test]
+async fn files_expire_after_their_ttl_and_a_full_store_answers_507() {
+    let s = Server::start_with(
+        Options::default()
+            .env("SNAKECAGE_FILES__TTL_SECONDS", 1)
+            .env("SNAKECAGE_FILES__QUOTA_MB", 1),
+    )
+    .await;
+    let first = id(&upload(&s, "a.bin", vec![0; 600 << 10]).await);
+    let (status, body) = try_upload(&s, "b.bin", vec![0; 600 << 10]).await;
+    assert_eq!(status, 507, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("quota"), "{body}");
+    // A run's output that does not fit is reported, not silently dropped.
+    let r = s.run("open('big.bin', 'wb').write(bytes(600 << 10))").await;
+    assert_eq!(r["files"], json!([]));
+    assert_eq!(r["skipped_files"][0]["path"], "big.bin");
+
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(download(&s, &first).await.status(), 404);
+    assert!(list(&s).await.is_empty());
+    // The sweeper gave the space back.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, _) = try_upload(&s, "c.bin", vec![0; 600 << 10]).await;
+        if status == 201 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "space never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
