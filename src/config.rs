@@ -458,4 +458,12 @@ mod tests {
         ));
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    #[test]
+    fn the_example_config_parses_and_states_the_defaults() {
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("snakecage.example.toml");
+        let loaded = Config::load(Some(&example), &Overrides::default()).unwrap();
+        let as_json = |c: &Config| serde_json::to_value(c).unwrap();
+        assert_eq!(as_json(&loaded), as_json(&Config::default()));
+    }
 }
