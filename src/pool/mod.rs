@@ -173,6 +173,9 @@ impl Pool {
     /// Starts the zygote (waiting for it to be ready), then the refill and restart tasks.
     pub async fn start(settings: PoolSettings) -> Result<Self, PoolError> {
         let root = &settings.workspace_root;
+        if let Some(parent) = root.parent() {
+            remove_abandoned_workspace_roots(parent);
+        }
         std::fs::create_dir_all(root).map_err(|source| PoolError::WorkspaceRoot {
             path: root.clone(),
             source,
@@ -482,6 +485,28 @@ async fn spawn_worker(inner: &Inner, zygote: &ZygoteHandle) -> Result<Worker, Sp
             Err(_) => format!("not ready after {:?}", inner.settings.spawn_timeout),
         };
     Err(SpawnError::NotReady { pid, reason })
+}
+
+/// Removes `workspaces-<pid>` directories left by supervisors that died without shutting
+/// down (SIGKILL, a crash): on a tmpfs they would hold memory until reboot.
+fn remove_abandoned_workspace_roots(parent: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("workspaces-")) else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<i32>() else {
+            continue;
+        };
+        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+        if !alive {
+            tracing::info!(path = %entry.path().display(), "removing workspaces left by a supervisor that is gone");
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// A pipe whose read end (ours) is non-blocking and whose write end (the worker's) blocks.

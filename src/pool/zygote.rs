@@ -19,7 +19,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, oneshot};
 
 /// The zygote's replies are small; a bigger record is a protocol violation.
-const MAX_REPLY: usize = 1 << 20;
+const MAX_REPLY: usize = 64 << 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ZygoteError {
@@ -131,7 +131,8 @@ impl ZygoteHandle {
             tokio::spawn(forward_stderr(stderr, stderr_tail.clone()));
         }
 
-        let hello = tokio::time::timeout(startup_timeout, recv(&sock));
+        let mut buf = vec![0u8; MAX_REPLY];
+        let hello = tokio::time::timeout(startup_timeout, recv(&sock, &mut buf));
         let info = match hello.await {
             Err(_) => return Err(ZygoteError::StartupTimeout(startup_timeout)),
             Ok(Ok(Some((ControlReply::Hello(info), _)))) => info,
@@ -260,12 +261,12 @@ fn set_blocking(fd: &OwnedFd) -> io::Result<()> {
 /// Receives one reply; `Ok(None)` when the zygote closed its end.
 async fn recv(
     sock: &AsyncFd<OwnedFd>,
+    buf: &mut [u8],
 ) -> Result<Option<(ControlReply, Vec<OwnedFd>)>, ZygoteError> {
-    let mut buf = vec![0u8; MAX_REPLY];
     loop {
         let mut guard = sock.readable().await?;
         let rec: Record =
-            match guard.try_io(|sock| fdpass::recv_record(sock.get_ref().as_fd(), &mut buf)) {
+            match guard.try_io(|sock| fdpass::recv_record(sock.get_ref().as_fd(), buf)) {
                 Ok(Ok(rec)) => rec,
                 Ok(Err(e)) if is_gone(&e) => return Ok(None),
                 Ok(Err(e)) => return Err(e.into()),
@@ -288,8 +289,9 @@ async fn read_replies(
     died: Arc<Notify>,
     mut child: tokio::process::Child,
 ) {
+    let mut buf = vec![0u8; MAX_REPLY];
     loop {
-        match recv(&sock).await {
+        match recv(&sock, &mut buf).await {
             Ok(Some((reply, fds))) => route(&routes, reply, fds),
             Ok(None) => break,
             Err(e) => {

@@ -367,3 +367,32 @@ async fn health_reports_the_pool_and_the_interpreter() {
         "{names:?}"
     );
 }
+
+#[tokio::test]
+async fn workspaces_left_by_a_killed_supervisor_are_removed_at_the_next_start() {
+    let ws = tempfile::tempdir().unwrap();
+    let opts = || Options::default().env("SNAKECAGE_WORKSPACE__DIR", ws.path().display());
+    let first = Server::start_with(opts()).await;
+    let left = ws.path().join(format!("workspaces-{}", first.pid()));
+    assert!(left.is_dir());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let _ = first.stop();
+    assert!(
+        left.is_dir(),
+        "a SIGKILLed supervisor cannot clean up after itself"
+    );
+    let second = Server::start_with(opts()).await;
+    assert!(
+        !left.exists(),
+        "the abandoned workspace root is still there"
+    );
+    assert!(
+        ws.path()
+            .join(format!("workspaces-{}", second.pid()))
+            .is_dir()
+    );
+}
