@@ -5,6 +5,7 @@
 //! - [`server`]: `serve(listener, config, shutdown)`, used by `main` and by the tests.
 //! - [`api`]: the router and its handlers.
 //! - [`error`]: `ApiError`, the one place statuses and `detail`s are decided.
+//! - [`markdown`]: the Python blocks of a model's markdown answer (`code_format: markdown`).
 //! - [`pool`]: the zygote, the pre-forked workers, one run of one job.
 //! - [`files`]: the file store (uploads, run outputs), staging into and collecting from
 //!   workspaces.
@@ -16,5 +17,6 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod files;
+pub mod markdown;
 pub mod pool;
 pub mod server;

@@ -16,6 +16,7 @@ use crate::files::workspace::{
     self, CollectLimits, SkippedFile, StageInput, Staged, WorkspaceFile,
 };
 use crate::files::{FileStore, StoreError};
+use crate::markdown;
 use crate::pool::Stager;
 use crate::pool::run::{RunLimits, RunOutcome, RunVerdict};
 
@@ -37,10 +38,21 @@ pub struct ExecuteRequest {
     pub last_line_interactive: bool,
     #[serde(default)]
     pub files: Vec<FileInput>,
+    /// `markdown`: `code` is a model's answer; its ```python blocks run, in order.
+    #[serde(default)]
+    pub code_format: CodeFormat,
 }
 
 fn default_true() -> bool {
     true
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CodeFormat {
+    #[default]
+    Python,
+    Markdown,
 }
 
 /// A stored file to place in the workspace before the code runs.
@@ -192,8 +204,21 @@ pub fn job(req: ExecuteRequest, inputs: &[StageInput]) -> Result<Job, ApiError> 
             Some(path)
         }
     };
+    let code = match (req.code_format, req.code) {
+        (CodeFormat::Markdown, Some(text)) => Some(markdown::python_blocks(&text).ok_or_else(|| {
+            ApiError::Validation(
+                "code_format is markdown but `code` has no ```python (or ```py) fenced block to run".into(),
+            )
+        })?),
+        (CodeFormat::Markdown, None) => {
+            return Err(ApiError::Validation(
+                "code_format markdown applies to `code`, not to an `entrypoint`".into(),
+            ));
+        }
+        (CodeFormat::Python, code) => code,
+    };
     Ok(Job {
-        code: req.code.unwrap_or_default(),
+        code: code.unwrap_or_default(),
         stdin: req.stdin,
         last_line_interactive: req.last_line_interactive,
         entrypoint,
