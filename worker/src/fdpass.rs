@@ -88,15 +88,19 @@ mod tests {
     use std::io::{Read, Write};
     use std::os::fd::AsFd;
 
-    #[test]
-    fn a_record_carries_its_fds_and_they_work() {
-        let (a, b) = socketpair(
+    fn seqpacket_pair() -> (OwnedFd, OwnedFd) {
+        socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
             None,
             SockFlag::SOCK_CLOEXEC,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn a_record_carries_its_fds_and_they_work() {
+        let (a, b) = seqpacket_pair();
         let (r, w) = nix::unistd::pipe().unwrap();
         send_record(a.as_fd(), b"hello", &[w.as_fd(), r.as_fd()]).unwrap();
         drop((r, w));
@@ -117,13 +121,7 @@ mod tests {
 
     #[test]
     fn an_oversized_record_is_an_error_not_a_partial_message() {
-        let (a, b) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .unwrap();
+        let (a, b) = seqpacket_pair();
         send_record(a.as_fd(), &[7u8; 100], &[]).unwrap();
         let mut small = [0u8; 10];
         assert!(recv_record(b.as_fd(), &mut small).is_err());
@@ -131,13 +129,7 @@ mod tests {
 
     #[test]
     fn closed_peer_reads_as_an_empty_record() {
-        let (a, b) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .unwrap();
+        let (a, b) = seqpacket_pair();
         drop(a);
         let mut buf = [0u8; 8];
         let rec = recv_record(b.as_fd(), &mut buf).unwrap();
