@@ -6,6 +6,7 @@
 //! - [`api`]: the router and its handlers.
 //! - [`error`]: `ApiError`, the one place statuses and `detail`s are decided.
 //! - [`pool`]: the zygote, the pre-forked workers, one run of one job.
+//! - [`sessions`]: stateful Python sessions (registry, expiry, eviction).
 //! - [`files`]: the file store (uploads, run outputs), staging into and collecting from
 //!   workspaces.
 //!
@@ -18,3 +19,4 @@ pub mod error;
 pub mod files;
 pub mod pool;
 pub mod server;
+pub mod sessions;
