@@ -4,3 +4,5 @@
 mod core;
 mod files;
 mod harness;
+mod sessions;
+mod stream;
