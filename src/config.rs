@@ -22,6 +22,7 @@ pub struct Config {
     pub worker: WorkerConfig,
     pub files: FilesConfig,
     pub workspace: WorkspaceConfig,
+    pub sessions: SessionsConfig,
     pub log: LogConfig,
 }
 
@@ -55,6 +56,9 @@ pub struct LimitsConfig {
     pub max_file_size_mb: u64,
     /// RLIMIT_NOFILE for workers.
     pub max_open_files: u64,
+    /// The largest rich output (one MIME bundle of a run's `results`); a bigger one is
+    /// replaced by a note saying so.
+    pub max_bundle_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -113,6 +117,22 @@ pub struct WorkspaceConfig {
     pub max_entries: usize,
 }
 
+/// Stateful Python sessions (`/v1/sessions`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionsConfig {
+    /// A session unused this long is deleted, unless it was created with its own
+    /// `ttl_seconds`.
+    pub idle_timeout_seconds: u64,
+    /// Sessions that may exist at once; creating one more evicts the least recently used.
+    pub max_sessions: usize,
+    /// The largest `ttl_seconds` a session may ask for.
+    pub max_ttl_seconds: u64,
+    /// After an overdue session job is interrupted (SIGINT ⇒ `KeyboardInterrupt`), how long
+    /// the worker has to answer before it is killed and the session is lost.
+    pub interrupt_grace_ms: u64,
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -138,6 +158,7 @@ impl Default for Config {
             worker: WorkerConfig::default(),
             files: FilesConfig::default(),
             workspace: WorkspaceConfig::default(),
+            sessions: SessionsConfig::default(),
             log: LogConfig::default(),
         }
     }
@@ -165,6 +186,18 @@ impl Default for LimitsConfig {
             max_request_bytes: 10 << 20,
             max_file_size_mb: 100,
             max_open_files: 256,
+            max_bundle_bytes: 2 << 20,
+        }
+    }
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        Self {
+            idle_timeout_seconds: 1800,
+            max_sessions: 64,
+            max_ttl_seconds: 86_400,
+            interrupt_grace_ms: 2_000,
         }
     }
 }
@@ -303,6 +336,17 @@ impl Config {
         if self.workspace.max_entries == 0 {
             return bad("workspace.max_entries must be at least 1");
         }
+        if self.sessions.idle_timeout_seconds == 0 || self.sessions.max_ttl_seconds == 0 {
+            return bad(
+                "sessions.idle_timeout_seconds and sessions.max_ttl_seconds must be positive",
+            );
+        }
+        if self.sessions.max_sessions == 0 {
+            return bad("sessions.max_sessions must be at least 1");
+        }
+        if self.limits.max_bundle_bytes < 1024 {
+            return bad("limits.max_bundle_bytes must be at least 1024");
+        }
         Ok(())
     }
 
@@ -436,6 +480,9 @@ mod tests {
         assert_eq!(c.files.max_file_size_mb, 100);
         assert_eq!(c.files.ttl_seconds, 3600);
         assert_eq!(c.files_dir(), c.worker.state_dir.join("files"));
+        assert_eq!(c.sessions.idle_timeout_seconds, 1800);
+        assert_eq!(c.sessions.max_sessions, 64);
+        assert_eq!(c.sessions.max_ttl_seconds, 86_400);
     }
 
     #[test]

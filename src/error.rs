@@ -9,6 +9,7 @@ use serde_json::json;
 use crate::files::StoreError;
 use crate::files::workspace::StageError;
 use crate::pool::PoolError;
+use crate::sessions::SessionError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -22,6 +23,12 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     #[error("{0}")]
     NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Gone(String),
+    #[error("{0}")]
+    NotImplemented(String),
     #[error("all workers are busy and the wait queue is full; retry later")]
     QueueFull { retry_after_secs: u64 },
     #[error("{0}")]
@@ -40,6 +47,9 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Gone(_) => StatusCode::GONE,
+            ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
@@ -60,6 +70,18 @@ impl From<PoolError> for ApiError {
             )),
             PoolError::ShuttingDown => ApiError::Unavailable("the service is shutting down".into()),
             other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<SessionError> for ApiError {
+    fn from(e: SessionError) -> Self {
+        match e {
+            e @ SessionError::NotFound(_) => ApiError::NotFound(e.to_string()),
+            e @ SessionError::Gone { .. } => ApiError::Gone(e.to_string()),
+            e @ SessionError::Busy(_) => ApiError::Conflict(e.to_string()),
+            e @ SessionError::Full(_) => ApiError::Unavailable(e.to_string()),
+            SessionError::Pool(e) => e.into(),
         }
     }
 }

@@ -7,6 +7,7 @@
 //! - [`error`]: `ApiError`, the one place statuses and `detail`s are decided.
 //! - [`markdown`]: the Python blocks of a model's markdown answer (`code_format: markdown`).
 //! - [`pool`]: the zygote, the pre-forked workers, one run of one job.
+//! - [`sessions`]: stateful Python sessions (registry, expiry, eviction).
 //! - [`files`]: the file store (uploads, run outputs), staging into and collecting from
 //!   workspaces.
 //!
@@ -20,3 +21,4 @@ pub mod files;
 pub mod markdown;
 pub mod pool;
 pub mod server;
+pub mod sessions;

@@ -17,6 +17,7 @@ use crate::config::{Config, ConfigError};
 use crate::files::local::LocalStoreSettings;
 use crate::files::{self, LocalStore, SharedStore, StoreError};
 use crate::pool::{Pool, PoolError, PoolSettings};
+use crate::sessions::{SessionSettings, Sessions};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -83,10 +84,12 @@ pub async fn serve(
         let ttl = Duration::from_secs(config.files.ttl_seconds);
         files::spawn_sweeper(store.clone(), files::sweep_interval(ttl), stop.clone());
     }
+    let sessions = Sessions::new(pool.clone(), session_settings(&config), stop.clone());
     let state = Arc::new(AppState {
         config,
         pool: pool.clone(),
         store,
+        sessions,
     });
     let app = api::router(state)
         .layer(TraceLayer::new_for_http())
@@ -110,6 +113,17 @@ pub async fn serve(
     pool.shutdown().await;
     tracing::info!("snakecage stopped");
     Ok(())
+}
+
+/// The session rules the configuration describes.
+pub fn session_settings(config: &Config) -> SessionSettings {
+    let s = &config.sessions;
+    SessionSettings {
+        idle_timeout: Duration::from_secs(s.idle_timeout_seconds),
+        max_sessions: s.max_sessions,
+        max_ttl: Duration::from_secs(s.max_ttl_seconds),
+        interrupt_grace: Duration::from_millis(s.interrupt_grace_ms),
+    }
 }
 
 /// The local-disk store the configuration describes.

@@ -1,5 +1,6 @@
-//! `POST /v1/execute`, wire-compatible with the Onyx code interpreter: stage the request's
-//! files, run `code` (or a staged `entrypoint` with `args`), store what the run wrote.
+//! `POST /v1/execute` and `POST /v1/execute/stream`, wire-compatible with the Onyx code
+//! interpreter: stage the request's files, run `code` (or a staged `entrypoint` with
+//! `args`), store what the run wrote.
 
 use std::path::Path;
 use std::time::Duration;
@@ -7,7 +8,8 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
-use snakecage_worker::protocol::Job;
+use snakecage_worker::protocol::{Job, MimeBundle};
+use tokio::sync::mpsc;
 
 use super::SharedState;
 use super::json::ApiJson;
@@ -18,7 +20,7 @@ use crate::files::workspace::{
 use crate::files::{FileStore, StoreError};
 use crate::markdown;
 use crate::pool::Stager;
-use crate::pool::run::{RunLimits, RunOutcome, RunVerdict};
+use crate::pool::run::{OutputChunk, RunLimits, RunOutcome, RunVerdict};
 
 #[derive(Debug, Deserialize)]
 pub struct ExecuteRequest {
@@ -76,6 +78,8 @@ pub struct ExecuteResponse {
     pub verdict: RunVerdict,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
+    /// Rich outputs (MIME bundles) in the order produced, like a notebook cell's.
+    pub results: Vec<MimeBundle>,
 }
 
 impl From<RunOutcome> for ExecuteResponse {
@@ -102,6 +106,7 @@ impl From<RunOutcome> for ExecuteResponse {
             verdict: o.verdict,
             stdout_truncated: o.stdout_truncated,
             stderr_truncated: o.stderr_truncated,
+            results: o.result.map(|r| r.results).unwrap_or_default(),
         }
     }
 }
@@ -114,9 +119,42 @@ pub async fn execute(
     State(state): State<SharedState>,
     ApiJson(req): ApiJson<ExecuteRequest>,
 ) -> Result<Json<ExecuteResponse>, ApiError> {
-    let limits = run_limits(&state, req.timeout_ms)?;
+    let prepared = prepare(&state, req).await?;
+    Ok(Json(run_stateless(&state, prepared, None).await?))
+}
+
+/// The same run as SSE (see `stream`); validation errors are answered before it starts. A
+/// client that disconnects mid-stream kills its worker.
+pub async fn execute_stream(
+    State(state): State<SharedState>,
+    ApiJson(req): ApiJson<ExecuteRequest>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let prepared = prepare(&state, req).await?;
+    let (tx, rx) = mpsc::channel(super::stream::CHUNK_BUFFER);
+    let run = async move { run_stateless(&state, prepared, Some(tx)).await };
+    let stream = super::stream::sse(
+        rx,
+        run,
+        super::stream::OnDisconnect::Kill,
+        tokio_util::sync::CancellationToken::new(),
+    );
+    Ok(stream.into_response())
+}
+
+/// A request checked and turned into a job, before any worker is spent on it.
+pub struct Prepared {
+    pub limits: RunLimits,
+    pub inputs: Vec<StageInput>,
+    pub job: Job,
+}
+
+/// Validates a request: limits, paths, the job, and that every file id exists.
+pub async fn prepare(state: &SharedState, req: ExecuteRequest) -> Result<Prepared, ApiError> {
+    let limits = run_limits(state, req.timeout_ms)?;
     let inputs = stage_inputs(&req.files)?;
-    let job = job(req, &inputs)?;
+    let mut job = job(req, &inputs)?;
+    job.max_bundle_bytes = state.config.limits.max_bundle_bytes;
     // Unknown ids are answered before a worker is spent on the request.
     for input in &inputs {
         match state.store.meta(&input.file_id).await {
@@ -130,18 +168,37 @@ pub async fn execute(
             Err(e) => return Err(e.into()),
         }
     }
+    Ok(Prepared {
+        limits,
+        inputs,
+        job,
+    })
+}
+
+/// Runs a prepared request on a fresh worker and stores the files it wrote; output chunks
+/// go to `chunks` as they come when it is given.
+pub async fn run_stateless(
+    state: &SharedState,
+    prepared: Prepared,
+    chunks: Option<mpsc::Sender<OutputChunk>>,
+) -> Result<ExecuteResponse, ApiError> {
+    let Prepared {
+        limits,
+        inputs,
+        job,
+    } = prepared;
     let stager = StoreStager {
         store: state.store.as_ref(),
         inputs: &inputs,
     };
-    let finished = state.pool.execute_in(job, &limits, None, &stager).await?;
+    let finished = state.pool.execute_in(job, &limits, chunks, &stager).await?;
     let collected = match finished.workspace_path() {
         Some(path) => {
             workspace::collect(
                 state.store.as_ref(),
                 path,
                 &finished.staged,
-                collect_limits(&state),
+                collect_limits(state),
             )
             .await
         }
@@ -150,7 +207,7 @@ pub async fn execute(
     let mut response = ExecuteResponse::from(finished.outcome);
     response.files = collected.files;
     response.skipped_files = collected.skipped;
-    Ok(Json(response))
+    Ok(response)
 }
 
 /// Checks and normalises the paths of `files`.
@@ -223,6 +280,7 @@ pub fn job(req: ExecuteRequest, inputs: &[StageInput]) -> Result<Job, ApiError> 
         last_line_interactive: req.last_line_interactive,
         entrypoint,
         args: req.args,
+        max_bundle_bytes: 0,
     })
 }
 
@@ -241,7 +299,7 @@ impl Stager for StoreStager<'_> {
     }
 }
 
-fn collect_limits(state: &SharedState) -> CollectLimits {
+pub fn collect_limits(state: &SharedState) -> CollectLimits {
     let ws = &state.config.workspace;
     CollectLimits {
         max_entries: ws.max_entries,

@@ -18,6 +18,10 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
         "python_version": zygote.python_version,
         "preloaded": zygote.preloaded,
         "pool": pool,
+        "sessions": {
+            "active": state.sessions.count(),
+            "max": state.sessions.settings().max_sessions,
+        },
     }))
 }
 

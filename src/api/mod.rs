@@ -4,12 +4,16 @@ mod execute;
 mod files;
 mod health;
 mod json;
+mod sessions;
+mod stream;
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
+
+use crate::sessions::Sessions;
 
 use crate::config::Config;
 use crate::files::SharedStore;
@@ -20,6 +24,7 @@ pub struct AppState {
     pub config: Config,
     pub pool: Pool,
     pub store: SharedStore,
+    pub sessions: Sessions,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -34,6 +39,19 @@ pub fn router(state: SharedState) -> Router {
     Router::new()
         .route("/health", get(health::health))
         .route("/v1/execute", post(execute::execute))
+        .route("/v1/execute/stream", post(execute::execute_stream))
+        .route("/v1/sessions", post(sessions::create).get(sessions::list))
+        .route(
+            "/v1/sessions/{session_id}",
+            get(sessions::get).delete(sessions::delete),
+        )
+        .route("/v1/sessions/{session_id}/execute", post(sessions::execute))
+        .route(
+            "/v1/sessions/{session_id}/execute/stream",
+            post(sessions::execute_stream),
+        )
+        .route("/v1/sessions/{session_id}/reset", post(sessions::reset))
+        .route("/v1/sessions/{session_id}/bash", post(sessions::bash))
         .route(
             "/v1/files",
             post(files::upload)

@@ -181,6 +181,53 @@ pub async fn stage(
     Ok(staged)
 }
 
+impl Staged {
+    /// Adds what `other` staged (a session's later staging on top of its baseline).
+    pub fn merge(&mut self, other: Staged) {
+        self.files.extend(other.files);
+        self.dirs.extend(other.dirs);
+    }
+}
+
+/// The workspace as it is now, as a baseline for the next [`collect`]: a session reports
+/// each file once, and again only when it changes. Looks at most `max_entries` entries;
+/// links are not followed.
+pub async fn snapshot(workspace: &Path, max_entries: usize) -> Staged {
+    let root = workspace.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut staged = Staged::default();
+        let mut seen = 0usize;
+        let mut pending = vec![String::new()];
+        while let Some(prefix) = pending.pop() {
+            let Ok(entries) = std::fs::read_dir(root.join(&prefix)) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                seen += 1;
+                if seen > max_entries {
+                    return staged;
+                }
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let rel = if prefix.is_empty() {
+                    name
+                } else {
+                    format!("{prefix}/{name}")
+                };
+                let Ok(meta) = entry.metadata() else { continue };
+                if meta.file_type().is_dir() {
+                    staged.dirs.insert(rel.clone());
+                    pending.push(rel);
+                } else if meta.file_type().is_file() {
+                    staged.files.insert(rel, Fingerprint::of(&meta));
+                }
+            }
+        }
+        staged
+    })
+    .await
+    .unwrap_or_default()
+}
+
 struct Owner {
     uid: u32,
     gid: u32,

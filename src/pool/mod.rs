@@ -4,6 +4,7 @@
 //! - [`worker`]: one forked worker (kill on drop), its job socket and workspace.
 //! - [`run`]: one job on one worker, with deadline, capture and verdict.
 //! - [`capture`]: bounded output buffers.
+//! - [`session`]: a worker kept for a session (run, reset, inspect).
 //!
 //! `size` is both the number of jobs that run at once and the number of idle workers kept
 //! ready, so the next job after a finished one starts on a warm worker at once. A request
@@ -11,9 +12,16 @@
 //! busy), runs one job and drops the worker: a worker is never reused.
 //! A background task refills the pool off the request path; another restarts the zygote
 //! when it dies. Idle workers of a dead zygote died with it and are skipped.
+//!
+//! Sessions take a worker from the idle set too (the refill replaces it) and keep it, but
+//! an idle session holds no execution slot: its worker is asleep. Each session *run* takes
+//! a slot through the same FIFO queue as a stateless request, and session runs together
+//! may hold at most `size − 1` slots (1 when `size` is 1), so stateless traffic always has
+//! a slot to flow through however many sessions are busy.
 
 pub mod capture;
 pub mod run;
+pub mod session;
 pub mod worker;
 pub mod zygote;
 
@@ -30,6 +38,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use self::run::{OutputChunk, RunError, RunLimits, RunOutcome};
+use self::session::SessionWorker;
 use self::worker::{JobChannel, Worker, Workspace};
 
 /// Fills a fresh worker's workspace before its job is sent (staging input files). Called
@@ -157,6 +166,8 @@ struct Inner {
     idle: Mutex<VecDeque<Worker>>,
     /// One permit per concurrent execution: `size` jobs run at once, the rest queue.
     slots: Arc<Semaphore>,
+    /// The share of `slots` session runs may hold at once: `max(1, size − 1)`.
+    session_share: Arc<Semaphore>,
     /// One permit per idle worker (possibly more, after stale workers were purged: a taker
     /// that finds the deque empty simply waits again).
     available: Semaphore,
@@ -193,6 +204,7 @@ impl Pool {
             zygote: RwLock::new(zygote),
             idle: Mutex::new(VecDeque::new()),
             slots: Arc::new(Semaphore::new(size)),
+            session_share: Arc::new(Semaphore::new(size.saturating_sub(1).max(1))),
             available: Semaphore::new(0),
             waiting: AtomicUsize::new(0),
             busy: AtomicUsize::new(0),
@@ -218,46 +230,49 @@ impl Pool {
     /// Takes an execution slot and an idle worker, waiting in the FIFO queue when all
     /// `size` slots are busy (or, briefly, when the refill has not caught up).
     pub async fn acquire(&self) -> Result<Checkout, PoolError> {
+        let deadline = tokio::time::Instant::now() + self.inner.settings.queue_timeout;
+        let slot = self.inner.acquire_slot(&self.inner.slots, deadline).await?;
+        let worker = self.inner.take_idle(deadline).await?;
+        Ok(Checkout {
+            worker,
+            _slot: slot,
+            _busy: BusyGuard::new(self.inner.clone()),
+        })
+    }
+
+    /// An execution slot for one session run: a share permit, then a pool slot, both
+    /// through the FIFO queue (see the module docs for the share).
+    pub async fn acquire_session_slot(&self) -> Result<SessionSlot, PoolError> {
         let inner = &self.inner;
-        if inner.shutdown.is_cancelled() {
-            return Err(PoolError::ShuttingDown);
-        }
         let deadline = tokio::time::Instant::now() + inner.settings.queue_timeout;
-        let slot = match inner.slots.clone().try_acquire_owned() {
-            Ok(slot) => slot,
-            Err(_) => {
-                if inner.waiting.fetch_add(1, Ordering::AcqRel) >= inner.settings.queue_length {
-                    inner.waiting.fetch_sub(1, Ordering::AcqRel);
-                    return Err(PoolError::QueueFull);
+        let share = inner.acquire_slot(&inner.session_share, deadline).await?;
+        let slot = inner.acquire_slot(&inner.slots, deadline).await?;
+        Ok(SessionSlot {
+            _share: share,
+            _slot: slot,
+            _busy: BusyGuard::new(inner.clone()),
+        })
+    }
+
+    /// Takes an idle worker (no slot) and switches it to session mode. A worker lost
+    /// before it took the switch is replaced, as for a job.
+    pub async fn start_session_worker(&self) -> Result<SessionWorker, PoolError> {
+        let mut last_error = String::new();
+        for _ in 0..3 {
+            let deadline = tokio::time::Instant::now() + self.inner.settings.queue_timeout;
+            let worker = self.inner.take_idle(deadline).await?;
+            match SessionWorker::start(worker).await {
+                Ok(worker) => return Ok(worker),
+                Err(e) => {
+                    self.inner
+                        .counters
+                        .workers_lost
+                        .fetch_add(1, Ordering::Relaxed);
+                    last_error = e.to_string();
                 }
-                let _waiting = WaitingGuard(&inner.waiting);
-                inner
-                    .wait(inner.slots.clone().acquire_owned(), deadline)
-                    .await?
             }
-        };
-        loop {
-            let permit = match inner.available.try_acquire() {
-                Ok(permit) => permit,
-                Err(_) => {
-                    inner.waiting.fetch_add(1, Ordering::AcqRel);
-                    let _waiting = WaitingGuard(&inner.waiting);
-                    inner.wait(inner.available.acquire(), deadline).await?
-                }
-            };
-            permit.forget();
-            let taken = inner.idle.lock().expect("idle lock").pop_front();
-            inner.refill.notify_one();
-            let Some(mut worker) = taken else { continue };
-            if worker.generation == inner.current_zygote().generation && worker.is_alive() {
-                return Ok(Checkout {
-                    worker,
-                    _slot: slot,
-                    _busy: BusyGuard::new(self.inner.clone()),
-                });
-            }
-            // Died with its zygote while idle: skip it, the refill replaces it.
         }
+        Err(PoolError::Unavailable(last_error))
     }
 
     /// Runs one job on a fresh worker. A worker that died before taking the job (its
@@ -343,6 +358,7 @@ impl Pool {
         inner.shutdown.cancel();
         inner.available.close();
         inner.slots.close();
+        inner.session_share.close();
         inner.idle.lock().expect("idle lock").clear();
         inner
             .current_zygote()
@@ -355,6 +371,50 @@ impl Pool {
 impl Inner {
     fn current_zygote(&self) -> Arc<ZygoteHandle> {
         self.zygote.read().expect("zygote lock").clone()
+    }
+
+    /// A permit of `sem`, at once or after waiting in the bounded queue until `deadline`.
+    async fn acquire_slot(
+        &self,
+        sem: &Arc<Semaphore>,
+        deadline: tokio::time::Instant,
+    ) -> Result<OwnedSemaphorePermit, PoolError> {
+        if self.shutdown.is_cancelled() {
+            return Err(PoolError::ShuttingDown);
+        }
+        match sem.clone().try_acquire_owned() {
+            Ok(slot) => Ok(slot),
+            Err(_) => {
+                if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.settings.queue_length {
+                    self.waiting.fetch_sub(1, Ordering::AcqRel);
+                    return Err(PoolError::QueueFull);
+                }
+                let _waiting = WaitingGuard(&self.waiting);
+                self.wait(sem.clone().acquire_owned(), deadline).await
+            }
+        }
+    }
+
+    /// An idle worker of the current zygote, waiting (until `deadline`) for the refill.
+    async fn take_idle(&self, deadline: tokio::time::Instant) -> Result<Worker, PoolError> {
+        loop {
+            let permit = match self.available.try_acquire() {
+                Ok(permit) => permit,
+                Err(_) => {
+                    self.waiting.fetch_add(1, Ordering::AcqRel);
+                    let _waiting = WaitingGuard(&self.waiting);
+                    self.wait(self.available.acquire(), deadline).await?
+                }
+            };
+            permit.forget();
+            let taken = self.idle.lock().expect("idle lock").pop_front();
+            self.refill.notify_one();
+            let Some(mut worker) = taken else { continue };
+            if worker.generation == self.current_zygote().generation && worker.is_alive() {
+                return Ok(worker);
+            }
+            // Died with its zygote while idle: skip it, the refill replaces it.
+        }
     }
 
     /// Awaits `fut` (a semaphore acquire) until `deadline`, or until shutdown.
@@ -378,6 +438,13 @@ impl Inner {
 /// (after the run, or when the request is abandoned) kills the worker and frees the slot.
 pub struct Checkout {
     pub worker: Worker,
+    _slot: OwnedSemaphorePermit,
+    _busy: BusyGuard,
+}
+
+/// The execution slot of one session run; dropping it frees the slot.
+pub struct SessionSlot {
+    _share: OwnedSemaphorePermit,
     _slot: OwnedSemaphorePermit,
     _busy: BusyGuard,
 }

@@ -1,5 +1,6 @@
 //! One job on one worker: send it, capture stdout and stderr as they come, wait for the
-//! result or the deadline, kill on timeout, and turn what happened into a [`RunVerdict`].
+//! result or the deadline, kill on timeout (a stateless worker) or interrupt and then kill
+//! (a session's worker), and turn what happened into a [`RunVerdict`].
 
 use std::time::{Duration, Instant};
 
@@ -7,6 +8,7 @@ use serde::Serialize;
 use snakecage_worker::frame::FrameError;
 use snakecage_worker::protocol::{ExitStatus, Job, JobRequest, JobResult, WorkerMessage};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use super::capture::CappedOutput;
 use super::worker::{Worker, read_pipe};
@@ -114,36 +116,8 @@ pub async fn run(
         .map_err(RunError::WorkerLost)?;
     let deadline = tokio::time::Instant::from_std(started + limits.timeout);
     let mut capture = Capture::new(limits.max_output_bytes, chunks);
-
     let mut buf = vec![0u8; 64 << 10];
-    let ending = loop {
-        tokio::select! {
-            msg = worker.channel.recv() => break match msg {
-                Ok(Some(WorkerMessage::Result(result))) => Ending::Reported(result),
-                Ok(Some(WorkerMessage::Ready)) | Err(_) => Ending::ProtocolViolation,
-                Ok(None) => Ending::Died,
-            },
-            ready = worker.stdout.readable(), if capture.stdout_open => {
-                if let Ok(mut guard) = ready {
-                    match guard.try_io(|fd| read_pipe(fd, &mut buf)) {
-                        Ok(Ok(0)) | Ok(Err(_)) => capture.stdout_open = false,
-                        Ok(Ok(n)) => capture.push(Stream::Stdout, &buf[..n]).await,
-                        Err(_would_block) => {}
-                    }
-                }
-            }
-            ready = worker.stderr.readable(), if capture.stderr_open => {
-                if let Ok(mut guard) = ready {
-                    match guard.try_io(|fd| read_pipe(fd, &mut buf)) {
-                        Ok(Ok(0)) | Ok(Err(_)) => capture.stderr_open = false,
-                        Ok(Ok(n)) => capture.push(Stream::Stderr, &buf[..n]).await,
-                        Err(_would_block) => {}
-                    }
-                }
-            }
-            () = tokio::time::sleep_until(deadline) => break Ending::Deadline,
-        }
-    };
+    let ending = drive(worker, &mut capture, &mut buf, deadline, None).await;
     let duration = started.elapsed();
 
     if !matches!(ending, Ending::Reported(_)) {
@@ -200,6 +174,179 @@ pub async fn run(
         result,
         signal,
     })
+}
+
+/// How a session's overdue job is stopped: SIGINT (repeated, in case the first one landed
+/// between jobs and was discarded), then SIGKILL once `grace` has passed without a result.
+pub struct Interrupt<'a> {
+    pub grace: Duration,
+    /// Interrupts the job before its deadline (the client went away).
+    pub now: &'a CancellationToken,
+}
+
+/// How often an interrupted job is sent SIGINT again during its grace period.
+const INTERRUPT_REPEAT: Duration = Duration::from_millis(250);
+
+/// A session job as it ended. The worker is alive (and keeps its state) unless `lost`.
+#[derive(Debug)]
+pub struct SessionRun {
+    pub outcome: RunOutcome,
+    /// The worker died or was killed: the session's state is gone.
+    pub lost: Option<String>,
+}
+
+/// Runs `job` on a session's worker. At the deadline the job is interrupted
+/// (`KeyboardInterrupt`, state kept, `timed_out: true`); a worker that has not answered
+/// `interrupt.grace` later is killed, as is one that breaks the protocol.
+pub async fn run_in_session(
+    worker: &mut Worker,
+    job: Job,
+    limits: &RunLimits,
+    chunks: Option<mpsc::Sender<OutputChunk>>,
+    interrupt: Interrupt<'_>,
+) -> Result<SessionRun, RunError> {
+    let started = Instant::now();
+    worker
+        .channel
+        .send(&JobRequest::Run(job))
+        .await
+        .map_err(RunError::WorkerLost)?;
+    let deadline = tokio::time::Instant::from_std(started + limits.timeout);
+    let mut capture = Capture::new(limits.max_output_bytes, chunks);
+    let mut buf = vec![0u8; 64 << 10];
+    let ending = drive(worker, &mut capture, &mut buf, deadline, Some(&interrupt)).await;
+    let duration = started.elapsed();
+    let overdue = tokio::time::Instant::now() >= deadline;
+    let reported = matches!(ending, Ending::Reported(_));
+    let killed_at_deadline = ending == Ending::Deadline;
+    if !reported {
+        worker.kill();
+    }
+    capture.drain(worker, &mut buf).await;
+    let (result, lost, signal) = match ending {
+        Ending::Reported(result) => (Some(result), None, None),
+        Ending::Deadline => (
+            None,
+            Some(format!(
+                "its worker did not stop within {} ms of being interrupted at the {} ms deadline and was killed",
+                interrupt.grace.as_millis(),
+                limits.timeout.as_millis()
+            )),
+            None,
+        ),
+        Ending::ProtocolViolation => {
+            tracing::warn!(
+                worker = worker.id,
+                pid = worker.pid,
+                "session worker violated the job protocol; killed"
+            );
+            (
+                None,
+                Some("its worker broke the job protocol and was killed".to_owned()),
+                None,
+            )
+        }
+        Ending::Died => {
+            let signal = match worker.exit_status(EXIT_STATUS_WAIT).await {
+                Some(ExitStatus::Signal(sig)) => Some(sig),
+                _ => None,
+            };
+            let why = match signal {
+                Some(sig) => format!("its worker was killed by signal {sig}"),
+                None => "its worker exited".to_owned(),
+            };
+            (None, Some(why), signal)
+        }
+    };
+    if lost.is_some() {
+        let _ = worker.exit_status(EXIT_STATUS_WAIT).await;
+    }
+    // Interrupted at the deadline, whether it then answered or had to be killed.
+    let timed_out = overdue && (reported || killed_at_deadline);
+    let exit_code = match &result {
+        Some(r) if !timed_out => Some(r.exit_code),
+        _ => None,
+    };
+    let verdict = match &result {
+        _ if timed_out => RunVerdict::Timeout,
+        None => RunVerdict::Killed,
+        Some(_) => verdict(result.as_ref(), false, capture.truncated()),
+    };
+    let (stdout, stdout_truncated) = capture.stdout.finish();
+    let (stderr, stderr_truncated) = capture.stderr.finish();
+    Ok(SessionRun {
+        outcome: RunOutcome {
+            stdout,
+            stderr,
+            stdout_truncated,
+            stderr_truncated,
+            exit_code,
+            timed_out,
+            verdict,
+            duration,
+            result,
+            signal,
+        },
+        lost,
+    })
+}
+
+/// Reads the worker's output until its result, its death, or the deadline. Without
+/// `interrupt` the deadline ends the wait (the caller kills); with it, the deadline (or
+/// `interrupt.now`) sends SIGINT and the wait goes on for the grace period.
+async fn drive(
+    worker: &mut Worker,
+    capture: &mut Capture,
+    buf: &mut [u8],
+    deadline: tokio::time::Instant,
+    interrupt: Option<&Interrupt<'_>>,
+) -> Ending {
+    let mut deadline = deadline;
+    let mut interrupted = false;
+    let never = CancellationToken::new();
+    let interrupt_now = interrupt.map_or(&never, |i| i.now);
+    loop {
+        tokio::select! {
+            msg = worker.channel.recv() => return match msg {
+                Ok(Some(WorkerMessage::Result(result))) => Ending::Reported(result),
+                Ok(Some(_)) | Err(_) => Ending::ProtocolViolation,
+                Ok(None) => Ending::Died,
+            },
+            ready = worker.stdout.readable(), if capture.stdout_open => {
+                if let Ok(mut guard) = ready {
+                    match guard.try_io(|fd| read_pipe(fd, buf)) {
+                        Ok(Ok(0)) | Ok(Err(_)) => capture.stdout_open = false,
+                        Ok(Ok(n)) => capture.push(Stream::Stdout, &buf[..n]).await,
+                        Err(_would_block) => {}
+                    }
+                }
+            }
+            ready = worker.stderr.readable(), if capture.stderr_open => {
+                if let Ok(mut guard) = ready {
+                    match guard.try_io(|fd| read_pipe(fd, buf)) {
+                        Ok(Ok(0)) | Ok(Err(_)) => capture.stderr_open = false,
+                        Ok(Ok(n)) => capture.push(Stream::Stderr, &buf[..n]).await,
+                        Err(_would_block) => {}
+                    }
+                }
+            }
+            () = interrupt_now.cancelled(), if !interrupted => {
+                let grace = interrupt.map_or(Duration::ZERO, |i| i.grace);
+                worker.interrupt();
+                interrupted = true;
+                deadline = tokio::time::Instant::now() + grace;
+            }
+            () = tokio::time::sleep_until(deadline) => match interrupt {
+                Some(i) if !interrupted => {
+                    worker.interrupt();
+                    interrupted = true;
+                    deadline = tokio::time::Instant::now() + i.grace;
+                }
+                _ => return Ending::Deadline,
+            },
+            () = tokio::time::sleep(INTERRUPT_REPEAT), if interrupted => worker.interrupt(),
+        }
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -306,6 +453,7 @@ mod tests {
             exit_code,
             memory_error,
             error: None,
+            results: Vec::new(),
         }
     }
 

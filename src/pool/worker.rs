@@ -65,13 +65,22 @@ impl Worker {
 
     /// SIGKILL, through the pidfd so a recycled pid can never be hit.
     pub fn kill(&self) {
+        self.signal(nix::sys::signal::Signal::SIGKILL);
+    }
+
+    /// SIGINT: CPython raises `KeyboardInterrupt` in the worker's main thread (sessions).
+    pub fn interrupt(&self) {
+        self.signal(nix::sys::signal::Signal::SIGINT);
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
         match &self.pidfd {
             // SAFETY: pidfd_send_signal with a pidfd we own, a signal number and no info.
             Some(fd) => unsafe {
                 libc::syscall(
                     libc::SYS_pidfd_send_signal,
                     fd.as_raw_fd(),
-                    libc::SIGKILL,
+                    sig as libc::c_int,
                     0usize,
                     0u32,
                 );
@@ -79,10 +88,7 @@ impl Worker {
             None => {
                 // No pidfd (old kernel): only signal a pid whose exit has not been reported.
                 if self.exit_status.is_none() && !self.exit.is_terminated() {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(self.pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), sig);
                 }
             }
         }

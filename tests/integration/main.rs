@@ -5,3 +5,5 @@ mod agents;
 mod core;
 mod files;
 mod harness;
+mod sessions;
+mod stream;

@@ -2,8 +2,10 @@
 
 The Rust zygote executes this file as the module ``_snakecage_runner`` (its
 code objects are named ``snakecage/runner.py``), calls ``warm_up()`` once,
-forks, calls ``prepare_child()`` in each child and then ``run(job)`` or
-``Session().run(job)``.
+forks, calls ``prepare_child()`` in each child and then ``run(job)``, or
+``Session()`` and its ``run(job)``, ``reset()`` and ``variables()`` for as long
+as the session lasts.  ``display.py`` (the module ``_snakecage_display``) is
+loaded first; it owns the rich outputs every result carries.
 
 User code behaves as under ``python __main__.py`` (the Onyx code-interpreter
 contract): it runs in a fresh ``__main__`` module compiled as ``__main__.py``,
@@ -33,6 +35,8 @@ import sys
 import tokenize
 import traceback
 import types
+
+import _snakecage_display as _display
 
 SOURCE_FILENAME = "__main__.py"
 """The filename user code is compiled under and shown with in tracebacks."""
@@ -66,12 +70,21 @@ class Session:
         threads_before = _live_threads()
         namespace = self._module.__dict__
         namespace["__file__"] = program.filename
-        with _JobContext(self._module, stdin, program):
-            result = _execute(program, namespace, interactive and program.data is None)
-            if self._wait_for_threads:
-                result = _wait_for_new_threads(threads_before, result, program)
+        collector = _display.begin(job.get("max_bundle_bytes") or 0)
+        try:
+            with _JobContext(self._module, stdin, program, collector):
+                result = _execute(program, namespace, interactive and program.data is None)
+                if self._wait_for_threads:
+                    result = _wait_for_new_threads(threads_before, result, program)
+        finally:
+            results = _display.end()
         _flush_std_streams()
+        result["results"] = results
         return result
+
+    def variables(self):
+        """The user globals: ``[{"name", "type", "repr", "shape"?}]``, bounded."""
+        return _display.variables(self._module.__dict__)
 
     def reset(self):
         """Forget every user global; the module object itself is kept."""
@@ -91,8 +104,10 @@ def run(job):
 
     ``job`` is ``{"code": str, "stdin": str | None,
     "last_line_interactive": bool}``, optionally with ``"entrypoint": str``
-    (a file to run instead of ``code``) and ``"args": [str]``.  Returns ``{"exit_code": int,
-    "memory_error": bool, "error": None | {"type": str, "message": str}}``.
+    (a file to run instead of ``code``), ``"args": [str]`` and
+    ``"max_bundle_bytes": int``.  Returns ``{"exit_code": int, "memory_error":
+    bool, "error": None | {"type": str, "message": str}, "results": [bundle]}``
+    where each bundle maps MIME types to text (see ``display.py``).
     """
     return _OneShotSession().run(job)
 
@@ -109,8 +124,27 @@ def warm_up():
         sys.stderr = io.StringIO()
         for job in _WARM_UP_JOBS:
             run(job)
+        _warm_up_rich_outputs()
     finally:
         _restore_interpreter_state(saved)
+
+
+def _warm_up_rich_outputs():
+    """Render one small figure and one DataFrame bundle when their libraries are preloaded,
+    so the first job that shows one does not pay for loading fonts and templates."""
+    collector = _display.begin()
+    try:
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is not None:
+            figure = pyplot.figure(figsize=(1, 1))
+            figure.gca().plot([0, 1], [0, 1])
+        pandas = sys.modules.get("pandas")
+        if pandas is not None:
+            collector.display(pandas.DataFrame({"a": range(30)}), echo=False)
+    except Exception:
+        pass  # a broken library only costs its first user the warm-up
+    finally:
+        _display.end()
 
 
 def warm_up_child():
@@ -232,13 +266,14 @@ def _stdin_stream(text):
 
 
 class _JobContext:
-    """Installs the job's ``__main__`` module, stdin, argv and ``sys.path[0]``; restores
-    them after."""
+    """Installs the job's ``__main__`` module, stdin, argv, ``sys.path[0]``, display hook
+    and ``display`` builtin; restores them after."""
 
-    def __init__(self, module, stdin, program):
+    def __init__(self, module, stdin, program, collector):
         self._module = module
         self._stdin = stdin
         self._program = program
+        self._collector = collector
         self._saved = None
 
     def __enter__(self):
@@ -247,18 +282,23 @@ class _JobContext:
             sys.stdin,
             sys.__dict__.get("argv", _MISSING),
             list(sys.path),
+            sys.displayhook,
+            builtins.__dict__.get("display", _MISSING),
         )
         sys.modules["__main__"] = self._module
         sys.stdin = _stdin_stream(self._stdin)
         sys.argv = list(self._program.argv)
         if self._program.path0 is not None:
             sys.path.insert(0, self._program.path0)
+        sys.displayhook = self._collector.displayhook
+        builtins.display = _display.display
         return self
 
     def __exit__(self, *exc_info):
-        main, sys.stdin, argv, path = self._saved
+        main, sys.stdin, argv, path, sys.displayhook, display = self._saved
         _restore_item(sys.modules, "__main__", main)
         _restore_item(sys.__dict__, "argv", argv)
+        _restore_item(builtins.__dict__, "display", display)
         if self._program.path0 is not None:
             sys.path[:] = path
         return False
@@ -369,7 +409,7 @@ def _use_own_source_line(exc, source, filename):
 
 
 def _result(exit_code, memory_error=False, error=None):
-    return {"exit_code": exit_code, "memory_error": memory_error, "error": error}
+    return {"exit_code": exit_code, "memory_error": memory_error, "error": error, "results": []}
 
 
 def _system_exit_status(exc):

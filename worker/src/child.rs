@@ -1,4 +1,5 @@
-//! One worker's life after fork: harden, in order, warm up, say Ready, run one job, exit.
+//! One worker's life after fork: harden, in order, warm up, say Ready, run one job (or,
+//! told to be a session, serve jobs on one namespace until the supervisor hangs up), exit.
 //!
 //! The order matters and each step says why it comes where it does. Nothing here returns:
 //! the worker ends with `_exit`, skipping CPython finalisation and atexit handlers (they
@@ -33,6 +34,8 @@ enum ChildError {
     Python(#[from] InterpreterError),
     #[error("job socket: {0}")]
     Frame(#[from] FrameError),
+    #[error("the supervisor sent {0} out of place")]
+    Protocol(&'static str),
 }
 
 fn step(step: &'static str) -> impl FnOnce(io::Error) -> ChildError {
@@ -101,6 +104,39 @@ fn serve(runner: &Runner<'_>) -> Result<(), ChildError> {
             let result = runner.run(&job)?;
             frame::write_frame(&mut *sock, &WorkerMessage::Result(result))?;
         }
+        JobRequest::StartSession => serve_session(runner, &mut sock)?,
+        JobRequest::Reset | JobRequest::Inspect => {
+            return Err(ChildError::Protocol(
+                "a session request to a stateless worker",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A session: one namespace, one request at a time, until the socket closes.
+///
+/// The supervisor interrupts an overdue job with SIGINT, which CPython's handler turns
+/// into `KeyboardInterrupt` at the next bytecode. It can land in user code (the job ends
+/// with it, the state is kept), in the runner (reported the same way, see
+/// `Session::run`), or between jobs, after the result went out: then it waits as a
+/// pending signal, and is discarded before the next request is served.
+fn serve_session(runner: &Runner<'_>, sock: &mut File) -> Result<(), ChildError> {
+    let session = runner.new_session()?;
+    while let Some(request) = frame::read_frame::<_, JobRequest>(&mut *sock, MAX_FRAME_LEN)? {
+        runner.discard_pending_interrupt();
+        let reply = match request {
+            JobRequest::Run(job) => WorkerMessage::Result(session.run(runner, &job)?),
+            JobRequest::Reset => {
+                session.reset()?;
+                WorkerMessage::ResetDone
+            }
+            JobRequest::Inspect => WorkerMessage::Variables {
+                variables: session.variables()?,
+            },
+            JobRequest::StartSession => return Err(ChildError::Protocol("a second StartSession")),
+        };
+        frame::write_frame(&mut *sock, &reply)?;
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! CPython inside the zygote: isolated PyConfig start-up with `site` off, `sys.path`, the
-//! runner module, preloads, the warm-up job and `gc.freeze()`.
+//! runner module (and the display module it imports), preloads, the warm-up job and
+//! `gc.freeze()`; then the calls a worker makes into the runner, for one job or a session.
 
 use std::ffi::{CString, c_char};
 use std::mem::MaybeUninit;
@@ -8,9 +9,12 @@ use std::path::{Path, PathBuf};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyModule};
-use snakecage_worker::protocol::{ErrorInfo, Job, JobResult, PreloadedModule, ZygoteConfig};
+use snakecage_worker::protocol::{
+    ErrorInfo, Job, JobResult, MimeBundle, PreloadedModule, Variable, ZygoteConfig,
+};
 
 const RUNNER_SOURCE: &str = include_str!("../python/runner.py");
+const DISPLAY_SOURCE: &str = include_str!("../python/display.py");
 
 #[derive(Debug, thiserror::Error)]
 pub enum InterpreterError {
@@ -100,6 +104,10 @@ fn py_err(doing: &'static str) -> impl FnOnce(PyErr) -> InterpreterError {
 
 impl<'py> Runner<'py> {
     pub fn load(py: Python<'py>) -> Result<Self, InterpreterError> {
+        // Executing a code module registers it in sys.modules, where runner.py imports it.
+        let display = CString::new(DISPLAY_SOURCE).expect("display.py has no NUL byte");
+        PyModule::from_code(py, &display, c"snakecage/display.py", c"_snakecage_display")
+            .map_err(py_err("loading display.py"))?;
         let source = CString::new(RUNNER_SOURCE).expect("runner.py has no NUL byte");
         let module = PyModule::from_code(py, &source, c"snakecage/runner.py", c"_snakecage_runner")
             .map_err(py_err("loading runner.py"))?;
@@ -136,6 +144,20 @@ impl<'py> Runner<'py> {
 
     /// Runs one job. Output goes to fd 1/2; the returned result says how it ended.
     pub fn run(&self, job: &Job) -> Result<JobResult, InterpreterError> {
+        self.run_on(&self.module, job)
+    }
+
+    /// A fresh session: one `__main__` namespace that successive jobs share.
+    pub fn new_session(&self) -> Result<Session<'py>, InterpreterError> {
+        let object = self
+            .module
+            .call_method0("Session")
+            .map_err(py_err("starting a session"))?;
+        Ok(Session { object })
+    }
+
+    /// Runs `job` through `target.run(job)`: the module (a fresh `__main__`) or a session.
+    fn run_on(&self, target: &Bound<'py, PyAny>, job: &Job) -> Result<JobResult, InterpreterError> {
         let py = self.module.py();
         let result = (|| {
             let arg = PyDict::new(py);
@@ -144,11 +166,101 @@ impl<'py> Runner<'py> {
             arg.set_item("last_line_interactive", job.last_line_interactive)?;
             arg.set_item("entrypoint", job.entrypoint.as_deref())?;
             arg.set_item("args", &job.args)?;
-            let out = self.module.call_method1("run", (arg,))?;
+            arg.set_item("max_bundle_bytes", job.max_bundle_bytes)?;
+            let out = target.call_method1("run", (arg,))?;
             job_result(out.cast::<PyDict>()?)
         })();
         result.map_err(py_err("running a job"))
     }
+
+    /// Runs whatever Python a pending signal calls for now, and discards the
+    /// `KeyboardInterrupt` a SIGINT turns into: in a session, an interrupt aimed at a job
+    /// that finished just before it arrived must not hit the next one.
+    pub fn discard_pending_interrupt(&self) {
+        // The only Python-level handler is SIGINT's, so the only error is that interrupt.
+        let _ = self.module.py().check_signals();
+    }
+}
+
+/// A session's namespace, living in a session worker.
+pub struct Session<'py> {
+    object: Bound<'py, PyAny>,
+}
+
+impl<'py> Session<'py> {
+    /// Runs `job` in the session's globals. An interrupt (the supervisor's SIGINT at the
+    /// deadline) that lands in the runner rather than in user code is reported like one in
+    /// user code: the session lives on.
+    pub fn run(&self, runner: &Runner<'py>, job: &Job) -> Result<JobResult, InterpreterError> {
+        match runner.run_on(&self.object, job) {
+            Err(InterpreterError::Python { source, .. }) if is_interrupt(&source) => {
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), b"KeyboardInterrupt\n");
+                Ok(JobResult {
+                    exit_code: 1,
+                    memory_error: false,
+                    error: Some(ErrorInfo {
+                        kind: "KeyboardInterrupt".into(),
+                        message: String::new(),
+                    }),
+                    results: Vec::new(),
+                })
+            }
+            other => other,
+        }
+    }
+
+    /// Forgets every user global; an interrupt part-way still leaves the session usable.
+    pub fn reset(&self) -> Result<(), InterpreterError> {
+        match self.object.call_method0("reset") {
+            Ok(_) => Ok(()),
+            Err(e) if is_interrupt(&e) => Ok(()),
+            Err(source) => Err(InterpreterError::Python {
+                doing: "resetting a session",
+                source,
+            }),
+        }
+    }
+
+    /// The user globals, bounded by the runner; empty when interrupted.
+    pub fn variables(&self) -> Result<Vec<Variable>, InterpreterError> {
+        let listed = (|| -> PyResult<Vec<Variable>> {
+            let list = self.object.call_method0("variables")?;
+            let mut out = Vec::new();
+            for item in list.try_iter()? {
+                let item = item?;
+                let d = item.cast::<PyDict>()?;
+                let text = |key: &str| -> PyResult<String> {
+                    Ok(match d.get_item(key)? {
+                        Some(v) => v.extract()?,
+                        None => String::new(),
+                    })
+                };
+                let shape = match d.get_item("shape")? {
+                    Some(v) if !v.is_none() => Some(v.extract::<Vec<u64>>()?),
+                    _ => None,
+                };
+                out.push(Variable {
+                    name: text("name")?,
+                    kind: text("type")?,
+                    repr: text("repr")?,
+                    shape,
+                });
+            }
+            Ok(out)
+        })();
+        match listed {
+            Ok(v) => Ok(v),
+            Err(e) if is_interrupt(&e) => Ok(Vec::new()),
+            Err(source) => Err(InterpreterError::Python {
+                doing: "listing session variables",
+                source,
+            }),
+        }
+    }
+}
+
+fn is_interrupt(e: &PyErr) -> bool {
+    Python::attach(|py| e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py))
 }
 
 fn job_result(d: &Bound<'_, PyDict>) -> PyResult<JobResult> {
@@ -174,10 +286,15 @@ fn job_result(d: &Bound<'_, PyDict>) -> PyResult<JobResult> {
                 .unwrap_or_default(),
         })
     };
+    let results = match d.get_item("results")? {
+        Some(list) if !list.is_none() => list.extract::<Vec<MimeBundle>>()?,
+        _ => Vec::new(),
+    };
     Ok(JobResult {
         exit_code: get("exit_code")?.extract()?,
         memory_error: get("memory_error")?.extract()?,
         error,
+        results,
     })
 }
 

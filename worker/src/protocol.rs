@@ -98,10 +98,20 @@ pub enum ExitStatus {
 }
 
 /// supervisor → worker.
+///
+/// A stateless worker takes one `Run` and exits. A worker whose first request is
+/// `StartSession` keeps one `__main__` namespace and serves `Run`, `Reset` and `Inspect`
+/// one at a time until its job socket closes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum JobRequest {
     Run(Job),
+    /// Become a session worker (no reply).
+    StartSession,
+    /// Session only: forget every user global (reply: [`WorkerMessage::ResetDone`]).
+    Reset,
+    /// Session only: describe the user globals (reply: [`WorkerMessage::Variables`]).
+    Inspect,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -117,6 +127,10 @@ pub struct Job {
     /// `sys.argv[1:]` for an `entrypoint`.
     #[serde(default)]
     pub args: Vec<String>,
+    /// The largest rich-output bundle (all its MIME entries together) the runner reports;
+    /// a bigger one is replaced by a note. 0: the runner's default.
+    #[serde(default)]
+    pub max_bundle_bytes: u64,
 }
 
 /// worker → supervisor.
@@ -127,6 +141,27 @@ pub enum WorkerMessage {
     Ready,
     /// The job ran to an end the worker could report (any exit code).
     Result(JobResult),
+    /// A session's globals were cleared.
+    ResetDone,
+    /// A session's user globals.
+    Variables { variables: Vec<Variable> },
+}
+
+/// One rich output, like a Jupyter `display_data`: MIME type ⇒ content (text, or base64
+/// for binary types such as `image/png`).
+pub type MimeBundle = std::collections::BTreeMap<String, String>;
+
+/// A session global as `GET /v1/sessions/{id}` lists it: bounded, never the value itself.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Variable {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A short repr, cut to a fixed length.
+    pub repr: String,
+    /// For arrays and DataFrames.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Vec<u64>>,
 }
 
 /// What the runner reports about one job; output is not in here (it went to fd 1/2).
@@ -136,6 +171,10 @@ pub struct JobResult {
     /// An uncaught `MemoryError`: the job hit its memory limit.
     pub memory_error: bool,
     pub error: Option<ErrorInfo>,
+    /// Rich outputs in the order produced: `display()` calls, the last expression's value,
+    /// then matplotlib figures left open.
+    #[serde(default)]
+    pub results: Vec<MimeBundle>,
 }
 
 /// The uncaught exception of a job.
@@ -160,6 +199,7 @@ mod tests {
                 kind: "ZeroDivisionError".into(),
                 message: "division by zero".into(),
             }),
+            results: Vec::new(),
         });
         let json = serde_json::to_value(&msg).unwrap();
         assert_eq!(json["type"], "result");
@@ -184,6 +224,27 @@ mod tests {
             serde_json::from_str(r#"{"code":"1","stdin":null,"last_line_interactive":true}"#)
                 .unwrap();
         assert_eq!((job.entrypoint, job.args.len()), (None, 0));
+    }
+
+    #[test]
+    fn session_requests_and_replies_have_a_stable_wire_form() {
+        let json = serde_json::to_value(JobRequest::StartSession).unwrap();
+        assert_eq!(json, serde_json::json!({"type": "start_session"}));
+        let msg: WorkerMessage = serde_json::from_str(
+            r#"{"type":"variables","variables":[{"name":"x","type":"int","repr":"42"}]}"#,
+        )
+        .unwrap();
+        let WorkerMessage::Variables { variables } = msg else {
+            panic!("not variables")
+        };
+        assert_eq!(
+            (variables[0].kind.as_str(), variables[0].shape.clone()),
+            ("int", None)
+        );
+        // Results without rich outputs (an older worker) still decode.
+        let r: JobResult =
+            serde_json::from_str(r#"{"exit_code":0,"memory_error":false,"error":null}"#).unwrap();
+        assert!(r.results.is_empty());
     }
 
     #[test]

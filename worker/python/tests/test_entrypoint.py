@@ -20,6 +20,10 @@ CPYTHON = str(PYENV_PYTHON) if PYENV_PYTHON.exists() else sys.executable
 
 @pytest.fixture(scope="module")
 def runner():
+    display = types.ModuleType("_snakecage_display")
+    display_source = (RUNNER_PATH.parent / "display.py").read_text(encoding="utf-8")
+    exec(compile(display_source, "snakecage/display.py", "exec"), display.__dict__)
+    sys.modules["_snakecage_display"] = display
     module = types.ModuleType("_snakecage_runner")
     source = RUNNER_PATH.read_text(encoding="utf-8")
     exec(compile(source, "snakecage/runner.py", "exec"), module.__dict__)
@@ -60,7 +64,7 @@ def test_the_script_runs_as_main_with_its_argv(runner, capsys, workspace):
         "'not displayed'\n",
     )
     result = runner.run(entry("scripts/report.py", "--year", "2024"))
-    assert result == {"exit_code": 0, "memory_error": False, "error": None}
+    assert result == {"exit_code": 0, "memory_error": False, "error": None, "results": []}
     out = capsys.readouterr().out
     assert out == (
         "__main__ scripts/report.py ['scripts/report.py', '--year', '2024']\n"

@@ -21,6 +21,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 RUNNER_PATH = REPO_ROOT / "worker" / "python" / "runner.py"
+DISPLAY_PATH = REPO_ROOT / "worker" / "python" / "display.py"
 ALLOWLIST_PATH = REPO_ROOT / "python-stdlib-allowlist"
 PYENV_PYTHON = Path("/root/.pyenv/versions/3.11.7/bin/python3.11")
 # The service's CPython; the venv's interpreter is the same build.
@@ -28,10 +29,21 @@ CPYTHON = str(PYENV_PYTHON) if PYENV_PYTHON.exists() else sys.executable
 # The venv's site-packages, for the tests that need numpy (this process runs in the venv).
 SITE_PACKAGES = next(Path(p) for p in sys.path if p.endswith("site-packages"))
 
-OK = {"exit_code": 0, "memory_error": False, "error": None}
+OK = {"exit_code": 0, "memory_error": False, "error": None, "results": []}
+
+
+def load_display():
+    """``display.py`` as the zygote loads it: the module ``_snakecage_display``, registered
+    in ``sys.modules`` so the runner's import finds it."""
+    module = types.ModuleType("_snakecage_display")
+    source = DISPLAY_PATH.read_text(encoding="utf-8")
+    exec(compile(source, "snakecage/display.py", "exec"), module.__dict__)
+    sys.modules["_snakecage_display"] = module
+    return module
 
 
 def load_runner():
+    load_display()
     source = RUNNER_PATH.read_text(encoding="utf-8")
     module = types.ModuleType("_snakecage_runner")
     exec(compile(source, "snakecage/runner.py", "exec"), module.__dict__)
@@ -48,7 +60,12 @@ def job(code, stdin=None, interactive=False):
 
 
 def error(type_name, message):
-    return {"exit_code": 1, "memory_error": False, "error": {"type": type_name, "message": message}}
+    return {
+        "exit_code": 1,
+        "memory_error": False,
+        "error": {"type": type_name, "message": message},
+        "results": [],
+    }
 
 
 # --------------------------------------------------------------------------
@@ -62,7 +79,7 @@ def test_hello_world(runner, capsys):
 
 
 def test_result_has_exactly_the_documented_keys(runner, capsys):
-    assert set(runner.run(job("pass"))) == {"exit_code", "memory_error", "error"}
+    assert set(runner.run(job("pass"))) == {"exit_code", "memory_error", "error", "results"}
     assert set(runner.run(job("1/0"))["error"]) == {"type", "message"}
 
 
@@ -96,7 +113,8 @@ def test_code_must_be_a_string(runner):
     ],
 )
 def test_last_line_interactive_displays_trailing_expression(runner, capsys, code, shown):
-    assert runner.run(job(code, interactive=True)) == OK
+    bundles = [{"text/plain": shown[:-1]}] if shown and "print" not in code else []
+    assert runner.run(job(code, interactive=True)) == dict(OK, results=bundles)
     assert capsys.readouterr() == (shown, "")
 
 
@@ -113,7 +131,7 @@ def test_display_sets_underscore_like_the_repl(runner, capsys, monkeypatch):
 
 def test_display_keeps_future_imports_of_the_body(runner, capsys):
     code = "from __future__ import annotations\ndef f(x: Undefined) -> None: pass\nf.__annotations__\n"
-    assert runner.run(job(code, interactive=True)) == OK
+    assert runner.run(job(code, interactive=True))["exit_code"] == 0
     assert capsys.readouterr().out == "{'x': 'Undefined', 'return': 'None'}\n"
 
 
@@ -292,7 +310,7 @@ def test_null_byte_is_a_syntax_error(runner, capsys):
     ],
 )
 def test_system_exit(runner, capsys, code, exit_code, err):
-    assert runner.run(job(code)) == {"exit_code": exit_code, "memory_error": False, "error": None}
+    assert runner.run(job(code)) == dict(OK, exit_code=exit_code)
     assert capsys.readouterr() == ("", err)
 
 
@@ -399,7 +417,7 @@ def test_one_shot_run_waits_for_threads_it_started(runner, capsys):
 
 def test_memory_error_is_flagged(runner, capsys):
     result = runner.run(job("data = bytearray(2**62)"))
-    assert result == {"exit_code": 1, "memory_error": True, "error": {"type": "MemoryError", "message": ""}}
+    assert result == dict(OK, exit_code=1, memory_error=True, error={"type": "MemoryError", "message": ""})
     err = capsys.readouterr().err
     assert err.startswith("Traceback (most recent call last):\n")
     assert err.endswith("    data = bytearray(2**62)\n           ^^^^^^^^^^^^^^^^\nMemoryError\n")
@@ -440,7 +458,7 @@ def test_failure_while_formatting_falls_back_to_one_line(runner, capsys, monkeyp
 def test_session_keeps_globals_between_runs(runner, capsys):
     session = runner.Session()
     assert session.run(job("x = 41\ndef inc(v):\n    return v + 1")) == OK
-    assert session.run(job("inc(x)", interactive=True)) == OK
+    assert session.run(job("inc(x)", interactive=True)) == dict(OK, results=[{"text/plain": "42"}])
     assert capsys.readouterr().out == "42\n"
 
 
@@ -506,6 +524,9 @@ def test_warm_up_leaves_no_trace(runner, capfd, monkeypatch, had_entries):
 CHILD_PRELUDE = textwrap.dedent(
     """\
     import json, sys, types
+    display = types.ModuleType("_snakecage_display")
+    exec(compile(open(sys.argv[2], encoding="utf-8").read(), "snakecage/display.py", "exec"), display.__dict__)
+    sys.modules["_snakecage_display"] = display
     source = open(sys.argv[1], encoding="utf-8").read()
     runner = types.ModuleType("_snakecage_runner")
     exec(compile(source, "snakecage/runner.py", "exec"), runner.__dict__)
@@ -521,7 +542,7 @@ def run_child(body):
     """Run ``body`` after loading the runner in a ``python -S`` process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     return subprocess.run(
-        [CPYTHON, "-S", "-c", CHILD_PRELUDE + textwrap.dedent(body), str(RUNNER_PATH)],
+        [CPYTHON, "-S", "-c", CHILD_PRELUDE + textwrap.dedent(body), str(RUNNER_PATH), str(DISPLAY_PATH)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -563,7 +584,7 @@ def test_child_has_exit_and_quit_without_site(runner):
         """
     )
     assert proc.returncode == 0, proc.stdout
-    assert child_results(proc.stdout) == [False, {"exit_code": 4, "memory_error": False, "error": None}, OK]
+    assert child_results(proc.stdout) == [False, dict(OK, exit_code=4), OK]
 
 
 def test_child_turns_sigint_into_keyboard_interrupt(runner):

@@ -1,0 +1,186 @@
+//! Server-sent events for the `…/execute/stream` routes (Onyx-compatible): `output`
+//! events (`{"stream", "data"}`) as the code writes, then exactly one `result` (the same
+//! body `/v1/execute` answers) or one `error` (`{"message"}`).
+//!
+//! The run goes on in a task whose output reaches the response through a channel. When the
+//! client goes away, axum drops the response stream and with it a [`DisconnectGuard`],
+//! which aborts a stateless run (its checkout is dropped: the worker is SIGKILLed) or
+//! interrupts a session's run (the session survives). Keep-alive comments every second
+//! also make a silent run notice a gone client: writing to a closed socket fails.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::time::Duration;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures_util::Stream;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::execute::ExecuteResponse;
+use crate::error::ApiError;
+use crate::pool::run::{OutputChunk, Stream as OutputStream};
+
+/// Chunks buffered between a run and a slow client before the run waits for it.
+pub const CHUNK_BUFFER: usize = 256;
+
+/// What a client that disconnects mid-stream does to its run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnDisconnect {
+    /// Abort the run: its worker is killed (stateless runs).
+    Kill,
+    /// Fire the token the run watches: a session's job is interrupted, its state kept.
+    Interrupt,
+}
+
+struct DisconnectGuard {
+    task: Option<tokio::task::AbortHandle>,
+    interrupt: CancellationToken,
+}
+
+impl Drop for DisconnectGuard {
+    fn drop(&mut self) {
+        // Harmless once the run has finished.
+        self.interrupt.cancel();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+struct StreamState {
+    chunks: Option<mpsc::Receiver<OutputChunk>>,
+    run: Option<JoinHandle<Result<ExecuteResponse, ApiError>>>,
+    stdout: Utf8Decoder,
+    stderr: Utf8Decoder,
+    _guard: DisconnectGuard,
+}
+
+/// Streams `run` (which sends its output to the sender of `chunks`) as SSE. `interrupt`
+/// is fired when the client disconnects (see [`OnDisconnect`]).
+pub fn sse(
+    chunks: mpsc::Receiver<OutputChunk>,
+    run: impl Future<Output = Result<ExecuteResponse, ApiError>> + Send + 'static,
+    on_disconnect: OnDisconnect,
+    interrupt: CancellationToken,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let run = tokio::spawn(run);
+    let guard = DisconnectGuard {
+        task: (on_disconnect == OnDisconnect::Kill).then(|| run.abort_handle()),
+        interrupt,
+    };
+    let state = StreamState {
+        chunks: Some(chunks),
+        run: Some(run),
+        stdout: Utf8Decoder::default(),
+        stderr: Utf8Decoder::default(),
+        _guard: guard,
+    };
+    let events = futures_util::stream::unfold(state, |mut st| async move {
+        while let Some(rx) = &mut st.chunks {
+            match rx.recv().await {
+                Some(chunk) => {
+                    let decoder = match chunk.stream {
+                        OutputStream::Stdout => &mut st.stdout,
+                        OutputStream::Stderr => &mut st.stderr,
+                    };
+                    let text = decoder.push(&chunk.data);
+                    if !text.is_empty() {
+                        return Some((Ok(output_event(chunk.stream, text)), st));
+                    }
+                }
+                None => st.chunks = None,
+            }
+        }
+        // Bytes of a character the output limit (or the end) cut in half.
+        for stream in [OutputStream::Stdout, OutputStream::Stderr] {
+            let decoder = match stream {
+                OutputStream::Stdout => &mut st.stdout,
+                OutputStream::Stderr => &mut st.stderr,
+            };
+            let text = decoder.finish();
+            if !text.is_empty() {
+                return Some((Ok(output_event(stream, text)), st));
+            }
+        }
+        let run = st.run.take()?;
+        let event = match run.await {
+            Ok(Ok(response)) => Event::default()
+                .event("result")
+                .json_data(&response)
+                .unwrap_or_else(|_| error_event("the result could not be encoded")),
+            Ok(Err(e)) => {
+                if let ApiError::Internal(cause) = &e {
+                    tracing::error!(%cause, "internal error in a streamed run");
+                }
+                error_event(&e.to_string())
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "a streamed run's task failed");
+                error_event("internal error")
+            }
+        };
+        Some((Ok(event), st))
+    });
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(1)))
+}
+
+fn output_event(stream: OutputStream, data: String) -> Event {
+    Event::default()
+        .event("output")
+        .json_data(json!({ "stream": stream, "data": data }))
+        .unwrap_or_else(|_| error_event("output could not be encoded"))
+}
+
+fn error_event(message: &str) -> Event {
+    Event::default()
+        .event("error")
+        .json_data(json!({ "message": message }))
+        .unwrap_or_default()
+}
+
+/// Turns a byte stream into text without splitting a UTF-8 character across events.
+#[derive(Debug, Default)]
+struct Utf8Decoder {
+    pending: Vec<u8>,
+}
+
+impl Utf8Decoder {
+    fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let cut = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            // An incomplete character at the end waits for its other bytes.
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => self.pending.len(),
+        };
+        let rest = self.pending.split_off(cut);
+        let text = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending = rest;
+        text
+    }
+
+    fn finish(&mut self) -> String {
+        let text = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_character_split_across_chunks_is_sent_whole() {
+        let mut d = Utf8Decoder::default();
+        let bytes = "aé".as_bytes();
+        assert_eq!(d.push(&bytes[..2]), "a");
+        assert_eq!(d.push(&bytes[2..]), "é");
+        assert_eq!(d.push(b"\xff!"), "\u{fffd}!");
+        assert_eq!(d.push(&"é".as_bytes()[..1]), "");
+        assert_eq!(d.finish(), "\u{fffd}");
+    }
+}

@@ -1,0 +1,134 @@
+//! A worker kept for a session: switched to session mode when taken from the pool, then
+//! one request at a time (run, reset, inspect) until it is dropped, which kills it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use snakecage_worker::frame::FrameError;
+use snakecage_worker::protocol::{Job, JobRequest, Variable, WorkerMessage};
+use tokio::sync::mpsc;
+
+use super::run::{self, Interrupt, OutputChunk, RunError, RunLimits, SessionRun};
+use super::worker::Worker;
+
+/// Why a session's worker can no longer be used; its state is gone.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionWorkerError {
+    #[error(
+        "its worker did not answer within {waited:?} (and {grace:?} after an interrupt) and was killed"
+    )]
+    Unresponsive { waited: Duration, grace: Duration },
+    #[error("its worker is gone: {0}")]
+    Lost(String),
+}
+
+pub struct SessionWorker {
+    worker: Worker,
+}
+
+impl SessionWorker {
+    /// Tells a fresh worker to keep its namespace and serve requests until dropped.
+    pub(super) async fn start(mut worker: Worker) -> Result<Self, FrameError> {
+        worker.channel.send(&JobRequest::StartSession).await?;
+        Ok(Self { worker })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.worker.pid
+    }
+
+    pub fn workspace_path(&self) -> &Path {
+        self.worker.workspace_path()
+    }
+
+    pub fn is_alive(&mut self) -> bool {
+        self.worker.is_alive()
+    }
+
+    /// Runs one job in the session's namespace; see [`run::run_in_session`].
+    pub async fn run(
+        &mut self,
+        job: Job,
+        limits: &RunLimits,
+        chunks: Option<mpsc::Sender<OutputChunk>>,
+        interrupt: Interrupt<'_>,
+    ) -> Result<SessionRun, RunError> {
+        run::run_in_session(&mut self.worker, job, limits, chunks, interrupt).await
+    }
+
+    /// Clears the session's globals.
+    pub async fn reset(
+        &mut self,
+        timeout: Duration,
+        grace: Duration,
+    ) -> Result<(), SessionWorkerError> {
+        match self.request(JobRequest::Reset, timeout, grace).await? {
+            WorkerMessage::ResetDone => Ok(()),
+            other => Err(self.violation(&other)),
+        }
+    }
+
+    /// Lists the session's globals (bounded by the runner).
+    pub async fn variables(
+        &mut self,
+        timeout: Duration,
+        grace: Duration,
+    ) -> Result<Vec<Variable>, SessionWorkerError> {
+        match self.request(JobRequest::Inspect, timeout, grace).await? {
+            WorkerMessage::Variables { variables } => Ok(variables),
+            other => Err(self.violation(&other)),
+        }
+    }
+
+    fn violation(&self, got: &WorkerMessage) -> SessionWorkerError {
+        self.worker.kill();
+        let kind = match got {
+            WorkerMessage::Ready => "ready",
+            WorkerMessage::Result(_) => "result",
+            WorkerMessage::ResetDone => "reset_done",
+            WorkerMessage::Variables { .. } => "variables",
+        };
+        SessionWorkerError::Lost(format!("it answered with an unexpected {kind} message"))
+    }
+
+    /// One request and its reply: interrupted after `timeout`, killed `grace` later.
+    async fn request(
+        &mut self,
+        request: JobRequest,
+        timeout: Duration,
+        grace: Duration,
+    ) -> Result<WorkerMessage, SessionWorkerError> {
+        let lost = |e: FrameError| SessionWorkerError::Lost(e.to_string());
+        self.worker.channel.send(&request).await.map_err(lost)?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut interrupted = false;
+        loop {
+            let until = if interrupted {
+                deadline + grace
+            } else {
+                deadline
+            };
+            tokio::select! {
+                msg = self.worker.channel.recv() => return match msg {
+                    Ok(Some(msg)) => Ok(msg),
+                    Ok(None) => {
+                        self.worker.kill();
+                        Err(SessionWorkerError::Lost("it exited".into()))
+                    }
+                    Err(e) => {
+                        self.worker.kill();
+                        Err(lost(e))
+                    }
+                },
+                () = tokio::time::sleep_until(until) => {
+                    if interrupted {
+                        self.worker.kill();
+                        return Err(SessionWorkerError::Unresponsive { waited: timeout, grace });
+                    }
+                    self.worker.interrupt();
+                    interrupted = true;
+                }
+            }
+        }
+    }
+}

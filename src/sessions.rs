@@ -1,0 +1,382 @@
+//! Stateful Python sessions: the registry (create, look up, delete, list), idle expiry, LRU
+//! eviction at `max_sessions`, and one request at a time per session.
+//!
+//! A session owns one worker (taken from the pool, forked and hardened like any other, then
+//! switched to session mode) and that worker's workspace. It holds no execution slot while
+//! idle; each run takes one (see `pool` for how sessions share the slots).
+//!
+//! Choices:
+//! - `ttl_seconds` is an *idle* time-to-live: `expires_at = last_used_at + ttl` and every use
+//!   pushes it back. Without it, `sessions.idle_timeout_seconds` applies.
+//! - A second request on a session that is running one gets 409 at once rather than
+//!   queueing behind a run that may take up to its whole timeout.
+//! - A session that expired, was evicted, or whose worker was lost is remembered (a bounded
+//!   list of tombstones), so a call on it gets 410 Gone saying why — never a silent fresh
+//!   namespace. An explicitly deleted session is simply unknown (404).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+use tokio::sync::OwnedMutexGuard;
+use tokio_util::sync::CancellationToken;
+
+use crate::files::workspace::Staged;
+use crate::pool::session::SessionWorker;
+use crate::pool::{Pool, PoolError};
+
+/// Tombstones kept for sessions that ended without being deleted.
+const MAX_TOMBSTONES: usize = 4096;
+/// How often idle sessions are looked for.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(500);
+
+#[derive(Debug, Clone)]
+pub struct SessionSettings {
+    pub idle_timeout: Duration,
+    pub max_sessions: usize,
+    pub max_ttl: Duration,
+    pub interrupt_grace: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("Session '{0}' not found")]
+    NotFound(String),
+    #[error("Session '{id}' is gone: {reason}. Its state is lost; create a new session.")]
+    Gone { id: String, reason: String },
+    #[error(
+        "Session '{0}' is busy with another request; a session runs one request at a time, retry when it has finished"
+    )]
+    Busy(String),
+    #[error(
+        "all {0} sessions are busy running code, so none can be evicted for a new one; retry later or delete a session"
+    )]
+    Full(usize),
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+}
+
+/// The part of a session every request may read without waiting for a run.
+#[derive(Debug, Clone, Copy)]
+struct Usage {
+    last_used: SystemTime,
+    last_used_at: Instant,
+    execution_count: u64,
+}
+
+pub struct Session {
+    pub id: String,
+    pub created_at: SystemTime,
+    ttl: Duration,
+    usage: Mutex<Usage>,
+    state: Arc<tokio::sync::Mutex<SessionState>>,
+    /// Fired when the session is deleted, evicted or expires: a run in progress is killed.
+    pub ended: CancellationToken,
+}
+
+/// What a request on a session works with, one request at a time.
+pub struct SessionState {
+    /// `None` once the worker is lost; `dead` says why.
+    pub worker: Option<SessionWorker>,
+    pub dead: Option<String>,
+    /// The workspace as the last run left it: files reported once are not reported again
+    /// unless they change.
+    pub baseline: Staged,
+}
+
+/// A summary for listings and `GET /v1/sessions/{id}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionInfo {
+    pub session_id: String,
+    pub created_at: String,
+    pub last_used_at: String,
+    pub expires_at: String,
+    pub execution_count: u64,
+    /// `idle`, `busy` or `dead`.
+    pub status: &'static str,
+}
+
+impl Session {
+    fn usage(&self) -> Usage {
+        *self.usage.lock().expect("usage lock")
+    }
+
+    /// Marks a use (pushing expiry back); `executed` counts a run.
+    pub fn touch(&self, executed: bool) {
+        let mut usage = self.usage.lock().expect("usage lock");
+        usage.last_used = SystemTime::now();
+        usage.last_used_at = Instant::now();
+        if executed {
+            usage.execution_count += 1;
+        }
+    }
+
+    fn expired(&self, now: Instant) -> bool {
+        now.duration_since(self.usage().last_used_at) >= self.ttl
+    }
+
+    pub fn info(&self) -> SessionInfo {
+        let usage = self.usage();
+        let status = match self.state.try_lock() {
+            Err(_) => "busy",
+            Ok(state) if state.dead.is_some() => "dead",
+            Ok(_) => "idle",
+        };
+        SessionInfo {
+            session_id: self.id.clone(),
+            created_at: rfc3339(self.created_at),
+            last_used_at: rfc3339(usage.last_used),
+            expires_at: rfc3339(usage.last_used + self.ttl),
+            execution_count: usage.execution_count,
+            status,
+        }
+    }
+
+    pub fn expires_at(&self) -> String {
+        rfc3339(self.usage().last_used + self.ttl)
+    }
+
+    /// This session's state, if no other request holds it; 410 when its worker is lost.
+    pub fn lock(&self) -> Result<OwnedMutexGuard<SessionState>, SessionError> {
+        let state = self
+            .state
+            .clone()
+            .try_lock_owned()
+            .map_err(|_| SessionError::Busy(self.id.clone()))?;
+        if let Some(reason) = &state.dead {
+            return Err(SessionError::Gone {
+                id: self.id.clone(),
+                reason: reason.clone(),
+            });
+        }
+        Ok(state)
+    }
+}
+
+impl SessionState {
+    /// Drops the worker (killing it) and remembers why.
+    pub fn mark_dead(&mut self, reason: String) {
+        self.worker = None;
+        self.dead = Some(reason);
+    }
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+#[derive(Clone)]
+pub struct Sessions {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    settings: SessionSettings,
+    table: Mutex<Table>,
+}
+
+#[derive(Default)]
+struct Table {
+    live: HashMap<String, Arc<Session>>,
+    /// Sessions being created: they count against `max_sessions` already.
+    creating: usize,
+    tombstones: VecDeque<(String, String)>,
+}
+
+impl Table {
+    fn bury(&mut self, id: String, reason: String) {
+        if self.tombstones.len() >= MAX_TOMBSTONES {
+            self.tombstones.pop_front();
+        }
+        self.tombstones.push_back((id, reason));
+    }
+
+    /// Removes `id` as ended for `reason` (killing a run in progress).
+    fn end(&mut self, id: &str, reason: String) -> Option<Arc<Session>> {
+        let session = self.live.remove(id)?;
+        session.ended.cancel();
+        self.bury(id.to_owned(), reason);
+        Some(session)
+    }
+}
+
+/// Undoes a reservation when a creation fails or is abandoned.
+struct Creating<'a>(&'a Inner, bool);
+
+impl Drop for Creating<'_> {
+    fn drop(&mut self) {
+        if self.1 {
+            self.0.table.lock().expect("sessions lock").creating -= 1;
+        }
+    }
+}
+
+impl Sessions {
+    /// The registry and its expiry sweeper, which stops with `stop`.
+    pub fn new(pool: Pool, settings: SessionSettings, stop: CancellationToken) -> Self {
+        let inner = Arc::new(Inner {
+            pool,
+            settings,
+            table: Mutex::new(Table::default()),
+        });
+        tokio::spawn(sweeper(Arc::downgrade(&inner), stop));
+        Self { inner }
+    }
+
+    pub fn settings(&self) -> &SessionSettings {
+        &self.inner.settings
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// A new session with its own worker; `stage` fills its workspace before it is
+    /// registered. At `max_sessions`, the least recently used idle session is evicted.
+    pub async fn create<E: From<SessionError>>(
+        &self,
+        ttl: Option<Duration>,
+        stage: impl AsyncFnOnce(&std::path::Path) -> Result<Staged, E>,
+    ) -> Result<Arc<Session>, E> {
+        let inner = &self.inner;
+        let evicted = self.reserve()?;
+        drop(evicted); // killed outside the lock
+        let mut creating = Creating(inner, true);
+        let worker = inner
+            .pool
+            .start_session_worker()
+            .await
+            .map_err(SessionError::from)?;
+        let baseline = stage(worker.workspace_path()).await?;
+        let now = SystemTime::now();
+        let session = Arc::new(Session {
+            id: format!("sess_{}", uuid::Uuid::new_v4().simple()),
+            created_at: now,
+            ttl: ttl.unwrap_or(inner.settings.idle_timeout),
+            usage: Mutex::new(Usage {
+                last_used: now,
+                last_used_at: Instant::now(),
+                execution_count: 0,
+            }),
+            state: Arc::new(tokio::sync::Mutex::new(SessionState {
+                worker: Some(worker),
+                dead: None,
+                baseline,
+            })),
+            ended: CancellationToken::new(),
+        });
+        let mut table = inner.table.lock().expect("sessions lock");
+        table.creating -= 1;
+        creating.1 = false;
+        table.live.insert(session.id.clone(), session.clone());
+        tracing::info!(session = %session.id, "session created");
+        Ok(session)
+    }
+
+    /// Counts a session being created, evicting the least recently used idle one when
+    /// the table is full. Returns the evicted sessions, to be dropped outside the lock.
+    fn reserve(&self) -> Result<Vec<Arc<Session>>, SessionError> {
+        let max = self.inner.settings.max_sessions;
+        let mut table = self.inner.table.lock().expect("sessions lock");
+        let mut evicted = Vec::new();
+        while table.live.len() + table.creating >= max {
+            let victim = table
+                .live
+                .values()
+                .filter(|s| s.state.try_lock().is_ok())
+                .min_by_key(|s| s.usage().last_used_at)
+                .map(|s| s.id.clone());
+            let Some(id) = victim else {
+                return Err(SessionError::Full(max));
+            };
+            let reason = format!(
+                "it was evicted as the least recently used session when the limit of {max} sessions was reached"
+            );
+            tracing::info!(session = %id, "session evicted (least recently used)");
+            evicted.extend(table.end(&id, reason));
+        }
+        table.creating += 1;
+        Ok(evicted)
+    }
+
+    /// The live session `id`; 410 when it ended without being deleted, else 404.
+    pub fn get(&self, id: &str) -> Result<Arc<Session>, SessionError> {
+        let mut table = self.inner.table.lock().expect("sessions lock");
+        if let Some(session) = table.live.get(id).cloned() {
+            if session.expired(Instant::now()) && session.state.try_lock().is_ok() {
+                table.end(id, self.expiry_reason(&session));
+            } else {
+                return Ok(session);
+            }
+        }
+        match table.tombstones.iter().rev().find(|(t, _)| t == id) {
+            Some((_, reason)) => Err(SessionError::Gone {
+                id: id.to_owned(),
+                reason: reason.clone(),
+            }),
+            None => Err(SessionError::NotFound(id.to_owned())),
+        }
+    }
+
+    /// Deletes `id`: kills its worker (even mid-run) and removes its workspace.
+    pub fn delete(&self, id: &str) -> Result<(), SessionError> {
+        let mut table = self.inner.table.lock().expect("sessions lock");
+        let session = table
+            .live
+            .remove(id)
+            .ok_or_else(|| SessionError::NotFound(id.to_owned()))?;
+        session.ended.cancel();
+        tracing::info!(session = %id, "session deleted");
+        Ok(())
+    }
+
+    pub fn list(&self) -> Vec<SessionInfo> {
+        let table = self.inner.table.lock().expect("sessions lock");
+        let mut out: Vec<SessionInfo> = table.live.values().map(|s| s.info()).collect();
+        out.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+        out
+    }
+
+    pub fn count(&self) -> usize {
+        self.inner.table.lock().expect("sessions lock").live.len()
+    }
+
+    fn expiry_reason(&self, session: &Session) -> String {
+        format!(
+            "it expired after {} s without use",
+            session.ttl.as_secs_f64().round() as u64
+        )
+    }
+}
+
+/// Ends sessions idle past their TTL; a session running a request is never expired.
+async fn sweeper(inner: std::sync::Weak<Inner>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(SWEEP_INTERVAL) => {}
+            () = stop.cancelled() => return,
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        let sessions = Sessions { inner };
+        let now = Instant::now();
+        let ended: Vec<Arc<Session>> = {
+            let mut table = sessions.inner.table.lock().expect("sessions lock");
+            let expired: Vec<(String, String)> = table
+                .live
+                .values()
+                .filter(|s| s.expired(now) && s.state.try_lock().is_ok())
+                .map(|s| (s.id.clone(), sessions.expiry_reason(s)))
+                .collect();
+            expired
+                .into_iter()
+                .filter_map(|(id, reason)| {
+                    tracing::info!(session = %id, "session expired");
+                    table.end(&id, reason)
+                })
+                .collect()
+        };
+        drop(ended);
+    }
+}

@@ -1,0 +1,290 @@
+//! `/v1/sessions`: state that persists, reset, variables, timeouts, lost workers (410),
+//! expiry, eviction, isolation and cleanup.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::harness::{Options, Server, process_exists};
+use crate::stream::stream;
+
+async fn create(s: &Server, body: Value) -> String {
+    let (status, r) = s.post("/v1/sessions", &body).await;
+    assert_eq!(status, 201, "{r}");
+    assert!(r["expires_at"].as_str().unwrap().ends_with('Z'), "{r}");
+    r["session_id"].as_str().unwrap().to_owned()
+}
+
+async fn exec(s: &Server, id: &str, body: Value) -> (u16, Value) {
+    s.post(&format!("/v1/sessions/{id}/execute"), &body).await
+}
+
+async fn run(s: &Server, id: &str, code: &str) -> Value {
+    let (status, r) = exec(s, id, json!({ "code": code })).await;
+    assert_eq!(status, 200, "{r}");
+    r
+}
+
+async fn get(s: &Server, path: &str) -> (u16, Value) {
+    let resp = s
+        .client
+        .get(format!("{}{path}", s.base))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn delete(s: &Server, path: &str) -> u16 {
+    s.client
+        .delete(format!("{}{path}", s.base))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn globals_imports_and_files_persist_across_calls() {
+    let s = Server::start().await;
+    let id = create(&s, json!({ "ttl_seconds": 900 })).await;
+    run(
+        &s,
+        &id,
+        "import math\nx = 42\nopen('notes.txt', 'w').write('hi')",
+    )
+    .await;
+    let r = run(
+        &s,
+        &id,
+        "print(x)\nprint(open('notes.txt').read())\nmath.sqrt(x * x)",
+    )
+    .await;
+    assert_eq!(r["stdout"], "42\nhi\n42.0\n");
+    assert_eq!(r["results"], json!([{"text/plain": "42.0"}]));
+    // Files are reported once, when new or changed.
+    assert_eq!(r["files"], json!([]));
+    let r = run(&s, &id, "open('notes.txt', 'a').write('!')").await;
+    assert_eq!(r["files"][0]["path"], "notes.txt", "{r}");
+
+    let (status, info) = get(&s, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["session_id"], id.as_str());
+    assert_eq!(info["execution_count"], 3);
+    for key in ["created_at", "last_used_at", "expires_at"] {
+        assert!(info[key].is_string(), "{key}: {info}");
+    }
+    let vars = info["variables"].as_array().unwrap();
+    let x = vars.iter().find(|v| v["name"] == "x").unwrap();
+    assert_eq!(x, &json!({"name": "x", "type": "int", "repr": "42"}));
+
+    let (status, list) = get(&s, "/v1/sessions").await;
+    assert_eq!(status, 200);
+    assert_eq!(list["sessions"][0]["session_id"], id.as_str());
+}
+
+#[tokio::test]
+async fn variables_show_shapes_never_whole_values() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    run(
+        &s,
+        &id,
+        "import numpy as np, pandas as pd\narr = np.zeros((300, 4))\ndf = pd.DataFrame({'a': range(5000)})\ntext = 'z' * 100000",
+    )
+    .await;
+    let (_, info) = get(&s, &format!("/v1/sessions/{id}")).await;
+    let vars = info["variables"].as_array().unwrap();
+    let find = |n: &str| vars.iter().find(|v| v["name"] == n).unwrap().clone();
+    assert_eq!(find("arr")["shape"], json!([300, 4]));
+    assert_eq!(find("df")["shape"], json!([5000, 1]));
+    assert_eq!(find("df")["type"], "DataFrame");
+    assert!(find("text")["repr"].as_str().unwrap().chars().count() <= 100);
+}
+
+#[tokio::test]
+async fn reset_clears_globals_and_keeps_the_session() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    run(&s, &id, "x = 1").await;
+    let (status, _) = s
+        .post(&format!("/v1/sessions/{id}/reset"), &json!({}))
+        .await;
+    assert_eq!(status, 200);
+    let r = run(&s, &id, "print('x' in globals())").await;
+    assert_eq!(r["stdout"], "False\n");
+}
+
+#[tokio::test]
+async fn a_timeout_interrupts_the_run_and_keeps_earlier_state() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    run(&s, &id, "x = 'kept'").await;
+    let (status, r) = exec(
+        &s,
+        &id,
+        json!({ "code": "y = 1\nwhile True: pass", "timeout_ms": 500 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["timed_out"], true);
+    assert_eq!(r["exit_code"], Value::Null);
+    assert!(
+        r["stderr"].as_str().unwrap().contains("KeyboardInterrupt"),
+        "{r}"
+    );
+    let r = run(&s, &id, "print(x, y)").await;
+    assert_eq!(r["stdout"], "kept 1\n");
+}
+
+#[tokio::test]
+async fn a_session_whose_worker_is_killed_answers_410() {
+    let s =
+        Server::start_with(Options::default().env("SNAKECAGE_SESSIONS__INTERRUPT_GRACE_MS", 500))
+            .await;
+    let id = create(&s, json!({})).await;
+    run(&s, &id, "x = 1").await;
+    // Swallows every KeyboardInterrupt: only a kill stops it.
+    let stubborn = "import time\nwhile True:\n    try:\n        time.sleep(10)\n    except KeyboardInterrupt:\n        pass";
+    let (status, r) = exec(&s, &id, json!({ "code": stubborn, "timeout_ms": 300 })).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["timed_out"], true);
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("The session is gone"),
+        "{r}"
+    );
+    let (status, r) = exec(&s, &id, json!({ "code": "print(x)" })).await;
+    assert_eq!(status, 410, "{r}");
+    let detail = r["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("is gone") && detail.contains("create a new session"),
+        "{detail}"
+    );
+    assert_eq!(get(&s, &format!("/v1/sessions/{id}")).await.0, 410);
+    assert_eq!(delete(&s, &format!("/v1/sessions/{id}")).await, 204);
+}
+
+#[tokio::test]
+async fn idle_sessions_expire_and_the_least_recently_used_is_evicted() {
+    let s = Server::start_with(
+        Options::default()
+            .env("SNAKECAGE_SESSIONS__IDLE_TIMEOUT_SECONDS", 2)
+            .env("SNAKECAGE_SESSIONS__MAX_SESSIONS", 2),
+    )
+    .await;
+    let short = create(&s, json!({ "ttl_seconds": 1 })).await;
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let (status, r) = exec(&s, &short, json!({ "code": "1" })).await;
+    assert_eq!(status, 410, "{r}");
+    assert!(r["detail"].as_str().unwrap().contains("expired"), "{r}");
+
+    let a = create(&s, json!({})).await;
+    let b = create(&s, json!({})).await;
+    run(&s, &a, "v = 'a'").await; // b is now the least recently used
+    let c = create(&s, json!({})).await;
+    let (status, r) = exec(&s, &b, json!({ "code": "1" })).await;
+    assert_eq!(status, 410, "{r}");
+    assert!(
+        r["detail"]
+            .as_str()
+            .unwrap()
+            .contains("least recently used"),
+        "{r}"
+    );
+    assert_eq!(run(&s, &a, "print(v)").await["stdout"], "a\n");
+    run(&s, &c, "1").await;
+}
+
+#[tokio::test]
+async fn twenty_concurrent_sessions_do_not_see_each_other() {
+    let s = Server::start().await;
+    let ids = futures_util::future::join_all((0..20).map(|_| create(&s, json!({})))).await;
+    futures_util::future::join_all(
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| run(&s, id, Box::leak(format!("secret = {i}").into_boxed_str()))),
+    )
+    .await;
+    let outs = futures_util::future::join_all(ids.iter().map(|id| {
+        run(
+            &s,
+            id,
+            "print(secret, len([k for k in globals() if k == 'secret']))",
+        )
+    }))
+    .await;
+    for (i, r) in outs.iter().enumerate() {
+        assert_eq!(r["stdout"], format!("{i} 1\n"), "{r}");
+    }
+    // Stateless traffic still flows with twenty sessions alive.
+    assert_eq!(s.run("print('free')").await["stdout"], "free\n");
+}
+
+#[tokio::test]
+async fn deleting_a_session_kills_its_worker_and_frees_the_pool() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    let pid: u32 = run(&s, &id, "import os\nprint(os.getpid())").await["stdout"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(process_exists(pid));
+    assert_eq!(s.health().await["sessions"]["active"], 1);
+    assert_eq!(delete(&s, &format!("/v1/sessions/{id}")).await, 204);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while process_exists(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "session worker {pid} outlived its session"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(s.health().await["sessions"]["active"], 0);
+    s.wait_for_idle(2).await;
+    assert_eq!(delete(&s, &format!("/v1/sessions/{id}")).await, 404);
+    assert_eq!(exec(&s, &id, json!({ "code": "1" })).await.0, 404);
+    assert_eq!(delete(&s, "/v1/sessions/sess_unknown").await, 404);
+}
+
+#[tokio::test]
+async fn a_session_streams_and_bash_is_not_available() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    run(&s, &id, "x = 5").await;
+    let events = stream(
+        &s,
+        &format!("/v1/sessions/{id}/execute/stream"),
+        json!({ "code": "print(x * 2)" }),
+    )
+    .await;
+    assert_eq!(events[0].data, json!({"stream": "stdout", "data": "10\n"}));
+    assert_eq!(events.last().unwrap().event, "result");
+    assert_eq!(events.last().unwrap().data["exit_code"], 0);
+
+    let (status, r) = s
+        .post(
+            &format!("/v1/sessions/{id}/bash"),
+            &json!({ "command": "ls" }),
+        )
+        .await;
+    assert_eq!(status, 501, "{r}");
+    assert!(
+        r["detail"]
+            .as_str()
+            .unwrap()
+            .contains("cannot spawn processes"),
+        "{r}"
+    );
+
+    let (status, r) = s
+        .post("/v1/sessions", &json!({ "ttl_seconds": 86_401 }))
+        .await;
+    assert_eq!(status, 422, "{r}");
+}

@@ -1,0 +1,338 @@
+"""Owns a job's rich outputs: MIME bundles for ``display()``, the last expression and open figures.
+
+Loaded by the zygote as the module ``_snakecage_display`` before the runner, which
+imports it.  A bundle is a dict of MIME type to text (base64 for ``image/png``),
+like the ``data`` of a Jupyter ``display_data`` message.  Every bundle is bounded:
+one larger than the job's ``max_bundle_bytes`` is replaced by a note, and a job
+keeps at most ``MAX_BUNDLES`` of them.
+
+It also describes a session's variables for ``GET /v1/sessions/{id}``: names,
+types, short reprs and shapes, computed without calling ``__repr__`` of user
+classes (which could run forever or print huge values).
+
+Only the standard library is imported at module level; numpy, pandas and
+matplotlib are looked up in ``sys.modules`` when a value might be theirs.
+"""
+
+import base64
+import builtins
+import io
+import reprlib
+import sys
+import types
+
+DEFAULT_MAX_BUNDLE_BYTES = 1 << 20
+"""Used when a job does not say (``max_bundle_bytes`` 0 or missing)."""
+
+MAX_BUNDLES = 50
+"""Bundles kept per job; a note says how many more there were."""
+
+DATAFRAME_MAX_ROWS = 20
+DATAFRAME_MAX_COLS = 20
+_MARKDOWN_CELL_CHARS = 60
+
+MAX_VARIABLES = 500
+"""Variables listed per session; the rest are left out."""
+
+REPR_CHARS = 100
+"""The longest ``repr`` a variable listing gives."""
+
+
+# --------------------------------------------------------------------------
+# Collecting a job's outputs
+
+
+class Collector:
+    """The bundles of one job, in the order they were produced."""
+
+    def __init__(self, max_bundle_bytes=0):
+        self.max_bundle_bytes = max_bundle_bytes or DEFAULT_MAX_BUNDLE_BYTES
+        self.bundles = []
+        self.dropped = 0
+        self.shown_figures = set()
+
+    def add(self, bundle):
+        if not bundle:
+            return
+        if len(self.bundles) >= MAX_BUNDLES:
+            self.dropped += 1
+            return
+        size = sum(len(key) + len(value) for key, value in bundle.items())
+        if size > self.max_bundle_bytes:
+            kinds = ", ".join(sorted(bundle))
+            bundle = {
+                "text/plain": "[output omitted: a %s bundle of %d bytes exceeds the limit of %d bytes]"
+                % (kinds, size, self.max_bundle_bytes)
+            }
+        self.bundles.append(bundle)
+
+    def display(self, obj, echo):
+        """Add ``obj``'s bundle; with ``echo``, write its text to stdout too."""
+        bundle = mime_bundle(obj, self)
+        if echo and "text/plain" in bundle:
+            sys.stdout.write(bundle["text/plain"] + "\n")
+        self.add(bundle)
+
+    def displayhook(self, value):
+        """``sys.displayhook`` during a job: what the REPL prints, plus a bundle."""
+        if value is None:
+            return
+        builtins._ = None  # like sys.__displayhook__, so repr() can't see a stale _
+        self.display(value, echo=True)
+        builtins._ = value
+
+    def finish(self):
+        """Capture the figures left open (then close them all) and return the bundles."""
+        try:
+            self._capture_open_figures()
+        except KeyboardInterrupt:
+            _close_all_figures()  # interrupted while rendering: report what there is
+        if self.dropped:
+            self.bundles.append({"text/plain": "[%d more outputs omitted]" % self.dropped})
+            self.dropped = 0
+        return self.bundles
+
+    def _capture_open_figures(self):
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is None:
+            return
+        try:
+            figures = [manager.canvas.figure for manager in pyplot._pylab_helpers.Gcf.get_all_fig_managers()]
+        except Exception:
+            return
+        try:
+            for figure in figures:
+                if id(figure) not in self.shown_figures:
+                    self.add(mime_bundle(figure, self))
+        finally:
+            _close_all_figures()
+
+
+_current = None
+"""The running job's Collector, or None between jobs."""
+
+
+def begin(max_bundle_bytes=0):
+    global _current
+    _current = Collector(max_bundle_bytes)
+    return _current
+
+
+def end():
+    """The finished job's bundles; later ``display()`` calls only print."""
+    global _current
+    collector, _current = _current, None
+    return collector.finish() if collector is not None else []
+
+
+def display(*objs, **kwargs):
+    """Show each object as rich output (and its text on stdout), like IPython's ``display``."""
+    for obj in objs:
+        collector = _current
+        if collector is None:  # outside a job (a leftover thread): text only
+            sys.stdout.write(_safe_repr(obj) + "\n")
+        else:
+            collector.display(obj, echo=True)
+
+
+def _close_all_figures():
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        try:
+            pyplot.close("all")
+        except Exception:
+            pass
+
+
+# --------------------------------------------------------------------------
+# MIME bundles
+
+
+def mime_bundle(obj, collector=None):
+    """The MIME bundle of ``obj``: text/plain always, richer types where known."""
+    bundle = {"text/plain": _safe_repr(obj)}
+    if _is_instance(obj, "matplotlib.figure", "Figure"):
+        png = _figure_png(obj)
+        if png is not None:
+            bundle["image/png"] = png
+        if collector is not None:
+            collector.shown_figures.add(id(obj))
+        return bundle
+    if _is_instance(obj, "pandas", "DataFrame"):
+        bundle.update(_dataframe_bundle(obj))
+        return bundle
+    for method, mime in (
+        ("_repr_html_", "text/html"),
+        ("_repr_markdown_", "text/markdown"),
+        ("_repr_svg_", "image/svg+xml"),
+        ("_repr_png_", "image/png"),
+    ):
+        value = _call_repr_method(obj, method)
+        if isinstance(value, bytes) and mime == "image/png":
+            value = base64.b64encode(value).decode("ascii")
+        if isinstance(value, str):
+            bundle[mime] = value
+    return bundle
+
+
+def _is_instance(obj, module, name):
+    mod = sys.modules.get(module)
+    cls = getattr(mod, name, None) if mod is not None else None
+    return isinstance(cls, type) and isinstance(obj, cls)
+
+
+def _safe_repr(obj):
+    try:
+        return repr(obj)
+    except Exception as exc:
+        return "<repr failed: %s: %s>" % (type(exc).__name__, exc)
+
+
+def _call_repr_method(obj, name):
+    method = getattr(type(obj), name, None)
+    if method is None:
+        return None
+    try:
+        return method(obj)
+    except Exception:
+        return None
+
+
+def _figure_png(figure):
+    try:
+        buf = io.BytesIO()
+        figure.savefig(buf, format="png", bbox_inches="tight")
+        return base64.b64encode(buf.getvalue()).decode("ascii")
+    except Exception:
+        return None
+
+
+def _dataframe_bundle(df):
+    out = {}
+    try:
+        out["text/html"] = df.to_html(
+            max_rows=DATAFRAME_MAX_ROWS, max_cols=DATAFRAME_MAX_COLS, show_dimensions="truncate"
+        )
+    except Exception:
+        pass
+    try:
+        out["text/markdown"] = dataframe_markdown(df)
+    except Exception:
+        pass
+    return out
+
+
+def dataframe_markdown(df, max_rows=DATAFRAME_MAX_ROWS, max_cols=DATAFRAME_MAX_COLS):
+    """A GitHub-flavoured markdown table of the first ``max_rows`` rows and ``max_cols``
+    columns, with the shape below it when anything was left out."""
+    rows, cols = df.shape
+    view = df.iloc[:max_rows, :max_cols]
+    header = [_md_cell(_index_title(df))] + [_md_cell(c) for c in view.columns]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+    ]
+    for label, row in zip(view.index, view.itertuples(index=False, name=None)):
+        lines.append("| " + " | ".join([_md_cell(label)] + [_md_cell(v) for v in row]) + " |")
+    if rows > max_rows or cols > max_cols:
+        lines.append("")
+        lines.append(
+            "*%d rows × %d columns (showing the first %d rows and %d columns)*"
+            % (rows, cols, min(rows, max_rows), min(cols, max_cols))
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _index_title(df):
+    name = df.index.name
+    return "" if name is None else name
+
+
+def _md_cell(value):
+    text = str(value).replace("\\", "\\\\").replace("|", "\\|")
+    text = " ".join(text.split())
+    if len(text) > _MARKDOWN_CELL_CHARS:
+        text = text[: _MARKDOWN_CELL_CHARS - 1] + "…"
+    return text
+
+
+# --------------------------------------------------------------------------
+# Describing a session's variables
+
+
+class _BoundedRepr(reprlib.Repr):
+    """reprlib with user-defined ``__repr__`` never called: only builtin values are shown."""
+
+    def __init__(self):
+        super().__init__()
+        self.maxlevel = 3
+        self.maxstring = 60
+        self.maxother = 60
+
+    def repr_instance(self, x, level):
+        return _opaque_repr(x)
+
+
+_BOUNDED_REPR = _BoundedRepr()
+_SAFE_REPR_TYPES = (int, float, complex, bool, type(None), bytes, range, type(Ellipsis))
+
+
+def _opaque_repr(x):
+    cls = type(x)
+    if cls in _SAFE_REPR_TYPES or cls.__module__ == "builtins" and not hasattr(x, "__dict__"):
+        try:
+            return _cut(repr(x))  # a builtin type's repr: bounded by reprlib's caller
+        except Exception:
+            pass
+    if isinstance(x, type):
+        return "<class '%s.%s'>" % (x.__module__, x.__qualname__)
+    if isinstance(x, types.FunctionType):
+        return "<function %s>" % x.__qualname__
+    return "<%s.%s object>" % (cls.__module__, cls.__qualname__)
+
+
+def describe(name, value):
+    """``{"name", "type", "repr", "shape"?}`` for one variable, without user code."""
+    cls = type(value)
+    entry = {"name": name, "type": cls.__name__}
+    shape = _shape(value)
+    if shape is not None:
+        entry["shape"] = shape
+    if _is_instance(value, "pandas", "DataFrame"):
+        text = "DataFrame with %d rows × %d columns" % tuple(shape)
+    elif _is_instance(value, "pandas", "Series"):
+        text = "Series of %d %s values" % (shape[0], value.dtype)
+    elif _is_instance(value, "numpy", "ndarray"):
+        text = "ndarray of shape %s, dtype %s" % (tuple(shape), value.dtype)
+    elif type(value).__name__ == "module":
+        text = "<module '%s'>" % getattr(value, "__name__", name)
+    else:
+        try:
+            text = _BOUNDED_REPR.repr(value)
+        except Exception:
+            text = _opaque_repr(value)
+    entry["repr"] = _cut(text)
+    return entry
+
+
+def _shape(value):
+    for module, name in (("numpy", "ndarray"), ("pandas", "DataFrame"), ("pandas", "Series")):
+        if _is_instance(value, module, name):
+            return [int(n) for n in value.shape]
+    return None
+
+
+def _cut(text):
+    return text if len(text) <= REPR_CHARS else text[: REPR_CHARS - 1] + "…"
+
+
+def variables(namespace):
+    """The user globals of ``namespace`` (names not starting with ``_``), bounded."""
+    out = []
+    for name, value in list(namespace.items()):
+        if not isinstance(name, str) or name.startswith("_"):
+            continue
+        if len(out) >= MAX_VARIABLES:
+            break
+        out.append(describe(name, value))
+    return out

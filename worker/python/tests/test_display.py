@@ -1,0 +1,161 @@
+"""Tests for worker/python/display.py through the runner: the rich ``results`` of a job
+and the variable listing of a session."""
+
+import base64
+import sys
+
+import pytest
+
+from test_runner import OK, job, load_runner
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return load_runner()
+
+
+@pytest.fixture(scope="module")
+def pyplot():
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
+
+
+def png(bundle):
+    data = base64.b64decode(bundle["image/png"])
+    assert data.startswith(PNG_MAGIC)
+    return data
+
+
+def test_a_plain_value_gives_one_text_bundle(runner, capsys):
+    result = runner.run(job("x = 6\nx * 7", interactive=True))
+    assert result == dict(OK, results=[{"text/plain": "42"}])
+    assert capsys.readouterr().out == "42\n"
+
+
+def test_a_dataframe_as_last_line_gives_markdown_and_html(runner, capsys):
+    pytest.importorskip("pandas")
+    code = "import pandas as pd\npd.DataFrame({'name': ['a', 'b|c'], 'n': [1, 2]})"
+    (bundle,) = runner.run(job(code, interactive=True))["results"]
+    assert set(bundle) == {"text/plain", "text/html", "text/markdown"}
+    assert "<table" in bundle["text/html"]
+    assert bundle["text/markdown"] == "|  | name | n |\n|---|---|---|\n| 0 | a | 1 |\n| 1 | b\\|c | 2 |\n"
+    assert "name" in capsys.readouterr().out  # the text still reaches stdout
+
+
+def test_a_long_dataframe_is_cut_to_twenty_rows_with_its_shape(runner, capsys):
+    pytest.importorskip("pandas")
+    code = "import pandas as pd\npd.DataFrame({'v': range(1000), 'w': range(1000)})"
+    (bundle,) = runner.run(job(code, interactive=True))["results"]
+    rows = [line for line in bundle["text/markdown"].splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + 20  # header and twenty rows
+    assert "*1000 rows × 2 columns (showing the first 20 rows and 2 columns)*" in bundle["text/markdown"]
+    assert "1000 rows × 2 columns" in bundle["text/html"]
+    assert bundle["text/html"].count("<tr>") < 30
+
+
+def test_an_open_figure_is_captured_without_savefig_and_closed(runner, pyplot, capsys):
+    code = "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nprint('drawn')"
+    result = runner.run(job(code, interactive=True))
+    assert result["exit_code"] == 0
+    (bundle,) = result["results"]
+    png(bundle)
+    assert bundle["text/plain"].startswith("<Figure size")
+    assert pyplot.get_fignums() == []
+    assert capsys.readouterr().out == "drawn\n"
+
+
+def test_display_twice_gives_two_bundles_in_order(runner, capsys):
+    result = runner.run(job("display('first')\ndisplay({'second': 2})\nNone", interactive=True))
+    assert result["results"] == [{"text/plain": "'first'"}, {"text/plain": "{'second': 2}"}]
+    assert capsys.readouterr().out == "'first'\n{'second': 2}\n"
+
+
+def test_a_displayed_figure_is_not_shown_twice(runner, pyplot, capsys):
+    code = "import matplotlib.pyplot as plt\nfig = plt.figure()\nfig.gca().plot([1, 2])\ndisplay(fig)\n'done'"
+    results = runner.run(job(code, interactive=True))["results"]
+    assert [sorted(b) for b in results] == [["image/png", "text/plain"], ["text/plain"]]
+    assert results[1] == {"text/plain": "'done'"}
+
+
+def test_objects_with_ipython_repr_methods_are_rich(runner, capsys):
+    code = (
+        "class Card:\n"
+        "    def _repr_html_(self):\n        return '<b>card</b>'\n"
+        "    def _repr_markdown_(self):\n        return '**card**'\n"
+        "    def __repr__(self):\n        return 'Card()'\n"
+        "Card()"
+    )
+    (bundle,) = runner.run(job(code, interactive=True))["results"]
+    assert bundle == {"text/plain": "Card()", "text/html": "<b>card</b>", "text/markdown": "**card**"}
+
+
+def test_an_oversized_bundle_is_replaced_by_a_note(runner, capsys):
+    code = "display('x' * 5000)\n'small'"
+    result = runner.run(dict(job(code, interactive=True), max_bundle_bytes=1000))
+    big, small = result["results"]
+    assert list(big) == ["text/plain"]
+    assert big["text/plain"].startswith("[output omitted: a text/plain bundle of ")
+    assert "exceeds the limit of 1000 bytes" in big["text/plain"]
+    assert small == {"text/plain": "'small'"}
+
+
+def test_bundles_per_job_are_bounded(runner, capsys):
+    results = runner.run(job("for i in range(80):\n    display(i)"))["results"]
+    assert len(results) == 51
+    assert results[-1] == {"text/plain": "[30 more outputs omitted]"}
+
+
+def test_a_failing_job_still_reports_what_it_displayed(runner, capsys):
+    result = runner.run(job("display(1)\n1 / 0"))
+    assert result["exit_code"] == 1
+    assert result["results"] == [{"text/plain": "1"}]
+
+
+def test_display_outside_a_job_only_prints(runner, capsys):
+    display = sys.modules["_snakecage_display"]
+    display.display("late")
+    assert capsys.readouterr().out == "'late'\n"
+    assert display.end() == []
+
+
+# --------------------------------------------------------------------------
+# Session variables
+
+
+def test_session_variables_list_names_types_and_shapes(runner, capsys):
+    pytest.importorskip("pandas")
+    session = runner.Session()
+    code = (
+        "import numpy as np, pandas as pd\n"
+        "x = 42\n"
+        "name = 'y' * 500\n"
+        "arr = np.zeros((3, 4))\n"
+        "df = pd.DataFrame({'a': range(10)})\n"
+        "_hidden = 1\n"
+        "class Loud:\n"
+        "    def __repr__(self):\n        raise SystemExit('repr was called')\n"
+        "loud = Loud()\n"
+        "items = [1, loud]\n"
+    )
+    assert session.run(job(code))["exit_code"] == 0
+    listing = {v["name"]: v for v in session.variables()}
+    assert listing["x"] == {"name": "x", "type": "int", "repr": "42"}
+    assert listing["name"]["type"] == "str" and len(listing["name"]["repr"]) <= 100
+    assert listing["arr"]["shape"] == [3, 4] and listing["arr"]["type"] == "ndarray"
+    assert listing["df"]["shape"] == [10, 1] and listing["df"]["type"] == "DataFrame"
+    assert listing["np"]["type"] == "module"
+    assert listing["loud"]["repr"] == "<__main__.Loud object>"
+    assert listing["items"]["repr"] == "[1, <__main__.Loud object>]"
+    assert "_hidden" not in listing and "__name__" not in listing
+
+
+def test_session_reset_empties_the_listing(runner, capsys):
+    session = runner.Session()
+    session.run(job("x = 1"))
+    session.reset()
+    assert session.variables() == []
