@@ -523,5 +523,39 @@ mod tests {
         let loaded = Config::load(Some(&example), &Overrides::default()).unwrap();
         let as_json = |c: &Config| serde_json::to_value(c).unwrap();
         assert_eq!(as_json(&loaded), as_json(&Config::default()));
+
+        // Every key is documented there, set or commented out, under its own section.
+        let text = std::fs::read_to_string(&example).unwrap();
+        let mut section = String::new();
+        let mut documented = std::collections::BTreeSet::new();
+        for line in text.lines() {
+            let line = line.trim();
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                section = name.to_owned();
+            } else if let Some((key, _)) = line.trim_start_matches("# ").split_once(" = ") {
+                documented.insert(if section.is_empty() {
+                    key.to_owned()
+                } else {
+                    format!("{section}.{key}")
+                });
+            }
+        }
+        let serde_json::Value::Object(defaults) = as_json(&Config::default()) else {
+            unreachable!()
+        };
+        for (name, value) in defaults {
+            let keys: Vec<String> = match value {
+                serde_json::Value::Object(table) => {
+                    table.keys().map(|k| format!("{name}.{k}")).collect()
+                }
+                _ => vec![name],
+            };
+            for key in keys {
+                assert!(
+                    documented.contains(&key),
+                    "snakecage.example.toml does not document {key}"
+                );
+            }
+        }
     }
 }
