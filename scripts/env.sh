@@ -37,3 +37,19 @@ ensure_venv() {
         -r python/requirements.txt -r python/requirements-dev.txt
     echo "$want" > "$stamp"
 }
+
+# (Re)build .venv-tools (the MCP client and jsonschema the tests use; benchmark peers)
+# when it is missing or its requirements changed. Never mixed into .venv: user code
+# imports from that one.
+ensure_tools_venv() {
+    local stamp=".venv-tools/.snakecage-requirements"
+    local want
+    want="$(sha256sum python/requirements-tools.txt | cut -d' ' -f1)"
+    if [[ -x .venv-tools/bin/python && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+        return
+    fi
+    echo "snakecage: preparing .venv-tools with $BASE_PYTHON" >&2
+    "$BASE_PYTHON" -m venv .venv-tools
+    .venv-tools/bin/python -m pip install --quiet --disable-pip-version-check -r python/requirements-tools.txt
+    echo "$want" > "$stamp"
+}

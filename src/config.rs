@@ -23,7 +23,25 @@ pub struct Config {
     pub files: FilesConfig,
     pub workspace: WorkspaceConfig,
     pub sessions: SessionsConfig,
+    pub mcp: McpConfig,
     pub log: LogConfig,
+}
+
+/// The MCP endpoint at `/mcp`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpConfig {
+    /// `Host` header values `/mcp` answers (a defence against DNS rebinding); add the names
+    /// clients use when the service is reachable beyond loopback.
+    pub allowed_hosts: Vec<String>,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        Self {
+            allowed_hosts: ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -159,6 +177,7 @@ impl Default for Config {
             files: FilesConfig::default(),
             workspace: WorkspaceConfig::default(),
             sessions: SessionsConfig::default(),
+            mcp: McpConfig::default(),
             log: LogConfig::default(),
         }
     }

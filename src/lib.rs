@@ -6,6 +6,8 @@
 //! - [`api`]: the router and its handlers.
 //! - [`error`]: `ApiError`, the one place statuses and `detail`s are decided.
 //! - [`markdown`]: the Python blocks of a model's markdown answer (`code_format: markdown`).
+//! - [`tools`], [`mcp`], [`packages`]: what agents see: tool definitions (OpenAI, Anthropic,
+//!   MCP) generated from the live configuration, the MCP server, the importable packages.
 //! - [`pool`]: the zygote, the pre-forked workers, one run of one job.
 //! - [`sessions`]: stateful Python sessions (registry, expiry, eviction).
 //! - [`files`]: the file store (uploads, run outputs), staging into and collecting from
@@ -19,6 +21,9 @@ pub mod config;
 pub mod error;
 pub mod files;
 pub mod markdown;
+pub mod mcp;
+pub mod packages;
 pub mod pool;
 pub mod server;
 pub mod sessions;
+pub mod tools;

@@ -16,8 +16,10 @@ use crate::api::{self, AppState};
 use crate::config::{Config, ConfigError};
 use crate::files::local::LocalStoreSettings;
 use crate::files::{self, LocalStore, SharedStore, StoreError};
+use crate::packages::{self, Packages};
 use crate::pool::{Pool, PoolError, PoolSettings};
 use crate::sessions::{SessionSettings, Sessions};
+use crate::tools::ToolContext;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -85,11 +87,16 @@ pub async fn serve(
         files::spawn_sweeper(store.clone(), files::sweep_interval(ttl), stop.clone());
     }
     let sessions = Sessions::new(pool.clone(), session_settings(&config), stop.clone());
+    let packages = Packages::new(&info, &packages::allowed(&config));
+    let tool_context = ToolContext::new(&config, info.python_version.clone(), packages.installed());
     let state = Arc::new(AppState {
         config,
         pool: pool.clone(),
         store,
         sessions,
+        packages,
+        tool_context,
+        shutdown: stop.clone(),
     });
     let app = api::router(state)
         .layer(TraceLayer::new_for_http())

@@ -1,5 +1,6 @@
 //! The HTTP surface: the router and one module per group of routes.
 
+mod agents;
 mod execute;
 mod files;
 mod health;
@@ -17,7 +18,10 @@ use crate::sessions::Sessions;
 
 use crate::config::Config;
 use crate::files::SharedStore;
+use crate::mcp;
+use crate::packages::Packages;
 use crate::pool::Pool;
+use crate::tools::ToolContext;
 
 /// What every handler can reach.
 pub struct AppState {
@@ -25,6 +29,12 @@ pub struct AppState {
     pub pool: Pool,
     pub store: SharedStore,
     pub sessions: Sessions,
+    /// What user code may import (read once at start-up).
+    pub packages: Packages,
+    /// What the tool descriptions say (from the live configuration).
+    pub tool_context: ToolContext,
+    /// Cancelled when the service shuts down (ends MCP streams).
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -36,8 +46,10 @@ pub fn router(state: SharedState) -> Router {
     let upload_limit = usize::try_from(state.config.files.max_file_size_mb << 20)
         .unwrap_or(usize::MAX)
         .saturating_add(1 << 20);
-    Router::new()
+    let api = Router::new()
         .route("/health", get(health::health))
+        .route("/v1/packages", get(agents::packages))
+        .route("/v1/tools", get(agents::tools))
         .route("/v1/execute", post(execute::execute))
         .route("/v1/execute/stream", post(execute::execute_stream))
         .route("/v1/sessions", post(sessions::create).get(sessions::list))
@@ -64,5 +76,13 @@ pub fn router(state: SharedState) -> Router {
         )
         .fallback(health::not_found)
         .layer(DefaultBodyLimit::max(body_limit))
-        .with_state(state)
+        .with_state(state.clone());
+    // MCP tool calls are carried out through the routes above.
+    let mcp = mcp::service(
+        api.clone(),
+        &state.tool_context,
+        state.config.mcp.allowed_hosts.clone(),
+        state.shutdown.clone(),
+    );
+    api.nest_service("/mcp", mcp)
 }

@@ -37,12 +37,11 @@ impl CappedOutput {
     /// truncated stream ends with [`TRUNCATION_SUFFIX`].
     pub fn into_string(self) -> String {
         let mut bytes = self.buf;
-        if self.dropped > 0 {
-            if let Err(e) = std::str::from_utf8(&bytes) {
-                if e.error_len().is_none() {
-                    bytes.truncate(e.valid_up_to());
-                }
-            }
+        if self.dropped > 0
+            && let Err(e) = std::str::from_utf8(&bytes)
+            && e.error_len().is_none()
+        {
+            bytes.truncate(e.valid_up_to());
         }
         let mut text = String::from_utf8_lossy(&bytes).into_owned();
         if self.dropped > 0 {

@@ -97,10 +97,11 @@ impl Worker {
     /// The exit status, waiting up to `wait` for the zygote to report it. `None`: the
     /// zygote died (and took the worker with it) or did not answer in time.
     pub async fn exit_status(&mut self, wait: std::time::Duration) -> Option<ExitStatus> {
-        if self.exit_status.is_none() && !self.exit.is_terminated() {
-            if let Ok(Ok(status)) = tokio::time::timeout(wait, &mut self.exit).await {
-                self.exit_status = Some(status);
-            }
+        if self.exit_status.is_none()
+            && !self.exit.is_terminated()
+            && let Ok(Ok(status)) = tokio::time::timeout(wait, &mut self.exit).await
+        {
+            self.exit_status = Some(status);
         }
         self.exit_status
     }
@@ -178,10 +179,10 @@ impl Drop for Workspace {
     fn drop(&mut self) {
         let path = std::mem::take(&mut self.path);
         let remove = move || {
-            if let Err(e) = std::fs::remove_dir_all(&path) {
-                if e.kind() != io::ErrorKind::NotFound {
-                    tracing::warn!(path = %path.display(), error = %e, "could not remove a workspace");
-                }
+            if let Err(e) = std::fs::remove_dir_all(&path)
+                && e.kind() != io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %path.display(), error = %e, "could not remove a workspace");
             }
         };
         // A job may leave thousands of files: remove them off the async threads.

@@ -2,7 +2,7 @@
 
 use serde_json::json;
 
-use crate::harness::Server;
+use crate::harness::{Server, repo_root};
 
 #[tokio::test]
 async fn markdown_answers_run_their_python_blocks_in_order_as_one_program() {
@@ -30,4 +30,195 @@ async fn markdown_answers_run_their_python_blocks_in_order_as_one_program() {
         .post("/v1/execute", &json!({"code": "1", "code_format": "rst"}))
         .await;
     assert_eq!(status, 422, "{body}");
+}
+
+/// Runs the MCP client fixture (the official Python SDK) against the server.
+fn mcp_client(base: &str, scenario: &str) -> serde_json::Value {
+    let python = repo_root().join(".venv-tools/bin/python");
+    let out = std::process::Command::new(&python)
+        .arg(repo_root().join("tests/clients/mcp_client.py"))
+        .arg(format!("{base}/mcp"))
+        .arg(scenario)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {} (scripts/test creates .venv-tools): {e}",
+                python.display()
+            )
+        });
+    assert!(
+        out.status.success(),
+        "MCP client failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn texts(result: &serde_json::Value) -> String {
+    result["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn an_mcp_client_lists_and_calls_the_tools_and_gets_images_and_errors() {
+    let s = Server::start().await;
+    let base = s.base.clone();
+    let r = tokio::task::spawn_blocking(move || mcp_client(&base, "stateless"))
+        .await
+        .unwrap();
+    assert_eq!(r["server"], "snakecage");
+    assert_eq!(
+        r["tools"],
+        json!([
+            "run_python",
+            "list_packages",
+            "create_python_session",
+            "run_in_session",
+            "close_python_session"
+        ])
+    );
+    assert_eq!(r["hello"]["is_error"], false);
+    assert!(texts(&r["hello"]).contains("42"), "{}", r["hello"]);
+    // The figure comes back as MCP image content, a real PNG.
+    let image = r["plot"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "image")
+        .expect("an image block");
+    assert_eq!(image["mime_type"], "image/png");
+    assert_eq!(image["png_magic"], true);
+    assert!(image["bytes"].as_u64().unwrap() > 1000);
+    // An exception in user code is a tool result flagged as an error, with the traceback.
+    assert_eq!(r["error"]["is_error"], true);
+    assert!(
+        texts(&r["error"]).contains("ZeroDivisionError: division by zero"),
+        "{}",
+        r["error"]
+    );
+    assert!(
+        texts(&r["packages"]).contains("\"numpy\""),
+        "{}",
+        r["packages"]
+    );
+}
+
+#[tokio::test]
+async fn an_mcp_client_keeps_state_in_a_session_until_it_closes_it() {
+    let s = Server::start().await;
+    let base = s.base.clone();
+    let r = tokio::task::spawn_blocking(move || mcp_client(&base, "session"))
+        .await
+        .unwrap();
+    assert_eq!(r["created"]["is_error"], false, "{}", r["created"]);
+    assert_eq!(r["set"]["is_error"], false);
+    assert!(
+        texts(&r["get"]).contains("--- stdout ---\n42\n"),
+        "{}",
+        r["get"]
+    );
+    assert_eq!(r["closed"]["is_error"], false);
+    assert_eq!(r["after_close"]["is_error"], true);
+    assert!(
+        texts(&r["after_close"]).contains("404"),
+        "{}",
+        r["after_close"]
+    );
+}
+
+#[tokio::test]
+async fn tool_definitions_validate_and_a_tool_call_runs_against_execute() {
+    let s = Server::start().await;
+    for format in ["openai", "anthropic"] {
+        let resp = s
+            .client
+            .get(format!("{}/v1/tools?format={format}", s.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let tools: serde_json::Value = resp.json().await.unwrap();
+        // Validated against each format's own schema by jsonschema, in Python.
+        let out = std::process::Command::new(repo_root().join(".venv-tools/bin/python"))
+            .arg(repo_root().join("tests/clients/validate_tools.py"))
+            .arg(format)
+            .arg(tools.to_string())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{format}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let run = tools
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == "run_python" || t["function"]["name"] == "run_python")
+            .unwrap();
+        let description = run["description"]
+            .as_str()
+            .or(run["function"]["description"].as_str())
+            .unwrap();
+        assert!(
+            description.contains("256 MB") && description.contains("no network"),
+            "{description}"
+        );
+    }
+    // A model's tool call: its arguments are exactly a /v1/execute body.
+    let arguments = json!({"code": "import statistics\nprint(statistics.mean([1, 2, 3, 4]))"});
+    let r = s.run_with(arguments).await;
+    assert_eq!(r["stdout"], "2.5\n");
+    let (status, body) = s.post("/v1/tools?format=xml", &json!({})).await;
+    assert_eq!(status, 405, "{body}");
+    let resp = s
+        .client
+        .get(format!("{}/v1/tools?format=xml", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+}
+
+#[tokio::test]
+async fn the_package_list_matches_what_imports_succeed_and_fail() {
+    let s = Server::start().await;
+    let packages: serde_json::Value = s
+        .client
+        .get(format!("{}/v1/packages", s.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(packages["python_version"], "3.11.7");
+    let stdlib: Vec<String> = packages["stdlib"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(stdlib.contains(&"json".to_owned()) && !stdlib.contains(&"subprocess".to_owned()));
+    let third: Vec<String> = packages["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["installed"] == true)
+        .map(|p| p["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(third.contains(&"numpy".to_owned()), "{packages}");
+    // Every listed module imports.
+    let code = format!(
+        "import importlib\nbad = []\nfor m in {:?}:\n    try:\n        importlib.import_module(m)\n    except Exception as e:\n        bad.append((m, repr(e)))\nprint(bad)",
+        stdlib.iter().chain(third.iter()).collect::<Vec<_>>()
+    );
+    let r = s.run_with(json!({"code": code, "timeout_ms": 30000})).await;
+    assert_eq!(r["stdout"], "[]\n", "{r}");
 }

@@ -67,11 +67,11 @@ impl Server {
         let log_writer = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                    if v["fields"]["message"] == "snakecage is listening" {
-                        let _ = addr_tx
-                            .send(v["fields"]["addr"].as_str().unwrap_or_default().to_owned());
-                    }
+                if let Ok(v) = serde_json::from_str::<Value>(&line)
+                    && v["fields"]["message"] == "snakecage is listening"
+                {
+                    let _ =
+                        addr_tx.send(v["fields"]["addr"].as_str().unwrap_or_default().to_owned());
                 }
                 log_writer.lock().unwrap().push(line);
             }

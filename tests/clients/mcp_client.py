@@ -1,0 +1,61 @@
+"""Drives snakecage's /mcp endpoint with the official MCP Python SDK, as an agent would,
+and prints what it saw as JSON for the Rust integration test to assert on.
+
+Usage: mcp_client.py URL stateless|session
+"""
+
+import asyncio
+import base64
+import json
+import sys
+
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+
+def summary(result):
+    blocks = []
+    for c in result.content:
+        block = {"type": c.type}
+        if c.type == "text":
+            block["text"] = c.text
+        elif c.type == "image":
+            raw = base64.b64decode(c.data)
+            block["mime_type"] = c.mime_type
+            block["png_magic"] = raw[:8] == b"\x89PNG\r\n\x1a\n"
+            block["bytes"] = len(raw)
+        blocks.append(block)
+    return {"is_error": bool(result.is_error), "content": blocks}
+
+
+async def stateless(s, out):
+    out["hello"] = summary(await s.call_tool("run_python", {"code": "print(6 * 7)"}))
+    plot = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nprint('plotted')"
+    out["plot"] = summary(await s.call_tool("run_python", {"code": plot}))
+    out["error"] = summary(await s.call_tool("run_python", {"code": "def f():\n    return 1 / 0\nf()"}))
+    out["packages"] = summary(await s.call_tool("list_packages", {}))
+
+
+async def session(s, out):
+    created = await s.call_tool("create_python_session", {})
+    out["created"] = summary(created)
+    sid = json.loads(created.content[0].text)["session_id"]
+    out["set"] = summary(await s.call_tool("run_in_session", {"session_id": sid, "code": "x = 40"}))
+    out["get"] = summary(await s.call_tool("run_in_session", {"session_id": sid, "code": "print(x + 2)"}))
+    out["closed"] = summary(await s.call_tool("close_python_session", {"session_id": sid}))
+    out["after_close"] = summary(await s.call_tool("run_in_session", {"session_id": sid, "code": "print(x)"}))
+
+
+async def main(url, scenario):
+    out = {}
+    async with streamable_http_client(url) as (read, write):
+        async with ClientSession(read, write) as s:
+            init = await s.initialize()
+            out["server"] = init.server_info.name
+            out["tools"] = [t.name for t in (await s.list_tools()).tools]
+            await {"stateless": stateless, "session": session}[scenario](s, out)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
