@@ -8,6 +8,8 @@
 //! - [`pool`]: the zygote, the pre-forked workers, one run of one job.
 //! - [`files`]: the file store (uploads, run outputs), staging into and collecting from
 //!   workspaces.
+//! - [`metrics`]: Prometheus metrics (names, closed label sets, the hooks that record),
+//!   and the recent executions the status page shows.
 //!
 //! The supervisor never forks and never links CPython: the zygote (`snakecage-worker`)
 //! does that, and the two speak the protocol in the `snakecage_worker` library.
@@ -16,5 +18,6 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod files;
+pub mod metrics;
 pub mod pool;
 pub mod server;

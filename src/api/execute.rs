@@ -2,12 +2,13 @@
 //! files, run `code` (or a staged `entrypoint` with `args`), store what the run wrote.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use axum::Json;
 use axum::extract::State;
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use snakecage_worker::protocol::Job;
+use tower_http::request_id::RequestId;
 
 use super::SharedState;
 use super::json::ApiJson;
@@ -16,6 +17,7 @@ use crate::files::workspace::{
     self, CollectLimits, SkippedFile, StageInput, Staged, WorkspaceFile,
 };
 use crate::files::{FileStore, StoreError};
+use crate::metrics::labels::{Kind, Outcome};
 use crate::pool::Stager;
 use crate::pool::run::{RunLimits, RunOutcome, RunVerdict};
 
@@ -100,9 +102,33 @@ fn signal_name(sig: i32) -> &'static str {
 
 pub async fn execute(
     State(state): State<SharedState>,
+    request_id: Option<Extension<RequestId>>,
     ApiJson(req): ApiJson<ExecuteRequest>,
 ) -> Result<Json<ExecuteResponse>, ApiError> {
-    let limits = run_limits(&state, req.timeout_ms)?;
+    let started = Instant::now();
+    let result = run_request(&state, req).await;
+    let outcome = match &result {
+        Ok(response) => Some(Outcome::from(response.verdict)),
+        Err(e) => e.is_shed().then_some(Outcome::Rejected),
+    };
+    // A request refused before it could run (invalid, unknown file) is no execution.
+    if let Some(outcome) = outcome {
+        let id = request_id
+            .as_ref()
+            .and_then(|id| id.header_value().to_str().ok());
+        let took = started.elapsed();
+        state
+            .metrics
+            .execution_finished(Kind::Stateless, outcome, took, id);
+    }
+    result.map(Json)
+}
+
+async fn run_request(
+    state: &SharedState,
+    req: ExecuteRequest,
+) -> Result<ExecuteResponse, ApiError> {
+    let limits = run_limits(state, req.timeout_ms)?;
     let inputs = stage_inputs(&req.files)?;
     let job = job(req, &inputs)?;
     // Unknown ids are answered before a worker is spent on the request.
@@ -129,7 +155,7 @@ pub async fn execute(
                 state.store.as_ref(),
                 path,
                 &finished.staged,
-                collect_limits(&state),
+                collect_limits(state),
             )
             .await
         }
@@ -138,7 +164,7 @@ pub async fn execute(
     let mut response = ExecuteResponse::from(finished.outcome);
     response.files = collected.files;
     response.skipped_files = collected.skipped;
-    Ok(Json(response))
+    Ok(response)
 }
 
 /// Checks and normalises the paths of `files`.

@@ -4,15 +4,20 @@ mod execute;
 mod files;
 mod health;
 mod json;
+mod metrics;
+mod status;
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::middleware;
 use axum::routing::{get, post};
+use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::files::SharedStore;
+use crate::metrics::{self as service_metrics, Metrics};
 use crate::pool::Pool;
 
 /// What every handler can reach.
@@ -20,6 +25,9 @@ pub struct AppState {
     pub config: Config,
     pub pool: Pool,
     pub store: SharedStore,
+    pub metrics: Arc<Metrics>,
+    /// Fires when shutdown begins: from then on `/ready` answers 503.
+    pub stopping: CancellationToken,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -31,8 +39,13 @@ pub fn router(state: SharedState) -> Router {
     let upload_limit = usize::try_from(state.config.files.max_file_size_mb << 20)
         .unwrap_or(usize::MAX)
         .saturating_add(1 << 20);
+    let metrics = state.metrics.clone();
     Router::new()
+        .route("/", get(status::page))
         .route("/health", get(health::health))
+        .route("/ready", get(health::ready))
+        .route("/metrics", get(metrics::metrics))
+        .route("/v1/status", get(status::status))
         .route("/v1/execute", post(execute::execute))
         .route(
             "/v1/files",
@@ -46,5 +59,9 @@ pub fn router(state: SharedState) -> Router {
         )
         .fallback(health::not_found)
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(
+            metrics,
+            service_metrics::http::count_requests,
+        ))
         .with_state(state)
 }

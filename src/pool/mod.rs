@@ -4,6 +4,7 @@
 //! - [`worker`]: one forked worker (kill on drop), its job socket and workspace.
 //! - [`run`]: one job on one worker, with deadline, capture and verdict.
 //! - [`capture`]: bounded output buffers.
+//! - [`events`]: what the pool reports as it works (for the metrics).
 //!
 //! `size` is both the number of jobs that run at once and the number of idle workers kept
 //! ready, so the next job after a finished one starts on a warm worker at once. A request
@@ -13,6 +14,7 @@
 //! when it dies. Idle workers of a dead zygote died with it and are skipped.
 
 pub mod capture;
+pub mod events;
 pub mod run;
 pub mod worker;
 pub mod zygote;
@@ -22,13 +24,14 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use snakecage_worker::protocol::{Job, WorkerMessage, ZygoteConfig, ZygoteInfo};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use self::events::{KillReason, NoEvents, PoolEvents, Rejection};
 use self::run::{OutputChunk, RunError, RunLimits, RunOutcome};
 use self::worker::{JobChannel, Worker, Workspace};
 
@@ -167,11 +170,20 @@ struct Inner {
     refill: Notify,
     shutdown: CancellationToken,
     counters: PoolCounters,
+    events: Arc<dyn PoolEvents>,
 }
 
 impl Pool {
     /// Starts the zygote (waiting for it to be ready), then the refill and restart tasks.
     pub async fn start(settings: PoolSettings) -> Result<Self, PoolError> {
+        Self::start_observed(settings, Arc::new(NoEvents)).await
+    }
+
+    /// [`Pool::start`], reporting queue waits, spawns, kills and restarts to `events`.
+    pub async fn start_observed(
+        settings: PoolSettings,
+        events: Arc<dyn PoolEvents>,
+    ) -> Result<Self, PoolError> {
         let root = &settings.workspace_root;
         std::fs::create_dir_all(root).map_err(|source| PoolError::WorkspaceRoot {
             path: root.clone(),
@@ -198,6 +210,7 @@ impl Pool {
             refill: Notify::new(),
             shutdown: CancellationToken::new(),
             counters: PoolCounters::default(),
+            events,
         });
         tokio::spawn(refill_loop(inner.clone()));
         tokio::spawn(zygote_keeper(inner.clone()));
@@ -215,6 +228,23 @@ impl Pool {
     /// Takes an execution slot and an idle worker, waiting in the FIFO queue when all
     /// `size` slots are busy (or, briefly, when the refill has not caught up).
     pub async fn acquire(&self) -> Result<Checkout, PoolError> {
+        let started = Instant::now();
+        let result = self.checkout().await;
+        let events = &self.inner.events;
+        match &result {
+            Ok(_) => events.queue_wait(started.elapsed()),
+            Err(PoolError::QueueFull) => events.rejected(Rejection::QueueFull),
+            Err(PoolError::QueueTimeout(_)) => {
+                events.queue_wait(started.elapsed());
+                events.rejected(Rejection::QueueTimeout);
+            }
+            Err(PoolError::ShuttingDown) => events.rejected(Rejection::ShuttingDown),
+            Err(_) => {}
+        }
+        result
+    }
+
+    async fn checkout(&self) -> Result<Checkout, PoolError> {
         let inner = &self.inner;
         if inner.shutdown.is_cancelled() {
             return Err(PoolError::ShuttingDown);
@@ -254,6 +284,7 @@ impl Pool {
                 });
             }
             // Died with its zygote while idle: skip it, the refill replaces it.
+            inner.events.worker_killed(KillReason::LostIdle);
         }
     }
 
@@ -285,10 +316,22 @@ impl Pool {
                 _slot,
                 _busy,
             } = self.acquire().await?;
+            let abandoned = AbandonGuard(Some(&*self.inner.events));
             // A staging failure drops the checkout: the worker is killed, no code ran.
-            let staged = stager.stage(worker.workspace_path()).await?;
-            match run::run(&mut worker, job.clone(), limits, chunks.clone()).await {
+            let staged = match stager.stage(worker.workspace_path()).await {
+                Ok(staged) => staged,
+                Err(e) => {
+                    abandoned.defuse();
+                    return Err(e);
+                }
+            };
+            let ran = run::run(&mut worker, job.clone(), limits, chunks.clone()).await;
+            abandoned.defuse();
+            match ran {
                 Ok(outcome) => {
+                    if let Some(reason) = outcome.kill {
+                        self.inner.events.worker_killed(reason);
+                    }
                     let workspace = worker.take_workspace();
                     return Ok(Finished {
                         outcome,
@@ -303,6 +346,7 @@ impl Pool {
                         .counters
                         .workers_lost
                         .fetch_add(1, Ordering::Relaxed);
+                    self.inner.events.worker_killed(KillReason::LostIdle);
                     tracing::warn!(error = %e, "an idle worker was gone when its job arrived; retrying");
                     last_error = e.to_string();
                 }
@@ -394,6 +438,24 @@ impl Drop for BusyGuard {
     }
 }
 
+/// Reports an abandoned job when a request is dropped (its client went away) while its
+/// worker is staged or running; the dropped checkout kills the worker.
+struct AbandonGuard<'a>(Option<&'a dyn PoolEvents>);
+
+impl AbandonGuard<'_> {
+    fn defuse(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for AbandonGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(events) = self.0 {
+            events.worker_killed(KillReason::Abandoned);
+        }
+    }
+}
+
 struct WaitingGuard<'a>(&'a AtomicUsize);
 
 impl Drop for WaitingGuard<'_> {
@@ -423,7 +485,14 @@ async fn refill_loop(inner: Arc<Inner>) {
 }
 
 async fn spawn_one(inner: Arc<Inner>, zygote: Arc<ZygoteHandle>) {
-    match spawn_worker(&inner, &zygote).await {
+    let started = Instant::now();
+    let spawned = spawn_worker(&inner, &zygote).await;
+    match &spawned {
+        Ok(_) => inner.events.worker_spawned(started.elapsed()),
+        Err(SpawnError::NotReady { .. }) => inner.events.worker_killed(KillReason::NotReady),
+        Err(_) => inner.events.spawn_failed(),
+    }
+    match spawned {
         Ok(worker) => {
             inner
                 .counters
@@ -513,7 +582,11 @@ async fn zygote_keeper(inner: Arc<Inner>) {
         }
         tracing::error!(pid = current.info.pid, "the zygote died; restarting it");
         // Its idle workers died with it.
-        inner.idle.lock().expect("idle lock").clear();
+        let lost = std::mem::take(&mut *inner.idle.lock().expect("idle lock"));
+        for _ in &lost {
+            inner.events.worker_killed(KillReason::LostIdle);
+        }
+        drop(lost);
         let mut backoff = Duration::from_millis(100);
         loop {
             let s = &inner.settings;
@@ -528,6 +601,7 @@ async fn zygote_keeper(inner: Arc<Inner>) {
                     Ok(zygote) => {
                         *inner.zygote.write().expect("zygote lock") = zygote;
                         inner.counters.zygote_restarts.fetch_add(1, Ordering::Relaxed);
+                        inner.events.zygote_restarted();
                         inner.refill.notify_one();
                         break;
                     }
