@@ -37,3 +37,20 @@ ensure_venv() {
         -r python/requirements.txt -r python/requirements-dev.txt
     echo "$want" > "$stamp"
 }
+
+# Debian packages the tests use: promtool (package prometheus) checks `/metrics`, chromium
+# drives the status page. Installed only when missing, so a warm machine pays nothing.
+ensure_apt_packages() {
+    local missing=()
+    command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+    command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+    if (( ${#missing[@]} == 0 )); then
+        return
+    fi
+    echo "snakecage: installing ${missing[*]} (apt)" >&2
+    local sudo=()
+    if [[ "$(id -u)" -ne 0 ]]; then sudo=(sudo); fi
+    "${sudo[@]}" apt-get update -qq
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}

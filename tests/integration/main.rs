@@ -4,3 +4,6 @@
 mod core;
 mod files;
 mod harness;
+mod observability;
+mod overload;
+mod prom;
