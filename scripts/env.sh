@@ -53,3 +53,20 @@ ensure_tools_venv() {
     .venv-tools/bin/python -m pip install --quiet --disable-pip-version-check -r python/requirements-tools.txt
     echo "$want" > "$stamp"
 }
+
+# Debian packages the tests use: promtool (package prometheus) checks `/metrics`, chromium
+# drives the status page. Installed only when missing, so a warm machine pays nothing.
+ensure_apt_packages() {
+    local missing=()
+    command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+    command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+    if (( ${#missing[@]} == 0 )); then
+        return
+    fi
+    echo "snakecage: installing ${missing[*]} (apt)" >&2
+    local sudo=()
+    if [[ "$(id -u)" -ne 0 ]]; then sudo=(sudo); fi
+    "${sudo[@]}" apt-get update -qq
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}

@@ -102,6 +102,9 @@ pub struct WorkerConfig {
     pub state_dir: PathBuf,
     /// In-flight requests get this long to finish on shutdown before workers are killed.
     pub shutdown_grace_ms: u64,
+    /// On shutdown, `/ready` answers 503 for this long while requests are still served,
+    /// so load balancers stop sending before the listener closes (0: close at once).
+    pub shutdown_drain_ms: u64,
 }
 
 /// The file store: uploads and the files runs write.
@@ -240,6 +243,7 @@ impl Default for WorkerConfig {
             binary: None,
             state_dir: std::env::temp_dir().join("snakecage"),
             shutdown_grace_ms: 10_000,
+            shutdown_drain_ms: 0,
         }
     }
 }

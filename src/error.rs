@@ -58,6 +58,13 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// Whether this is load shedding (429, 503): the request was turned away, not failed.
+    pub fn is_shed(&self) -> bool {
+        matches!(self, ApiError::QueueFull { .. } | ApiError::Unavailable(_))
+    }
+}
+
 impl From<PoolError> for ApiError {
     fn from(e: PoolError) -> Self {
         match e {

@@ -12,6 +12,8 @@
 //! - [`sessions`]: stateful Python sessions (registry, expiry, eviction).
 //! - [`files`]: the file store (uploads, run outputs), staging into and collecting from
 //!   workspaces.
+//! - [`metrics`]: Prometheus metrics (names, closed label sets, the hooks that record),
+//!   and the recent executions the status page shows.
 //!
 //! The supervisor never forks and never links CPython: the zygote (`snakecage-worker`)
 //! does that, and the two speak the protocol in the `snakecage_worker` library.
@@ -22,6 +24,7 @@ pub mod error;
 pub mod files;
 pub mod markdown;
 pub mod mcp;
+pub mod metrics;
 pub mod packages;
 pub mod pool;
 pub mod server;

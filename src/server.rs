@@ -1,21 +1,28 @@
 //! `serve`: starts the pool, serves the API on a bound listener until `shutdown` fires, then
+//! answers `/ready` with 503 for `worker.shutdown_drain_ms` (load balancers stop sending),
 //! drains in-flight requests (bounded) and tears the pool down. `main` and the tests both
-//! call it.
+//! call it. Every request gets an id (`x-request-id`, kept when the client sent one) and a
+//! tracing span carrying it, so each log line of a request names it.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use snakecage_worker::protocol::{WorkerLimits, ZygoteConfig};
+use axum::body::Body;
+use axum::http::Request;
+use snakecage_worker::protocol::{WorkerLimits, ZygoteConfig, ZygoteInfo};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tower_http::LatencyUnit;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
+use tracing::Level;
 
 use crate::api::{self, AppState};
 use crate::config::{Config, ConfigError};
 use crate::files::local::LocalStoreSettings;
 use crate::files::{self, LocalStore, SharedStore, StoreError};
+use crate::metrics::{BuildInfo, Metrics};
 use crate::packages::{self, Packages};
 use crate::pool::{Pool, PoolError, PoolSettings};
 use crate::sessions::{SessionSettings, Sessions};
@@ -69,8 +76,11 @@ pub async fn serve(
     let settings = pool_settings(&config)?;
     let store = open_store(&config)?;
     std::fs::create_dir_all(&settings.zygote.mpl_config_dir)?;
-    let pool = Pool::start(settings).await?;
+    let metrics = Arc::new(Metrics::new());
+    let pool = Pool::start_observed(settings, metrics.clone()).await?;
     let info = pool.zygote_info();
+    // The zygote's hello says which Python and which sandbox layers are running.
+    metrics.set_build_info(build_info(&info));
     tracing::info!(
         addr = %listener.local_addr()?,
         python = %info.python_version,
@@ -86,9 +96,16 @@ pub async fn serve(
         let ttl = Duration::from_secs(config.files.ttl_seconds);
         files::spawn_sweeper(store.clone(), files::sweep_interval(ttl), stop.clone());
     }
-    let sessions = Sessions::new(pool.clone(), session_settings(&config), stop.clone());
+    let sessions = Sessions::new(
+        pool.clone(),
+        session_settings(&config),
+        metrics.clone(),
+        stop.clone(),
+    );
     let packages = Packages::new(&info, &packages::allowed(&config));
     let tool_context = ToolContext::new(&config, info.python_version.clone(), packages.installed());
+    let drain = Duration::from_millis(config.worker.shutdown_drain_ms);
+    let stopping = CancellationToken::new();
     let state = Arc::new(AppState {
         config,
         pool: pool.clone(),
@@ -96,16 +113,36 @@ pub async fn serve(
         sessions,
         packages,
         tool_context,
-        shutdown: stop.clone(),
+        metrics,
+        stopping: stopping.clone(),
     });
+    // Outermost first: the id is set, then echoed in the response, then the span made.
     let app = api::router(state)
-        .layer(TraceLayer::new_for_http())
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(request_span)
+                .on_request(())
+                .on_response(
+                    DefaultOnResponse::new()
+                        .level(Level::INFO)
+                        .latency_unit(LatencyUnit::Micros),
+                )
+                .on_failure(DefaultOnFailure::new().level(Level::WARN)),
+        )
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid));
 
     let stop_signal = stop.clone();
     tokio::spawn(async move {
         shutdown.await;
+        stopping.cancel();
+        if !drain.is_zero() {
+            tracing::info!(
+                ?drain,
+                "not ready any more; draining before closing the listener"
+            );
+            tokio::time::sleep(drain).await;
+        }
         stop_signal.cancel();
     });
     let graceful = stop.clone();
@@ -131,6 +168,37 @@ pub fn session_settings(config: &Config) -> SessionSettings {
         max_ttl: Duration::from_secs(s.max_ttl_seconds),
         interrupt_grace: Duration::from_millis(s.interrupt_grace_ms),
     }
+}
+
+/// The span every log line of a request is written in: its id, method and path (never its
+/// body: code and output are not logged).
+fn request_span(request: &Request<Body>) -> tracing::Span {
+    let id = request
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    tracing::info_span!(
+        "request",
+        request_id = %id,
+        method = %request.method(),
+        path = %request.uri().path(),
+    )
+}
+
+/// What `snakecage_build_info` and the status page say is running.
+pub fn build_info(zygote: &ZygoteInfo) -> BuildInfo {
+    BuildInfo {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        python_version: zygote.python_version.clone(),
+        sandbox_layers: sandbox_layers(zygote),
+    }
+}
+
+/// The sandbox layers the zygote reports as active. The zygote does not report any yet
+/// (issue 3 adds its probes to `ZygoteInfo`); this is the one place to read them from.
+fn sandbox_layers(_zygote: &ZygoteInfo) -> Vec<String> {
+    Vec::new()
 }
 
 /// The local-disk store the configuration describes.

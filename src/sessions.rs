@@ -22,6 +22,9 @@ use serde::Serialize;
 use tokio::sync::OwnedMutexGuard;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::Metrics;
+use crate::metrics::labels::SessionEnd;
+
 use crate::files::workspace::Staged;
 use crate::pool::session::SessionWorker;
 use crate::pool::{Pool, PoolError};
@@ -175,6 +178,7 @@ struct Inner {
     pool: Pool,
     settings: SessionSettings,
     table: Mutex<Table>,
+    metrics: Arc<Metrics>,
 }
 
 #[derive(Default)]
@@ -215,11 +219,17 @@ impl Drop for Creating<'_> {
 
 impl Sessions {
     /// The registry and its expiry sweeper, which stops with `stop`.
-    pub fn new(pool: Pool, settings: SessionSettings, stop: CancellationToken) -> Self {
+    pub fn new(
+        pool: Pool,
+        settings: SessionSettings,
+        metrics: Arc<Metrics>,
+        stop: CancellationToken,
+    ) -> Self {
         let inner = Arc::new(Inner {
             pool,
             settings,
             table: Mutex::new(Table::default()),
+            metrics,
         });
         tokio::spawn(sweeper(Arc::downgrade(&inner), stop));
         Self { inner }
@@ -271,6 +281,7 @@ impl Sessions {
         table.creating -= 1;
         creating.1 = false;
         table.live.insert(session.id.clone(), session.clone());
+        inner.metrics.session_created();
         tracing::info!(session = %session.id, "session created");
         Ok(session)
     }
@@ -295,7 +306,9 @@ impl Sessions {
                 "it was evicted as the least recently used session when the limit of {max} sessions was reached"
             );
             tracing::info!(session = %id, "session evicted (least recently used)");
-            evicted.extend(table.end(&id, reason));
+            let ended = table.end(&id, reason);
+            self.counted(&ended, SessionEnd::Evicted);
+            evicted.extend(ended);
         }
         table.creating += 1;
         Ok(evicted)
@@ -306,7 +319,8 @@ impl Sessions {
         let mut table = self.inner.table.lock().expect("sessions lock");
         if let Some(session) = table.live.get(id).cloned() {
             if session.expired(Instant::now()) && session.state.try_lock().is_ok() {
-                table.end(id, self.expiry_reason(&session));
+                let ended = table.end(id, self.expiry_reason(&session));
+                self.counted(&ended, SessionEnd::Expired);
             } else {
                 return Ok(session);
             }
@@ -323,13 +337,39 @@ impl Sessions {
     /// Deletes `id`: kills its worker (even mid-run) and removes its workspace.
     pub fn delete(&self, id: &str) -> Result<(), SessionError> {
         let mut table = self.inner.table.lock().expect("sessions lock");
-        let session = table
-            .live
-            .remove(id)
-            .ok_or_else(|| SessionError::NotFound(id.to_owned()))?;
+        let Some(session) = table.live.remove(id) else {
+            // A session that ended on its own (lost, expired, evicted) can still be deleted:
+            // that forgets why it ended, so later calls get 404 instead of 410.
+            let before = table.tombstones.len();
+            table.tombstones.retain(|(t, _)| t != id);
+            if table.tombstones.len() < before {
+                return Ok(());
+            }
+            return Err(SessionError::NotFound(id.to_owned()));
+        };
         session.ended.cancel();
+        self.inner.metrics.session_ended(SessionEnd::Closed);
         tracing::info!(session = %id, "session deleted");
         Ok(())
+    }
+
+    /// Ends `id` because its worker died or had to be killed: its state is gone, and every
+    /// later call on it gets 410 with `reason`.
+    pub fn lose(&self, id: &str, reason: String) {
+        let ended = self
+            .inner
+            .table
+            .lock()
+            .expect("sessions lock")
+            .end(id, reason);
+        self.counted(&ended, SessionEnd::Lost);
+    }
+
+    /// Counts a session that `Table::end` really ended (it may have ended already).
+    fn counted(&self, ended: &Option<Arc<Session>>, why: SessionEnd) {
+        if ended.is_some() {
+            self.inner.metrics.session_ended(why);
+        }
     }
 
     pub fn list(&self) -> Vec<SessionInfo> {
@@ -373,7 +413,9 @@ async fn sweeper(inner: std::sync::Weak<Inner>, stop: CancellationToken) {
                 .into_iter()
                 .filter_map(|(id, reason)| {
                     tracing::info!(session = %id, "session expired");
-                    table.end(&id, reason)
+                    let ended = table.end(&id, reason);
+                    sessions.counted(&ended, SessionEnd::Expired);
+                    ended
                 })
                 .collect()
         };

@@ -3,13 +3,14 @@
 //! `args`), store what the run wrote.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use axum::Json;
 use axum::extract::State;
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use snakecage_worker::protocol::{Job, MimeBundle};
 use tokio::sync::mpsc;
+use tower_http::request_id::RequestId;
 
 use super::SharedState;
 use super::json::ApiJson;
@@ -19,6 +20,7 @@ use crate::files::workspace::{
 };
 use crate::files::{FileStore, StoreError};
 use crate::markdown;
+use crate::metrics::labels::{Kind, Outcome};
 use crate::pool::Stager;
 use crate::pool::run::{OutputChunk, RunLimits, RunOutcome, RunVerdict};
 
@@ -117,22 +119,33 @@ fn signal_name(sig: i32) -> &'static str {
 
 pub async fn execute(
     State(state): State<SharedState>,
+    request_id: Option<Extension<RequestId>>,
     ApiJson(req): ApiJson<ExecuteRequest>,
 ) -> Result<Json<ExecuteResponse>, ApiError> {
     let prepared = prepare(&state, req).await?;
-    Ok(Json(run_stateless(&state, prepared, None).await?))
+    let id = request_id_str(request_id.as_ref());
+    Ok(Json(
+        run_stateless(&state, prepared, None, id.as_deref()).await?,
+    ))
+}
+
+fn request_id_str(id: Option<&Extension<RequestId>>) -> Option<String> {
+    id.and_then(|id| id.header_value().to_str().ok())
+        .map(str::to_owned)
 }
 
 /// The same run as SSE (see `stream`); validation errors are answered before it starts. A
 /// client that disconnects mid-stream kills its worker.
 pub async fn execute_stream(
     State(state): State<SharedState>,
+    request_id: Option<Extension<RequestId>>,
     ApiJson(req): ApiJson<ExecuteRequest>,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     let prepared = prepare(&state, req).await?;
+    let id = request_id_str(request_id.as_ref());
     let (tx, rx) = mpsc::channel(super::stream::CHUNK_BUFFER);
-    let run = async move { run_stateless(&state, prepared, Some(tx)).await };
+    let run = async move { run_stateless(&state, prepared, Some(tx), id.as_deref()).await };
     let stream = super::stream::sse(
         rx,
         run,
@@ -176,8 +189,29 @@ pub async fn prepare(state: &SharedState, req: ExecuteRequest) -> Result<Prepare
 }
 
 /// Runs a prepared request on a fresh worker and stores the files it wrote; output chunks
-/// go to `chunks` as they come when it is given.
+/// go to `chunks` as they come when it is given. Every run that got to the pool is counted
+/// in the metrics (a request refused at validation is no execution).
 pub async fn run_stateless(
+    state: &SharedState,
+    prepared: Prepared,
+    chunks: Option<mpsc::Sender<OutputChunk>>,
+    request_id: Option<&str>,
+) -> Result<ExecuteResponse, ApiError> {
+    let started = Instant::now();
+    let result = run_prepared(state, prepared, chunks).await;
+    let outcome = match &result {
+        Ok(response) => Some(Outcome::from(response.verdict)),
+        Err(e) => e.is_shed().then_some(Outcome::Rejected),
+    };
+    if let Some(outcome) = outcome {
+        state
+            .metrics
+            .execution_finished(Kind::Stateless, outcome, started.elapsed(), request_id);
+    }
+    result
+}
+
+async fn run_prepared(
     state: &SharedState,
     prepared: Prepared,
     chunks: Option<mpsc::Sender<OutputChunk>>,

@@ -1,4 +1,6 @@
-//! `GET /health`: Onyx's `{"status": "ok"}` plus the pool and the interpreter.
+//! `GET /health`: Onyx's `{"status": "ok"}` plus the pool, the interpreter and the sandbox
+//! layers. `GET /ready`: 200 once the pool has workers, 503 before that, while the zygote
+//! is down and once shutdown has begun (for load balancers and Kubernetes probes).
 
 use axum::Json;
 use axum::extract::State;
@@ -17,12 +19,35 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
         "version": env!("CARGO_PKG_VERSION"),
         "python_version": zygote.python_version,
         "preloaded": zygote.preloaded,
+        "sandbox_layers": state.metrics.build().sandbox_layers,
+        "ready": not_ready(&state).is_none(),
         "pool": pool,
         "sessions": {
             "active": state.sessions.count(),
             "max": state.sessions.settings().max_sessions,
         },
     }))
+}
+
+pub async fn ready(State(state): State<SharedState>) -> Result<Json<Value>, ApiError> {
+    match not_ready(&state) {
+        None => Ok(Json(json!({ "status": "ready" }))),
+        Some(why) => Err(ApiError::Unavailable(why.to_owned())),
+    }
+}
+
+/// Why the service should not be sent requests now, if it should not.
+fn not_ready(state: &SharedState) -> Option<&'static str> {
+    let pool = state.pool.status();
+    if state.stopping.is_cancelled() {
+        Some("the service is shutting down")
+    } else if !pool.zygote.as_ref().is_some_and(|z| z.alive) {
+        Some("the zygote is not running; it is being restarted")
+    } else if pool.workers_spawned == 0 {
+        Some("no worker is ready yet")
+    } else {
+        None
+    }
 }
 
 pub async fn not_found(uri: Uri) -> ApiError {

@@ -5,20 +5,25 @@ mod execute;
 mod files;
 mod health;
 mod json;
+mod metrics;
 mod sessions;
+mod status;
 mod stream;
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::middleware;
 use axum::routing::{get, post};
+use tokio_util::sync::CancellationToken;
 
 use crate::sessions::Sessions;
 
 use crate::config::Config;
 use crate::files::SharedStore;
 use crate::mcp;
+use crate::metrics::{self as service_metrics, Metrics};
 use crate::packages::Packages;
 use crate::pool::Pool;
 use crate::tools::ToolContext;
@@ -33,8 +38,9 @@ pub struct AppState {
     pub packages: Packages,
     /// What the tool descriptions say (from the live configuration).
     pub tool_context: ToolContext,
-    /// Cancelled when the service shuts down (ends MCP streams).
-    pub shutdown: tokio_util::sync::CancellationToken,
+    pub metrics: Arc<Metrics>,
+    /// Fires when shutdown begins: from then on `/ready` answers 503 and MCP streams end.
+    pub stopping: CancellationToken,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -46,8 +52,13 @@ pub fn router(state: SharedState) -> Router {
     let upload_limit = usize::try_from(state.config.files.max_file_size_mb << 20)
         .unwrap_or(usize::MAX)
         .saturating_add(1 << 20);
+    let metrics = state.metrics.clone();
     let api = Router::new()
+        .route("/", get(status::page))
         .route("/health", get(health::health))
+        .route("/ready", get(health::ready))
+        .route("/metrics", get(metrics::metrics))
+        .route("/v1/status", get(status::status))
         .route("/v1/packages", get(agents::packages))
         .route("/v1/tools", get(agents::tools))
         .route("/v1/execute", post(execute::execute))
@@ -77,12 +88,16 @@ pub fn router(state: SharedState) -> Router {
         .fallback(health::not_found)
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state.clone());
-    // MCP tool calls are carried out through the routes above.
+    // MCP tool calls are carried out through the routes above (and counted there).
     let mcp = mcp::service(
         api.clone(),
         &state.tool_context,
         state.config.mcp.allowed_hosts.clone(),
-        state.shutdown.clone(),
+        state.stopping.clone(),
     );
     api.nest_service("/mcp", mcp)
+        .layer(middleware::from_fn_with_state(
+            metrics,
+            service_metrics::http::count_requests,
+        ))
 }

@@ -23,6 +23,7 @@ use super::stream::{self, OnDisconnect};
 use crate::error::ApiError;
 use crate::files::StoreError;
 use crate::files::workspace::{self, StageInput};
+use crate::metrics::labels::{Kind, Outcome};
 use crate::pool::run::{Interrupt, OutputChunk, RunError};
 use crate::sessions::{Session, SessionError, SessionInfo, SessionState};
 
@@ -120,7 +121,7 @@ pub async fn get(
                 variables,
             }))
         }
-        Err(e) => Err(lose(&session, &mut guard, e.to_string())),
+        Err(e) => Err(lose(&state, &session, &mut guard, e.to_string())),
     }
 }
 
@@ -138,7 +139,7 @@ pub async fn reset(
             drop(guard);
             Ok(Json(session.info()))
         }
-        Err(e) => Err(lose(&session, &mut guard, e.to_string())),
+        Err(e) => Err(lose(&state, &session, &mut guard, e.to_string())),
     }
 }
 
@@ -200,6 +201,27 @@ pub async fn execute_stream(
 async fn run(
     state: SharedState,
     session: Arc<Session>,
+    guard: OwnedMutexGuard<SessionState>,
+    prepared: Prepared,
+    chunks: Option<mpsc::Sender<OutputChunk>>,
+    interrupt: CancellationToken,
+) -> Result<ExecuteResponse, ApiError> {
+    let started = std::time::Instant::now();
+    let metrics = state.metrics.clone();
+    let result = run_in(state, session, guard, prepared, chunks, interrupt).await;
+    let outcome = match &result {
+        Ok(response) => Some(Outcome::from(response.verdict)),
+        Err(e) => e.is_shed().then_some(Outcome::Rejected),
+    };
+    if let Some(outcome) = outcome {
+        metrics.execution_finished(Kind::Session, outcome, started.elapsed(), None);
+    }
+    result
+}
+
+async fn run_in(
+    state: SharedState,
+    session: Arc<Session>,
     mut guard: OwnedMutexGuard<SessionState>,
     prepared: Prepared,
     chunks: Option<mpsc::Sender<OutputChunk>>,
@@ -253,6 +275,7 @@ async fn run(
         Ok(ran) => ran,
         Err(RunError::WorkerLost(e)) => {
             return Err(lose(
+                &state,
                 &session,
                 &mut guard,
                 format!("its worker was gone ({e})"),
@@ -275,14 +298,21 @@ async fn run(
             "\nThe session is gone: {reason}. Its state is lost; further calls on it get 410."
         ));
         tracing::warn!(session = %id, %reason, "session worker lost");
+        state.sessions.lose(&id, reason.clone());
         guard.mark_dead(reason);
     }
     Ok(response)
 }
 
 /// Marks the session dead for `reason` and says so (410).
-fn lose(session: &Session, guard: &mut SessionState, reason: String) -> ApiError {
+fn lose(
+    state: &SharedState,
+    session: &Session,
+    guard: &mut SessionState,
+    reason: String,
+) -> ApiError {
     tracing::warn!(session = %session.id, %reason, "session worker lost");
+    state.sessions.lose(&session.id, reason.clone());
     guard.mark_dead(reason.clone());
     SessionError::Gone {
         id: session.id.clone(),

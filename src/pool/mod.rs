@@ -5,6 +5,7 @@
 //! - [`run`]: one job on one worker, with deadline, capture and verdict.
 //! - [`capture`]: bounded output buffers.
 //! - [`session`]: a worker kept for a session (run, reset, inspect).
+//! - [`events`]: what the pool reports as it works (for the metrics).
 //!
 //! `size` is both the number of jobs that run at once and the number of idle workers kept
 //! ready, so the next job after a finished one starts on a warm worker at once. A request
@@ -20,6 +21,7 @@
 //! a slot to flow through however many sessions are busy.
 
 pub mod capture;
+pub mod events;
 pub mod run;
 pub mod session;
 pub mod worker;
@@ -30,13 +32,14 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use snakecage_worker::protocol::{Job, WorkerMessage, ZygoteConfig, ZygoteInfo};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use self::events::{KillReason, NoEvents, PoolEvents, Rejection};
 use self::run::{OutputChunk, RunError, RunLimits, RunOutcome};
 use self::session::SessionWorker;
 use self::worker::{JobChannel, Worker, Workspace};
@@ -178,11 +181,20 @@ struct Inner {
     refill: Notify,
     shutdown: CancellationToken,
     counters: PoolCounters,
+    events: Arc<dyn PoolEvents>,
 }
 
 impl Pool {
     /// Starts the zygote (waiting for it to be ready), then the refill and restart tasks.
     pub async fn start(settings: PoolSettings) -> Result<Self, PoolError> {
+        Self::start_observed(settings, Arc::new(NoEvents)).await
+    }
+
+    /// [`Pool::start`], reporting queue waits, spawns, kills and restarts to `events`.
+    pub async fn start_observed(
+        settings: PoolSettings,
+        events: Arc<dyn PoolEvents>,
+    ) -> Result<Self, PoolError> {
         let root = &settings.workspace_root;
         if let Some(parent) = root.parent() {
             remove_abandoned_workspace_roots(parent);
@@ -213,6 +225,7 @@ impl Pool {
             refill: Notify::new(),
             shutdown: CancellationToken::new(),
             counters: PoolCounters::default(),
+            events,
         });
         tokio::spawn(refill_loop(inner.clone()));
         tokio::spawn(zygote_keeper(inner.clone()));
@@ -230,6 +243,13 @@ impl Pool {
     /// Takes an execution slot and an idle worker, waiting in the FIFO queue when all
     /// `size` slots are busy (or, briefly, when the refill has not caught up).
     pub async fn acquire(&self) -> Result<Checkout, PoolError> {
+        let started = Instant::now();
+        let result = self.checkout().await;
+        self.inner.observe_wait(started, &result);
+        result
+    }
+
+    async fn checkout(&self) -> Result<Checkout, PoolError> {
         let deadline = tokio::time::Instant::now() + self.inner.settings.queue_timeout;
         let slot = self.inner.acquire_slot(&self.inner.slots, deadline).await?;
         let worker = self.inner.take_idle(deadline).await?;
@@ -243,6 +263,13 @@ impl Pool {
     /// An execution slot for one session run: a share permit, then a pool slot, both
     /// through the FIFO queue (see the module docs for the share).
     pub async fn acquire_session_slot(&self) -> Result<SessionSlot, PoolError> {
+        let started = Instant::now();
+        let result = self.session_checkout().await;
+        self.inner.observe_wait(started, &result);
+        result
+    }
+
+    async fn session_checkout(&self) -> Result<SessionSlot, PoolError> {
         let inner = &self.inner;
         let deadline = tokio::time::Instant::now() + inner.settings.queue_timeout;
         let share = inner.acquire_slot(&inner.session_share, deadline).await?;
@@ -303,10 +330,22 @@ impl Pool {
                 _slot,
                 _busy,
             } = self.acquire().await?;
+            let abandoned = AbandonGuard(Some(&*self.inner.events));
             // A staging failure drops the checkout: the worker is killed, no code ran.
-            let staged = stager.stage(worker.workspace_path()).await?;
-            match run::run(&mut worker, job.clone(), limits, chunks.clone()).await {
+            let staged = match stager.stage(worker.workspace_path()).await {
+                Ok(staged) => staged,
+                Err(e) => {
+                    abandoned.defuse();
+                    return Err(e);
+                }
+            };
+            let ran = run::run(&mut worker, job.clone(), limits, chunks.clone()).await;
+            abandoned.defuse();
+            match ran {
                 Ok(outcome) => {
+                    if let Some(reason) = outcome.kill {
+                        self.inner.events.worker_killed(reason);
+                    }
                     let workspace = worker.take_workspace();
                     return Ok(Finished {
                         outcome,
@@ -321,6 +360,7 @@ impl Pool {
                         .counters
                         .workers_lost
                         .fetch_add(1, Ordering::Relaxed);
+                    self.inner.events.worker_killed(KillReason::LostIdle);
                     tracing::warn!(error = %e, "an idle worker was gone when its job arrived; retrying");
                     last_error = e.to_string();
                 }
@@ -414,6 +454,21 @@ impl Inner {
                 return Ok(worker);
             }
             // Died with its zygote while idle: skip it, the refill replaces it.
+            self.events.worker_killed(KillReason::LostIdle);
+        }
+    }
+
+    /// Reports how long a checkout waited, or why it was refused.
+    fn observe_wait<T>(&self, started: Instant, result: &Result<T, PoolError>) {
+        match result {
+            Ok(_) => self.events.queue_wait(started.elapsed()),
+            Err(PoolError::QueueFull) => self.events.rejected(Rejection::QueueFull),
+            Err(PoolError::QueueTimeout(_)) => {
+                self.events.queue_wait(started.elapsed());
+                self.events.rejected(Rejection::QueueTimeout);
+            }
+            Err(PoolError::ShuttingDown) => self.events.rejected(Rejection::ShuttingDown),
+            Err(_) => {}
         }
     }
 
@@ -464,6 +519,24 @@ impl Drop for BusyGuard {
     }
 }
 
+/// Reports an abandoned job when a request is dropped (its client went away) while its
+/// worker is staged or running; the dropped checkout kills the worker.
+struct AbandonGuard<'a>(Option<&'a dyn PoolEvents>);
+
+impl AbandonGuard<'_> {
+    fn defuse(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for AbandonGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(events) = self.0 {
+            events.worker_killed(KillReason::Abandoned);
+        }
+    }
+}
+
 struct WaitingGuard<'a>(&'a AtomicUsize);
 
 impl Drop for WaitingGuard<'_> {
@@ -493,7 +566,14 @@ async fn refill_loop(inner: Arc<Inner>) {
 }
 
 async fn spawn_one(inner: Arc<Inner>, zygote: Arc<ZygoteHandle>) {
-    match spawn_worker(&inner, &zygote).await {
+    let started = Instant::now();
+    let spawned = spawn_worker(&inner, &zygote).await;
+    match &spawned {
+        Ok(_) => inner.events.worker_spawned(started.elapsed()),
+        Err(SpawnError::NotReady { .. }) => inner.events.worker_killed(KillReason::NotReady),
+        Err(_) => inner.events.spawn_failed(),
+    }
+    match spawned {
         Ok(worker) => {
             inner
                 .counters
@@ -605,7 +685,11 @@ async fn zygote_keeper(inner: Arc<Inner>) {
         }
         tracing::error!(pid = current.info.pid, "the zygote died; restarting it");
         // Its idle workers died with it.
-        inner.idle.lock().expect("idle lock").clear();
+        let lost = std::mem::take(&mut *inner.idle.lock().expect("idle lock"));
+        for _ in &lost {
+            inner.events.worker_killed(KillReason::LostIdle);
+        }
+        drop(lost);
         let mut backoff = Duration::from_millis(100);
         loop {
             let s = &inner.settings;
@@ -620,6 +704,7 @@ async fn zygote_keeper(inner: Arc<Inner>) {
                     Ok(zygote) => {
                         *inner.zygote.write().expect("zygote lock") = zygote;
                         inner.counters.zygote_restarts.fetch_add(1, Ordering::Relaxed);
+                        inner.events.zygote_restarted();
                         inner.refill.notify_one();
                         break;
                     }

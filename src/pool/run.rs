@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::capture::CappedOutput;
+use super::events::KillReason;
 use super::worker::{Worker, read_pipe};
 
 /// How a run ended, from the user's point of view.
@@ -88,6 +89,8 @@ pub struct RunOutcome {
     pub result: Option<JobResult>,
     /// The signal that ended the worker, when one did.
     pub signal: Option<i32>,
+    /// Why the worker was killed before it reported, when it was (for the metrics).
+    pub kill: Option<KillReason>,
 }
 
 /// Failures that leave no result for the user: the job never reached the worker.
@@ -133,6 +136,8 @@ pub async fn run(
             "worker violated the job protocol; killed"
         );
     }
+    let reported = matches!(ending, Ending::Reported(_));
+    let protocol_violation = ending == Ending::ProtocolViolation;
     let (result, signal, exit_code, timed_out) = match ending {
         Ending::Reported(result) => {
             let code = result.exit_code;
@@ -160,6 +165,15 @@ pub async fn run(
         let _ = worker.exit_status(EXIT_STATUS_WAIT).await;
     }
     let verdict = verdict(result.as_ref(), timed_out, capture.truncated());
+    let kill = if reported {
+        None
+    } else if timed_out {
+        Some(KillReason::Timeout)
+    } else if protocol_violation {
+        Some(KillReason::ProtocolViolation)
+    } else {
+        Some(KillReason::Crashed)
+    };
     let (stdout, stdout_truncated) = capture.stdout.finish();
     let (stderr, stderr_truncated) = capture.stderr.finish();
     Ok(RunOutcome {
@@ -173,6 +187,7 @@ pub async fn run(
         duration,
         result,
         signal,
+        kill,
     })
 }
 
@@ -219,6 +234,12 @@ pub async fn run_in_session(
     let overdue = tokio::time::Instant::now() >= deadline;
     let reported = matches!(ending, Ending::Reported(_));
     let killed_at_deadline = ending == Ending::Deadline;
+    let kill = match ending {
+        Ending::Reported(_) => None,
+        Ending::Deadline => Some(KillReason::Timeout),
+        Ending::ProtocolViolation => Some(KillReason::ProtocolViolation),
+        Ending::Died => Some(KillReason::Crashed),
+    };
     if !reported {
         worker.kill();
     }
@@ -286,6 +307,7 @@ pub async fn run_in_session(
             duration,
             result,
             signal,
+            kill,
         },
         lost,
     })

@@ -133,6 +133,19 @@ impl Server {
         }
     }
 
+    /// GET `path`: the status, the response headers and the body.
+    pub async fn get(&self, path: &str) -> (u16, reqwest::header::HeaderMap, String) {
+        let resp = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        (status, headers, resp.text().await.unwrap())
+    }
+
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         let resp = self
             .client
@@ -233,6 +246,18 @@ pub fn process_exists(pid: u32) -> bool {
 pub fn peak_rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
+/// Current resident memory of a process, in bytes.
+pub fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
     line.split_whitespace()
         .nth(1)
         .unwrap()

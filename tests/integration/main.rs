@@ -5,5 +5,8 @@ mod agents;
 mod core;
 mod files;
 mod harness;
+mod observability;
+mod overload;
+mod prom;
 mod sessions;
 mod stream;

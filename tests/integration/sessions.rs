@@ -166,7 +166,51 @@ async fn a_session_whose_worker_is_killed_answers_410() {
         "{detail}"
     );
     assert_eq!(get(&s, &format!("/v1/sessions/{id}")).await.0, 410);
+    let m = s.scrape().await;
+    assert_eq!(m.get("snakecage_sessions_lost_total", &[]), 1.0);
+    assert_eq!(m.get("snakecage_sessions_active", &[]), 0.0);
+    assert_eq!(
+        m.get(
+            "snakecage_executions_total",
+            &[("kind", "session"), ("outcome", "timeout")]
+        ),
+        1.0
+    );
+    // Deleting it forgets it: 204 once, then 404; it is not counted a second time.
     assert_eq!(delete(&s, &format!("/v1/sessions/{id}")).await, 204);
+    assert_eq!(delete(&s, &format!("/v1/sessions/{id}")).await, 404);
+    let m = s.scrape().await;
+    assert_eq!(m.get("snakecage_sessions_closed_total", &[]), 0.0);
+    assert_eq!(m.get("snakecage_sessions_active", &[]), 0.0);
+}
+
+#[tokio::test]
+async fn session_lifecycle_is_counted_in_the_metrics() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    let m = s.scrape().await;
+    assert_eq!(m.get("snakecage_sessions_created_total", &[]), 1.0);
+    assert_eq!(m.get("snakecage_sessions_active", &[]), 1.0);
+    run(&s, &id, "x = 1").await;
+    run(&s, &id, "1 / 0").await;
+    assert_eq!(delete(&s, &format!("/v1/sessions/{id}")).await, 204);
+    let m = s.scrape().await;
+    assert_eq!(
+        m.get(
+            "snakecage_executions_total",
+            &[("kind", "session"), ("outcome", "ok")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        m.get(
+            "snakecage_executions_total",
+            &[("kind", "session"), ("outcome", "error")]
+        ),
+        1.0
+    );
+    assert_eq!(m.get("snakecage_sessions_closed_total", &[]), 1.0);
+    assert_eq!(m.get("snakecage_sessions_active", &[]), 0.0);
 }
 
 #[tokio::test]

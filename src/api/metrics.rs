@@ -1,0 +1,34 @@
+//! `GET /metrics`: the Prometheus text exposition format.
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+
+use super::SharedState;
+use crate::metrics::StoreUsage;
+
+/// The content type of the text format, version 0.0.4.
+const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
+    observe(&state).await;
+    (
+        [(header::CONTENT_TYPE, TEXT_FORMAT)],
+        state.metrics.encode(),
+    )
+}
+
+/// Reads the state gauges (pool, file store, memory) into the metrics.
+pub async fn observe(state: &SharedState) {
+    let usage = match state.store.list().await {
+        Ok(files) => Some(StoreUsage {
+            files: files.len() as u64,
+            bytes: files.iter().map(|f| f.size_bytes).sum(),
+        }),
+        Err(e) => {
+            tracing::warn!(error = %e, "listing the file store for the metrics failed");
+            None
+        }
+    };
+    state.metrics.observe(&state.pool.status(), usage);
+}

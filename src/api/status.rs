@@ -1,0 +1,86 @@
+//! The live status page: `GET /` serves one self-contained HTML file (inline CSS and JS, no
+//! external assets), which polls `GET /v1/status`, a JSON summary read from the same
+//! counters `/metrics` exports.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{Html, IntoResponse};
+use serde::Serialize;
+use snakecage_worker::protocol::PreloadedModule;
+
+use super::SharedState;
+use crate::metrics::labels::{Kind, Outcome};
+use crate::metrics::recent::{Failure, Percentiles};
+use crate::pool::PoolStatus;
+
+const PAGE: &str = include_str!("status.html");
+
+pub async fn page() -> impl IntoResponse {
+    ([(header::CACHE_CONTROL, "no-store")], Html(PAGE))
+}
+
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub version: &'static str,
+    pub python_version: String,
+    pub executions: Executions,
+    /// Over the last executions that ran (at most `latency.window`).
+    pub latency: Percentiles,
+    pub pool: PoolStatus,
+    pub sessions_active: i64,
+    pub sandbox_layers: Vec<String>,
+    /// Packages user code can import, with their versions (those preloaded in the zygote).
+    pub packages: Vec<PreloadedModule>,
+    /// The last failed or shed executions, newest first.
+    pub recent_failures: Vec<Failure>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Executions {
+    /// Every execution, shed ones included.
+    pub total: u64,
+    pub ok: u64,
+    /// `ok / total`; `null` before the first execution.
+    pub success_rate: Option<f64>,
+    /// Per outcome (ok, error, timeout, memory_limit, output_limit, killed, rejected),
+    /// every kind together.
+    pub by_outcome: BTreeMap<&'static str, u64>,
+    pub by_kind: BTreeMap<&'static str, u64>,
+}
+
+pub async fn status(State(state): State<SharedState>) -> Json<Status> {
+    super::metrics::observe(&state).await;
+    let metrics = &state.metrics;
+    let mut by_outcome = BTreeMap::new();
+    let mut by_kind = BTreeMap::new();
+    for outcome in Outcome::ALL {
+        for kind in Kind::ALL {
+            let n = metrics.executions(kind, outcome);
+            *by_outcome.entry(outcome.as_str()).or_insert(0) += n;
+            *by_kind.entry(kind.as_str()).or_insert(0) += n;
+        }
+    }
+    let total: u64 = by_outcome.values().sum();
+    let ok = by_outcome[Outcome::Ran(crate::pool::run::RunVerdict::Ok).as_str()];
+    let zygote = state.pool.zygote_info();
+    Json(Status {
+        version: env!("CARGO_PKG_VERSION"),
+        python_version: zygote.python_version,
+        executions: Executions {
+            total,
+            ok,
+            success_rate: (total > 0).then(|| ok as f64 / total as f64),
+            by_outcome,
+            by_kind,
+        },
+        latency: metrics.recent().percentiles(),
+        pool: state.pool.status(),
+        sessions_active: metrics.sessions_active(),
+        sandbox_layers: metrics.build().sandbox_layers,
+        packages: zygote.preloaded,
+        recent_failures: metrics.recent().failures(),
+    })
+}

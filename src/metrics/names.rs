@@ -1,0 +1,107 @@
+//! Every metric name and label name snakecage exports: the one place they are spelled.
+//! The dashboard (`deploy/grafana/snakecage.json`) and the tests use these names; a test
+//! checks that every series the dashboard queries is one of them.
+
+/// Executions by `kind` and `outcome` (ok, error, timeout, memory_limit, output_limit,
+/// killed, rejected).
+pub const EXECUTIONS_TOTAL: &str = "snakecage_executions_total";
+/// End-to-end duration of executions that ran (queue wait, staging, run, collecting
+/// files), by `kind`.
+pub const EXECUTION_DURATION_SECONDS: &str = "snakecage_execution_duration_seconds";
+/// How long requests waited for a worker.
+pub const QUEUE_WAIT_SECONDS: &str = "snakecage_queue_wait_seconds";
+/// Requests shed without running, by `reason` (queue_full, queue_timeout, shutting_down).
+pub const QUEUE_REJECTIONS_TOTAL: &str = "snakecage_queue_rejections_total";
+
+/// Idle, pre-forked workers ready to take a job.
+pub const POOL_IDLE_WORKERS: &str = "snakecage_pool_idle_workers";
+/// Workers running a job.
+pub const POOL_BUSY_WORKERS: &str = "snakecage_pool_busy_workers";
+/// Workers being forked and warmed up.
+pub const POOL_SPAWNING_WORKERS: &str = "snakecage_pool_spawning_workers";
+/// `pool.size`: jobs that run at once, and idle workers kept ready.
+pub const POOL_TARGET_SIZE: &str = "snakecage_pool_target_size";
+/// Requests waiting for a worker.
+pub const POOL_QUEUE_DEPTH: &str = "snakecage_pool_queue_depth";
+/// `pool.queue_length`: how many may wait before requests get 429.
+pub const POOL_QUEUE_CAPACITY: &str = "snakecage_pool_queue_capacity";
+
+/// From asking the zygote for a worker to the worker saying Ready.
+pub const WORKER_SPAWN_DURATION_SECONDS: &str = "snakecage_worker_spawn_duration_seconds";
+/// Fork requests that failed before there was a worker.
+pub const WORKER_SPAWN_FAILURES_TOTAL: &str = "snakecage_worker_spawn_failures_total";
+/// Workers killed or lost before finishing a job normally, by `reason`.
+pub const WORKERS_KILLED_TOTAL: &str = "snakecage_workers_killed_total";
+/// Dead zygotes replaced.
+pub const ZYGOTE_RESTARTS_TOTAL: &str = "snakecage_zygote_restarts_total";
+
+/// Python sessions alive now.
+pub const SESSIONS_ACTIVE: &str = "snakecage_sessions_active";
+pub const SESSIONS_CREATED_TOTAL: &str = "snakecage_sessions_created_total";
+/// Sessions closed by their client.
+pub const SESSIONS_CLOSED_TOTAL: &str = "snakecage_sessions_closed_total";
+/// Sessions ended because they sat idle past their TTL.
+pub const SESSIONS_EXPIRED_TOTAL: &str = "snakecage_sessions_expired_total";
+/// Sessions ended to make room (the session limit was reached).
+pub const SESSIONS_EVICTED_TOTAL: &str = "snakecage_sessions_evicted_total";
+/// Sessions whose worker died or had to be killed (their state is gone; calls get 410).
+pub const SESSIONS_LOST_TOTAL: &str = "snakecage_sessions_lost_total";
+
+/// Files in the file store.
+pub const FILES_STORED: &str = "snakecage_files_stored";
+/// Bytes in the file store.
+pub const FILES_STORED_BYTES: &str = "snakecage_files_stored_bytes";
+
+/// HTTP requests answered, by `route` (the route template, or `unmatched`) and `status`.
+pub const HTTP_REQUESTS_TOTAL: &str = "snakecage_http_requests_total";
+
+/// The supervisor's resident memory.
+pub const PROCESS_RESIDENT_MEMORY_BYTES: &str = "snakecage_process_resident_memory_bytes";
+
+/// Always 1; the labels say what is running: `version`, `python_version`,
+/// `sandbox_layers` (comma-separated, or `none`).
+pub const BUILD_INFO: &str = "snakecage_build_info";
+
+/// Label names.
+pub mod label {
+    pub const KIND: &str = "kind";
+    pub const OUTCOME: &str = "outcome";
+    pub const REASON: &str = "reason";
+    pub const ROUTE: &str = "route";
+    pub const STATUS: &str = "status";
+    pub const VERSION: &str = "version";
+    pub const PYTHON_VERSION: &str = "python_version";
+    pub const SANDBOX_LAYERS: &str = "sandbox_layers";
+}
+
+/// The `route` of a request no route matched (so unknown paths cannot grow the label set).
+pub const UNMATCHED_ROUTE: &str = "unmatched";
+
+/// Every metric family name, for checks that nothing refers to a name that does not exist.
+pub const ALL: [&str; 25] = [
+    EXECUTIONS_TOTAL,
+    EXECUTION_DURATION_SECONDS,
+    QUEUE_WAIT_SECONDS,
+    QUEUE_REJECTIONS_TOTAL,
+    POOL_IDLE_WORKERS,
+    POOL_BUSY_WORKERS,
+    POOL_SPAWNING_WORKERS,
+    POOL_TARGET_SIZE,
+    POOL_QUEUE_DEPTH,
+    POOL_QUEUE_CAPACITY,
+    WORKER_SPAWN_DURATION_SECONDS,
+    WORKER_SPAWN_FAILURES_TOTAL,
+    WORKERS_KILLED_TOTAL,
+    ZYGOTE_RESTARTS_TOTAL,
+    SESSIONS_ACTIVE,
+    SESSIONS_CREATED_TOTAL,
+    SESSIONS_CLOSED_TOTAL,
+    SESSIONS_EXPIRED_TOTAL,
+    SESSIONS_EVICTED_TOTAL,
+    SESSIONS_LOST_TOTAL,
+    FILES_STORED,
+    FILES_STORED_BYTES,
+    HTTP_REQUESTS_TOTAL,
+    PROCESS_RESIDENT_MEMORY_BYTES,
+    BUILD_INFO,
+];

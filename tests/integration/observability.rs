@@ -1,0 +1,576 @@
+//! What an operator sees: `/metrics` (checked by `promtool`), `/health` and `/ready`,
+//! request ids in headers and logs, the live status page (driven in headless Chromium),
+//! and the Grafana dashboard's queries.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use snakecage::metrics::names;
+
+use crate::harness::{Options, Server, repo_root};
+
+const EXECUTIONS: &str = names::EXECUTIONS_TOTAL;
+
+fn stateless(outcome: &str) -> [(&'static str, &str); 2] {
+    [("kind", "stateless"), ("outcome", outcome)]
+}
+
+/// Runs `promtool check metrics` on `text`; panics with its report when it objects.
+fn promtool_check(text: &str) {
+    use std::io::Write;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; scripts/test installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {:?}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn metrics_pass_promtool_and_count_what_was_served() {
+    let s = Server::start().await;
+    let before = s.scrape().await;
+    promtool_check(&before.text);
+    assert_eq!(before.get(names::POOL_TARGET_SIZE, &[]), 2.0);
+    assert_eq!(before.get(EXECUTIONS, &stateless("ok")), 0.0);
+    assert_eq!(before.get(EXECUTIONS, &stateless("rejected")), 0.0);
+    assert_eq!(before.get(names::SESSIONS_ACTIVE, &[]), 0.0);
+    let build = before.series(names::BUILD_INFO);
+    assert_eq!(build.len(), 1, "{build:?}");
+    assert_eq!(build[0].0["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(build[0].0["python_version"], "3.11.7");
+    assert_eq!(build[0].0["sandbox_layers"], "none");
+    assert_eq!(build[0].1, 1.0);
+
+    for _ in 0..3 {
+        assert_eq!(s.run("print(1)").await["verdict"], "ok");
+    }
+    for _ in 0..2 {
+        assert_eq!(s.run("1 / 0").await["verdict"], "error");
+    }
+    let r = s
+        .run_with(json!({"code": "while True: pass", "timeout_ms": 300}))
+        .await;
+    assert_eq!(r["verdict"], "timeout");
+    // Refused before it could run: an HTTP 422, not an execution.
+    let (status, _) = s.post("/v1/execute", &json!({"stdin": "no code"})).await;
+    assert_eq!(status, 422);
+    let (status, _, _) = s.get("/v1/files/does-not-exist").await;
+    assert_eq!(status, 404);
+
+    let after = s.scrape().await;
+    promtool_check(&after.text);
+    let delta = |name: &str, labels: &[(&str, &str)]| {
+        after.get_or_zero(name, labels) - before.get_or_zero(name, labels)
+    };
+    assert_eq!(delta(EXECUTIONS, &stateless("ok")), 3.0);
+    assert_eq!(delta(EXECUTIONS, &stateless("error")), 2.0);
+    assert_eq!(delta(EXECUTIONS, &stateless("timeout")), 1.0);
+    assert_eq!(after.sum(EXECUTIONS, &[]), 6.0, "no other outcome moved");
+    let duration_count = format!("{}_count", names::EXECUTION_DURATION_SECONDS);
+    assert_eq!(delta(&duration_count, &[("kind", "stateless")]), 6.0);
+    // The timeout took 300 ms or more; the histogram's buckets show it.
+    let bucket = format!("{}_bucket", names::EXECUTION_DURATION_SECONDS);
+    let under_quarter_second = after.get(&bucket, &[("kind", "stateless"), ("le", "0.25")]);
+    let under_half_second = after.get(&bucket, &[("kind", "stateless"), ("le", "0.5")]);
+    assert_eq!(under_half_second - under_quarter_second, 1.0);
+    assert_eq!(
+        delta(&format!("{}_count", names::QUEUE_WAIT_SECONDS), &[]),
+        6.0
+    );
+    assert_eq!(
+        delta(names::WORKERS_KILLED_TOTAL, &[("reason", "timeout")]),
+        1.0
+    );
+    assert!(
+        after.get(
+            &format!("{}_count", names::WORKER_SPAWN_DURATION_SECONDS),
+            &[]
+        ) >= 6.0,
+        "six workers were used"
+    );
+    let http = |route: &str, status: &str| {
+        after.get_or_zero(
+            names::HTTP_REQUESTS_TOTAL,
+            &[("route", route), ("status", status)],
+        )
+    };
+    assert_eq!(http("/v1/execute", "200"), 6.0);
+    assert_eq!(http("/v1/execute", "422"), 1.0);
+    assert_eq!(http("/v1/files/{file_id}", "404"), 1.0);
+    assert_eq!(http("/metrics", "200"), 1.0, "the first scrape");
+    assert_eq!(after.get(names::ZYGOTE_RESTARTS_TOTAL, &[]), 0.0);
+    assert!(after.get(names::PROCESS_RESIDENT_MEMORY_BYTES, &[]) > 1e6);
+
+    // Files stored: a count and bytes, read from the store.
+    let upload = reqwest::multipart::Form::new().part(
+        "file",
+        reqwest::multipart::Part::bytes(vec![b'x'; 1000]).file_name("x.txt"),
+    );
+    let resp = s
+        .client
+        .post(format!("{}/v1/files", s.base))
+        .multipart(upload)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let stored = s.scrape().await;
+    assert_eq!(stored.get(names::FILES_STORED, &[]), 1.0);
+    assert_eq!(stored.get(names::FILES_STORED_BYTES, &[]), 1000.0);
+}
+
+#[tokio::test]
+async fn every_request_gets_an_id_and_its_log_lines_carry_it_but_never_code_or_output() {
+    let s = Server::start().await;
+    let secret = "marker-3c1f9-never-logged";
+
+    // A client's own id is kept and echoed; without one, the service makes one.
+    let resp = s
+        .client
+        .post(format!("{}/v1/execute", s.base))
+        .header("x-request-id", "obs-exec-1")
+        .json(&json!({"code": format!("print('{secret}')\nraise ValueError('{secret}')")}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-request-id"], "obs-exec-1");
+    let body: Value = resp.json().await.unwrap();
+    assert!(body["stdout"].as_str().unwrap().contains(secret));
+    let (_, headers, _) = s.get("/health").await;
+    let generated = headers["x-request-id"].to_str().unwrap();
+    assert_eq!(generated.len(), 36, "a UUID: {generated}");
+
+    let upload = reqwest::multipart::Form::new().part(
+        "file",
+        reqwest::multipart::Part::bytes(secret.as_bytes().to_vec()).file_name("s.txt"),
+    );
+    let resp = s
+        .client
+        .post(format!("{}/v1/files", s.base))
+        .header("x-request-id", "obs-upload-1")
+        .multipart(upload)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    assert_eq!(resp.headers()["x-request-id"], "obs-upload-1");
+
+    // The log is written by another thread of ours; give it a moment.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let lines = loop {
+        let log = s.log();
+        let lines: Vec<Value> = log
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let done = lines
+            .iter()
+            .filter(|l| l["span"]["request_id"] == "obs-upload-1")
+            .count()
+            >= 2;
+        if done || Instant::now() > deadline {
+            break lines;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let of = |id: &str| -> Vec<&Value> {
+        lines
+            .iter()
+            .filter(|l| l["span"]["request_id"] == id)
+            .collect()
+    };
+    // The handler's own line and the access line are both in the request's span.
+    let upload_lines = of("obs-upload-1");
+    let messages: Vec<&str> = upload_lines
+        .iter()
+        .map(|l| l["fields"]["message"].as_str().unwrap_or(""))
+        .collect();
+    assert!(messages.contains(&"file uploaded"), "{messages:?}");
+    assert!(
+        messages.contains(&"finished processing request"),
+        "{messages:?}"
+    );
+    let exec_lines = of("obs-exec-1");
+    assert!(!exec_lines.is_empty(), "{}", s.log());
+    for line in &exec_lines {
+        assert_eq!(line["span"]["path"], "/v1/execute", "{line}");
+    }
+    // Every line logged inside a request names its request.
+    for line in &lines {
+        if line["span"]["name"] == "request" {
+            assert!(
+                line["span"]["request_id"]
+                    .as_str()
+                    .is_some_and(|id| !id.is_empty()),
+                "{line}"
+            );
+        }
+    }
+    let log = s.log();
+    assert!(
+        !log.contains(secret),
+        "user code or output reached the log:\n{log}"
+    );
+}
+
+#[tokio::test]
+async fn health_and_ready_report_the_pool_and_ready_fails_while_the_zygote_restarts() {
+    let s = Server::start().await;
+    let (status, _, body) = s.get("/ready").await;
+    assert_eq!((status, body.as_str()), (200, r#"{"status":"ready"}"#));
+    let h = s.health().await;
+    assert_eq!(h["status"], "ok");
+    assert_eq!(h["ready"], true);
+    assert_eq!(h["sandbox_layers"], json!([]));
+    assert_eq!(h["pool"]["target_size"], 2);
+
+    let zygote = h["pool"]["zygote"]["pid"].as_i64().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(zygote),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = Vec::new();
+    loop {
+        let (status, _, body) = s.get("/ready").await;
+        if seen.last() != Some(&status) {
+            seen.push(status);
+            if status == 503 {
+                let body: Value = serde_json::from_str(&body).unwrap();
+                assert!(
+                    body["detail"].as_str().unwrap().contains("zygote"),
+                    "{body}"
+                );
+            }
+        }
+        if seen == [200, 503, 200] || (seen == [503, 200]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "ready went {seen:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(seen.contains(&503), "{seen:?}");
+    let m = s.scrape().await;
+    assert_eq!(m.get(names::ZYGOTE_RESTARTS_TOTAL, &[]), 1.0);
+    assert_eq!(s.run("print(2)").await["stdout"], "2\n");
+}
+
+#[tokio::test]
+async fn on_sigterm_ready_fails_while_requests_are_still_served_then_the_service_stops() {
+    let s = Server::start_with(Options::default().env("SNAKECAGE_WORKER__SHUTDOWN_DRAIN_MS", 3000))
+        .await;
+    assert_eq!(s.get("/ready").await.0, 200);
+    let pid = nix::unistd::Pid::from_raw(s.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let (status, _, body) = s.get("/ready").await;
+        if status == 503 {
+            assert!(body.contains("shutting down"), "{body}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "/ready still {status}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Still serving while load balancers notice.
+    assert_eq!(s.health().await["ready"], false);
+    assert_eq!(s.run("print(3)").await["stdout"], "3\n");
+    let status = s.stop();
+    assert!(status.success(), "{status:?}");
+}
+
+/// Runs headless Chromium with `args` on `url` (bounded in time); its stdout.
+fn chromium(args: &[&str], url: &str) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let mut child = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(args)
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("chromium (Debian package chromium; scripts/test installs it)");
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || std::io::read_to_string(stdout).unwrap_or_default());
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "chromium: {status:?}");
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("chromium did not finish within 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    reader.join().unwrap()
+}
+
+/// The `data-value` of the element with `id` in a DOM dump.
+fn dom_value(dom: &str, id: &str) -> String {
+    let at = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id} in the page:\n{dom}"));
+    let tag = &dom[at..at + dom[at..].find('>').unwrap()];
+    let start = tag
+        .find("data-value=\"")
+        .unwrap_or_else(|| panic!("#{id} has no data-value: {tag}"))
+        + "data-value=\"".len();
+    tag[start..start + tag[start..].find('"').unwrap()].to_owned()
+}
+
+fn dom_number(dom: &str, id: &str) -> f64 {
+    let value = dom_value(dom, id);
+    value
+        .parse()
+        .unwrap_or_else(|_| panic!("#{id} shows {value:?}, not a number"))
+}
+
+#[tokio::test]
+async fn the_status_page_shows_the_numbers_the_metrics_have() {
+    let s = Server::start().await;
+    let (status, headers, page) = s.get("/").await;
+    assert_eq!(status, 200);
+    assert!(
+        headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    assert!(
+        !page.contains("http://") && !page.contains("https://") && !page.contains("src="),
+        "the page must not load external assets"
+    );
+
+    for _ in 0..5 {
+        s.run("print('ok')").await;
+    }
+    for _ in 0..2 {
+        s.run("raise RuntimeError('x')").await;
+    }
+    s.run_with(json!({"code": "import time\ntime.sleep(5)", "timeout_ms": 200}))
+        .await;
+    // Idle again, so the pool gauges hold still between the page and the scrape.
+    s.wait_for_idle(2).await;
+
+    let url = format!("{}/", s.base);
+    let dom = chromium(&["--virtual-time-budget=5000", "--dump-dom"], &url);
+    let m = s.scrape().await;
+
+    assert!(
+        dom.contains("data-loaded=\"true\""),
+        "the page never loaded its data:\n{dom}"
+    );
+    let total = m.sum(EXECUTIONS, &[]);
+    assert_eq!(total, 8.0);
+    assert_eq!(dom_number(&dom, "executions-total"), total);
+    for outcome in [
+        "ok",
+        "error",
+        "timeout",
+        "memory_limit",
+        "output_limit",
+        "killed",
+        "rejected",
+    ] {
+        assert_eq!(
+            dom_number(&dom, &format!("outcome-{outcome}")),
+            m.sum(EXECUTIONS, &[("outcome", outcome)]),
+            "{outcome}"
+        );
+    }
+    let ok = m.sum(EXECUTIONS, &[("outcome", "ok")]);
+    assert!((dom_number(&dom, "success-rate") - ok / total).abs() < 1e-9);
+    assert_eq!(
+        dom_number(&dom, "pool-idle"),
+        m.get(names::POOL_IDLE_WORKERS, &[])
+    );
+    assert_eq!(
+        dom_number(&dom, "pool-busy"),
+        m.get(names::POOL_BUSY_WORKERS, &[])
+    );
+    assert_eq!(
+        dom_number(&dom, "pool-target"),
+        m.get(names::POOL_TARGET_SIZE, &[])
+    );
+    assert_eq!(
+        dom_number(&dom, "queue-depth"),
+        m.get(names::POOL_QUEUE_DEPTH, &[])
+    );
+    assert_eq!(
+        dom_number(&dom, "queue-capacity"),
+        m.get(names::POOL_QUEUE_CAPACITY, &[])
+    );
+    assert_eq!(
+        dom_number(&dom, "sessions-active"),
+        m.get(names::SESSIONS_ACTIVE, &[])
+    );
+    assert_eq!(
+        dom_number(&dom, "zygote-restarts"),
+        m.get(names::ZYGOTE_RESTARTS_TOTAL, &[])
+    );
+
+    // p50 and p99 (over the recent runs) agree with the histogram: at least half of the
+    // runs took no longer than the first bucket bound at or above the p50, and the p99
+    // covers the 200 ms timeout.
+    let p50_s = dom_number(&dom, "latency-p50") / 1000.0;
+    let p99_s = dom_number(&dom, "latency-p99") / 1000.0;
+    assert!(p50_s > 0.0 && p50_s <= p99_s, "{p50_s} {p99_s}");
+    assert!(
+        p99_s >= 0.2,
+        "the timed-out run took 200 ms or more: {p99_s}"
+    );
+    let bucket = format!("{}_bucket", names::EXECUTION_DURATION_SECONDS);
+    let count = m.get(
+        &format!("{}_count", names::EXECUTION_DURATION_SECONDS),
+        &[("kind", "stateless")],
+    );
+    let bound = snakecage::metrics::EXECUTION_BUCKETS
+        .into_iter()
+        .find(|&b| b >= p50_s)
+        .unwrap();
+    let le = format!("{bound}");
+    let at_or_below = m.get(&bucket, &[("kind", "stateless"), ("le", le.as_str())]);
+    assert!(
+        at_or_below >= count / 2.0,
+        "{at_or_below} of {count} ≤ {le}"
+    );
+
+    // What runs: the Python packages with versions, the sandbox layers, recent failures
+    // (outcome and request id, never code or output).
+    assert!(dom.contains("numpy 2."), "{dom}");
+    let layers = m.series(names::BUILD_INFO)[0].0["sandbox_layers"].clone();
+    assert_eq!(layers, "none");
+    let layers_at = dom.find("id=\"sandbox-layers\"").unwrap();
+    assert!(dom[layers_at..].starts_with("id=\"sandbox-layers\"><span class=\"dim\">none</span>"));
+    assert_eq!(dom.matches("<tr class=\"failure\">").count(), 3, "{dom}");
+    assert!(!dom.contains("RuntimeError"), "no output on the page");
+
+    let shot = repo_root().join("target").join("status-page.png");
+    let _ = std::fs::remove_file(&shot);
+    chromium(
+        &[
+            "--virtual-time-budget=5000",
+            "--window-size=1280,900",
+            &format!("--screenshot={}", shot.display()),
+        ],
+        &url,
+    );
+    let png = std::fs::read(&shot).expect("the screenshot");
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{}",
+        png.len()
+    );
+}
+
+/// Every `snakecage_*` series a dashboard query names.
+fn queried_metrics(dashboard: &Value) -> BTreeSet<String> {
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(map) => {
+                for (k, v) in map {
+                    if k == "expr" {
+                        out.push(v.as_str().unwrap_or_default().to_owned());
+                    } else {
+                        walk(v, out);
+                    }
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
+            _ => {}
+        }
+    }
+    let mut exprs = Vec::new();
+    walk(dashboard, &mut exprs);
+    assert!(!exprs.is_empty());
+    let mut names = BTreeSet::new();
+    for expr in exprs {
+        let mut rest = expr.as_str();
+        while let Some(at) = rest.find("snakecage_") {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            names.insert(tail[..end].to_owned());
+            rest = &tail[end..];
+        }
+    }
+    names
+}
+
+#[test]
+fn the_grafana_dashboard_imports_and_queries_only_metrics_that_exist() {
+    let path: PathBuf = repo_root().join("deploy/grafana/snakecage.json");
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).expect("valid JSON");
+    assert_eq!(dashboard["title"], "snakecage");
+    assert!(dashboard["uid"].is_string());
+    assert!(dashboard["__inputs"][0]["pluginId"] == "prometheus");
+    let queried = queried_metrics(&dashboard);
+    for name in &queried {
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .filter(|base| names::ALL.contains(base))
+            .unwrap_or(name);
+        assert!(
+            names::ALL.contains(&family),
+            "{name} is not a snakecage metric"
+        );
+    }
+    for needed in [
+        names::EXECUTIONS_TOTAL,
+        "snakecage_execution_duration_seconds_bucket",
+        "snakecage_queue_wait_seconds_bucket",
+        names::POOL_BUSY_WORKERS,
+        names::POOL_QUEUE_DEPTH,
+        names::WORKERS_KILLED_TOTAL,
+        names::SESSIONS_ACTIVE,
+        names::QUEUE_REJECTIONS_TOTAL,
+    ] {
+        assert!(
+            queried.contains(needed),
+            "the dashboard does not show {needed}"
+        );
+    }
+    let text = std::fs::read_to_string(Path::new(&path)).unwrap();
+    assert!(
+        text.contains("histogram_quantile(0.99"),
+        "latency percentiles"
+    );
+}
