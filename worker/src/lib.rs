@@ -4,9 +4,12 @@
 //! - [`protocol`]: the messages, one enum per direction.
 //! - [`fdpass`]: sending and receiving one record with file descriptors (SCM_RIGHTS) on a
 //!   SOCK_SEQPACKET socket.
+//! - [`allowlist`]: the standard-library import allowlist (`python-stdlib-allowlist`),
+//!   embedded and parsed in this one place.
 //!
 //! The zygote binary (`src/main.rs`, feature `zygote`) adds CPython and the sandbox layers.
 
+pub mod allowlist;
 pub mod fdpass;
 pub mod frame;
 pub mod protocol;
