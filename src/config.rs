@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
+use snakecage_worker::protocol::{Layer, SandboxConfig};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -20,6 +21,7 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub python: PythonConfig,
     pub worker: WorkerConfig,
+    pub sandbox: SandboxSettings,
     pub log: LogConfig,
 }
 
@@ -53,6 +55,10 @@ pub struct LimitsConfig {
     pub max_file_size_mb: u64,
     /// RLIMIT_NOFILE for workers.
     pub max_open_files: u64,
+    /// RLIMIT_NPROC for workers: processes and threads of the worker uid, counted over all
+    /// workers together (they share the uid). Stops thread bombs; leave room for
+    /// `pool.size` × 2 workers plus the threads a job may legitimately start.
+    pub max_processes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -80,6 +86,47 @@ pub struct WorkerConfig {
     pub shutdown_grace_ms: u64,
 }
 
+/// The isolation layers (SECURITY.md describes each one).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxSettings {
+    /// Layers that must be active: start-up fails if one of them is not.
+    pub require: Vec<Layer>,
+    /// Layers switched off, for benchmarking only; every one is logged as a warning.
+    pub layers_off: Vec<Layer>,
+    /// The unprivileged uid and gid workers drop to when the service runs as root.
+    pub uid: u32,
+    pub gid: u32,
+    /// Third-party top-level packages user code may import (the standard library ones are
+    /// in `python-stdlib-allowlist`).
+    pub allowed_packages: Vec<String>,
+}
+
+impl Default for SandboxSettings {
+    fn default() -> Self {
+        let defaults = SandboxConfig::default();
+        Self {
+            require: Vec::new(),
+            layers_off: Vec::new(),
+            uid: defaults.uid,
+            gid: defaults.gid,
+            allowed_packages: defaults.allowed_packages,
+        }
+    }
+}
+
+impl SandboxSettings {
+    /// What the zygote is told.
+    pub fn zygote_config(&self) -> SandboxConfig {
+        SandboxConfig {
+            uid: self.uid,
+            gid: self.gid,
+            layers_off: self.layers_off.clone(),
+            allowed_packages: self.allowed_packages.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -103,6 +150,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             python: PythonConfig::default(),
             worker: WorkerConfig::default(),
+            sandbox: SandboxSettings::default(),
             log: LogConfig::default(),
         }
     }
@@ -130,6 +178,7 @@ impl Default for LimitsConfig {
             max_request_bytes: 10 << 20,
             max_file_size_mb: 100,
             max_open_files: 256,
+            max_processes: 512,
         }
     }
 }
@@ -240,6 +289,23 @@ impl Config {
         }
         if self.limits.max_open_files < 16 {
             return bad("limits.max_open_files must be at least 16 (CPython needs a few)");
+        }
+        if self.limits.max_processes < 2 * self.pool.size as u64 {
+            return bad("limits.max_processes must be at least 2 × pool.size (workers share it)");
+        }
+        if let Some(layer) = self
+            .sandbox
+            .require
+            .iter()
+            .find(|l| self.sandbox.layers_off.contains(l))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "sandbox layer {} is both required and switched off",
+                layer.as_str()
+            )));
+        }
+        if self.sandbox.uid == 0 || self.sandbox.gid == 0 {
+            return bad("sandbox.uid and sandbox.gid must not be 0 (root)");
         }
         Ok(())
     }

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use snakecage_worker::protocol::{WorkerLimits, ZygoteConfig};
+use snakecage_worker::protocol::{LayerReport, LayerState, WorkerLimits, ZygoteConfig};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -49,8 +49,11 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
                 cpu_seconds: limits.max_timeout_ms.div_ceil(1000) + 1,
                 max_file_bytes: limits.max_file_size_mb << 20,
                 max_open_files: limits.max_open_files,
+                max_processes: limits.max_processes,
             },
+            sandbox: config.sandbox.zygote_config(),
         },
+        require: config.sandbox.require.clone(),
     })
 }
 
@@ -72,6 +75,7 @@ pub async fn serve(
     for failure in &info.preload_failures {
         tracing::warn!(%failure, "a configured preload module is not available");
     }
+    log_sandbox(&info.sandbox);
     let grace = Duration::from_millis(config.worker.shutdown_grace_ms);
     let state = Arc::new(AppState {
         config,
@@ -100,6 +104,27 @@ pub async fn serve(
     pool.shutdown().await;
     tracing::info!("snakecage stopped");
     Ok(())
+}
+
+/// One log line per sandbox layer: active ones at info, the others as warnings (a layer
+/// switched off is for benchmarks only).
+fn log_sandbox(layers: &[LayerReport]) {
+    for r in layers {
+        let layer = r.layer.as_str();
+        match r.state {
+            LayerState::Active => tracing::info!(layer, detail = %r.detail, "sandbox layer active"),
+            LayerState::Off => tracing::warn!(
+                layer,
+                detail = %r.detail,
+                "SANDBOX LAYER SWITCHED OFF by configuration: workers run with less isolation"
+            ),
+            LayerState::Unavailable => tracing::warn!(
+                layer,
+                detail = %r.detail,
+                "sandbox layer unavailable on this host; add it to sandbox.require to refuse to start"
+            ),
+        }
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use serde::Serialize;
-use snakecage_worker::protocol::{Job, WorkerMessage, ZygoteConfig, ZygoteInfo};
+use snakecage_worker::protocol::{Job, Layer, LayerState, WorkerMessage, ZygoteConfig, ZygoteInfo};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -43,6 +43,8 @@ pub struct PoolSettings {
     /// Parent of the per-worker workspaces; created at start, removed at shutdown.
     pub workspace_root: PathBuf,
     pub zygote: ZygoteConfig,
+    /// Sandbox layers that must be active; a zygote without one of them is not used.
+    pub require: Vec<Layer>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +59,8 @@ pub enum PoolError {
     Unavailable(String),
     #[error(transparent)]
     Zygote(#[from] ZygoteError),
+    #[error("{0}")]
+    SandboxRequired(String),
     #[error("workspace root {path}: {source}")]
     WorkspaceRoot {
         path: PathBuf,
@@ -143,6 +147,10 @@ impl Pool {
             settings.spawn_timeout * 4,
         )
         .await?;
+        if let Err(e) = check_required(&zygote.info, &settings.require) {
+            zygote.shutdown(Duration::from_secs(5)).await;
+            return Err(PoolError::SandboxRequired(e));
+        }
         let size = settings.size;
         let inner = Arc::new(Inner {
             settings,
@@ -387,7 +395,11 @@ async fn spawn_one(inner: Arc<Inner>, zygote: Arc<ZygoteHandle>) {
 
 async fn spawn_worker(inner: &Inner, zygote: &ZygoteHandle) -> Result<Worker, SpawnError> {
     let id = inner.next_worker_id.fetch_add(1, Ordering::Relaxed);
-    let (workspace, workspace_fd) = Workspace::create(&inner.settings.workspace_root, id)?;
+    let (workspace, workspace_fd) = Workspace::create(
+        &inner.settings.workspace_root,
+        id,
+        workspace_owner(inner, zygote),
+    )?;
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
     ours.set_nonblocking(true)?;
     let (stdout_r, stdout_w) = nonblocking_read_pipe()?;
@@ -435,6 +447,41 @@ fn read_available(fd: &tokio::io::unix::AsyncFd<OwnedFd>) -> String {
     String::from_utf8_lossy(&buf[..n]).trim().to_owned()
 }
 
+/// The uid and gid a new worker's workspace belongs to: the sandbox ids when workers drop
+/// to them, else none (the workspace stays ours, which is also the workers' uid).
+fn workspace_owner(inner: &Inner, zygote: &ZygoteHandle) -> Option<(u32, u32)> {
+    let drops = zygote
+        .info
+        .sandbox
+        .iter()
+        .any(|r| r.layer == Layer::DropPrivileges && r.state == LayerState::Active);
+    let sandbox = &inner.settings.zygote.sandbox;
+    drops.then_some((sandbox.uid, sandbox.gid))
+}
+
+/// Ok when every layer in `require` is active in the zygote described by `info`.
+pub fn check_required(info: &ZygoteInfo, require: &[Layer]) -> Result<(), String> {
+    let missing: Vec<String> = require
+        .iter()
+        .filter_map(|layer| {
+            let report = info.sandbox.iter().find(|r| r.layer == *layer);
+            match report {
+                Some(r) if r.state == LayerState::Active => None,
+                Some(r) => Some(format!("{} is {:?}: {}", layer.as_str(), r.state, r.detail)),
+                None => Some(format!("{} was not reported", layer.as_str())),
+            }
+        })
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "sandbox.require names layers that are not active: {}",
+            missing.join("; ")
+        ))
+    }
+}
+
 /// Restarts the zygote whenever it dies, with backoff, and wakes the refill.
 async fn zygote_keeper(inner: Arc<Inner>) {
     loop {
@@ -460,6 +507,11 @@ async fn zygote_keeper(inner: Arc<Inner>) {
             );
             tokio::select! {
                 result = started => match result {
+                    Ok(zygote) if check_required(&zygote.info, &s.require).is_err() => {
+                        let e = check_required(&zygote.info, &s.require).unwrap_err();
+                        tracing::error!(error = %e, "the restarted zygote is missing a required sandbox layer; retrying");
+                        zygote.shutdown(Duration::from_secs(5)).await;
+                    }
                     Ok(zygote) => {
                         *inner.zygote.write().expect("zygote lock") = zygote;
                         inner.counters.zygote_restarts.fetch_add(1, Ordering::Relaxed);

@@ -59,7 +59,7 @@ pub fn initialize(config: &ZygoteConfig) -> Result<(), InterpreterError> {
 
 /// The prefix to run CPython from: the configured one, else the one this binary was built
 /// against.
-fn python_home(config: &ZygoteConfig) -> PathBuf {
+pub fn python_home(config: &ZygoteConfig) -> PathBuf {
     match &config.python_home {
         Some(home) => home.clone(),
         None => PathBuf::from(option_env!("SNAKECAGE_BUILD_PYTHON_HOME").unwrap_or("/usr")),
