@@ -410,6 +410,44 @@ mod tests {
     }
 
     #[test]
+    fn sandbox_layers_are_read_by_name_and_contradictions_rejected() {
+        let dir = std::env::temp_dir().join(format!("snakecage-sandbox-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(
+            &file,
+            "[python]\nvenv = \"/nope\"\n[sandbox]\nrequire = [\"landlock\", \"seccomp\"]\nlayers_off = [\"audit_hook\"]\nuid = 1234\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&file), &Overrides::default()).unwrap();
+        assert_eq!(c.sandbox.require, vec![Layer::Landlock, Layer::Seccomp]);
+        assert_eq!(c.sandbox.layers_off, vec![Layer::AuditHook]);
+        assert_eq!((c.sandbox.uid, c.sandbox.gid), (1234, 65534));
+        let z = c.sandbox.zygote_config();
+        assert!(!z.wants(Layer::AuditHook) && z.wants(Layer::Seccomp));
+        std::fs::write(&file, "[sandbox]\nlayers_off = [\"firewall\"]\n").unwrap();
+        assert!(matches!(
+            Config::load(Some(&file), &Overrides::default()),
+            Err(ConfigError::Load(_))
+        ));
+        std::fs::write(
+            &file,
+            "[sandbox]\nrequire = [\"seccomp\"]\nlayers_off = [\"seccomp\"]\n",
+        )
+        .unwrap();
+        assert!(matches!(
+            Config::load(Some(&file), &Overrides::default()),
+            Err(ConfigError::Invalid(m)) if m.contains("both required and switched off")
+        ));
+        std::fs::write(&file, "[sandbox]\nuid = 0\n").unwrap();
+        assert!(matches!(
+            Config::load(Some(&file), &Overrides::default()),
+            Err(ConfigError::Invalid(_))
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn file_then_overrides_take_precedence() {
         let dir = std::env::temp_dir().join(format!("snakecage-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

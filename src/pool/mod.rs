@@ -527,3 +527,52 @@ async fn zygote_keeper(inner: Arc<Inner>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use snakecage_worker::protocol::LayerReport;
+
+    use super::*;
+
+    fn info(layers: &[(Layer, LayerState)]) -> ZygoteInfo {
+        ZygoteInfo {
+            pid: 1,
+            python_version: "3.11.7".into(),
+            preloaded: Vec::new(),
+            preload_failures: Vec::new(),
+            sandbox: layers
+                .iter()
+                .map(|&(layer, state)| LayerReport {
+                    layer,
+                    state,
+                    detail: "why".into(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_required_layer_that_is_not_active_fails_with_its_reason() {
+        let zygote = info(&[
+            (Layer::Seccomp, LayerState::Active),
+            (Layer::Landlock, LayerState::Unavailable),
+            (Layer::AuditHook, LayerState::Off),
+        ]);
+        assert_eq!(check_required(&zygote, &[]), Ok(()));
+        assert_eq!(check_required(&zygote, &[Layer::Seccomp]), Ok(()));
+        let err = check_required(
+            &zygote,
+            &[
+                Layer::Seccomp,
+                Layer::Landlock,
+                Layer::AuditHook,
+                Layer::NetworkNamespace,
+            ],
+        )
+        .unwrap_err();
+        assert!(err.contains("landlock is Unavailable: why"), "{err}");
+        assert!(err.contains("audit_hook is Off"), "{err}");
+        assert!(err.contains("network_namespace was not reported"), "{err}");
+        assert!(!err.contains("seccomp"), "{err}");
+    }
+}

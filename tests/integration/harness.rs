@@ -48,6 +48,13 @@ impl Server {
 
     pub async fn start_with(options: Options) -> Self {
         let state_dir = tempfile::tempdir().expect("temp dir");
+        // Workers run as an unprivileged uid: let them reach their workspace by its absolute
+        // path (they still cannot list or read anything here but their own workspace).
+        std::fs::set_permissions(
+            state_dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+        )
+        .expect("chmod state dir");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_snakecage"));
         cmd.args(["--listen", "127.0.0.1:0", "--log-format", "json"])
             .arg("--venv")
@@ -99,6 +106,11 @@ impl Server {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The service's state directory (workspaces live below it).
+    pub fn state_dir(&self) -> &std::path::Path {
+        self._state_dir.path()
     }
 
     pub fn log(&self) -> String {

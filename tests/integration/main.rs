@@ -2,4 +2,5 @@
 //! zygote and workers. One module per area; `harness` starts and stops servers.
 
 mod core;
+mod escapes;
 mod harness;
