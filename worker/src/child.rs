@@ -90,7 +90,9 @@ fn harden(
     fds::arrange(fds).map_err(step("arranging fds"))?;
     fds::enter_workspace().map_err(step("entering the workspace"))?;
     // 3. Resource limits, before any user-controlled allocation.
-    rlimits::apply(limits).map_err(step("setting rlimits"))?;
+    if sandbox.applies_rlimits() {
+        rlimits::apply(limits).map_err(step("setting rlimits"))?;
+    }
     // 4.–6. Drop to the unprivileged uid (PDEATHSIG re-armed: the credential change clears
     //    it), no_new_privs, Landlock (read-only Python, read-write workspace, scoped signals
     //    and abstract sockets), seccomp last: it would deny the calls of the steps before.

@@ -90,18 +90,20 @@ impl Sandbox {
             }
         });
 
-        reports.push(report(
-            Layer::Rlimits,
-            LayerState::Active,
-            format!(
-                "CPU {} s, DATA zygote + {} MiB, FSIZE {} MiB, NOFILE {}, NPROC {} (per uid), CORE 0",
-                config.limits.cpu_seconds,
-                config.limits.memory_limit_bytes >> 20,
-                config.limits.max_file_bytes >> 20,
-                config.limits.max_open_files,
-                config.limits.max_processes,
-            ),
-        ));
+        let limits = &config.limits;
+        let rlimits = format!(
+            "CPU {} s, DATA zygote + {} MiB, FSIZE {} MiB, NOFILE {}, NPROC {} (per uid), CORE 0",
+            limits.cpu_seconds,
+            limits.memory_limit_bytes >> 20,
+            limits.max_file_bytes >> 20,
+            limits.max_open_files,
+            limits.max_processes,
+        );
+        reports.push(if sc.wants(Layer::Rlimits) {
+            report(Layer::Rlimits, LayerState::Active, rlimits)
+        } else {
+            off(Layer::Rlimits)
+        });
 
         let read_only = landlock::read_only_paths(
             python_home,
@@ -188,6 +190,11 @@ impl Sandbox {
             }
         }
         Ok(())
+    }
+
+    /// Whether workers set their resource limits (step 3).
+    pub fn applies_rlimits(&self) -> bool {
+        self.config.wants(Layer::Rlimits)
     }
 
     fn apply_layer(&self, layer: Layer, workspace: BorrowedFd<'_>) -> Result<String, String> {
