@@ -305,6 +305,11 @@ fn python_layer_fixtures(bait: &HostBait, zygote_pid: i64) -> Vec<Fixture> {
             audit("subprocess.Popen"),
         ),
         denied(
+            "__import__ mimicking C code (empty-list fromlist)",
+            "__import__('subprocess', None, None, []).run(['id'])",
+            audit("subprocess.Popen"),
+        ),
+        denied(
             "import run in a library module's globals",
             "import numpy\nexec(\"import subprocess\\nsubprocess.run(['id'])\", vars(numpy))",
             audit("subprocess.Popen"),
@@ -595,6 +600,7 @@ async fn hostile_programs_are_stopped_by_the_python_layer_with_exact_messages() 
 
     // Another worker's workspace: plant a secret in every idle worker's directory, then
     // try to read each sibling's.
+    s.wait_for_idle(2).await;
     let planted = plant_secrets_in_workspaces(s.state_dir());
     assert!(planted >= 1, "no idle workspace to plant a secret in");
     let probe = "import os\nroot, mine = os.path.split(os.getcwd())\nseen = set()\nfor n in range(1, 500):\n    if f'w{n}' == mine:\n        continue\n    try:\n        open(os.path.join(root, f'w{n}', 'secret.txt')).read()\n        seen.add('READ')\n    except PermissionError:\n        seen.add('denied')\n    except FileNotFoundError:\n        pass\nprint(sorted(seen))";
@@ -733,5 +739,31 @@ async fn health_reports_every_layer_and_requiring_a_switched_off_layer_fails_sta
     assert!(
         stderr.contains("sandbox layer seccomp is both required and switched off"),
         "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn everything_the_allowlist_promises_works_inside_a_hardened_worker() {
+    let s =
+        Server::start_with(Options::default().env("SNAKECAGE_SANDBOX__REQUIRE", ALL_LAYERS)).await;
+    let names: Vec<String> = snakecage_worker::allowlist::stdlib_allowlist()
+        .iter()
+        .map(|m| format!("{:?}", m.name))
+        .collect();
+    let code = format!(
+        "failed = []\nfor name in [{}]:\n    try:\n        __import__(name)\n    except Exception as e:\n        failed.append(f'{{name}}: {{e!r}}')\nprint(failed)",
+        names.join(", ")
+    );
+    let r = s.run(&code).await;
+    assert_eq!(r["stdout"], "[]\n", "{r}");
+
+    // What a data-analysis job does: third-party packages, lazily loaded extension
+    // modules (shared libraries from /usr/lib), time zones, temp files, a saved figure.
+    let job = "import numpy as np, pandas as pd, scipy.stats, PIL.Image, openpyxl\nimport matplotlib.pyplot as plt\nimport sqlite3, lzma, bz2, zoneinfo, tempfile, datetime, copy, decimal, os\nplt.plot(np.arange(5))\nplt.savefig('fig.png')\ndb = sqlite3.connect(':memory:')\ndb.execute('create table t (x)')\nwith tempfile.NamedTemporaryFile() as f:\n    f.write(b'x')\ndf = pd.DataFrame({'a': [1, 2]})\ndf.to_excel('t.xlsx')\nprint(os.path.getsize('fig.png') > 0, len(lzma.compress(b'x')) > 0, zoneinfo.ZoneInfo('Europe/Paris').key, datetime.datetime.strptime('2024', '%Y').year, copy.deepcopy({'k': [1]}), round(float(scipy.stats.norm.cdf(0)), 2), open(os.path.abspath('t.xlsx'), 'rb').read(2))";
+    // scipy and openpyxl are not preloaded: importing them takes a while on a busy machine.
+    let r = s.run_with(json!({"code": job, "timeout_ms": 30_000})).await;
+    assert_eq!(
+        r["stdout"], "True True Europe/Paris 2024 {'k': [1]} 0.5 b'PK'\n",
+        "{r}"
     );
 }

@@ -225,17 +225,12 @@ fn guarded_import<'py>(
 }
 
 /// `PyImport_Import` (what C code uses, e.g. `datetime.strptime` importing `_strptime`, or
-/// `copy` importing `copyreg`) calls `__import__` with the fromlist `['__doc__']`.
+/// `copy` importing `copyreg`) calls `__import__` with an empty *list* as fromlist; an
+/// import statement passes None or a tuple.
 fn is_c_level_import(fromlist: Option<&Bound<'_, PyAny>>) -> bool {
-    let Some(list) = fromlist.and_then(|f| f.cast::<PyList>().ok()) else {
-        return false;
-    };
-    list.len() == 1
-        && list
-            .get_item(0)
-            .ok()
-            .and_then(|i| i.extract::<String>().ok())
-            .is_some_and(|s| s == "__doc__")
+    fromlist
+        .and_then(|f| f.cast_exact::<PyList>().ok())
+        .is_some_and(|list| list.is_empty())
 }
 
 /// Whether the frame that is importing runs user code: its globals are not the namespace
