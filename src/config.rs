@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
+use snakecage_worker::protocol::{Layer, SandboxConfig};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -24,6 +25,7 @@ pub struct Config {
     pub workspace: WorkspaceConfig,
     pub sessions: SessionsConfig,
     pub mcp: McpConfig,
+    pub sandbox: SandboxSettings,
     pub log: LogConfig,
 }
 
@@ -77,6 +79,10 @@ pub struct LimitsConfig {
     /// The largest rich output (one MIME bundle of a run's `results`); a bigger one is
     /// replaced by a note saying so.
     pub max_bundle_bytes: u64,
+    /// RLIMIT_NPROC for workers: processes and threads of the worker uid, counted over all
+    /// workers together (they share the uid). Stops thread bombs; leave room for
+    /// `pool.size` × 2 workers plus the threads a job may legitimately start.
+    pub max_processes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -154,6 +160,47 @@ pub struct SessionsConfig {
     pub interrupt_grace_ms: u64,
 }
 
+/// The isolation layers (SECURITY.md describes each one).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxSettings {
+    /// Layers that must be active: start-up fails if one of them is not.
+    pub require: Vec<Layer>,
+    /// Layers switched off, for benchmarking only; every one is logged as a warning.
+    pub layers_off: Vec<Layer>,
+    /// The unprivileged uid and gid workers drop to when the service runs as root.
+    pub uid: u32,
+    pub gid: u32,
+    /// Third-party top-level packages user code may import (the standard library ones are
+    /// in `python-stdlib-allowlist`).
+    pub allowed_packages: Vec<String>,
+}
+
+impl Default for SandboxSettings {
+    fn default() -> Self {
+        let defaults = SandboxConfig::default();
+        Self {
+            require: Vec::new(),
+            layers_off: Vec::new(),
+            uid: defaults.uid,
+            gid: defaults.gid,
+            allowed_packages: defaults.allowed_packages,
+        }
+    }
+}
+
+impl SandboxSettings {
+    /// What the zygote is told.
+    pub fn zygote_config(&self) -> SandboxConfig {
+        SandboxConfig {
+            uid: self.uid,
+            gid: self.gid,
+            layers_off: self.layers_off.clone(),
+            allowed_packages: self.allowed_packages.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -181,6 +228,7 @@ impl Default for Config {
             workspace: WorkspaceConfig::default(),
             sessions: SessionsConfig::default(),
             mcp: McpConfig::default(),
+            sandbox: SandboxSettings::default(),
             log: LogConfig::default(),
         }
     }
@@ -209,6 +257,7 @@ impl Default for LimitsConfig {
             max_file_size_mb: 100,
             max_open_files: 256,
             max_bundle_bytes: 2 << 20,
+            max_processes: 512,
         }
     }
 }
@@ -370,6 +419,23 @@ impl Config {
         if self.limits.max_bundle_bytes < 1024 {
             return bad("limits.max_bundle_bytes must be at least 1024");
         }
+        if self.limits.max_processes < 2 * self.pool.size as u64 {
+            return bad("limits.max_processes must be at least 2 × pool.size (workers share it)");
+        }
+        if let Some(layer) = self
+            .sandbox
+            .require
+            .iter()
+            .find(|l| self.sandbox.layers_off.contains(l))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "sandbox layer {} is both required and switched off",
+                layer.as_str()
+            )));
+        }
+        if self.sandbox.uid == 0 || self.sandbox.gid == 0 {
+            return bad("sandbox.uid and sandbox.gid must not be 0 (root)");
+        }
         Ok(())
     }
 
@@ -506,6 +572,44 @@ mod tests {
         assert_eq!(c.sessions.idle_timeout_seconds, 1800);
         assert_eq!(c.sessions.max_sessions, 64);
         assert_eq!(c.sessions.max_ttl_seconds, 86_400);
+    }
+
+    #[test]
+    fn sandbox_layers_are_read_by_name_and_contradictions_rejected() {
+        let dir = std::env::temp_dir().join(format!("snakecage-sandbox-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(
+            &file,
+            "[python]\nvenv = \"/nope\"\n[sandbox]\nrequire = [\"landlock\", \"seccomp\"]\nlayers_off = [\"audit_hook\"]\nuid = 1234\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&file), &Overrides::default()).unwrap();
+        assert_eq!(c.sandbox.require, vec![Layer::Landlock, Layer::Seccomp]);
+        assert_eq!(c.sandbox.layers_off, vec![Layer::AuditHook]);
+        assert_eq!((c.sandbox.uid, c.sandbox.gid), (1234, 65534));
+        let z = c.sandbox.zygote_config();
+        assert!(!z.wants(Layer::AuditHook) && z.wants(Layer::Seccomp));
+        std::fs::write(&file, "[sandbox]\nlayers_off = [\"firewall\"]\n").unwrap();
+        assert!(matches!(
+            Config::load(Some(&file), &Overrides::default()),
+            Err(ConfigError::Load(_))
+        ));
+        std::fs::write(
+            &file,
+            "[sandbox]\nrequire = [\"seccomp\"]\nlayers_off = [\"seccomp\"]\n",
+        )
+        .unwrap();
+        assert!(matches!(
+            Config::load(Some(&file), &Overrides::default()),
+            Err(ConfigError::Invalid(m)) if m.contains("both required and switched off")
+        ));
+        std::fs::write(&file, "[sandbox]\nuid = 0\n").unwrap();
+        assert!(matches!(
+            Config::load(Some(&file), &Overrides::default()),
+            Err(ConfigError::Invalid(_))
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -1,45 +1,25 @@
 //! What user code may import, as `GET /v1/packages` and the tool descriptions report it:
 //! the standard-library modules of `python-stdlib-allowlist` (parsed in one place, the
-//! worker library) and the allowed third-party packages with the versions the zygote found.
+//! worker library) and the allowed third-party packages (`sandbox.allowed_packages`, the
+//! import guard's list) with what the zygote found of each.
 
 use serde::Serialize;
 use snakecage_worker::allowlist::{AllowedModule, stdlib_allowlist};
-use snakecage_worker::protocol::ZygoteInfo;
+use snakecage_worker::protocol::{PackageInfo, ZygoteInfo};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Packages {
     pub python_version: String,
     pub stdlib: Vec<AllowedModule>,
-    pub packages: Vec<ThirdParty>,
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct ThirdParty {
-    pub name: String,
-    /// `None` when the package is allowed but not installed.
-    pub version: Option<String>,
-    pub installed: bool,
+    pub packages: Vec<PackageInfo>,
 }
 
 impl Packages {
-    /// `allowed` are top-level import names; their versions come from what the zygote
-    /// imported at start-up.
-    pub fn new(info: &ZygoteInfo, allowed: &[String]) -> Self {
-        let packages = allowed
-            .iter()
-            .map(|name| {
-                let loaded = info.preloaded.iter().find(|m| &m.name == name);
-                ThirdParty {
-                    name: name.clone(),
-                    version: loaded.and_then(|m| m.version.clone()),
-                    installed: loaded.is_some(),
-                }
-            })
-            .collect();
+    pub fn new(info: &ZygoteInfo) -> Self {
         Self {
             python_version: info.python_version.clone(),
             stdlib: stdlib_allowlist().to_vec(),
-            packages,
+            packages: info.packages.clone(),
         }
     }
 
@@ -51,16 +31,4 @@ impl Packages {
             .map(|p| (p.name.clone(), p.version.clone()))
             .collect()
     }
-}
-
-/// The third-party top-level packages user code may import.
-pub fn allowed(config: &crate::config::Config) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
-    for module in &config.python.preload {
-        let top = module.split('.').next().unwrap_or(module).to_owned();
-        if !names.contains(&top) {
-            names.push(top);
-        }
-    }
-    names
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::Request;
-use snakecage_worker::protocol::{WorkerLimits, ZygoteConfig, ZygoteInfo};
+use snakecage_worker::protocol::{LayerReport, LayerState, WorkerLimits, ZygoteConfig, ZygoteInfo};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower_http::LatencyUnit;
@@ -23,7 +23,7 @@ use crate::config::{Config, ConfigError};
 use crate::files::local::LocalStoreSettings;
 use crate::files::{self, LocalStore, SharedStore, StoreError};
 use crate::metrics::{BuildInfo, Metrics};
-use crate::packages::{self, Packages};
+use crate::packages::Packages;
 use crate::pool::{Pool, PoolError, PoolSettings};
 use crate::sessions::{SessionSettings, Sessions};
 use crate::tools::ToolContext;
@@ -63,8 +63,11 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
                 cpu_seconds: limits.max_timeout_ms.div_ceil(1000) + 1,
                 max_file_bytes: limits.max_file_size_mb << 20,
                 max_open_files: limits.max_open_files,
+                max_processes: limits.max_processes,
             },
+            sandbox: config.sandbox.zygote_config(),
         },
+        require: config.sandbox.require.clone(),
     })
 }
 
@@ -90,6 +93,7 @@ pub async fn serve(
     for failure in &info.preload_failures {
         tracing::warn!(%failure, "a configured preload module is not available");
     }
+    log_sandbox(&info.sandbox);
     let grace = Duration::from_millis(config.worker.shutdown_grace_ms);
     let stop = CancellationToken::new();
     if config.files.ttl_seconds > 0 {
@@ -102,7 +106,7 @@ pub async fn serve(
         metrics.clone(),
         stop.clone(),
     );
-    let packages = Packages::new(&info, &packages::allowed(&config));
+    let packages = Packages::new(&info);
     let tool_context = ToolContext::new(&config, info.python_version.clone(), packages.installed());
     let drain = Duration::from_millis(config.worker.shutdown_drain_ms);
     let stopping = CancellationToken::new();
@@ -195,10 +199,14 @@ pub fn build_info(zygote: &ZygoteInfo) -> BuildInfo {
     }
 }
 
-/// The sandbox layers the zygote reports as active. The zygote does not report any yet
-/// (issue 3 adds its probes to `ZygoteInfo`); this is the one place to read them from.
-fn sandbox_layers(_zygote: &ZygoteInfo) -> Vec<String> {
-    Vec::new()
+/// The sandbox layers the zygote's start-up probe found active, by name.
+fn sandbox_layers(zygote: &ZygoteInfo) -> Vec<String> {
+    zygote
+        .sandbox
+        .iter()
+        .filter(|r| r.state == LayerState::Active)
+        .map(|r| r.layer.as_str().to_owned())
+        .collect()
 }
 
 /// The local-disk store the configuration describes.
@@ -211,6 +219,27 @@ pub fn open_store(config: &Config) -> Result<SharedStore, StoreError> {
         ttl: (files.ttl_seconds > 0).then(|| Duration::from_secs(files.ttl_seconds)),
     })?;
     Ok(Arc::new(store))
+}
+
+/// One log line per sandbox layer: active ones at info, the others as warnings (a layer
+/// switched off is for benchmarks only).
+fn log_sandbox(layers: &[LayerReport]) {
+    for r in layers {
+        let layer = r.layer.as_str();
+        match r.state {
+            LayerState::Active => tracing::info!(layer, detail = %r.detail, "sandbox layer active"),
+            LayerState::Off => tracing::warn!(
+                layer,
+                detail = %r.detail,
+                "SANDBOX LAYER SWITCHED OFF by configuration: workers run with less isolation"
+            ),
+            LayerState::Unavailable => tracing::warn!(
+                layer,
+                detail = %r.detail,
+                "sandbox layer unavailable on this host; add it to sandbox.require to refuse to start"
+            ),
+        }
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

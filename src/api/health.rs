@@ -1,6 +1,7 @@
-//! `GET /health`: Onyx's `{"status": "ok"}` plus the pool, the interpreter and the sandbox
-//! layers. `GET /ready`: 200 once the pool has workers, 503 before that, while the zygote
-//! is down and once shutdown has begun (for load balancers and Kubernetes probes).
+//! `GET /health`: Onyx's `{"status": "ok"}` plus the pool, the interpreter and the state
+//! of every sandbox layer. `GET /ready`: 200 once the pool has workers, 503 before that,
+//! while the zygote is down and once shutdown has begun (for load balancers and
+//! Kubernetes probes).
 
 use axum::Json;
 use axum::extract::State;
@@ -14,18 +15,26 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
     let pool = state.pool.status();
     let zygote = state.pool.zygote_info();
     let alive = pool.zygote.as_ref().is_some_and(|z| z.alive);
+    let sandbox: serde_json::Map<String, Value> = zygote
+        .sandbox
+        .iter()
+        .map(|r| {
+            let entry = json!({ "state": r.state, "detail": r.detail });
+            (r.layer.as_str().to_owned(), entry)
+        })
+        .collect();
     Json(json!({
         "status": if alive { "ok" } else { "degraded" },
         "version": env!("CARGO_PKG_VERSION"),
         "python_version": zygote.python_version,
         "preloaded": zygote.preloaded,
-        "sandbox_layers": state.metrics.build().sandbox_layers,
         "ready": not_ready(&state).is_none(),
         "pool": pool,
         "sessions": {
             "active": state.sessions.count(),
             "max": state.sessions.settings().max_sessions,
         },
+        "sandbox": sandbox,
     }))
 }
 

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use snakecage_worker::protocol::{Job, WorkerMessage, ZygoteConfig, ZygoteInfo};
+use snakecage_worker::protocol::{Job, Layer, LayerState, WorkerMessage, ZygoteConfig, ZygoteInfo};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -96,6 +96,8 @@ pub struct PoolSettings {
     /// Parent of the per-worker workspaces; created at start, removed at shutdown.
     pub workspace_root: PathBuf,
     pub zygote: ZygoteConfig,
+    /// Sandbox layers that must be active; a zygote without one of them is not used.
+    pub require: Vec<Layer>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +112,8 @@ pub enum PoolError {
     Unavailable(String),
     #[error(transparent)]
     Zygote(#[from] ZygoteError),
+    #[error("{0}")]
+    SandboxRequired(String),
     #[error("workspace root {path}: {source}")]
     WorkspaceRoot {
         path: PathBuf,
@@ -210,6 +214,10 @@ impl Pool {
             settings.spawn_timeout * 4,
         )
         .await?;
+        if let Err(e) = check_required(&zygote.info, &settings.require) {
+            zygote.shutdown(Duration::from_secs(5)).await;
+            return Err(PoolError::SandboxRequired(e));
+        }
         let size = settings.size;
         let inner = Arc::new(Inner {
             settings,
@@ -602,7 +610,11 @@ async fn spawn_one(inner: Arc<Inner>, zygote: Arc<ZygoteHandle>) {
 
 async fn spawn_worker(inner: &Inner, zygote: &ZygoteHandle) -> Result<Worker, SpawnError> {
     let id = inner.next_worker_id.fetch_add(1, Ordering::Relaxed);
-    let (workspace, workspace_fd) = Workspace::create(&inner.settings.workspace_root, id)?;
+    let (workspace, workspace_fd) = Workspace::create(
+        &inner.settings.workspace_root,
+        id,
+        workspace_owner(inner, zygote),
+    )?;
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
     ours.set_nonblocking(true)?;
     let (stdout_r, stdout_w) = nonblocking_read_pipe()?;
@@ -672,6 +684,41 @@ fn read_available(fd: &tokio::io::unix::AsyncFd<OwnedFd>) -> String {
     String::from_utf8_lossy(&buf[..n]).trim().to_owned()
 }
 
+/// The uid and gid a new worker's workspace belongs to: the sandbox ids when workers drop
+/// to them, else none (the workspace stays ours, which is also the workers' uid).
+fn workspace_owner(inner: &Inner, zygote: &ZygoteHandle) -> Option<(u32, u32)> {
+    let drops = zygote
+        .info
+        .sandbox
+        .iter()
+        .any(|r| r.layer == Layer::DropPrivileges && r.state == LayerState::Active);
+    let sandbox = &inner.settings.zygote.sandbox;
+    drops.then_some((sandbox.uid, sandbox.gid))
+}
+
+/// Ok when every layer in `require` is active in the zygote described by `info`.
+pub fn check_required(info: &ZygoteInfo, require: &[Layer]) -> Result<(), String> {
+    let missing: Vec<String> = require
+        .iter()
+        .filter_map(|layer| {
+            let report = info.sandbox.iter().find(|r| r.layer == *layer);
+            match report {
+                Some(r) if r.state == LayerState::Active => None,
+                Some(r) => Some(format!("{} is {:?}: {}", layer.as_str(), r.state, r.detail)),
+                None => Some(format!("{} was not reported", layer.as_str())),
+            }
+        })
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "sandbox.require names layers that are not active: {}",
+            missing.join("; ")
+        ))
+    }
+}
+
 /// Restarts the zygote whenever it dies, with backoff, and wakes the refill.
 async fn zygote_keeper(inner: Arc<Inner>) {
     loop {
@@ -701,6 +748,11 @@ async fn zygote_keeper(inner: Arc<Inner>) {
             );
             tokio::select! {
                 result = started => match result {
+                    Ok(zygote) if check_required(&zygote.info, &s.require).is_err() => {
+                        let e = check_required(&zygote.info, &s.require).unwrap_err();
+                        tracing::error!(error = %e, "the restarted zygote is missing a required sandbox layer; retrying");
+                        zygote.shutdown(Duration::from_secs(5)).await;
+                    }
                     Ok(zygote) => {
                         *inner.zygote.write().expect("zygote lock") = zygote;
                         inner.counters.zygote_restarts.fetch_add(1, Ordering::Relaxed);
@@ -715,5 +767,55 @@ async fn zygote_keeper(inner: Arc<Inner>) {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use snakecage_worker::protocol::LayerReport;
+
+    use super::*;
+
+    fn info(layers: &[(Layer, LayerState)]) -> ZygoteInfo {
+        ZygoteInfo {
+            pid: 1,
+            python_version: "3.11.7".into(),
+            preloaded: Vec::new(),
+            preload_failures: Vec::new(),
+            sandbox: layers
+                .iter()
+                .map(|&(layer, state)| LayerReport {
+                    layer,
+                    state,
+                    detail: "why".into(),
+                })
+                .collect(),
+            packages: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_required_layer_that_is_not_active_fails_with_its_reason() {
+        let zygote = info(&[
+            (Layer::Seccomp, LayerState::Active),
+            (Layer::Landlock, LayerState::Unavailable),
+            (Layer::AuditHook, LayerState::Off),
+        ]);
+        assert_eq!(check_required(&zygote, &[]), Ok(()));
+        assert_eq!(check_required(&zygote, &[Layer::Seccomp]), Ok(()));
+        let err = check_required(
+            &zygote,
+            &[
+                Layer::Seccomp,
+                Layer::Landlock,
+                Layer::AuditHook,
+                Layer::NetworkNamespace,
+            ],
+        )
+        .unwrap_err();
+        assert!(err.contains("landlock is Unavailable: why"), "{err}");
+        assert!(err.contains("audit_hook is Off"), "{err}");
+        assert!(err.contains("network_namespace was not reported"), "{err}");
+        assert!(!err.contains("seccomp"), "{err}");
     }
 }

@@ -328,7 +328,26 @@ async fn drive(
     let never = CancellationToken::new();
     let interrupt_now = interrupt.map_or(&never, |i| i.now);
     loop {
+        // Biased, in this order: the deadline and interrupts first, so output that never
+        // stops cannot starve them; then the result; stdout before stderr, so two writes
+        // that become readable together are passed on in the order a program made them.
         tokio::select! {
+            biased;
+            () = tokio::time::sleep_until(deadline) => match interrupt {
+                Some(i) if !interrupted => {
+                    worker.interrupt();
+                    interrupted = true;
+                    deadline = tokio::time::Instant::now() + i.grace;
+                }
+                _ => return Ending::Deadline,
+            },
+            () = interrupt_now.cancelled(), if !interrupted => {
+                let grace = interrupt.map_or(Duration::ZERO, |i| i.grace);
+                worker.interrupt();
+                interrupted = true;
+                deadline = tokio::time::Instant::now() + grace;
+            }
+            () = tokio::time::sleep(INTERRUPT_REPEAT), if interrupted => worker.interrupt(),
             msg = worker.channel.recv() => return match msg {
                 Ok(Some(WorkerMessage::Result(result))) => Ending::Reported(result),
                 Ok(Some(_)) | Err(_) => Ending::ProtocolViolation,
@@ -352,21 +371,6 @@ async fn drive(
                     }
                 }
             }
-            () = interrupt_now.cancelled(), if !interrupted => {
-                let grace = interrupt.map_or(Duration::ZERO, |i| i.grace);
-                worker.interrupt();
-                interrupted = true;
-                deadline = tokio::time::Instant::now() + grace;
-            }
-            () = tokio::time::sleep_until(deadline) => match interrupt {
-                Some(i) if !interrupted => {
-                    worker.interrupt();
-                    interrupted = true;
-                    deadline = tokio::time::Instant::now() + i.grace;
-                }
-                _ => return Ending::Deadline,
-            },
-            () = tokio::time::sleep(INTERRUPT_REPEAT), if interrupted => worker.interrupt(),
         }
     }
 }

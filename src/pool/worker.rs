@@ -166,12 +166,22 @@ pub struct Workspace {
 }
 
 impl Workspace {
-    pub fn create(root: &Path, worker_id: u64) -> io::Result<(Self, OwnedFd)> {
+    /// Creates the directory (mode 0700), owned by `owner` (uid, gid) when the worker will
+    /// drop to it, so the worker can write there and no other uid can look in.
+    pub fn create(
+        root: &Path,
+        worker_id: u64,
+        owner: Option<(u32, u32)>,
+    ) -> io::Result<(Self, OwnedFd)> {
         use std::os::unix::fs::DirBuilderExt;
         let path = root.join(format!("w{worker_id}"));
         std::fs::DirBuilder::new().mode(0o700).create(&path)?;
-        let dir = std::fs::File::open(&path)?;
-        Ok((Self { path }, OwnedFd::from(dir)))
+        let workspace = Self { path };
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(&workspace.path, Some(uid), Some(gid))?;
+        }
+        let dir = std::fs::File::open(&workspace.path)?;
+        Ok((workspace, OwnedFd::from(dir)))
     }
 }
 

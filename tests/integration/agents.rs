@@ -214,11 +214,31 @@ async fn the_package_list_matches_what_imports_succeed_and_fail() {
         .map(|p| p["name"].as_str().unwrap().to_owned())
         .collect();
     assert!(third.contains(&"numpy".to_owned()), "{packages}");
-    // Every listed module imports.
+    // Every listed module imports (third-party ones that are installed, too), in a hardened
+    // worker; one that is not listed fails with the allowlist's message.
     let code = format!(
-        "import importlib\nbad = []\nfor m in {:?}:\n    try:\n        importlib.import_module(m)\n    except Exception as e:\n        bad.append((m, repr(e)))\nprint(bad)",
+        "bad = []\nfor m in {:?}:\n    try:\n        __import__(m)\n    except Exception as e:\n        bad.append((m, repr(e)))\nprint(bad)",
         stdlib.iter().chain(third.iter()).collect::<Vec<_>>()
     );
     let r = s.run_with(json!({"code": code, "timeout_ms": 30000})).await;
     assert_eq!(r["stdout"], "[]\n", "{r}");
+    for name in ["scipy", "PIL", "openpyxl"] {
+        let p = packages["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap();
+        assert_eq!(p["installed"], true, "{p}");
+        assert!(p["version"].is_string(), "{p}");
+    }
+    let r = s.run("import smtplib").await;
+    assert_eq!(r["exit_code"], 1);
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("ImportError: import of 'smtplib' is not allowed in this sandbox"),
+        "{r}"
+    );
 }

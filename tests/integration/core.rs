@@ -396,3 +396,27 @@ async fn workspaces_left_by_a_killed_supervisor_are_removed_at_the_next_start() 
             .is_dir()
     );
 }
+
+#[tokio::test]
+async fn workspaces_live_on_dev_shm_by_default_when_it_is_a_large_tmpfs() {
+    let shm = nix::sys::statvfs::statvfs("/dev/shm");
+    let big_tmpfs = nix::sys::statfs::statfs("/dev/shm")
+        .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+        && shm.is_ok_and(|st| st.blocks() * st.fragment_size() >= 1 << 30);
+    let s = Server::start_with(Options::default().default_workspace_dir()).await;
+    let root = std::path::Path::new("/dev/shm/snakecage").join(format!("workspaces-{}", s.pid()));
+    let r = s.run("import os\nprint(os.getcwd())").await;
+    let cwd = r["stdout"].as_str().unwrap().trim().to_owned();
+    if big_tmpfs {
+        assert!(root.is_dir(), "{} missing", root.display());
+        assert!(
+            cwd.starts_with(&root.display().to_string()),
+            "{cwd} is not under {}",
+            root.display()
+        );
+    } else {
+        assert!(!root.exists());
+    }
+    drop(s);
+    assert!(!root.exists(), "workspaces are removed at shutdown");
+}

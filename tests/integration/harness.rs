@@ -19,17 +19,27 @@ pub struct Server {
 /// Settings for one test server; the defaults keep it small.
 pub struct Options {
     pub env: Vec<(String, String)>,
+    /// Workspaces under the test's own state dir (hermetic: nothing is left in /dev/shm),
+    /// unless a test wants the service's default location.
+    pub workspaces_in_state_dir: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Self {
             env: vec![("SNAKECAGE_POOL__SIZE".into(), "2".into())],
+            workspaces_in_state_dir: true,
         }
     }
 }
 
 impl Options {
+    /// Keep the service's default workspace location.
+    pub fn default_workspace_dir(mut self) -> Self {
+        self.workspaces_in_state_dir = false;
+        self
+    }
+
     pub fn env(mut self, key: &str, value: impl ToString) -> Self {
         self.env.retain(|(k, _)| k != key);
         self.env.push((key.into(), value.to_string()));
@@ -48,6 +58,13 @@ impl Server {
 
     pub async fn start_with(options: Options) -> Self {
         let state_dir = tempfile::tempdir().expect("temp dir");
+        // Workers run as an unprivileged uid: let them reach their workspace by its absolute
+        // path (they still cannot list or read anything here but their own workspace).
+        std::fs::set_permissions(
+            state_dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+        )
+        .expect("chmod state dir");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_snakecage"));
         cmd.args(["--listen", "127.0.0.1:0", "--log-format", "json"])
             .arg("--venv")
@@ -57,6 +74,9 @@ impl Server {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        if options.workspaces_in_state_dir {
+            cmd.env("SNAKECAGE_WORKSPACE__DIR", state_dir.path());
+        }
         for (k, v) in &options.env {
             cmd.env(k, v);
         }
@@ -99,6 +119,11 @@ impl Server {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The service's state directory (workspaces live below it).
+    pub fn state_dir(&self) -> &std::path::Path {
+        self._state_dir.path()
     }
 
     pub fn log(&self) -> String {

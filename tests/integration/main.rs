@@ -3,6 +3,7 @@
 
 mod agents;
 mod core;
+mod escapes;
 mod files;
 mod harness;
 mod observability;

@@ -14,6 +14,10 @@ use crate::harness::{Options, Server, repo_root};
 
 const EXECUTIONS: &str = names::EXECUTIONS_TOTAL;
 
+/// The sandbox layers active on a host like this one (all of them), as the build-info
+/// label lists them.
+const ALL_LAYERS: &str = "audit_hook,drop_privileges,import_guard,landlock,mount_namespace,network_namespace,no_new_privs,rlimits,seccomp";
+
 fn stateless(outcome: &str) -> [(&'static str, &str); 2] {
     [("kind", "stateless"), ("outcome", outcome)]
 }
@@ -57,7 +61,8 @@ async fn metrics_pass_promtool_and_count_what_was_served() {
     assert_eq!(build.len(), 1, "{build:?}");
     assert_eq!(build[0].0["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(build[0].0["python_version"], "3.11.7");
-    assert_eq!(build[0].0["sandbox_layers"], "none");
+    // Every layer the zygote's probe found active on this host, by name.
+    assert_eq!(build[0].0["sandbox_layers"], ALL_LAYERS);
     assert_eq!(build[0].1, 1.0);
 
     for _ in 0..3 {
@@ -240,7 +245,14 @@ async fn health_and_ready_report_the_pool_and_ready_fails_while_the_zygote_resta
     let h = s.health().await;
     assert_eq!(h["status"], "ok");
     assert_eq!(h["ready"], true);
-    assert_eq!(h["sandbox_layers"], json!([]));
+    let active: Vec<&str> = h["sandbox"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, r)| r["state"] == "active")
+        .map(|(name, _)| name.as_str())
+        .collect();
+    assert_eq!(active.len(), 9, "{h}");
     assert_eq!(h["pool"]["target_size"], 2);
 
     let zygote = h["pool"]["zygote"]["pid"].as_i64().unwrap() as i32;
@@ -474,9 +486,15 @@ async fn the_status_page_shows_the_numbers_the_metrics_have() {
     // (outcome and request id, never code or output).
     assert!(dom.contains("numpy 2."), "{dom}");
     let layers = m.series(names::BUILD_INFO)[0].0["sandbox_layers"].clone();
-    assert_eq!(layers, "none");
+    assert_eq!(layers, ALL_LAYERS);
     let layers_at = dom.find("id=\"sandbox-layers\"").unwrap();
-    assert!(dom[layers_at..].starts_with("id=\"sandbox-layers\"><span class=\"dim\">none</span>"));
+    let shown = &dom[layers_at..dom[layers_at..].find("</div>").unwrap() + layers_at];
+    for layer in ALL_LAYERS.split(',') {
+        assert!(
+            shown.contains(&format!(">{layer}</span>")),
+            "{layer} not shown in {shown}"
+        );
+    }
     assert_eq!(dom.matches("<tr class=\"failure\">").count(), 3, "{dom}");
     assert!(!dom.contains("RuntimeError"), "no output on the page");
 

@@ -163,6 +163,30 @@ def warm_up_child():
         _restore_interpreter_state(saved)
 
 
+def describe_packages(names):
+    """For each allowed top-level package: installed or not, and the version of the
+    distribution that provides it, found without importing it (start-up only)."""
+    import importlib.metadata
+    import importlib.util
+
+    providers = importlib.metadata.packages_distributions()
+    described = []
+    for name in names:
+        try:
+            installed = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            installed = False
+        version = None
+        for dist in providers.get(name, ()):
+            try:
+                version = importlib.metadata.version(dist)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+        described.append({"name": name, "installed": installed, "version": version})
+    return described
+
+
 def prepare_zygote():
     """Once, in the zygote before it forks: what every child inherits for free.
 
@@ -218,7 +242,9 @@ def _read_program(job):
         source = job["code"]
         if not isinstance(source, str):
             raise TypeError("job['code'] must be a str, not %s" % type(source).__name__)
-        return _Program(SOURCE_FILENAME, source, None, [SOURCE_FILENAME, *args], None)
+        # ``python __main__.py`` puts the script's directory (the workspace) first on
+        # sys.path, so code can import the modules it was given alongside it.
+        return _Program(SOURCE_FILENAME, source, None, [SOURCE_FILENAME, *args], os.getcwd())
     if not isinstance(entrypoint, str):
         raise TypeError("job['entrypoint'] must be a str, not %s" % type(entrypoint).__name__)
     try:

@@ -8,14 +8,16 @@
 use std::fs::File;
 use std::io::{self, Write};
 use std::mem::ManuallyDrop;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
 
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
 use nix::unistd::Pid;
 use snakecage_worker::frame::{self, FrameError, MAX_FRAME_LEN};
 use snakecage_worker::protocol::{JobRequest, WorkerLimits, WorkerMessage};
 
+use crate::hooks;
 use crate::interpreter::{InterpreterError, Runner};
+use crate::sandbox::layers::Sandbox;
 use crate::sandbox::{self, fds, rlimits};
 
 /// Exit code of a worker that could not harden itself (never becomes Ready).
@@ -42,8 +44,18 @@ fn step(step: &'static str) -> impl FnOnce(io::Error) -> ChildError {
     move |source| ChildError::Step { step, source }
 }
 
-pub fn run(runner: &Runner<'_>, fds: [OwnedFd; 4], zygote: Pid, limits: &WorkerLimits) -> ! {
-    if let Err(e) = harden(runner, fds, zygote, limits) {
+fn step_named(step: &'static str, source: io::Error) -> ChildError {
+    ChildError::Step { step, source }
+}
+
+pub fn run(
+    runner: &Runner<'_>,
+    fds: [OwnedFd; 4],
+    zygote: Pid,
+    limits: &WorkerLimits,
+    sandbox: &Sandbox,
+) -> ! {
+    if let Err(e) = harden(runner, fds, zygote, limits, sandbox) {
         report(&e);
         exit(EXIT_HARDENING_FAILED);
     }
@@ -61,6 +73,7 @@ fn harden(
     fds: [OwnedFd; 4],
     zygote: Pid,
     limits: &WorkerLimits,
+    sandbox: &Sandbox,
 ) -> Result<(), ChildError> {
     // 1. Die with the zygote, then check it is still there: PDEATHSIG set after the parent
     //    died would never fire.
@@ -78,16 +91,29 @@ fn harden(
     // 2. Exactly our own fds: stdout/stderr onto the pipes (so C-level writes are captured
     //    too), then everything inherited from the zygote closed.
     fds::arrange(fds).map_err(step("arranging fds"))?;
-    // SAFETY: fd 4 is the workspace directory, placed by `arrange`.
-    if unsafe { libc::fchdir(fds::WORKSPACE_FD) } != 0 {
-        return Err(step("entering the workspace")(io::Error::last_os_error()));
-    }
+    fds::enter_workspace().map_err(step("entering the workspace"))?;
     // 3. Resource limits, before any user-controlled allocation.
-    rlimits::apply(limits).map_err(step("setting rlimits"))?;
+    if sandbox.applies_rlimits() {
+        rlimits::apply(limits).map_err(step("setting rlimits"))?;
+    }
+    // 4.–6. Drop to the unprivileged uid (PDEATHSIG re-armed: the credential change clears
+    //    it), no_new_privs, Landlock (read-only Python, read-write workspace, scoped signals
+    //    and abstract sockets), seccomp last: it would deny the calls of the steps before.
+    //    Only the layers the zygote's start-up probe proved are applied; each one that
+    //    fails here keeps this worker from ever becoming Ready.
+    // SAFETY: fd 4 is the workspace directory placed by `arrange`; it stays open for the
+    // life of the process.
+    let workspace = unsafe { BorrowedFd::borrow_raw(fds::WORKSPACE_FD) };
+    sandbox
+        .harden_worker(workspace, zygote)
+        .map_err(|(layer, e)| step_named(layer, e))?;
     // 7. Python level: fresh RNG state; then pay this child's copy-on-write faults on the
-    //    common path with one small throwaway job, so the real job does not.
+    //    common path with one small throwaway job, so the real job does not. The audit
+    //    hook and import guard are armed last, so neither the warm-up nor the runner's
+    //    set-up trips them.
     runner.prepare_child()?;
     runner.warm_up_child()?;
+    hooks::arm().map_err(step("arming the Python hooks"))?;
     Ok(())
 }
 

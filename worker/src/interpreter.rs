@@ -10,7 +10,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyModule};
 use snakecage_worker::protocol::{
-    ErrorInfo, Job, JobResult, MimeBundle, PreloadedModule, Variable, ZygoteConfig,
+    ErrorInfo, Job, JobResult, MimeBundle, PackageInfo, PreloadedModule, Variable, ZygoteConfig,
 };
 
 const RUNNER_SOURCE: &str = include_str!("../python/runner.py");
@@ -63,7 +63,7 @@ pub fn initialize(config: &ZygoteConfig) -> Result<(), InterpreterError> {
 
 /// The prefix to run CPython from: the configured one, else the one this binary was built
 /// against.
-fn python_home(config: &ZygoteConfig) -> PathBuf {
+pub fn python_home(config: &ZygoteConfig) -> PathBuf {
     match &config.python_home {
         Some(home) => home.clone(),
         None => PathBuf::from(option_env!("SNAKECAGE_BUILD_PYTHON_HOME").unwrap_or("/usr")),
@@ -112,6 +112,37 @@ impl<'py> Runner<'py> {
         let module = PyModule::from_code(py, &source, c"snakecage/runner.py", c"_snakecage_runner")
             .map_err(py_err("loading runner.py"))?;
         Ok(Self { module })
+    }
+
+    /// Which of `names` are installed, with versions, found without importing them.
+    pub fn describe_packages(
+        &self,
+        names: &[String],
+    ) -> Result<Vec<PackageInfo>, InterpreterError> {
+        let described = self
+            .module
+            .call_method1("describe_packages", (names.to_vec(),))
+            .map_err(py_err("describing the allowed packages"))?;
+        let list = described
+            .cast::<PyList>()
+            .map_err(|e| py_err("describing the allowed packages")(e.into()))?;
+        let mut out = Vec::with_capacity(list.len());
+        for item in list.iter() {
+            let d = item
+                .cast::<PyDict>()
+                .map_err(|e| py_err("describing the allowed packages")(e.into()))?;
+            let field = |key: &str| d.get_item(key).ok().flatten();
+            out.push(PackageInfo {
+                name: field("name")
+                    .and_then(|v| v.extract().ok())
+                    .unwrap_or_default(),
+                installed: field("installed")
+                    .and_then(|v| v.extract().ok())
+                    .unwrap_or(false),
+                version: field("version").and_then(|v| v.extract().ok()),
+            });
+        }
+        Ok(out)
     }
 
     /// Once, in the zygote: process-wide settings every child inherits, then the
@@ -304,7 +335,7 @@ fn job_result(d: &Bound<'_, PyDict>) -> PyResult<JobResult> {
 pub fn prepare<'py>(
     py: Python<'py>,
     config: &ZygoteConfig,
-) -> Result<(Runner<'py>, Vec<PreloadedModule>, Vec<String>), InterpreterError> {
+) -> Result<Prepared<'py>, InterpreterError> {
     let sys = py.import("sys").map_err(py_err("importing sys"))?;
     let path = sys.getattr("path").map_err(py_err("reading sys.path"))?;
     let path = path
@@ -315,12 +346,26 @@ pub fn prepare<'py>(
             .map_err(py_err("extending sys.path"))?;
     }
     let runner = Runner::load(py)?;
-    let (loaded, failed) = preload(py, &config.preload);
+    let (preloaded, preload_failures) = preload(py, &config.preload);
+    let packages = runner.describe_packages(&config.sandbox.allowed_packages)?;
     runner.prepare_zygote()?;
     py.import("gc")
         .and_then(|gc| gc.call_method0("freeze"))
         .map_err(py_err("freezing the heap"))?;
-    Ok((runner, loaded, failed))
+    Ok(Prepared {
+        runner,
+        preloaded,
+        preload_failures,
+        packages,
+    })
+}
+
+/// The zygote's interpreter, ready to fork, and what it found while getting there.
+pub struct Prepared<'py> {
+    pub runner: Runner<'py>,
+    pub preloaded: Vec<PreloadedModule>,
+    pub preload_failures: Vec<String>,
+    pub packages: Vec<PackageInfo>,
 }
 
 fn path_str(p: &Path) -> String {

@@ -4,6 +4,7 @@
 //! Usage: `snakecage-worker --control-fd FD --config JSON` (the supervisor writes both).
 
 mod child;
+mod hooks;
 mod interpreter;
 mod sandbox;
 mod zygote;

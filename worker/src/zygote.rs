@@ -18,8 +18,10 @@ use snakecage_worker::protocol::{
 };
 
 use crate::child;
+use crate::hooks;
 use crate::interpreter::{self, InterpreterError, Runner};
 use crate::sandbox;
+use crate::sandbox::layers::Sandbox;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ZygoteError {
@@ -46,6 +48,9 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
     sandbox::die_with_parent(None).map_err(io_err("setting PR_SET_PDEATHSIG"))?;
     sandbox::stdin_from_dev_null().map_err(io_err("opening /dev/null"))?;
     sandbox::fixed_environment(&config);
+    // Namespaces, the seccomp policy and the probe of every worker layer: before CPython
+    // starts, while this process has one thread and the interpreter has opened nothing.
+    let mut sandbox = Sandbox::setup(&config, &interpreter::python_home(&config));
     interpreter::initialize(&config)?;
 
     // SIGCHLD is read from a signalfd, so it must stay blocked; children unblock it.
@@ -57,13 +62,23 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
         .map_err(|e| io_err("creating the SIGCHLD signalfd")(e.into()))?;
 
     Python::attach(|py| {
-        let (runner, preloaded, preload_failures) = interpreter::prepare(py, &config)?;
+        // The audit hook and import guard go in before anything is imported, inert until
+        // a worker arms them.
+        sandbox.reports.extend(hooks::install(py, &config.sandbox));
+        let interpreter::Prepared {
+            runner,
+            preloaded,
+            preload_failures,
+            packages,
+        } = interpreter::prepare(py, &config)?;
         sandbox::ensure_single_thread().map_err(io_err("checking threads after preload"))?;
         let info = ZygoteInfo {
             pid: std::process::id() as i32,
             python_version: interpreter::python_version(),
             preloaded,
             preload_failures,
+            sandbox: sandbox.reports.clone(),
+            packages,
         };
         let mut zygote = Zygote {
             runner,
@@ -71,6 +86,7 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
             sigchld,
             children: HashSet::new(),
             config: &config,
+            sandbox: &sandbox,
         };
         zygote.reply(&ControlReply::Hello(info), None)?;
         zygote.serve()
@@ -83,6 +99,7 @@ struct Zygote<'py, 'c> {
     sigchld: SignalFd,
     children: HashSet<i32>,
     config: &'c ZygoteConfig,
+    sandbox: &'c Sandbox,
 }
 
 impl Zygote<'_, '_> {
@@ -152,7 +169,13 @@ impl Zygote<'_, '_> {
             let pid = libc::fork();
             if pid == 0 {
                 pyo3::ffi::PyOS_AfterFork_Child();
-                child::run(&self.runner, fds, zygote_pid, &self.config.limits);
+                child::run(
+                    &self.runner,
+                    fds,
+                    zygote_pid,
+                    &self.config.limits,
+                    self.sandbox,
+                );
             }
             pyo3::ffi::PyOS_AfterFork_Parent();
             pid

@@ -41,3 +41,28 @@ pub fn arrange(fds: [OwnedFd; 4]) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Makes the workspace (fd 4) the current directory. The supervisor opened it in its own
+/// mount namespace, whose mounts are unreachable from the zygote's private one, so after a
+/// plain `fchdir` `getcwd()` would fail. The same directory is therefore entered again
+/// through its path in this namespace, once that path is proven to be the same inode.
+pub fn enter_workspace() -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: fd 4 is the workspace directory, placed by `arrange`.
+    if unsafe { libc::fchdir(WORKSPACE_FD) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let Ok(path) = std::fs::read_link(format!("/proc/self/fd/{WORKSPACE_FD}")) else {
+        return Ok(());
+    };
+    // SAFETY: fstat on fd 4 into a zeroed stat buffer we own.
+    let by_fd = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(WORKSPACE_FD, &mut st) == 0).then_some((st.st_dev, st.st_ino))
+    };
+    let by_path = std::fs::metadata(&path).ok().map(|m| (m.dev(), m.ino()));
+    if path.is_absolute() && by_fd.is_some() && by_fd == by_path {
+        std::env::set_current_dir(&path)?;
+    }
+    Ok(())
+}

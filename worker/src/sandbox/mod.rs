@@ -1,8 +1,21 @@
 //! The isolation steps, one mechanism per file. `child.rs` runs them in order; the zygote
 //! runs the once-only ones at start-up.
+//!
+//! - [`namespaces`]: the zygote's empty network namespace and private mount namespace.
+//! - [`fds`], [`rlimits`]: each worker's descriptors and resource limits.
+//! - [`privileges`]: the uid/gid drop, no_new_privs.
+//! - [`landlock`]: filesystem, network and scope rules.
+//! - [`seccomp`]: the syscall policy from `worker/seccomp/worker.json`.
+//! - [`layers`]: which layers are active here (probed once at start-up) and how a worker
+//!   applies them.
 
 pub mod fds;
+pub mod landlock;
+pub mod layers;
+pub mod namespaces;
+pub mod privileges;
 pub mod rlimits;
+pub mod seccomp;
 
 use std::io;
 

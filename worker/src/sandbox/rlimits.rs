@@ -1,6 +1,6 @@
 //! Resource limits. RLIMIT_DATA is the zygote's data segment (inherited by the child) plus
 //! the job's memory budget, so a large allocation fails with MemoryError instead of the
-//! machine swapping; the others bound CPU, file sizes, fds and core dumps.
+//! machine swapping; the others bound CPU, file sizes, fds, processes and core dumps.
 
 use std::io;
 
@@ -25,6 +25,13 @@ pub fn apply(limits: &WorkerLimits) -> io::Result<()> {
         Resource::RLIMIT_NOFILE,
         limits.max_open_files,
         limits.max_open_files,
+    )?;
+    // Counted per uid over all workers (and their threads); enforced once a worker has
+    // dropped root. It stops thread bombs; the DATA limit bounds their stacks too.
+    set(
+        Resource::RLIMIT_NPROC,
+        limits.max_processes,
+        limits.max_processes,
     )?;
     set(Resource::RLIMIT_CORE, 0, 0)?;
     Ok(())
