@@ -37,3 +37,20 @@ ensure_venv() {
         -r python/requirements.txt -r python/requirements-dev.txt
     echo "$want" > "$stamp"
 }
+
+# (Re)build .venv-bench, the benchmark tools (Jupyter, pydantic-monty, matplotlib for the
+# plot), when it is missing or python/requirements-bench.txt changed. Kept apart from .venv
+# so nothing a benchmark needs becomes importable by user code.
+ensure_bench_venv() {
+    local stamp=".venv-bench/.snakecage-requirements"
+    local want
+    want="$(sha256sum python/requirements-bench.txt | cut -d' ' -f1)"
+    if [[ -x .venv-bench/bin/python && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+        return
+    fi
+    echo "snakecage: preparing .venv-bench with $BASE_PYTHON" >&2
+    "$BASE_PYTHON" -m venv .venv-bench
+    .venv-bench/bin/python -m pip install --quiet --disable-pip-version-check \
+        -r python/requirements-bench.txt
+    echo "$want" > "$stamp"
+}
