@@ -22,6 +22,7 @@ import argparse
 import concurrent.futures
 import datetime
 import http.client
+import importlib.util
 import json
 import os
 import platform
@@ -256,11 +257,9 @@ class Jupyter:
         self.kernels = []
 
     def start(self):
-        try:
-            import jupyter_client  # noqa: F401
-            import ipykernel  # noqa: F401
-        except ImportError as e:
-            raise NotAvailable(f"{e.name} not installed (run with the bench venv, .venv-bench)")
+        for module in ("jupyter_client", "ipykernel"):
+            if importlib.util.find_spec(module) is None:
+                raise NotAvailable(f"{module} not installed (run with the bench venv, .venv-bench)")
 
     def start_kernel(self):
         from jupyter_client import KernelManager
