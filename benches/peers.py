@@ -687,7 +687,8 @@ def main():
             names.append(system.name)
             try:
                 if isinstance(system, Snakecage):
-                    meta["pool_size"] = system.pool_size
+                    # With --url the server's own pool size; monty gets as many workers.
+                    meta["pool_size"] = args.pool_size = system.pool_size
                     memory = system.idle_worker_private_memory()
                 run_system(system, args, args.snippets, results)
             finally:
