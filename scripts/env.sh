@@ -38,21 +38,28 @@ ensure_venv() {
     echo "$want" > "$stamp"
 }
 
-# (Re)build .venv-tools (the MCP client and jsonschema the tests use; benchmark peers)
-# when it is missing or its requirements changed. Never mixed into .venv: user code
-# imports from that one.
-ensure_tools_venv() {
-    local stamp=".venv-tools/.snakecage-requirements"
+# (Re)builds the tool venv DIR from REQUIREMENTS when it is missing or the file changed.
+# Tool venvs are never .venv: nothing a test or a benchmark needs may become importable by
+# user code.
+ensure_tool_venv() {
+    local dir="$1" requirements="$2"
+    local stamp="$dir/.snakecage-requirements"
     local want
-    want="$(sha256sum python/requirements-tools.txt | cut -d' ' -f1)"
-    if [[ -x .venv-tools/bin/python && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    want="$(sha256sum "$requirements" | cut -d' ' -f1)"
+    if [[ -x "$dir/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
         return
     fi
-    echo "snakecage: preparing .venv-tools with $BASE_PYTHON" >&2
-    "$BASE_PYTHON" -m venv .venv-tools
-    .venv-tools/bin/python -m pip install --quiet --disable-pip-version-check -r python/requirements-tools.txt
+    echo "snakecage: preparing $dir with $BASE_PYTHON" >&2
+    "$BASE_PYTHON" -m venv "$dir"
+    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
     echo "$want" > "$stamp"
 }
+
+# The MCP client and jsonschema the tests use.
+ensure_tools_venv() { ensure_tool_venv .venv-tools python/requirements-tools.txt; }
+
+# The benchmark peers: Jupyter, pydantic-monty, matplotlib for the plot.
+ensure_bench_venv() { ensure_tool_venv .venv-bench python/requirements-bench.txt; }
 
 # Debian packages the tests use: promtool (package prometheus) checks `/metrics`, chromium
 # drives the status page. Installed only when missing, so a warm machine pays nothing.
