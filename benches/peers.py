@@ -10,7 +10,8 @@ The same snippets (print(1+1), a numpy/pandas aggregation, a matplotlib PNG) run
   * jupyter-fresh     start a kernel, execute, shut it down, per request;
   * monty             pydantic-monty's worker pool, one checkout (fresh session) per request;
                       snippets it cannot run are reported n/a with its error.
-Sequentially (concurrency 1: p50/p99/mean) and at concurrency 4 (throughput). Prints a
+Sequentially (concurrency 1: p50/p99/mean, each request --pace-ms after the previous one,
+the same gap for every system) and back to back at concurrency 4 (throughput). Prints a
 table with ratios to snakecage and writes peers.md, peers.json (raw samples) and
 latency.png (latency CDF per snippet) under --out (default bench-results/).
 
@@ -353,11 +354,17 @@ class Monty:
 # --- measurement ----------------------------------------------------------------------
 
 
-def measure_latency(call, code, n, warmup):
+def measure_latency(call, code, n, warmup, pace_ms):
+    """Sequential latency. With ``pace_ms``, each request starts at least that long after
+    the previous one ended (the same gap for every system): the latency a request sees on
+    a service that is not saturated. Back to back (0), a pre-forking service is measured at
+    its refill rate instead: that is what the throughput column shows."""
     for _ in range(warmup):
         call(code)
     samples = []
     for _ in range(n):
+        if pace_ms:
+            time.sleep(pace_ms / 1000)
         t0 = time.perf_counter()
         call(code)
         samples.append((time.perf_counter() - t0) * 1000)
@@ -443,7 +450,7 @@ def run_system(system, args, snippets, results):
             results[key] = {"snippet": snippet, "system": system.name, "na": reason}
             print(f"  {snippet:<15} n/a: {reason}", flush=True)
             continue
-        latency = measure_latency(calls[0], code, n, warmup)
+        latency = measure_latency(calls[0], code, n, warmup, args.pace_ms)
         while len(calls) < CONCURRENCY:
             calls.append(system.client())
         throughput = measure_throughput(calls, code, args.seconds)
@@ -549,6 +556,10 @@ def write_markdown(path, meta, results, snippets, system_names, memory, target_r
         f"Linux {m['kernel']}; load average {m['load_average_1m']} at start; snakecage pool size "
         f"{meta['pool_size']}; `{meta['command']}`",
         "",
+        f"Latency: sequential requests, each started {meta['pace_ms']:g} ms after the previous one "
+        "ended (the same for every system: the latency a request sees on a service that is not "
+        "saturated). Throughput: four clients back to back for the whole window.",
+        "",
         "| snippet | system | p50 ms | p99 ms | mean ms | req/s at c=4 | p50 vs snakecage | req/s vs snakecage |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
@@ -633,6 +644,12 @@ def parse_args():
     ap.add_argument("--spawn-n", type=int, default=100, help="sequential samples per snippet for spawn and bwrap")
     ap.add_argument("--kernel-start-n", type=int, default=10, help="sequential samples for jupyter-fresh")
     ap.add_argument("--seconds", type=float, default=5, help="duration of each throughput run at concurrency 4")
+    ap.add_argument(
+        "--pace-ms",
+        type=float,
+        default=20,
+        help="gap before each sequential latency sample, the same for every system (0: back to back)",
+    )
     ap.add_argument("--systems", default=",".join(SYSTEM_KEYS), help=f"comma-separated subset of {','.join(SYSTEM_KEYS)}")
     ap.add_argument("--snippets", default=",".join(SNIPPETS), help=f"comma-separated subset of {','.join(SNIPPETS)}")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench-results"), help="directory for peers.{md,json} and latency.png")
@@ -658,6 +675,7 @@ def main():
         "command": " ".join(["benches/peers.py", *sys.argv[1:]]),
         "machine": machine(),
         "pool_size": args.pool_size,
+        "pace_ms": args.pace_ms,
         "args": {k: v for k, v in vars(args).items()},
     }
     # One matplotlib config/cache dir for every peer that runs CPython itself, so each
