@@ -109,6 +109,7 @@ pub async fn serve(
     let store = open_store(&config)?;
     std::fs::create_dir_all(&settings.zygote.mpl_config_dir)?;
     let metrics = Arc::new(Metrics::new());
+    metrics.set_tenants(keys.names());
     let pool = Pool::start_observed(settings, metrics.clone()).await?;
     let info = pool.zygote_info();
     // The zygote's hello says which Python and which sandbox layers are running.

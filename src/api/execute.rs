@@ -222,6 +222,9 @@ pub async fn run_stateless(
             .metrics
             .execution_finished(Kind::Stateless, outcome, started.elapsed(), request_id);
     }
+    if let (Ok(_), Some(tenant)) = (&result, caller.owner()) {
+        state.metrics.tenant_execution(tenant, Kind::Stateless);
+    }
     result
 }
 

@@ -245,6 +245,7 @@ async fn run(
 ) -> Result<ExecuteResponse, ApiError> {
     let started = std::time::Instant::now();
     let metrics = state.metrics.clone();
+    let tenant = caller.owner().map(str::to_owned);
     let result = run_in(state, caller, session, guard, prepared, chunks, interrupt).await;
     let outcome = match &result {
         Ok(response) => Some(Outcome::from(response.verdict)),
@@ -252,6 +253,9 @@ async fn run(
     };
     if let Some(outcome) = outcome {
         metrics.execution_finished(Kind::Session, outcome, started.elapsed(), None);
+    }
+    if let (Ok(_), Some(tenant)) = (&result, tenant) {
+        metrics.tenant_execution(&tenant, Kind::Session);
     }
     result
 }

@@ -126,7 +126,7 @@ impl Tenant {
 
 #[tokio::test]
 async fn two_tenants_cannot_see_fetch_delete_or_use_each_others_files_and_sessions() {
-    let (_server, alice, bob, _dir) = two_tenants(&[]).await;
+    let (server, alice, bob, _dir) = two_tenants(&[]).await;
 
     // An uploaded file, and one a run wrote.
     let (status, up) = alice.upload("secret.txt", b"alice's secret".to_vec()).await;
@@ -231,6 +231,25 @@ async fn two_tenants_cannot_see_fetch_delete_or_use_each_others_files_and_sessio
         .await;
     assert_eq!((status, body["stdout"].clone()), (200, json!("42\n")));
     assert_eq!(alice.delete(&format!("/v1/sessions/{sid}")).await, 204);
+
+    // The metrics count executions per configured key, and only what ran.
+    let (status, _, metrics) = server.get("/metrics").await;
+    assert_eq!(status, 200);
+    let series = |tenant: &str, kind: &str| {
+        format!("snakecage_tenant_executions_total{{kind=\"{kind}\",tenant=\"{tenant}\"}}")
+    };
+    for (tenant, kind, n) in [
+        ("alice", "stateless", 2),
+        ("alice", "session", 2),
+        ("bob", "stateless", 0),
+        ("bob", "session", 0),
+    ] {
+        let line = format!("{} {n}", series(tenant, kind));
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in:\n{metrics}"
+        );
+    }
 }
 
 fn uuid_like() -> String {
