@@ -381,7 +381,9 @@ pub struct Overrides {
     /// Serve beyond loopback without API keys (anyone who reaches the port can run code).
     #[arg(
         long = "allow-unauthenticated",
-        env = "SNAKECAGE_ALLOW_UNAUTHENTICATED"
+        env = "SNAKECAGE_ALLOW_UNAUTHENTICATED",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
     )]
     #[serde(skip)]
     pub allow_unauthenticated: bool,
