@@ -25,8 +25,27 @@ pub struct Config {
     pub workspace: WorkspaceConfig,
     pub sessions: SessionsConfig,
     pub mcp: McpConfig,
+    pub auth: AuthConfig,
     pub sandbox: SandboxSettings,
     pub log: LogConfig,
+}
+
+/// API keys (README, "Authentication"). Without any, every route is open: the service is
+/// then for local use and refuses to listen beyond loopback unless `allow_unauthenticated`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// A TOML file of `[[keys]]` (what `snakecage keys add` writes).
+    pub keys_file: Option<PathBuf>,
+    /// Keys given inline, as `[[auth.keys]]` tables like those of the keys file.
+    pub keys: Vec<crate::auth::KeyEntry>,
+    /// Whether `/metrics` answers without a key.
+    pub public_metrics: bool,
+    /// Whether the status page (`/`, `/v1/status`) answers without a key.
+    pub public_status: bool,
+    /// Listen beyond loopback without keys (`--allow-unauthenticated`): anyone who can
+    /// reach the port runs code and reads every file.
+    pub allow_unauthenticated: bool,
 }
 
 /// The MCP endpoint at `/mcp`.
@@ -228,8 +247,21 @@ impl Default for Config {
             workspace: WorkspaceConfig::default(),
             sessions: SessionsConfig::default(),
             mcp: McpConfig::default(),
+            auth: AuthConfig::default(),
             sandbox: SandboxSettings::default(),
             log: LogConfig::default(),
+        }
+    }
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            keys_file: None,
+            keys: Vec::new(),
+            public_metrics: true,
+            public_status: false,
+            allow_unauthenticated: false,
         }
     }
 }
@@ -346,6 +378,15 @@ pub struct Overrides {
     #[arg(long = "log-format", value_enum)]
     #[serde(skip)]
     pub log_format: Option<LogFormat>,
+    /// Serve beyond loopback without API keys (anyone who reaches the port can run code).
+    #[arg(
+        long = "allow-unauthenticated",
+        env = "SNAKECAGE_ALLOW_UNAUTHENTICATED",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    #[serde(skip)]
+    pub allow_unauthenticated: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -369,7 +410,11 @@ impl Config {
             }
             fig = fig.merge(Toml::file(file));
         }
-        fig = fig.merge(Env::prefixed("SNAKECAGE_").split("__").ignore(&["config"]));
+        fig = fig.merge(
+            Env::prefixed("SNAKECAGE_")
+                .split("__")
+                .ignore(&["config", "allow_unauthenticated"]),
+        );
         fig = fig.merge(Serialized::defaults(overrides));
         if let Some(venv) = &overrides.venv {
             fig = fig.merge(Serialized::default("python.venv", venv));
@@ -379,6 +424,9 @@ impl Config {
         }
         if let Some(format) = overrides.log_format {
             fig = fig.merge(Serialized::default("log.format", format));
+        }
+        if overrides.allow_unauthenticated {
+            fig = fig.merge(Serialized::default("auth.allow_unauthenticated", true));
         }
         let config: Config = fig.extract().map_err(Box::new)?;
         config.validate()?;

@@ -15,6 +15,15 @@ use crate::sessions::SessionError;
 pub enum ApiError {
     #[error("{0}")]
     BadRequest(String),
+    /// No API key, or one that is not configured (401 with `WWW-Authenticate: Bearer`).
+    #[error("{}", unauthorized_detail(*.invalid_key))]
+    Unauthorized { invalid_key: bool },
+    /// A limit of the caller's API key (concurrency, sessions, storage).
+    #[error("{detail}")]
+    TenantLimit {
+        detail: String,
+        retry_after_secs: u64,
+    },
     #[error("{0}")]
     Validation(String),
     #[error("{0}")]
@@ -39,10 +48,20 @@ pub enum ApiError {
     Internal(String),
 }
 
+fn unauthorized_detail(invalid_key: bool) -> &'static str {
+    if invalid_key {
+        "the API key is not valid"
+    } else {
+        "an API key is required: send `Authorization: Bearer <key>`"
+    }
+}
+
 impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+            ApiError::TenantLimit { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -88,6 +107,10 @@ impl From<SessionError> for ApiError {
             e @ SessionError::Gone { .. } => ApiError::Gone(e.to_string()),
             e @ SessionError::Busy(_) => ApiError::Conflict(e.to_string()),
             e @ SessionError::Full(_) => ApiError::Unavailable(e.to_string()),
+            e @ SessionError::TenantLimit { .. } => ApiError::TenantLimit {
+                detail: e.to_string(),
+                retry_after_secs: 1,
+            },
             SessionError::Pool(e) => e.into(),
         }
     }
@@ -107,6 +130,13 @@ impl From<StoreError> for ApiError {
                 "File storage is full (quota of {} MB); delete files you no longer need and retry",
                 quota_bytes >> 20
             )),
+            StoreError::OwnerQuotaExceeded { owner, quota_bytes } => ApiError::TenantLimit {
+                detail: format!(
+                    "API key '{owner}' has used up its storage quota of {} MB (max_stored_mb); delete files you no longer need and retry",
+                    quota_bytes >> 20
+                ),
+                retry_after_secs: 60,
+            },
             StoreError::Source(e) => {
                 ApiError::BadRequest(format!("reading the upload failed: {e}"))
             }
@@ -133,10 +163,27 @@ impl IntoResponse for ApiError {
             tracing::error!(%cause, "internal error");
         }
         let mut response = (status, Json(json!({ "detail": self.to_string() }))).into_response();
-        if let ApiError::QueueFull { retry_after_secs } = self {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+        match self {
+            ApiError::QueueFull { retry_after_secs }
+            | ApiError::TenantLimit {
+                retry_after_secs, ..
+            } => {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+            }
+            ApiError::Unauthorized { invalid_key } => {
+                let challenge = if invalid_key {
+                    "Bearer error=\"invalid_token\""
+                } else {
+                    "Bearer"
+                };
+                response.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static(challenge),
+                );
+            }
+            _ => {}
         }
         response
     }

@@ -4,6 +4,7 @@
 //! - [`config`]: defaults, TOML file, `SNAKECAGE_*` environment, CLI flags.
 //! - [`server`]: `serve(listener, config, shutdown)`, used by `main` and by the tests.
 //! - [`api`]: the router and its handlers.
+//! - [`auth`]: API keys, tenants and their limits, the middleware that requires a key.
 //! - [`error`]: `ApiError`, the one place statuses and `detail`s are decided.
 //! - [`markdown`]: the Python blocks of a model's markdown answer (`code_format: markdown`).
 //! - [`tools`], [`mcp`], [`packages`]: what agents see: tool definitions (OpenAI, Anthropic,
@@ -19,6 +20,7 @@
 //! does that, and the two speak the protocol in the `snakecage_worker` library.
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod files;

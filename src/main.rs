@@ -4,7 +4,8 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
+use snakecage::auth::{KeyEntry, KeysFile};
 use snakecage::config::{Config, LogFormat, Overrides};
 use snakecage::server;
 use tracing_subscriber::EnvFilter;
@@ -18,6 +19,41 @@ struct Cli {
     config: Option<PathBuf>,
     #[command(flatten)]
     overrides: Overrides,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Manage API keys (only their SHA-256 is stored).
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum KeysCommand {
+    /// Creates a key for tenant NAME, stores its hash and prints the key (once: it is kept
+    /// nowhere).
+    Add {
+        name: String,
+        /// The keys file; default: `auth.keys_file` of the configuration.
+        #[arg(long)]
+        keys_file: Option<PathBuf>,
+        /// Executions this key may have running at once.
+        #[arg(long)]
+        max_concurrent: Option<usize>,
+        /// Sessions this key may hold at once.
+        #[arg(long)]
+        max_sessions: Option<usize>,
+        /// Total size of the files this key may keep stored, in MB.
+        #[arg(long)]
+        max_stored_mb: Option<u64>,
+    },
+    /// Lists the names (tenants) in the keys file.
+    List {
+        #[arg(long)]
+        keys_file: Option<PathBuf>,
+    },
 }
 
 #[tokio::main]
@@ -30,6 +66,15 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(Command::Keys(command)) = cli.command {
+        return match keys(command, &config) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("snakecage: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     init_logging(&config);
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
@@ -58,4 +103,47 @@ fn init_logging(config: &Config) {
         LogFormat::Json => builder.json().init(),
         LogFormat::Human => builder.init(),
     }
+}
+
+/// `snakecage keys …`: the keys file is rewritten atomically; a new key goes to stdout.
+fn keys(command: KeysCommand, config: &Config) -> Result<(), String> {
+    let file_of = |given: Option<PathBuf>| {
+        given
+            .or_else(|| config.auth.keys_file.clone())
+            .ok_or_else(|| {
+                "give --keys-file PATH or set auth.keys_file in the configuration".to_owned()
+            })
+    };
+    match command {
+        KeysCommand::Add {
+            name,
+            keys_file,
+            max_concurrent,
+            max_sessions,
+            max_stored_mb,
+        } => {
+            let path = file_of(keys_file)?;
+            let mut file = KeysFile::read(&path).map_err(|e| e.to_string())?;
+            let limits = KeyEntry {
+                max_concurrent,
+                max_sessions,
+                max_stored_mb,
+                ..KeyEntry::default()
+            };
+            let key = file.add(&name, limits).map_err(|e| e.to_string())?;
+            file.write(&path).map_err(|e| e.to_string())?;
+            eprintln!(
+                "snakecage: added key {name:?} to {} (only its SHA-256 is stored; this is the only time the key is shown)",
+                path.display()
+            );
+            println!("{key}");
+        }
+        KeysCommand::List { keys_file } => {
+            let path = file_of(keys_file)?;
+            for key in KeysFile::read(&path).map_err(|e| e.to_string())?.keys {
+                println!("{}", key.name);
+            }
+        }
+    }
+    Ok(())
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::http::{Request, StatusCode, header};
+use axum::http::{HeaderValue, Request, StatusCode, header};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     InitializeResult, JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
@@ -43,10 +43,12 @@ impl McpServer {
     }
 
     /// Sends the request a tool call maps to through the API; returns status and JSON body.
+    /// `authorization` is the MCP request's own header, so the call is made as its caller.
     async fn call_api(
         &self,
         name: &str,
         arguments: &Value,
+        authorization: Option<&HeaderValue>,
     ) -> Result<(StatusCode, Value), McpError> {
         let call = tools::request(name, arguments).map_err(|e| match e {
             ToolCallError::UnknownTool(_) | ToolCallError::BadArguments { .. } => {
@@ -54,6 +56,9 @@ impl McpServer {
             }
         })?;
         let mut builder = Request::builder().method(call.method).uri(call.path);
+        if let Some(value) = authorization {
+            builder = builder.header(header::AUTHORIZATION, value);
+        }
         let body = match call.body {
             Some(json) => {
                 builder = builder.header(header::CONTENT_TYPE, "application/json");
@@ -116,10 +121,17 @@ impl ServerHandler for McpServer {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let arguments = Value::Object(request.arguments.unwrap_or_default());
-        let (status, body) = self.call_api(&request.name, &arguments).await?;
+        // The streamable HTTP transport puts the HTTP request's parts in the context.
+        let authorization = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.headers.get(header::AUTHORIZATION));
+        let (status, body) = self
+            .call_api(&request.name, &arguments, authorization)
+            .await?;
         Ok(tool_result(&request.name, status, &body).into())
     }
 }

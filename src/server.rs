@@ -5,6 +5,7 @@
 //! tracing span carrying it, so each log line of a request names it.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
 use crate::api::{self, AppState};
+use crate::auth::{Keys, KeysError};
 use crate::config::{Config, ConfigError};
 use crate::files::local::LocalStoreSettings;
 use crate::files::{self, LocalStore, SharedStore, StoreError};
@@ -38,6 +40,32 @@ pub enum ServeError {
     Store(#[from] StoreError),
     #[error("serving HTTP: {0}")]
     Io(#[from] std::io::Error),
+    #[error("API keys: {0}")]
+    Keys(#[from] KeysError),
+    #[error(
+        "refusing to listen on {0} without API keys: anyone who can reach it could run code and read every file. Configure keys (`snakecage keys add NAME --keys-file keys.toml`, then auth.keys_file), listen on 127.0.0.1, or pass --allow-unauthenticated (SNAKECAGE_ALLOW_UNAUTHENTICATED=1) if something in front of it authenticates"
+    )]
+    Unauthenticated(SocketAddr),
+}
+
+/// The configured keys, and whether the service may listen where it does with them: beyond
+/// loopback only with keys, or when explicitly allowed (then with a loud warning).
+pub fn load_keys(config: &Config, listening: SocketAddr) -> Result<Keys, ServeError> {
+    let keys = Keys::load(&config.auth)?;
+    if keys.enabled() {
+        tracing::info!(keys = keys.names().count(), "API keys required");
+    } else if !listening.ip().is_loopback() {
+        if !config.auth.allow_unauthenticated {
+            return Err(ServeError::Unauthenticated(listening));
+        }
+        tracing::warn!(
+            addr = %listening,
+            "NO AUTHENTICATION: listening beyond loopback without API keys \
+             (--allow-unauthenticated); anyone who can reach this port can run code and \
+             read, replace and delete every stored file"
+        );
+    }
+    Ok(keys)
 }
 
 /// The pool settings a configuration implies.
@@ -76,10 +104,12 @@ pub async fn serve(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let keys = Arc::new(load_keys(&config, listener.local_addr()?)?);
     let settings = pool_settings(&config)?;
     let store = open_store(&config)?;
     std::fs::create_dir_all(&settings.zygote.mpl_config_dir)?;
     let metrics = Arc::new(Metrics::new());
+    metrics.set_tenants(keys.names());
     let pool = Pool::start_observed(settings, metrics.clone()).await?;
     let info = pool.zygote_info();
     // The zygote's hello says which Python and which sandbox layers are running.
@@ -118,6 +148,7 @@ pub async fn serve(
         packages,
         tool_context,
         metrics,
+        keys,
         stopping: stopping.clone(),
     });
     // Outermost first: the id is set, then echoed in the response, then the span made.

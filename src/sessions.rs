@@ -56,6 +56,10 @@ pub enum SessionError {
         "all {0} sessions are busy running code, so none can be evicted for a new one; retry later or delete a session"
     )]
     Full(usize),
+    #[error(
+        "API key '{owner}' already holds {max} sessions, its max_sessions limit; delete one and retry"
+    )]
+    TenantLimit { owner: String, max: usize },
     #[error(transparent)]
     Pool(#[from] PoolError),
 }
@@ -70,6 +74,8 @@ struct Usage {
 
 pub struct Session {
     pub id: String,
+    /// The API key (tenant) that created it; only it can reach the session.
+    pub owner: Option<String>,
     pub created_at: SystemTime,
     ttl: Duration,
     usage: Mutex<Usage>,
@@ -186,33 +192,54 @@ struct Table {
     live: HashMap<String, Arc<Session>>,
     /// Sessions being created: they count against `max_sessions` already.
     creating: usize,
-    tombstones: VecDeque<(String, String)>,
+    /// The same, per owner (for the owners' `max_sessions`).
+    creating_by: HashMap<String, usize>,
+    /// Sessions that ended on their own: id, owner, why.
+    tombstones: VecDeque<Tombstone>,
+}
+
+struct Tombstone {
+    id: String,
+    owner: Option<String>,
+    reason: String,
 }
 
 impl Table {
-    fn bury(&mut self, id: String, reason: String) {
+    fn bury(&mut self, id: String, owner: Option<String>, reason: String) {
         if self.tombstones.len() >= MAX_TOMBSTONES {
             self.tombstones.pop_front();
         }
-        self.tombstones.push_back((id, reason));
+        self.tombstones.push_back(Tombstone { id, owner, reason });
     }
 
     /// Removes `id` as ended for `reason` (killing a run in progress).
     fn end(&mut self, id: &str, reason: String) -> Option<Arc<Session>> {
         let session = self.live.remove(id)?;
         session.ended.cancel();
-        self.bury(id.to_owned(), reason);
+        self.bury(id.to_owned(), session.owner.clone(), reason);
         Some(session)
     }
 }
 
 /// Undoes a reservation when a creation fails or is abandoned.
-struct Creating<'a>(&'a Inner, bool);
+struct Creating<'a>(&'a Inner, Option<&'a str>, bool);
+
+impl Creating<'_> {
+    fn release(&mut self, table: &mut Table) {
+        if std::mem::take(&mut self.2) {
+            table.creating -= 1;
+            if let Some(n) = self.1.and_then(|o| table.creating_by.get_mut(o)) {
+                *n -= 1;
+            }
+        }
+    }
+}
 
 impl Drop for Creating<'_> {
     fn drop(&mut self) {
-        if self.1 {
-            self.0.table.lock().expect("sessions lock").creating -= 1;
+        if self.2 {
+            let inner = self.0;
+            self.release(&mut inner.table.lock().expect("sessions lock"));
         }
     }
 }
@@ -244,16 +271,19 @@ impl Sessions {
     }
 
     /// A new session with its own worker; `stage` fills its workspace before it is
-    /// registered. At `max_sessions`, the least recently used idle session is evicted.
+    /// registered. At `max_sessions`, the least recently used idle session is evicted; an
+    /// `owner` at its own `owner_max` is refused (`TenantLimit`).
     pub async fn create<E: From<SessionError>>(
         &self,
+        owner: Option<&str>,
+        owner_max: Option<usize>,
         ttl: Option<Duration>,
         stage: impl AsyncFnOnce(&std::path::Path) -> Result<Staged, E>,
     ) -> Result<Arc<Session>, E> {
         let inner = &self.inner;
-        let evicted = self.reserve()?;
+        let evicted = self.reserve(owner, owner_max)?;
         drop(evicted); // killed outside the lock
-        let mut creating = Creating(inner, true);
+        let mut creating = Creating(inner, owner, true);
         let worker = inner
             .pool
             .start_session_worker()
@@ -263,6 +293,7 @@ impl Sessions {
         let now = SystemTime::now();
         let session = Arc::new(Session {
             id: format!("sess_{}", uuid::Uuid::new_v4().simple()),
+            owner: owner.map(str::to_owned),
             created_at: now,
             ttl: ttl.unwrap_or(inner.settings.idle_timeout),
             usage: Mutex::new(Usage {
@@ -278,8 +309,7 @@ impl Sessions {
             ended: CancellationToken::new(),
         });
         let mut table = inner.table.lock().expect("sessions lock");
-        table.creating -= 1;
-        creating.1 = false;
+        creating.release(&mut table);
         table.live.insert(session.id.clone(), session.clone());
         inner.metrics.session_created();
         tracing::info!(session = %session.id, "session created");
@@ -288,9 +318,27 @@ impl Sessions {
 
     /// Counts a session being created, evicting the least recently used idle one when
     /// the table is full. Returns the evicted sessions, to be dropped outside the lock.
-    fn reserve(&self) -> Result<Vec<Arc<Session>>, SessionError> {
+    fn reserve(
+        &self,
+        owner: Option<&str>,
+        owner_max: Option<usize>,
+    ) -> Result<Vec<Arc<Session>>, SessionError> {
         let max = self.inner.settings.max_sessions;
         let mut table = self.inner.table.lock().expect("sessions lock");
+        if let (Some(owner), Some(owner_max)) = (owner, owner_max) {
+            let held = table
+                .live
+                .values()
+                .filter(|s| s.owner.as_deref() == Some(owner))
+                .count()
+                + table.creating_by.get(owner).copied().unwrap_or(0);
+            if held >= owner_max {
+                return Err(SessionError::TenantLimit {
+                    owner: owner.to_owned(),
+                    max: owner_max,
+                });
+            }
+        }
         let mut evicted = Vec::new();
         while table.live.len() + table.creating >= max {
             let victim = table
@@ -311,13 +359,22 @@ impl Sessions {
             evicted.extend(ended);
         }
         table.creating += 1;
+        if let Some(owner) = owner {
+            *table.creating_by.entry(owner.to_owned()).or_default() += 1;
+        }
         Ok(evicted)
     }
 
-    /// The live session `id`; 410 when it ended without being deleted, else 404.
-    pub fn get(&self, id: &str) -> Result<Arc<Session>, SessionError> {
+    /// The live session `id` of `owner`; 410 when it ended without being deleted, else
+    /// 404. Another owner's session is `NotFound`, live or ended, as if it never existed.
+    pub fn get(&self, id: &str, owner: Option<&str>) -> Result<Arc<Session>, SessionError> {
         let mut table = self.inner.table.lock().expect("sessions lock");
-        if let Some(session) = table.live.get(id).cloned() {
+        let live = table
+            .live
+            .get(id)
+            .filter(|s| s.owner.as_deref() == owner)
+            .cloned();
+        if let Some(session) = live {
             if session.expired(Instant::now()) && session.state.try_lock().is_ok() {
                 let ended = table.end(id, self.expiry_reason(&session));
                 self.counted(&ended, SessionEnd::Expired);
@@ -325,23 +382,34 @@ impl Sessions {
                 return Ok(session);
             }
         }
-        match table.tombstones.iter().rev().find(|(t, _)| t == id) {
-            Some((_, reason)) => Err(SessionError::Gone {
+        let tombstone = table
+            .tombstones
+            .iter()
+            .rev()
+            .find(|t| t.id == id && t.owner.as_deref() == owner);
+        match tombstone {
+            Some(t) => Err(SessionError::Gone {
                 id: id.to_owned(),
-                reason: reason.clone(),
+                reason: t.reason.clone(),
             }),
             None => Err(SessionError::NotFound(id.to_owned())),
         }
     }
 
     /// Deletes `id`: kills its worker (even mid-run) and removes its workspace.
-    pub fn delete(&self, id: &str) -> Result<(), SessionError> {
+    pub fn delete(&self, id: &str, owner: Option<&str>) -> Result<(), SessionError> {
         let mut table = self.inner.table.lock().expect("sessions lock");
-        let Some(session) = table.live.remove(id) else {
+        let owned = table
+            .live
+            .get(id)
+            .is_some_and(|s| s.owner.as_deref() == owner);
+        let Some(session) = owned.then(|| table.live.remove(id)).flatten() else {
             // A session that ended on its own (lost, expired, evicted) can still be deleted:
             // that forgets why it ended, so later calls get 404 instead of 410.
             let before = table.tombstones.len();
-            table.tombstones.retain(|(t, _)| t != id);
+            table
+                .tombstones
+                .retain(|t| t.id != id || t.owner.as_deref() != owner);
             if table.tombstones.len() < before {
                 return Ok(());
             }
@@ -372,9 +440,15 @@ impl Sessions {
         }
     }
 
-    pub fn list(&self) -> Vec<SessionInfo> {
+    /// The live sessions of `owner`.
+    pub fn list(&self, owner: Option<&str>) -> Vec<SessionInfo> {
         let table = self.inner.table.lock().expect("sessions lock");
-        let mut out: Vec<SessionInfo> = table.live.values().map(|s| s.info()).collect();
+        let mut out: Vec<SessionInfo> = table
+            .live
+            .values()
+            .filter(|s| s.owner.as_deref() == owner)
+            .map(|s| s.info())
+            .collect();
         out.sort_by(|a, b| a.created_at.cmp(&b.created_at));
         out
     }

@@ -14,6 +14,7 @@ use tower_http::request_id::RequestId;
 
 use super::SharedState;
 use super::json::ApiJson;
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::files::workspace::{
     self, CollectLimits, SkippedFile, StageInput, Staged, WorkspaceFile,
@@ -119,13 +120,15 @@ fn signal_name(sig: i32) -> &'static str {
 
 pub async fn execute(
     State(state): State<SharedState>,
+    caller: Caller,
     request_id: Option<Extension<RequestId>>,
     ApiJson(req): ApiJson<ExecuteRequest>,
 ) -> Result<Json<ExecuteResponse>, ApiError> {
-    let prepared = prepare(&state, req).await?;
+    let prepared = prepare(&state, &caller, req).await?;
+    let _slot = caller.execution_slot()?;
     let id = request_id_str(request_id.as_ref());
     Ok(Json(
-        run_stateless(&state, prepared, None, id.as_deref()).await?,
+        run_stateless(&state, &caller, prepared, None, id.as_deref()).await?,
     ))
 }
 
@@ -138,14 +141,19 @@ fn request_id_str(id: Option<&Extension<RequestId>>) -> Option<String> {
 /// client that disconnects mid-stream kills its worker.
 pub async fn execute_stream(
     State(state): State<SharedState>,
+    caller: Caller,
     request_id: Option<Extension<RequestId>>,
     ApiJson(req): ApiJson<ExecuteRequest>,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    let prepared = prepare(&state, req).await?;
+    let prepared = prepare(&state, &caller, req).await?;
+    let slot = caller.execution_slot()?;
     let id = request_id_str(request_id.as_ref());
     let (tx, rx) = mpsc::channel(super::stream::CHUNK_BUFFER);
-    let run = async move { run_stateless(&state, prepared, Some(tx), id.as_deref()).await };
+    let run = async move {
+        let _slot = slot;
+        run_stateless(&state, &caller, prepared, Some(tx), id.as_deref()).await
+    };
     let stream = super::stream::sse(
         rx,
         run,
@@ -162,15 +170,20 @@ pub struct Prepared {
     pub job: Job,
 }
 
-/// Validates a request: limits, paths, the job, and that every file id exists.
-pub async fn prepare(state: &SharedState, req: ExecuteRequest) -> Result<Prepared, ApiError> {
+/// Validates a request: limits, paths, the job, and that every file id exists (for the
+/// caller: another tenant's file id is unknown).
+pub async fn prepare(
+    state: &SharedState,
+    caller: &Caller,
+    req: ExecuteRequest,
+) -> Result<Prepared, ApiError> {
     let limits = run_limits(state, req.timeout_ms)?;
     let inputs = stage_inputs(&req.files)?;
     let mut job = job(req, &inputs)?;
     job.max_bundle_bytes = state.config.limits.max_bundle_bytes;
     // Unknown ids are answered before a worker is spent on the request.
     for input in &inputs {
-        match state.store.meta(&input.file_id).await {
+        match state.store.meta(&input.file_id, caller.owner()).await {
             Ok(_) => {}
             Err(StoreError::NotFound(_)) => {
                 return Err(ApiError::NotFound(format!(
@@ -193,12 +206,13 @@ pub async fn prepare(state: &SharedState, req: ExecuteRequest) -> Result<Prepare
 /// in the metrics (a request refused at validation is no execution).
 pub async fn run_stateless(
     state: &SharedState,
+    caller: &Caller,
     prepared: Prepared,
     chunks: Option<mpsc::Sender<OutputChunk>>,
     request_id: Option<&str>,
 ) -> Result<ExecuteResponse, ApiError> {
     let started = Instant::now();
-    let result = run_prepared(state, prepared, chunks).await;
+    let result = run_prepared(state, caller, prepared, chunks).await;
     let outcome = match &result {
         Ok(response) => Some(Outcome::from(response.verdict)),
         Err(e) => e.is_shed().then_some(Outcome::Rejected),
@@ -208,11 +222,15 @@ pub async fn run_stateless(
             .metrics
             .execution_finished(Kind::Stateless, outcome, started.elapsed(), request_id);
     }
+    if let (Ok(_), Some(tenant)) = (&result, caller.owner()) {
+        state.metrics.tenant_execution(tenant, Kind::Stateless);
+    }
     result
 }
 
 async fn run_prepared(
     state: &SharedState,
+    caller: &Caller,
     prepared: Prepared,
     chunks: Option<mpsc::Sender<OutputChunk>>,
 ) -> Result<ExecuteResponse, ApiError> {
@@ -223,6 +241,7 @@ async fn run_prepared(
     } = prepared;
     let stager = StoreStager {
         store: state.store.as_ref(),
+        owner: caller.owner(),
         inputs: &inputs,
     };
     let finished = state.pool.execute_in(job, &limits, chunks, &stager).await?;
@@ -230,6 +249,7 @@ async fn run_prepared(
         Some(path) => {
             workspace::collect(
                 state.store.as_ref(),
+                caller.file_owner(),
                 path,
                 &finished.staged,
                 collect_limits(state),
@@ -321,6 +341,7 @@ pub fn job(req: ExecuteRequest, inputs: &[StageInput]) -> Result<Job, ApiError> 
 /// Stages stored files into a worker's workspace.
 struct StoreStager<'a> {
     store: &'a dyn FileStore,
+    owner: Option<&'a str>,
     inputs: &'a [StageInput],
 }
 
@@ -329,7 +350,7 @@ impl Stager for StoreStager<'_> {
     type Error = ApiError;
 
     async fn stage(&self, workspace: &Path) -> Result<Staged, ApiError> {
-        Ok(workspace::stage(self.store, workspace, self.inputs).await?)
+        Ok(workspace::stage(self.store, self.owner, workspace, self.inputs).await?)
     }
 }
 

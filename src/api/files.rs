@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use tokio_util::io::{ReaderStream, StreamReader};
 
 use super::SharedState;
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::files::FileMeta;
 
@@ -24,6 +25,7 @@ const FILE_FIELD: &str = "file";
 
 pub async fn upload(
     State(state): State<SharedState>,
+    caller: Caller,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let mut multipart = multipart.map_err(|rejection| {
@@ -38,7 +40,10 @@ pub async fn upload(
         }
         let filename = field.file_name().unwrap_or("file").to_owned();
         let mut body = StreamReader::new(field.map_err(io::Error::other));
-        let meta = state.store.put(&filename, &mut body).await?;
+        let meta = state
+            .store
+            .put(caller.file_owner(), &filename, &mut body)
+            .await?;
         tracing::info!(file_id = %meta.file_id, size = meta.size_bytes, "file uploaded");
         return Ok((
             StatusCode::CREATED,
@@ -80,10 +85,13 @@ impl From<FileMeta> for FileEntry {
     }
 }
 
-pub async fn list(State(state): State<SharedState>) -> Result<Json<Value>, ApiError> {
+pub async fn list(
+    State(state): State<SharedState>,
+    caller: Caller,
+) -> Result<Json<Value>, ApiError> {
     let files: Vec<FileEntry> = state
         .store
-        .list()
+        .list(caller.owner())
         .await?
         .into_iter()
         .map(FileEntry::from)
@@ -93,9 +101,10 @@ pub async fn list(State(state): State<SharedState>) -> Result<Json<Value>, ApiEr
 
 pub async fn download(
     State(state): State<SharedState>,
+    caller: Caller,
     Path(file_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let (meta, reader) = state.store.get(&file_id).await?;
+    let (meta, reader) = state.store.get(&file_id, caller.owner()).await?;
     let mut response = Body::from_stream(ReaderStream::new(reader)).into_response();
     let headers = response.headers_mut();
     headers.insert(
@@ -112,9 +121,10 @@ pub async fn download(
 
 pub async fn delete(
     State(state): State<SharedState>,
+    caller: Caller,
     Path(file_id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.store.delete(&file_id).await?;
+    state.store.delete(&file_id, caller.owner()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

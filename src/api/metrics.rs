@@ -20,7 +20,7 @@ pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
 
 /// Reads the state gauges (pool, file store, memory) into the metrics.
 pub async fn observe(state: &SharedState) {
-    let usage = match state.store.list().await {
+    let usage = match state.store.list_all().await {
         Ok(files) => Some(StoreUsage {
             files: files.len() as u64,
             bytes: files.iter().map(|f| f.size_bytes).sum(),

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::sessions::Sessions;
 
+use crate::auth::{self, Keys};
 use crate::config::Config;
 use crate::files::SharedStore;
 use crate::mcp;
@@ -39,6 +40,8 @@ pub struct AppState {
     /// What the tool descriptions say (from the live configuration).
     pub tool_context: ToolContext,
     pub metrics: Arc<Metrics>,
+    /// The configured API keys (none: no authentication).
+    pub keys: Arc<Keys>,
     /// Fires when shutdown begins: from then on `/ready` answers 503 and MCP streams end.
     pub stopping: CancellationToken,
 }
@@ -53,6 +56,7 @@ pub fn router(state: SharedState) -> Router {
         .unwrap_or(usize::MAX)
         .saturating_add(1 << 20);
     let metrics = state.metrics.clone();
+    let require_key = middleware::from_fn_with_state(state.keys.clone(), auth::require_key);
     let api = Router::new()
         .route("/", get(status::page))
         .route("/health", get(health::health))
@@ -87,15 +91,17 @@ pub fn router(state: SharedState) -> Router {
         )
         .fallback(health::not_found)
         .layer(DefaultBodyLimit::max(body_limit))
-        .with_state(state.clone());
-    // MCP tool calls are carried out through the routes above (and counted there).
+        .with_state(state.clone())
+        .layer(require_key.clone());
+    // MCP tool calls are carried out through the routes above (and counted there), with the
+    // caller's `Authorization` header: the same key, the same tenant, the same scoping.
     let mcp = mcp::service(
         api.clone(),
         &state.tool_context,
         state.config.mcp.allowed_hosts.clone(),
         state.stopping.clone(),
     );
-    api.nest_service("/mcp", mcp)
+    api.nest_service("/mcp", tower::Layer::layer(&require_key, mcp))
         .layer(middleware::from_fn_with_state(
             metrics,
             service_metrics::http::count_requests,

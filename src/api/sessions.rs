@@ -20,6 +20,7 @@ use super::execute::{
 };
 use super::json::ApiJson;
 use super::stream::{self, OnDisconnect};
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::files::StoreError;
 use crate::files::workspace::{self, StageInput};
@@ -55,6 +56,7 @@ pub struct SessionDetail {
 
 pub async fn create(
     State(state): State<SharedState>,
+    caller: Caller,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<CreatedSession>), ApiError> {
     // An empty body is a session with the defaults.
@@ -84,12 +86,18 @@ pub async fn create(
         Some(s) => Some(Duration::from_secs(s)),
     };
     let inputs = stage_inputs(&req.files)?;
-    check_file_ids(&state, &inputs).await?;
+    check_file_ids(&state, &caller, &inputs).await?;
     let store = state.store.clone();
+    let owner = caller.owner();
     let session = sessions
-        .create(ttl, async move |path: &std::path::Path| {
-            Ok::<_, ApiError>(workspace::stage(store.as_ref(), path, &inputs).await?)
-        })
+        .create(
+            owner,
+            caller.max_sessions(),
+            ttl,
+            async move |path: &std::path::Path| {
+                Ok::<_, ApiError>(workspace::stage(store.as_ref(), owner, path, &inputs).await?)
+            },
+        )
         .await?;
     Ok((
         StatusCode::CREATED,
@@ -101,15 +109,16 @@ pub async fn create(
     ))
 }
 
-pub async fn list(State(state): State<SharedState>) -> Json<Value> {
-    Json(json!({ "sessions": state.sessions.list() }))
+pub async fn list(State(state): State<SharedState>, caller: Caller) -> Json<Value> {
+    Json(json!({ "sessions": state.sessions.list(caller.owner()) }))
 }
 
 pub async fn get(
     State(state): State<SharedState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<SessionDetail>, ApiError> {
-    let session = state.sessions.get(&id)?;
+    let session = state.sessions.get(&id, caller.owner())?;
     let mut guard = session.lock()?;
     let grace = state.sessions.settings().interrupt_grace;
     let worker = guard.worker.as_mut().ok_or_else(|| gone(&id))?;
@@ -127,9 +136,10 @@ pub async fn get(
 
 pub async fn reset(
     State(state): State<SharedState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<SessionInfo>, ApiError> {
-    let session = state.sessions.get(&id)?;
+    let session = state.sessions.get(&id, caller.owner())?;
     let mut guard = session.lock()?;
     let grace = state.sessions.settings().interrupt_grace;
     let worker = guard.worker.as_mut().ok_or_else(|| gone(&id))?;
@@ -145,13 +155,22 @@ pub async fn reset(
 
 pub async fn delete(
     State(state): State<SharedState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.sessions.delete(&id)?;
+    state.sessions.delete(&id, caller.owner())?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn bash(Path(_id): Path<String>) -> ApiError {
+pub async fn bash(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiError {
+    // Another tenant's session id is unknown here too.
+    if let Err(e) = state.sessions.get(&id, caller.owner()) {
+        return e.into();
+    }
     ApiError::NotImplemented(
         "bash is not available: this sandbox runs Python in a worker that cannot spawn processes \
          (process creation is denied), so there is no shell. Run Python with \
@@ -162,14 +181,17 @@ pub async fn bash(Path(_id): Path<String>) -> ApiError {
 
 pub async fn execute(
     State(state): State<SharedState>,
+    caller: Caller,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<ExecuteRequest>,
 ) -> Result<Json<ExecuteResponse>, ApiError> {
-    let prepared = execute::prepare(&state, req).await?;
-    let session = state.sessions.get(&id)?;
+    let prepared = execute::prepare(&state, &caller, req).await?;
+    let session = state.sessions.get(&id, caller.owner())?;
     let guard = session.lock()?;
+    let _slot = caller.execution_slot()?;
     let response = run(
         state,
+        caller,
         session,
         guard,
         prepared,
@@ -182,16 +204,30 @@ pub async fn execute(
 
 pub async fn execute_stream(
     State(state): State<SharedState>,
+    caller: Caller,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<ExecuteRequest>,
 ) -> Result<Response, ApiError> {
     // Everything that can be answered with a status is answered before the stream starts.
-    let prepared = execute::prepare(&state, req).await?;
-    let session = state.sessions.get(&id)?;
+    let prepared = execute::prepare(&state, &caller, req).await?;
+    let session = state.sessions.get(&id, caller.owner())?;
     let guard = session.lock()?;
+    let slot = caller.execution_slot()?;
     let (tx, rx) = mpsc::channel(stream::CHUNK_BUFFER);
     let interrupt = CancellationToken::new();
-    let run = run(state, session, guard, prepared, Some(tx), interrupt.clone());
+    let run = run(
+        state,
+        caller,
+        session,
+        guard,
+        prepared,
+        Some(tx),
+        interrupt.clone(),
+    );
+    let run = async move {
+        let _slot = slot;
+        run.await
+    };
     Ok(stream::sse(rx, run, OnDisconnect::Interrupt, interrupt).into_response())
 }
 
@@ -200,6 +236,7 @@ pub async fn execute_stream(
 /// marks the session dead (410 from then on).
 async fn run(
     state: SharedState,
+    caller: Caller,
     session: Arc<Session>,
     guard: OwnedMutexGuard<SessionState>,
     prepared: Prepared,
@@ -208,7 +245,8 @@ async fn run(
 ) -> Result<ExecuteResponse, ApiError> {
     let started = std::time::Instant::now();
     let metrics = state.metrics.clone();
-    let result = run_in(state, session, guard, prepared, chunks, interrupt).await;
+    let tenant = caller.owner().map(str::to_owned);
+    let result = run_in(state, caller, session, guard, prepared, chunks, interrupt).await;
     let outcome = match &result {
         Ok(response) => Some(Outcome::from(response.verdict)),
         Err(e) => e.is_shed().then_some(Outcome::Rejected),
@@ -216,11 +254,15 @@ async fn run(
     if let Some(outcome) = outcome {
         metrics.execution_finished(Kind::Session, outcome, started.elapsed(), None);
     }
+    if let (Ok(_), Some(tenant)) = (&result, tenant) {
+        metrics.tenant_execution(&tenant, Kind::Session);
+    }
     result
 }
 
 async fn run_in(
     state: SharedState,
+    caller: Caller,
     session: Arc<Session>,
     mut guard: OwnedMutexGuard<SessionState>,
     prepared: Prepared,
@@ -250,7 +292,7 @@ async fn run_in(
             }
         }
     }
-    let staged = workspace::stage(state.store.as_ref(), &ws, &inputs).await?;
+    let staged = workspace::stage(state.store.as_ref(), caller.owner(), &ws, &inputs).await?;
     guard.baseline.merge(staged);
     let slot = state.pool.acquire_session_slot().await?;
     session.touch(false);
@@ -284,6 +326,7 @@ async fn run_in(
     };
     let collected = workspace::collect(
         state.store.as_ref(),
+        caller.file_owner(),
         &ws,
         &guard.baseline,
         collect_limits(&state),
@@ -329,9 +372,13 @@ fn gone(id: &str) -> ApiError {
     .into()
 }
 
-async fn check_file_ids(state: &SharedState, inputs: &[StageInput]) -> Result<(), ApiError> {
+async fn check_file_ids(
+    state: &SharedState,
+    caller: &Caller,
+    inputs: &[StageInput],
+) -> Result<(), ApiError> {
     for input in inputs {
-        match state.store.meta(&input.file_id).await {
+        match state.store.meta(&input.file_id, caller.owner()).await {
             Ok(_) => {}
             Err(StoreError::NotFound(_)) => {
                 return Err(ApiError::NotFound(format!(

@@ -23,7 +23,9 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-use super::{ByteReader, FileMeta, FileStore, StoreError, clean_filename, mime_for, now_unix_ms};
+use super::{
+    ByteReader, FileMeta, FileOwner, FileStore, StoreError, clean_filename, mime_for, now_unix_ms,
+};
 
 #[derive(Debug, Clone)]
 pub struct LocalStoreSettings {
@@ -45,6 +47,28 @@ struct State {
     files: HashMap<String, FileMeta>,
     /// Bytes of every stored file plus the reservations of commits in progress.
     used_bytes: u64,
+    /// The same, per owner (tenants with keys).
+    used_by: HashMap<String, u64>,
+}
+
+impl State {
+    fn add(&mut self, owner: Option<&str>, bytes: u64) {
+        self.used_bytes += bytes;
+        if let Some(owner) = owner {
+            *self.used_by.entry(owner.to_owned()).or_default() += bytes;
+        }
+    }
+
+    fn sub(&mut self, owner: Option<&str>, bytes: u64) {
+        self.used_bytes -= bytes;
+        if let Some(used) = owner.and_then(|o| self.used_by.get_mut(o)) {
+            *used -= bytes;
+        }
+    }
+
+    fn used_by(&self, owner: Option<&str>) -> u64 {
+        owner.map_or(0, |o| self.used_by.get(o).copied().unwrap_or(0))
+    }
 }
 
 fn io_err(doing: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError {
@@ -88,7 +112,7 @@ impl LocalStore {
             let object = dir.join("objects").join(&meta.file_id);
             match std::fs::metadata(&object) {
                 Ok(m) if m.len() == meta.size_bytes => {
-                    state.used_bytes += meta.size_bytes;
+                    state.add(meta.owner.as_deref(), meta.size_bytes);
                     state.files.insert(meta.file_id.clone(), meta);
                 }
                 _ => {
@@ -117,6 +141,20 @@ impl LocalStore {
         })
     }
 
+    /// The live files `keep` accepts, oldest first.
+    fn live_files(&self, keep: impl Fn(&FileMeta) -> bool) -> Vec<FileMeta> {
+        let now = now_unix_ms();
+        let state = self.state.lock().expect("store lock");
+        let mut files: Vec<FileMeta> = state
+            .files
+            .values()
+            .filter(|m| !m.expired(self.settings.ttl, now) && keep(m))
+            .cloned()
+            .collect();
+        files.sort_by(|a, b| (a.created_unix_ms, &a.file_id).cmp(&(b.created_unix_ms, &b.file_id)));
+        files
+    }
+
     fn object_path(&self, id: &str) -> PathBuf {
         self.settings.dir.join("objects").join(id)
     }
@@ -129,29 +167,46 @@ impl LocalStore {
         self.settings.dir.join("tmp").join(name)
     }
 
-    fn live(&self, file_id: &str) -> Result<FileMeta, StoreError> {
+    /// The live file `file_id` if `owner` may see it; `NotFound` alike when it does not
+    /// exist, expired or belongs to someone else.
+    fn live(&self, file_id: &str, owner: Option<&str>) -> Result<FileMeta, StoreError> {
         let not_found = || StoreError::NotFound(file_id.to_owned());
         if !valid_id(file_id) {
             return Err(not_found());
         }
         let state = self.state.lock().expect("store lock");
         let meta = state.files.get(file_id).ok_or_else(not_found)?;
-        if meta.expired(self.settings.ttl, now_unix_ms()) {
+        if !meta.visible_to(owner) || meta.expired(self.settings.ttl, now_unix_ms()) {
             return Err(not_found());
         }
         Ok(meta.clone())
     }
 
-    fn over_quota(&self, used: u64, extra: u64) -> Option<StoreError> {
-        let quota = self.settings.quota_bytes?;
-        (used.saturating_add(extra) > quota)
-            .then_some(StoreError::QuotaExceeded { quota_bytes: quota })
+    /// Whether `extra` more bytes of `owner` would pass the store's quota or the owner's.
+    fn over_quota(&self, state: &State, owner: FileOwner<'_>, extra: u64) -> Option<StoreError> {
+        if let Some(quota) = self.settings.quota_bytes
+            && state.used_bytes.saturating_add(extra) > quota
+        {
+            return Some(StoreError::QuotaExceeded { quota_bytes: quota });
+        }
+        match (owner.name, owner.quota_bytes) {
+            (Some(name), Some(quota))
+                if state.used_by(Some(name)).saturating_add(extra) > quota =>
+            {
+                Some(StoreError::OwnerQuotaExceeded {
+                    owner: name.to_owned(),
+                    quota_bytes: quota,
+                })
+            }
+            _ => None,
+        }
     }
 
     /// Streams `body` into `tmp`, enforcing the size limit and (optimistically) the quota.
     async fn receive(
         &self,
         tmp: &Path,
+        owner: FileOwner<'_>,
         body: &mut (dyn AsyncRead + Send + Unpin),
     ) -> Result<u64, StoreError> {
         let mut file = tokio::fs::OpenOptions::new()
@@ -174,8 +229,8 @@ impl LocalStore {
                     max_bytes: self.settings.max_file_bytes,
                 });
             }
-            let used = self.state.lock().expect("store lock").used_bytes;
-            if let Some(full) = self.over_quota(used, written) {
+            let full = self.over_quota(&self.state.lock().expect("store lock"), owner, written);
+            if let Some(full) = full {
                 return Err(full);
             }
             file.write_all(&buf[..n])
@@ -216,12 +271,13 @@ impl LocalStore {
 impl FileStore for LocalStore {
     async fn put(
         &self,
+        owner: FileOwner<'_>,
         filename: &str,
         body: &mut (dyn AsyncRead + Send + Unpin),
     ) -> Result<FileMeta, StoreError> {
         let id = uuid::Uuid::new_v4().to_string();
         let tmp = self.tmp_path(&id);
-        let size = match self.receive(&tmp, body).await {
+        let size = match self.receive(&tmp, owner, body).await {
             Ok(size) => size,
             Err(e) => {
                 let _ = tokio::fs::remove_file(&tmp).await;
@@ -231,10 +287,10 @@ impl FileStore for LocalStore {
         // Reserve the space under the lock, so concurrent puts cannot overrun the quota.
         let reserved = {
             let mut state = self.state.lock().expect("store lock");
-            match self.over_quota(state.used_bytes, size) {
+            match self.over_quota(&state, owner, size) {
                 Some(full) => Err(full),
                 None => {
-                    state.used_bytes += size;
+                    state.add(owner.name, size);
                     Ok(())
                 }
             }
@@ -250,13 +306,14 @@ impl FileStore for LocalStore {
             filename,
             size_bytes: size,
             created_unix_ms: now_unix_ms(),
+            owner: owner.name.map(str::to_owned),
         };
         let committed = self.commit(&meta, &tmp).await;
         {
             let mut state = self.state.lock().expect("store lock");
             match &committed {
                 Ok(()) => drop(state.files.insert(id, meta.clone())),
-                Err(_) => state.used_bytes -= size,
+                Err(_) => state.sub(owner.name, size),
             }
         }
         match committed {
@@ -268,12 +325,16 @@ impl FileStore for LocalStore {
         }
     }
 
-    async fn meta(&self, file_id: &str) -> Result<FileMeta, StoreError> {
-        self.live(file_id)
+    async fn meta(&self, file_id: &str, owner: Option<&str>) -> Result<FileMeta, StoreError> {
+        self.live(file_id, owner)
     }
 
-    async fn get(&self, file_id: &str) -> Result<(FileMeta, ByteReader), StoreError> {
-        let meta = self.live(file_id)?;
+    async fn get(
+        &self,
+        file_id: &str,
+        owner: Option<&str>,
+    ) -> Result<(FileMeta, ByteReader), StoreError> {
+        let meta = self.live(file_id, owner)?;
         // Once open, the bytes stay readable even if the file is deleted meanwhile.
         match tokio::fs::File::open(self.object_path(file_id)).await {
             Ok(file) => Ok((meta, Box::new(file))),
@@ -284,21 +345,17 @@ impl FileStore for LocalStore {
         }
     }
 
-    async fn list(&self) -> Result<Vec<FileMeta>, StoreError> {
-        let now = now_unix_ms();
-        let state = self.state.lock().expect("store lock");
-        let mut files: Vec<FileMeta> = state
-            .files
-            .values()
-            .filter(|m| !m.expired(self.settings.ttl, now))
-            .cloned()
-            .collect();
-        files.sort_by(|a, b| (a.created_unix_ms, &a.file_id).cmp(&(b.created_unix_ms, &b.file_id)));
-        Ok(files)
+    async fn list(&self, owner: Option<&str>) -> Result<Vec<FileMeta>, StoreError> {
+        Ok(self.live_files(|m| m.visible_to(owner)))
     }
 
-    async fn delete(&self, file_id: &str) -> Result<(), StoreError> {
-        let meta = self.live(file_id)?;
+    async fn list_all(&self) -> Result<Vec<FileMeta>, StoreError> {
+        Ok(self.live_files(|_| true))
+    }
+
+    async fn delete(&self, file_id: &str, owner: Option<&str>) -> Result<(), StoreError> {
+        let meta = self.live(file_id, owner)?;
+
         // The metadata goes first: from then on the file does not exist for anyone.
         let meta_path = self.meta_path(file_id);
         match tokio::fs::remove_file(&meta_path).await {
@@ -311,7 +368,7 @@ impl FileStore for LocalStore {
         {
             let mut state = self.state.lock().expect("store lock");
             if state.files.remove(file_id).is_some() {
-                state.used_bytes -= meta.size_bytes;
+                state.sub(meta.owner.as_deref(), meta.size_bytes);
             }
         }
         let _ = tokio::fs::remove_file(self.object_path(file_id)).await;
@@ -344,7 +401,7 @@ impl FileStore for LocalStore {
             {
                 let mut state = self.state.lock().expect("store lock");
                 if state.files.remove(id).is_some() {
-                    state.used_bytes -= meta.size_bytes;
+                    state.sub(meta.owner.as_deref(), meta.size_bytes);
                     removed += 1;
                 }
             }
@@ -383,7 +440,10 @@ mod tests {
     async fn put_get_list_delete_and_the_metadata_survives_reopening() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path(), 1 << 20, None, None);
-        let meta = s.put("dir/a.csv", &mut &b"x,y\n1,2\n"[..]).await.unwrap();
+        let meta = s
+            .put(FileOwner::default(), "dir/a.csv", &mut &b"x,y\n1,2\n"[..])
+            .await
+            .unwrap();
         assert_eq!(
             (
                 meta.filename.as_str(),
@@ -392,24 +452,24 @@ mod tests {
             ),
             ("a.csv", 8, "text/csv")
         );
-        let (_, r) = s.get(&meta.file_id).await.unwrap();
+        let (_, r) = s.get(&meta.file_id, None).await.unwrap();
         assert_eq!(read_all(r).await, b"x,y\n1,2\n");
         drop(s);
 
         let s = store(dir.path(), 1 << 20, None, None);
-        assert_eq!(s.list().await.unwrap(), vec![meta.clone()]);
-        s.delete(&meta.file_id).await.unwrap();
+        assert_eq!(s.list(None).await.unwrap(), vec![meta.clone()]);
+        s.delete(&meta.file_id, None).await.unwrap();
         assert!(matches!(
-            s.get(&meta.file_id).await,
+            s.get(&meta.file_id, None).await,
             Err(StoreError::NotFound(_))
         ));
         assert!(matches!(
-            s.delete(&meta.file_id).await,
+            s.delete(&meta.file_id, None).await,
             Err(StoreError::NotFound(_))
         ));
-        assert!(s.list().await.unwrap().is_empty());
+        assert!(s.list(None).await.unwrap().is_empty());
         assert!(matches!(
-            s.get("../meta").await,
+            s.get("../meta", None).await,
             Err(StoreError::NotFound(_))
         ));
     }
@@ -420,16 +480,20 @@ mod tests {
         let s = store(dir.path(), 10, Some(15), None);
         let big = [7u8; 11];
         assert!(matches!(
-            s.put("big", &mut &big[..]).await,
+            s.put(FileOwner::default(), "big", &mut &big[..]).await,
             Err(StoreError::TooLarge { max_bytes: 10 })
         ));
-        s.put("a", &mut &[1u8; 10][..]).await.unwrap();
+        s.put(FileOwner::default(), "a", &mut &[1u8; 10][..])
+            .await
+            .unwrap();
         assert!(matches!(
-            s.put("b", &mut &[1u8; 6][..]).await,
+            s.put(FileOwner::default(), "b", &mut &[1u8; 6][..]).await,
             Err(StoreError::QuotaExceeded { quota_bytes: 15 })
         ));
-        s.put("c", &mut &[1u8; 5][..]).await.unwrap();
-        assert_eq!(s.list().await.unwrap().len(), 2);
+        s.put(FileOwner::default(), "c", &mut &[1u8; 5][..])
+            .await
+            .unwrap();
+        assert_eq!(s.list(None).await.unwrap().len(), 2);
         let leftovers = std::fs::read_dir(dir.path().join("tmp")).unwrap().count();
         assert_eq!(leftovers, 0);
         assert_eq!(
@@ -444,12 +508,15 @@ mod tests {
     async fn expired_files_are_gone_at_once_and_swept_later() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path(), 100, Some(100), Some(Duration::from_millis(50)));
-        let meta = s.put("a.txt", &mut &b"hello"[..]).await.unwrap();
-        assert_eq!(s.list().await.unwrap().len(), 1);
+        let meta = s
+            .put(FileOwner::default(), "a.txt", &mut &b"hello"[..])
+            .await
+            .unwrap();
+        assert_eq!(s.list(None).await.unwrap().len(), 1);
         tokio::time::sleep(Duration::from_millis(60)).await;
-        assert!(s.list().await.unwrap().is_empty());
+        assert!(s.list(None).await.unwrap().is_empty());
         assert!(matches!(
-            s.meta(&meta.file_id).await,
+            s.meta(&meta.file_id, None).await,
             Err(StoreError::NotFound(_))
         ));
         assert_eq!(s.remove_expired().await.unwrap(), 1);
@@ -461,18 +528,70 @@ mod tests {
     async fn half_written_and_orphaned_files_are_cleaned_at_open() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path(), 100, None, None);
-        let meta = s.put("a.txt", &mut &b"hello"[..]).await.unwrap();
+        let meta = s
+            .put(FileOwner::default(), "a.txt", &mut &b"hello"[..])
+            .await
+            .unwrap();
         drop(s);
         let orphan = uuid::Uuid::new_v4().to_string();
         std::fs::write(dir.path().join("objects").join(&orphan), b"partial").unwrap();
         std::fs::write(dir.path().join("tmp").join("x"), b"in progress").unwrap();
         std::fs::write(dir.path().join("meta").join("junk.json"), b"{").unwrap();
         let s = store(dir.path(), 100, None, None);
-        assert_eq!(s.list().await.unwrap(), vec![meta]);
+        assert_eq!(s.list(None).await.unwrap(), vec![meta]);
         assert!(!dir.path().join("objects").join(&orphan).exists());
         assert_eq!(
             std::fs::read_dir(dir.path().join("tmp")).unwrap().count(),
             0
         );
+    }
+
+    #[tokio::test]
+    async fn a_file_is_visible_only_to_its_owner_and_owners_have_their_own_quota() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 100, Some(100), None);
+        let alice = FileOwner {
+            name: Some("alice"),
+            quota_bytes: Some(8),
+        };
+        let meta = s.put(alice, "a.txt", &mut &b"hello"[..]).await.unwrap();
+        assert_eq!(meta.owner.as_deref(), Some("alice"));
+        let id = &meta.file_id;
+        for owner in [Some("bob"), None] {
+            assert!(matches!(
+                s.meta(id, owner).await,
+                Err(StoreError::NotFound(_))
+            ));
+            assert!(matches!(
+                s.get(id, owner).await,
+                Err(StoreError::NotFound(_))
+            ));
+            assert!(matches!(
+                s.delete(id, owner).await,
+                Err(StoreError::NotFound(_))
+            ));
+            assert!(s.list(owner).await.unwrap().is_empty());
+        }
+        assert!(matches!(
+            s.put(alice, "b.txt", &mut &b"world"[..]).await,
+            Err(StoreError::OwnerQuotaExceeded { quota_bytes: 8, .. })
+        ));
+        let bob = FileOwner {
+            name: Some("bob"),
+            quota_bytes: Some(8),
+        };
+        s.put(bob, "b.txt", &mut &b"world"[..]).await.unwrap();
+        drop(s);
+
+        // Owners and their usage survive reopening.
+        let s = store(dir.path(), 100, Some(100), None);
+        assert_eq!(s.list(Some("alice")).await.unwrap(), vec![meta.clone()]);
+        assert_eq!(s.list_all().await.unwrap().len(), 2);
+        assert!(matches!(
+            s.put(alice, "c.txt", &mut &b"world"[..]).await,
+            Err(StoreError::OwnerQuotaExceeded { .. })
+        ));
+        s.delete(id, Some("alice")).await.unwrap();
+        s.put(alice, "c.txt", &mut &b"world"[..]).await.unwrap();
     }
 }

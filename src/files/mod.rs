@@ -36,12 +36,24 @@ pub struct FileMeta {
     pub mime_type: String,
     /// When the file was stored, in milliseconds since the Unix epoch.
     pub created_unix_ms: u64,
+    /// The API key (tenant) that stored it; `None` when the service runs without keys
+    /// (and for metadata written before keys existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 impl FileMeta {
     /// `upload_time` on the wire: RFC 3339, UTC, seconds precision.
     pub fn upload_time(&self) -> String {
         rfc3339_utc(self.created_unix_ms / 1000)
+    }
+
+    /// Whether `owner` may see this file: only the tenant that stored it may. Without keys
+    /// (`owner` is `None`) only files stored without keys are visible, so files of a
+    /// tenant never show once keys are switched off, and unowned files never show to a
+    /// tenant.
+    pub fn visible_to(&self, owner: Option<&str>) -> bool {
+        self.owner.as_deref() == owner
     }
 
     /// Whether the file outlived `ttl` at `now_ms`.
@@ -58,6 +70,9 @@ pub enum StoreError {
     TooLarge { max_bytes: u64 },
     #[error("the storage quota of {quota_bytes} bytes is used up")]
     QuotaExceeded { quota_bytes: u64 },
+    /// The owner's own quota (`max_stored_mb` of its API key) is used up.
+    #[error("the storage quota of {quota_bytes} bytes of API key {owner:?} is used up")]
+    OwnerQuotaExceeded { owner: String, quota_bytes: u64 },
     /// The source of a `put` failed (a client that went away mid-upload, say).
     #[error("reading the file to store: {0}")]
     Source(io::Error),
@@ -69,6 +84,15 @@ pub enum StoreError {
     },
 }
 
+/// Who stores a file, and how much that owner may store in all.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FileOwner<'a> {
+    /// The tenant; `None` without keys.
+    pub name: Option<&'a str>,
+    /// `None`: only the store's own quota applies.
+    pub quota_bytes: Option<u64>,
+}
+
 /// Where files live. Implementations must make a file visible only once it is complete
 /// (no half-written file is ever listed or served), keep metadata across restarts, and
 /// treat a file past its TTL as gone even before the sweeper removed it.
@@ -76,22 +100,33 @@ pub enum StoreError {
 pub trait FileStore: Send + Sync + 'static {
     /// Stores everything `body` yields under a new id. Fails with `TooLarge` as soon as the
     /// body passes the store's maximum file size, and with `QuotaExceeded` when the store
-    /// would grow past its quota; nothing is kept in either case.
+    /// would grow past its quota (`OwnerQuotaExceeded` past the owner's); nothing is kept
+    /// in either case. The file belongs to `owner.name`.
     async fn put(
         &self,
+        owner: FileOwner<'_>,
         filename: &str,
         body: &mut (dyn AsyncRead + Send + Unpin),
     ) -> Result<FileMeta, StoreError>;
 
-    async fn meta(&self, file_id: &str) -> Result<FileMeta, StoreError>;
+    /// Every lookup by id takes the caller: a file that is not [`FileMeta::visible_to`] it
+    /// is `NotFound`, exactly as if it did not exist.
+    async fn meta(&self, file_id: &str, owner: Option<&str>) -> Result<FileMeta, StoreError>;
 
     /// The file's metadata and a reader of its bytes.
-    async fn get(&self, file_id: &str) -> Result<(FileMeta, ByteReader), StoreError>;
+    async fn get(
+        &self,
+        file_id: &str,
+        owner: Option<&str>,
+    ) -> Result<(FileMeta, ByteReader), StoreError>;
 
-    /// Every live file, oldest first.
-    async fn list(&self) -> Result<Vec<FileMeta>, StoreError>;
+    /// Every live file `owner` may see, oldest first.
+    async fn list(&self, owner: Option<&str>) -> Result<Vec<FileMeta>, StoreError>;
 
-    async fn delete(&self, file_id: &str) -> Result<(), StoreError>;
+    /// Every live file of every owner (for the metrics).
+    async fn list_all(&self) -> Result<Vec<FileMeta>, StoreError>;
+
+    async fn delete(&self, file_id: &str, owner: Option<&str>) -> Result<(), StoreError>;
 
     /// Deletes the files past their TTL; returns how many.
     async fn remove_expired(&self) -> Result<usize, StoreError>;
@@ -195,6 +230,7 @@ mod tests {
             size_bytes: 0,
             mime_type: "text/plain".into(),
             created_unix_ms: 10_000,
+            owner: None,
         };
         assert!(!meta.expired(None, u64::MAX));
         assert!(!meta.expired(Some(Duration::from_secs(5)), 14_999));

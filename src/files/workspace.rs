@@ -13,7 +13,7 @@ use std::path::{Component, Path};
 
 use serde::Serialize;
 
-use super::{FileStore, StoreError};
+use super::{FileOwner, FileStore, StoreError};
 
 /// The name the runner compiles `code` under; a staged file may not take it.
 pub const RESERVED_NAME: &str = "__main__.py";
@@ -99,11 +99,12 @@ pub enum StageError {
     Io { path: String, source: io::Error },
 }
 
-/// Copies each input from the store into `workspace`, creating parent directories, all
+/// Copies each input (stored files `tenant` may see) from the store into `workspace`, creating parent directories, all
 /// owned by the workspace directory's owner (the worker's uid when workers drop
 /// privileges).
 pub async fn stage(
     store: &dyn FileStore,
+    tenant: Option<&str>,
     workspace: &Path,
     inputs: &[StageInput],
 ) -> Result<Staged, StageError> {
@@ -133,16 +134,19 @@ pub async fn stage(
             },
         }
         };
-        let (_, mut reader) = store.get(&input.file_id).await.map_err(|e| match e {
-            StoreError::NotFound(_) => StageError::NotFound {
-                file_id: input.file_id.clone(),
-                path: path.clone(),
-            },
-            source => StageError::Store {
-                path: path.clone(),
-                source,
-            },
-        })?;
+        let (_, mut reader) = store
+            .get(&input.file_id, tenant)
+            .await
+            .map_err(|e| match e {
+                StoreError::NotFound(_) => StageError::NotFound {
+                    file_id: input.file_id.clone(),
+                    path: path.clone(),
+                },
+                source => StageError::Store {
+                    path: path.clone(),
+                    source,
+                },
+            })?;
         let mut dir = String::new();
         let parts: Vec<&str> = path.split('/').collect();
         for part in &parts[..parts.len() - 1] {
@@ -289,6 +293,7 @@ pub struct Collected {
 /// it only once the worker is dead, so nothing changes underneath.
 pub async fn collect(
     store: &dyn FileStore,
+    owner: FileOwner<'_>,
     workspace: &Path,
     staged: &Staged,
     limits: CollectLimits,
@@ -330,7 +335,7 @@ pub async fn collect(
             });
             continue;
         }
-        match store_one(store, workspace, &path).await {
+        match store_one(store, owner, workspace, &path).await {
             Ok(meta) => {
                 total += meta.size_bytes;
                 out.files.push(WorkspaceFile {
@@ -350,6 +355,10 @@ pub async fn collect(
                         )
                     }
                     StoreError::QuotaExceeded { .. } => "the file storage quota is used up".into(),
+                    StoreError::OwnerQuotaExceeded { quota_bytes, .. } => format!(
+                        "the API key's storage quota of {} MB is used up",
+                        quota_bytes >> 20
+                    ),
                     _ => {
                         tracing::error!(path, error = %e, "storing a workspace file failed");
                         "could not be stored (internal error)".into()
@@ -364,6 +373,7 @@ pub async fn collect(
 
 async fn store_one(
     store: &dyn FileStore,
+    owner: FileOwner<'_>,
     workspace: &Path,
     path: &str,
 ) -> Result<super::FileMeta, StoreError> {
@@ -384,7 +394,7 @@ async fn store_one(
     }
     let mut file = tokio::fs::File::from_std(file);
     let name = path.rsplit('/').next().unwrap_or(path);
-    store.put(name, &mut file).await
+    store.put(owner, name, &mut file).await
 }
 
 #[derive(Debug, PartialEq, Eq)]

@@ -75,6 +75,7 @@ pub struct Metrics {
     build: OnceLock<BuildInfo>,
     build_info: IntGaugeVec,
     pub(crate) executions: IntCounterVec,
+    tenant_executions: IntCounterVec,
     pub(crate) execution_duration: HistogramVec,
     pub(crate) queue_wait: Histogram,
     pub(crate) queue_rejections: IntCounterVec,
@@ -128,6 +129,11 @@ impl Metrics {
                 names::EXECUTIONS_TOTAL,
                 "Executions by kind and outcome; rejected ones were shed without running.",
                 &[label::KIND, label::OUTCOME],
+            ),
+            tenant_executions: reg.counter_vec(
+                names::TENANT_EXECUTIONS_TOTAL,
+                "Executions that ran, by API key (tenant) and kind; only with keys configured.",
+                &[label::TENANT, label::KIND],
             ),
             execution_duration: reg.histogram_vec(
                 names::EXECUTION_DURATION_SECONDS,
@@ -244,6 +250,24 @@ impl Metrics {
         for reason in KillReason::ALL {
             self.workers_killed.with_label_values(&[reason.as_str()]);
         }
+    }
+
+    /// Creates the per-tenant series of the configured keys at 0. Tenant labels only ever
+    /// take these values: they come from the configured keys, never from a request.
+    pub fn set_tenants<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        for name in names {
+            for kind in Kind::ALL {
+                self.tenant_executions
+                    .with_label_values(&[name, kind.as_str()]);
+            }
+        }
+    }
+
+    /// Counts an execution of a configured key's tenant that ran.
+    pub fn tenant_execution(&self, tenant: &str, kind: Kind) {
+        self.tenant_executions
+            .with_label_values(&[tenant, kind.as_str()])
+            .inc();
     }
 
     /// What is running; empty until [`Metrics::set_build_info`].
@@ -370,8 +394,10 @@ mod tests {
     #[test]
     fn every_name_is_registered_and_closed_label_sets_start_at_zero() {
         let m = metrics();
-        // The one family without a closed label set shows once a request was answered.
+        // The one family without a closed label set shows once a request was answered, the
+        // per-tenant ones once keys are configured.
         m.http_request("/health", 200);
+        m.set_tenants(["alice"]);
         let text = m.encode();
         for name in names::ALL {
             assert!(

@@ -8,6 +8,9 @@ pub const EXECUTIONS_TOTAL: &str = "snakecage_executions_total";
 /// End-to-end duration of executions that ran (queue wait, staging, run, collecting
 /// files), by `kind`.
 pub const EXECUTION_DURATION_SECONDS: &str = "snakecage_execution_duration_seconds";
+/// Executions that ran, by `tenant` (the API key's name) and `kind`. Only with API keys
+/// configured: the tenants are the configured names, a closed set.
+pub const TENANT_EXECUTIONS_TOTAL: &str = "snakecage_tenant_executions_total";
 /// How long requests waited for a worker.
 pub const QUEUE_WAIT_SECONDS: &str = "snakecage_queue_wait_seconds";
 /// Requests shed without running, by `reason` (queue_full, queue_timeout, shutting_down).
@@ -72,14 +75,16 @@ pub mod label {
     pub const VERSION: &str = "version";
     pub const PYTHON_VERSION: &str = "python_version";
     pub const SANDBOX_LAYERS: &str = "sandbox_layers";
+    pub const TENANT: &str = "tenant";
 }
 
 /// The `route` of a request no route matched (so unknown paths cannot grow the label set).
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
 /// Every metric family name, for checks that nothing refers to a name that does not exist.
-pub const ALL: [&str; 25] = [
+pub const ALL: [&str; 26] = [
     EXECUTIONS_TOTAL,
+    TENANT_EXECUTIONS_TOTAL,
     EXECUTION_DURATION_SECONDS,
     QUEUE_WAIT_SECONDS,
     QUEUE_REJECTIONS_TOTAL,

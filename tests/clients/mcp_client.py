@@ -1,16 +1,19 @@
 """Drives snakecage's /mcp endpoint with the official MCP Python SDK, as an agent would,
 and prints what it saw as JSON for the Rust integration test to assert on.
 
-Usage: mcp_client.py URL stateless|session
+Usage: mcp_client.py URL stateless|session [API_KEY]
+       mcp_client.py URL foreign API_KEY SESSION_ID   (runs in a session that is not the key's)
 """
 
 import asyncio
 import base64
 import json
+import os
 import sys
 
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 
 def summary(result):
@@ -46,16 +49,24 @@ async def session(s, out):
     out["after_close"] = summary(await s.call_tool("run_in_session", {"session_id": sid, "code": "print(x)"}))
 
 
-async def main(url, scenario):
+async def foreign(s, out):
+    sid = sys.argv[4]
+    out["foreign"] = summary(await s.call_tool("run_in_session", {"session_id": sid, "code": "print(1)"}))
+    out["mine"] = summary(await s.call_tool("run_python", {"code": "print(6 * 7)"}))
+
+
+async def main(url, scenario, key):
     out = {}
-    async with streamable_http_client(url) as (read, write):
-        async with ClientSession(read, write) as s:
-            init = await s.initialize()
-            out["server"] = init.server_info.name
-            out["tools"] = [t.name for t in (await s.list_tools()).tools]
-            await {"stateless": stateless, "session": session}[scenario](s, out)
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    async with create_mcp_http_client(headers=headers) as http:
+        async with streamable_http_client(url, http_client=http) as (read, write):
+            async with ClientSession(read, write) as s:
+                init = await s.initialize()
+                out["server"] = init.server_info.name
+                out["tools"] = [t.name for t in (await s.list_tools()).tools]
+                await {"stateless": stateless, "session": session, "foreign": foreign}[scenario](s, out)
     print(json.dumps(out))
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else os.environ.get("SNAKECAGE_API_KEY")))

@@ -34,18 +34,12 @@ async fn markdown_answers_run_their_python_blocks_in_order_as_one_program() {
 
 /// Runs the MCP client fixture (the official Python SDK) against the server.
 fn mcp_client(base: &str, scenario: &str) -> serde_json::Value {
-    let python = repo_root().join(".venv-tools/bin/python");
-    let out = std::process::Command::new(&python)
-        .arg(repo_root().join("tests/clients/mcp_client.py"))
-        .arg(format!("{base}/mcp"))
-        .arg(scenario)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run {} (scripts/test creates .venv-tools): {e}",
-                python.display()
-            )
-        });
+    mcp_client_with(base, scenario, &[])
+}
+
+/// The MCP client with extra arguments after the scenario (an API key, a session id).
+pub fn mcp_client_with(base: &str, scenario: &str, extra: &[&str]) -> serde_json::Value {
+    let out = mcp_client_output(base, scenario, extra);
     assert!(
         out.status.success(),
         "MCP client failed:\n{}",
@@ -54,7 +48,25 @@ fn mcp_client(base: &str, scenario: &str) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-fn texts(result: &serde_json::Value) -> String {
+/// Runs the MCP client, whatever becomes of it.
+pub fn mcp_client_output(base: &str, scenario: &str, extra: &[&str]) -> std::process::Output {
+    let python = repo_root().join(".venv-tools/bin/python");
+    std::process::Command::new(&python)
+        .arg(repo_root().join("tests/clients/mcp_client.py"))
+        .arg(format!("{base}/mcp"))
+        .arg(scenario)
+        .args(extra)
+        .env_remove("SNAKECAGE_API_KEY")
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {} (scripts/test creates .venv-tools): {e}",
+                python.display()
+            )
+        })
+}
+
+pub fn texts(result: &serde_json::Value) -> String {
     result["content"]
         .as_array()
         .unwrap()

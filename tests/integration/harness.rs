@@ -22,6 +22,10 @@ pub struct Options {
     /// Workspaces under the test's own state dir (hermetic: nothing is left in /dev/shm),
     /// unless a test wants the service's default location.
     pub workspaces_in_state_dir: bool,
+    /// `--listen`.
+    pub listen: String,
+    /// More command-line arguments.
+    pub args: Vec<String>,
 }
 
 impl Default for Options {
@@ -29,6 +33,8 @@ impl Default for Options {
         Self {
             env: vec![("SNAKECAGE_POOL__SIZE".into(), "2".into())],
             workspaces_in_state_dir: true,
+            listen: "127.0.0.1:0".into(),
+            args: Vec::new(),
         }
     }
 }
@@ -37,6 +43,16 @@ impl Options {
     /// Keep the service's default workspace location.
     pub fn default_workspace_dir(mut self) -> Self {
         self.workspaces_in_state_dir = false;
+        self
+    }
+
+    pub fn listen(mut self, addr: &str) -> Self {
+        self.listen = addr.into();
+        self
+    }
+
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.into());
         self
     }
 
@@ -66,7 +82,8 @@ impl Server {
         )
         .expect("chmod state dir");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_snakecage"));
-        cmd.args(["--listen", "127.0.0.1:0", "--log-format", "json"])
+        cmd.args(["--listen", &options.listen, "--log-format", "json"])
+            .args(&options.args)
             .arg("--venv")
             .arg(repo_root().join(".venv"))
             .env("SNAKECAGE_WORKER__STATE_DIR", state_dir.path())

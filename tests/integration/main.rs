@@ -2,6 +2,7 @@
 //! zygote and workers. One module per area; `harness` starts and stops servers.
 
 mod agents;
+mod auth;
 mod core;
 mod escapes;
 mod files;

@@ -1,0 +1,471 @@
+//! API keys: who is calling (the tenant), what they may use, and the middleware that checks
+//! `Authorization: Bearer <key>` on every route but the public ones.
+//!
+//! Keys are `sc_` and 64 hex digits (32 bytes from the OS's CSPRNG). Only their SHA-256 is
+//! ever stored: a key has 256 bits of entropy, so a fast hash is enough (there is nothing
+//! to brute-force) and checking one costs a microsecond, not an argon2 run per request.
+//! A presented key is hashed and compared with every configured hash in constant time.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::header;
+use axum::http::request::Parts;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::config::AuthConfig;
+use crate::error::ApiError;
+use crate::files::FileOwner;
+
+/// What every new key starts with, so it is recognisable in a secret scanner or a log.
+pub const KEY_PREFIX: &str = "sc_";
+
+/// One configured key: its tenant's name, its hash and its limits.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct KeyEntry {
+    /// The tenant: files and sessions belong to it. Unique.
+    pub name: String,
+    /// SHA-256 of the key, 64 lowercase hex digits.
+    pub sha256: String,
+    /// Executions (stateless and session runs) this key may have in progress at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<usize>,
+    /// Sessions this key may hold at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sessions: Option<usize>,
+    /// Total size of the files this key may keep stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_stored_mb: Option<u64>,
+}
+
+/// A keys file: `[[keys]]` tables of [`KeyEntry`].
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeysFile {
+    #[serde(default)]
+    pub keys: Vec<KeyEntry>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeysError {
+    #[error("reading keys file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("keys file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("writing keys file {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("API key {name:?}: {reason}")]
+    Invalid { name: String, reason: String },
+    #[error("an API key named {0:?} already exists; key names are unique")]
+    Duplicate(String),
+    #[error("the OS random number generator failed: {0}")]
+    Random(String),
+}
+
+impl KeysFile {
+    /// Reads `path`; a file that does not exist yet has no keys.
+    pub fn read(path: &Path) -> Result<Self, KeysError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(source) => {
+                return Err(KeysError::Read {
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+        };
+        toml::from_str(&text).map_err(|source| KeysError::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })
+    }
+
+    /// Replaces `path` atomically (a temporary file beside it, fsynced, renamed over it),
+    /// readable by its owner only.
+    pub fn write(&self, path: &Path) -> Result<(), KeysError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let err = |source| KeysError::Write {
+            path: path.to_owned(),
+            source,
+        };
+        let text = toml::to_string(self).expect("keys serialise");
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".tmp{}", std::process::id()));
+        let tmp = PathBuf::from(tmp);
+        let written = (|| {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written.map_err(err)
+    }
+
+    /// Adds a new key named `name` with `limits`; returns the key, which exists nowhere
+    /// else (only its hash is kept).
+    pub fn add(&mut self, name: &str, limits: KeyEntry) -> Result<String, KeysError> {
+        if self.keys.iter().any(|k| k.name == name) {
+            return Err(KeysError::Duplicate(name.to_owned()));
+        }
+        let key = generate_key()?;
+        let entry = KeyEntry {
+            name: name.to_owned(),
+            sha256: sha256_hex(&key),
+            ..limits
+        };
+        validate(&entry)?;
+        self.keys.push(entry);
+        Ok(key)
+    }
+}
+
+/// A new key: `sc_` and 32 random bytes in hex.
+pub fn generate_key() -> Result<String, KeysError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| KeysError::Random(e.to_string()))?;
+    Ok(format!("{KEY_PREFIX}{}", hex(&bytes)))
+}
+
+/// The SHA-256 of `key` as stored: 64 lowercase hex digits.
+pub fn sha256_hex(key: &str) -> String {
+    hex(&Sha256::digest(key.as_bytes()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_hex32(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 || !text.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+fn validate(entry: &KeyEntry) -> Result<[u8; 32], KeysError> {
+    let invalid = |reason: &str| KeysError::Invalid {
+        name: entry.name.clone(),
+        reason: reason.to_owned(),
+    };
+    let name_ok = !entry.name.is_empty()
+        && entry.name.len() <= 64
+        && entry
+            .name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    if !name_ok {
+        return Err(invalid(
+            "a name is 1 to 64 characters of letters, digits, `-`, `_` and `.`",
+        ));
+    }
+    if entry.max_concurrent == Some(0) || entry.max_sessions == Some(0) {
+        return Err(invalid(
+            "max_concurrent and max_sessions must be at least 1 (leave them out for no limit)",
+        ));
+    }
+    parse_hex32(&entry.sha256.to_ascii_lowercase())
+        .ok_or_else(|| invalid("sha256 must be 64 hex digits (the SHA-256 of the key)"))
+}
+
+/// One tenant (a configured key): its name, limits and the executions it has running.
+#[derive(Debug)]
+pub struct Tenant {
+    pub name: String,
+    pub max_concurrent: Option<usize>,
+    pub max_sessions: Option<usize>,
+    pub max_stored_bytes: Option<u64>,
+    digest: [u8; 32],
+    executions: Option<Arc<Semaphore>>,
+}
+
+impl Tenant {
+    /// A slot for one execution, held until the run ends; 429 when the key is at its
+    /// `max_concurrent`.
+    pub fn execution_slot(&self) -> Result<Option<OwnedSemaphorePermit>, ApiError> {
+        let Some(executions) = &self.executions else {
+            return Ok(None);
+        };
+        executions.clone().try_acquire_owned().map(Some).map_err(|_| {
+            ApiError::TenantLimit {
+                detail: format!(
+                    "API key '{}' already has {} executions running, its max_concurrent limit; retry when one has finished",
+                    self.name,
+                    self.max_concurrent.unwrap_or_default()
+                ),
+                retry_after_secs: 1,
+            }
+        })
+    }
+}
+
+/// The configured keys. Empty: the service runs without authentication (local use).
+#[derive(Debug, Default)]
+pub struct Keys {
+    tenants: Vec<Arc<Tenant>>,
+    public_metrics: bool,
+    public_status: bool,
+}
+
+impl Keys {
+    /// The keys of `config` (inline) and of its keys file, checked: valid hashes, unique
+    /// names and unique keys.
+    pub fn load(config: &AuthConfig) -> Result<Self, KeysError> {
+        let mut entries = config.keys.clone();
+        if let Some(path) = &config.keys_file {
+            if !path.is_file() {
+                return Err(KeysError::Read {
+                    path: path.clone(),
+                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+                });
+            }
+            entries.extend(KeysFile::read(path)?.keys);
+        }
+        let mut names = HashSet::new();
+        let mut digests = HashSet::new();
+        let mut tenants = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let digest = validate(&entry)?;
+            if !names.insert(entry.name.clone()) {
+                return Err(KeysError::Duplicate(entry.name));
+            }
+            if !digests.insert(digest) {
+                return Err(KeysError::Invalid {
+                    name: entry.name,
+                    reason: "the same key hash is configured twice".into(),
+                });
+            }
+            tenants.push(Arc::new(Tenant {
+                executions: entry.max_concurrent.map(|n| Arc::new(Semaphore::new(n))),
+                max_concurrent: entry.max_concurrent,
+                max_sessions: entry.max_sessions,
+                max_stored_bytes: entry.max_stored_mb.map(|mb| mb << 20),
+                name: entry.name,
+                digest,
+            }));
+        }
+        Ok(Self {
+            tenants,
+            public_metrics: config.public_metrics,
+            public_status: config.public_status,
+        })
+    }
+
+    /// Whether keys are configured (and so required).
+    pub fn enabled(&self) -> bool {
+        !self.tenants.is_empty()
+    }
+
+    /// The tenant names (a closed set, usable as a metric label).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tenants.iter().map(|t| t.name.as_str())
+    }
+
+    /// The tenant whose key is `key`. Every configured hash is compared, in constant
+    /// time, whatever matches: the time taken says nothing about which key was close.
+    pub fn tenant(&self, key: &str) -> Option<Arc<Tenant>> {
+        let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        let mut found = None;
+        for tenant in &self.tenants {
+            if bool::from(tenant.digest.ct_eq(&digest)) {
+                found = Some(tenant.clone());
+            }
+        }
+        found
+    }
+
+    /// Routes answered without a key: probes, and the metrics and status page when
+    /// configured public.
+    fn is_public(&self, path: &str) -> bool {
+        match path {
+            "/health" | "/ready" => true,
+            "/metrics" => self.public_metrics,
+            "/" | "/v1/status" => self.public_status,
+            _ => false,
+        }
+    }
+}
+
+/// The caller of a request: its tenant, or `None` when the service runs without keys.
+#[derive(Debug, Clone, Default)]
+pub struct Caller(pub Option<Arc<Tenant>>);
+
+impl Caller {
+    /// The owner name files and sessions are stored under.
+    pub fn owner(&self) -> Option<&str> {
+        self.0.as_deref().map(|t| t.name.as_str())
+    }
+
+    /// The owner and its storage quota, for storing files.
+    pub fn file_owner(&self) -> FileOwner<'_> {
+        FileOwner {
+            name: self.owner(),
+            quota_bytes: self.0.as_deref().and_then(|t| t.max_stored_bytes),
+        }
+    }
+
+    pub fn max_sessions(&self) -> Option<usize> {
+        self.0.as_deref().and_then(|t| t.max_sessions)
+    }
+
+    /// See [`Tenant::execution_slot`]; always granted without keys.
+    pub fn execution_slot(&self) -> Result<Option<OwnedSemaphorePermit>, ApiError> {
+        match &self.0 {
+            Some(tenant) => tenant.execution_slot(),
+            None => Ok(None),
+        }
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .unwrap_or_default())
+    }
+}
+
+/// The middleware: with keys configured, a request to a non-public route must carry a
+/// valid `Authorization: Bearer <key>` (else 401); its tenant goes into the request's
+/// extensions as a [`Caller`].
+pub async fn require_key(
+    State(keys): State<Arc<Keys>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    if !keys.enabled() {
+        return next.run(request).await;
+    }
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        });
+    let tenant = presented.and_then(|key| keys.tenant(key));
+    match tenant {
+        Some(tenant) => {
+            request.extensions_mut().insert(Caller(Some(tenant)));
+            next.run(request).await
+        }
+        None if keys.is_public(request.uri().path()) => next.run(request).await,
+        None => ApiError::Unauthorized {
+            invalid_key: presented.is_some(),
+        }
+        .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(keys: Vec<KeyEntry>) -> AuthConfig {
+        AuthConfig {
+            keys,
+            ..AuthConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_new_key_is_found_by_its_hash_and_nothing_else_is() {
+        let mut file = KeysFile::default();
+        let key = file.add("alice", KeyEntry::default()).unwrap();
+        assert!(key.starts_with(KEY_PREFIX) && key.len() == 3 + 64, "{key}");
+        assert!(!file.keys[0].sha256.contains(&key[3..]));
+        let keys = Keys::load(&config(file.keys)).unwrap();
+        assert_eq!(keys.tenant(&key).unwrap().name, "alice");
+        assert!(keys.tenant(&key[..key.len() - 1]).is_none());
+        assert!(keys.tenant("").is_none());
+        assert!(matches!(
+            KeysFile::default().add("bad name", KeyEntry::default()),
+            Err(KeysError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn duplicate_names_and_malformed_hashes_are_refused() {
+        let mut file = KeysFile::default();
+        file.add("alice", KeyEntry::default()).unwrap();
+        assert!(matches!(
+            file.add("alice", KeyEntry::default()),
+            Err(KeysError::Duplicate(_))
+        ));
+        let mut twice = file.keys.clone();
+        twice.push(KeyEntry {
+            sha256: sha256_hex("other"),
+            ..file.keys[0].clone()
+        });
+        assert!(matches!(
+            Keys::load(&config(twice)),
+            Err(KeysError::Duplicate(_))
+        ));
+        let short = KeyEntry {
+            sha256: "abc".into(),
+            ..file.keys[0].clone()
+        };
+        assert!(matches!(
+            Keys::load(&config(vec![short])),
+            Err(KeysError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn the_keys_file_round_trips_and_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.toml");
+        let mut file = KeysFile::read(&path).unwrap();
+        let key = file
+            .add(
+                "alice",
+                KeyEntry {
+                    max_concurrent: Some(2),
+                    ..KeyEntry::default()
+                },
+            )
+            .unwrap();
+        file.write(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains(&key), "{text}");
+        assert!(text.contains(&sha256_hex(&key)), "{text}");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(KeysFile::read(&path).unwrap().keys, file.keys);
+    }
+}

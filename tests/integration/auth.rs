@@ -1,0 +1,495 @@
+//! API keys and tenant isolation: missing and bad keys, one tenant's files and sessions
+//! invisible to another (even by id), per-key limits, hashed keys on disk, MCP as the
+//! caller, and the refusal to serve beyond loopback without keys.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+use serde_json::{Value, json};
+
+use crate::agents::{mcp_client_output, mcp_client_with, texts};
+use crate::harness::{Options, Server, repo_root};
+
+/// `snakecage keys add NAME --keys-file PATH [limits…]`: the key it prints.
+fn keys_add(path: &Path, name: &str, limits: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["keys", "add", name, "--keys-file"])
+        .arg(path)
+        .args(limits)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "keys add failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// A server with a keys file holding `alice` (with `alice_limits`) and `bob`.
+async fn two_tenants(alice_limits: &[&str]) -> (Server, Tenant, Tenant, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    let alice = keys_add(&keys, "alice", alice_limits);
+    let bob = keys_add(&keys, "bob", &[]);
+    let server =
+        Server::start_with(Options::default().env("SNAKECAGE_AUTH__KEYS_FILE", keys.display()))
+            .await;
+    let base = server.base.clone();
+    (
+        server,
+        Tenant::new(&base, &alice),
+        Tenant::new(&base, &bob),
+        dir,
+    )
+}
+
+/// A client that sends one tenant's key.
+struct Tenant {
+    base: String,
+    key: String,
+    client: reqwest::Client,
+}
+
+impl Tenant {
+    fn new(base: &str, key: &str) -> Self {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {key}")).unwrap(),
+        );
+        Self {
+            base: base.to_owned(),
+            key: key.to_owned(),
+            client: reqwest::Client::builder()
+                .default_headers(headers)
+                .build()
+                .unwrap(),
+        }
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> (u16, HeaderMap, Value) {
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let text = resp.text().await.unwrap();
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, headers, body)
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let (s, _, b) = self
+            .send(self.client.get(format!("{}{path}", self.base)))
+            .await;
+        (s, b)
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let (s, _, b) = self
+            .send(self.client.post(format!("{}{path}", self.base)).json(&body))
+            .await;
+        (s, b)
+    }
+
+    async fn delete(&self, path: &str) -> u16 {
+        self.send(self.client.delete(format!("{}{path}", self.base)))
+            .await
+            .0
+    }
+
+    async fn upload(&self, name: &str, bytes: Vec<u8>) -> (u16, Value) {
+        let part = reqwest::multipart::Part::bytes(bytes).file_name(name.to_owned());
+        let form = reqwest::multipart::Form::new().part("file", part);
+        let (s, _, b) = self
+            .send(
+                self.client
+                    .post(format!("{}/v1/files", self.base))
+                    .multipart(form),
+            )
+            .await;
+        (s, b)
+    }
+
+    async fn file_ids(&self) -> Vec<String> {
+        let (status, body) = self.get("/v1/files").await;
+        assert_eq!(status, 200, "{body}");
+        body["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["file_id"].as_str().unwrap().to_owned())
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn two_tenants_cannot_see_fetch_delete_or_use_each_others_files_and_sessions() {
+    let (server, alice, bob, _dir) = two_tenants(&[]).await;
+
+    // An uploaded file, and one a run wrote.
+    let (status, up) = alice.upload("secret.txt", b"alice's secret".to_vec()).await;
+    assert_eq!(status, 201, "{up}");
+    let uploaded = up["file_id"].as_str().unwrap().to_owned();
+    let (status, ran) = alice
+        .post(
+            "/v1/execute",
+            json!({"code": "open('out.txt', 'w').write('written by alice')"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{ran}");
+    let written = ran["files"][0]["file_id"].as_str().unwrap().to_owned();
+    let mut mine = alice.file_ids().await;
+    mine.sort();
+    let mut expected = vec![uploaded.clone(), written.clone()];
+    expected.sort();
+    assert_eq!(mine, expected);
+    assert!(bob.file_ids().await.is_empty());
+
+    let unknown = uuid_like();
+    let (_, not_found) = bob.get(&format!("/v1/files/{unknown}")).await;
+    for id in [&uploaded, &written] {
+        let (status, body) = bob.get(&format!("/v1/files/{id}")).await;
+        assert_eq!(status, 404, "{body}");
+        // The same answer as for an id that never existed, apart from the id itself.
+        assert_eq!(
+            body["detail"].as_str().unwrap().replace(id.as_str(), "ID"),
+            not_found["detail"]
+                .as_str()
+                .unwrap()
+                .replace(&unknown, "ID")
+        );
+        assert_eq!(bob.delete(&format!("/v1/files/{id}")).await, 404);
+        let (status, body) = bob
+            .post(
+                "/v1/execute",
+                json!({"code": "print(open('f').read())", "files": [{"path": "f", "file_id": id}]}),
+            )
+            .await;
+        assert_eq!(status, 404, "{body}");
+        let (status, body) = bob
+            .post(
+                "/v1/sessions",
+                json!({"files": [{"path": "f", "file_id": id}]}),
+            )
+            .await;
+        assert_eq!(status, 404, "{body}");
+    }
+    // Still there for alice, and usable.
+    let (status, body) = alice.get(&format!("/v1/files/{uploaded}")).await;
+    assert_eq!(
+        (status, body),
+        (200, Value::String("alice's secret".into()))
+    );
+    let (status, body) = alice
+        .post(
+            "/v1/execute",
+            json!({"code": "print(open('f').read())", "files": [{"path": "f", "file_id": written}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stdout"], "written by alice\n");
+
+    // Sessions.
+    let (status, created) = alice.post("/v1/sessions", json!({})).await;
+    assert_eq!(status, 201, "{created}");
+    let sid = created["session_id"].as_str().unwrap().to_owned();
+    let (status, _) = alice
+        .post(
+            &format!("/v1/sessions/{sid}/execute"),
+            json!({"code": "x = 41"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (_, listed) = bob.get("/v1/sessions").await;
+    assert_eq!(listed["sessions"], json!([]));
+    let (_, listed) = alice.get("/v1/sessions").await;
+    assert_eq!(listed["sessions"][0]["session_id"], sid.as_str());
+    let run = json!({"code": "print(x)"});
+    for (path, body) in [
+        (format!("/v1/sessions/{sid}/execute"), Some(&run)),
+        (format!("/v1/sessions/{sid}/execute/stream"), Some(&run)),
+        (format!("/v1/sessions/{sid}/reset"), None),
+        (
+            format!("/v1/sessions/{sid}/bash"),
+            Some(&json!({"command": "ls"})),
+        ),
+    ] {
+        let (status, answer) = bob.post(&path, body.cloned().unwrap_or(json!({}))).await;
+        assert_eq!(status, 404, "{path}: {answer}");
+    }
+    let (status, body) = bob.get(&format!("/v1/sessions/{sid}")).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(bob.delete(&format!("/v1/sessions/{sid}")).await, 404);
+    // Alice's session is untouched by all that.
+    let (status, body) = alice
+        .post(
+            &format!("/v1/sessions/{sid}/execute"),
+            json!({"code": "print(x + 1)"}),
+        )
+        .await;
+    assert_eq!((status, body["stdout"].clone()), (200, json!("42\n")));
+    assert_eq!(alice.delete(&format!("/v1/sessions/{sid}")).await, 204);
+
+    // The metrics count executions per configured key, and only what ran.
+    let (status, _, metrics) = server.get("/metrics").await;
+    assert_eq!(status, 200);
+    let series = |tenant: &str, kind: &str| {
+        format!("snakecage_tenant_executions_total{{kind=\"{kind}\",tenant=\"{tenant}\"}}")
+    };
+    for (tenant, kind, n) in [
+        ("alice", "stateless", 2),
+        ("alice", "session", 2),
+        ("bob", "stateless", 0),
+        ("bob", "session", 0),
+    ] {
+        let line = format!("{} {n}", series(tenant, kind));
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in:\n{metrics}"
+        );
+    }
+}
+
+fn uuid_like() -> String {
+    "00000000-0000-4000-8000-000000000000".into()
+}
+
+#[tokio::test]
+async fn missing_and_bad_keys_get_401_with_a_bearer_challenge_and_probes_stay_open() {
+    let (server, alice, _bob, _dir) = two_tenants(&[]).await;
+    let anonymous = reqwest::Client::new();
+    let cases = [
+        (None, "Bearer"),
+        (
+            Some("Bearer sc_not_a_key".to_owned()),
+            "Bearer error=\"invalid_token\"",
+        ),
+        (
+            Some(format!("Bearer {}x", alice.key)),
+            "Bearer error=\"invalid_token\"",
+        ),
+        (Some(format!("Basic {}", alice.key)), "Bearer"),
+    ];
+    for path in [
+        "/v1/files",
+        "/v1/sessions",
+        "/v1/packages",
+        "/",
+        "/v1/status",
+        "/nope",
+    ] {
+        for (auth, challenge) in &cases {
+            let mut req = anonymous.get(format!("{}{path}", server.base));
+            if let Some(auth) = auth {
+                req = req.header(AUTHORIZATION, auth);
+            }
+            let resp = req.send().await.unwrap();
+            assert_eq!(resp.status(), 401, "{path} with {auth:?}");
+            assert_eq!(resp.headers()["www-authenticate"], *challenge);
+            let body: Value = resp.json().await.unwrap();
+            assert!(body["detail"].as_str().unwrap().contains("key"), "{body}");
+        }
+    }
+    let resp = anonymous
+        .post(format!("{}/v1/execute", server.base))
+        .json(&json!({"code": "print('pwned')"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    for path in ["/health", "/ready", "/metrics"] {
+        let (status, _, _) = server.get(path).await;
+        assert_eq!(status, 200, "{path}");
+    }
+    let (status, _) = alice.get("/v1/packages").await;
+    assert_eq!(status, 200);
+
+    // MCP: no key, no session (the SDK client gives up); the endpoint says 401 like the rest.
+    let resp = anonymous
+        .post(format!("{}/mcp", server.base))
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    assert_eq!(resp.headers()["www-authenticate"], "Bearer");
+    let base = server.base.clone();
+    let out = tokio::task::spawn_blocking(move || mcp_client_output(&base, "stateless", &[]))
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+}
+
+#[tokio::test]
+async fn mcp_tool_calls_are_made_as_the_caller_and_scoped_like_the_api() {
+    let (server, alice, bob, _dir) = two_tenants(&[]).await;
+    let (status, created) = alice.post("/v1/sessions", json!({})).await;
+    assert_eq!(status, 201, "{created}");
+    let sid = created["session_id"].as_str().unwrap().to_owned();
+    let base = server.base.clone();
+    let key = bob.key.clone();
+    let r = tokio::task::spawn_blocking(move || mcp_client_with(&base, "foreign", &[&key, &sid]))
+        .await
+        .unwrap();
+    assert_eq!(r["foreign"]["is_error"], true, "{r}");
+    assert!(texts(&r["foreign"]).contains("404"), "{r}");
+    assert_eq!(r["mine"]["is_error"], false, "{r}");
+    assert!(texts(&r["mine"]).contains("42"), "{r}");
+}
+
+#[tokio::test]
+async fn per_key_limits_answer_429_and_leave_other_keys_alone() {
+    let (_server, alice, bob, _dir) = two_tenants(&[
+        "--max-concurrent",
+        "1",
+        "--max-sessions",
+        "1",
+        "--max-stored-mb",
+        "1",
+    ])
+    .await;
+
+    // Concurrency: one run at a time for alice.
+    let slow = alice.post(
+        "/v1/execute",
+        json!({"code": "import time; time.sleep(1.5); print('done')", "timeout_ms": 10000}),
+    );
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let resp = alice
+            .client
+            .post(format!("{}/v1/execute", alice.base))
+            .json(&json!({"code": "print(1)"}))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let retry = resp.headers().get("retry-after").cloned();
+        let body: Value = resp.json().await.unwrap();
+        let (bob_status, bob_body) = bob.post("/v1/execute", json!({"code": "print(2)"})).await;
+        (status, retry, body, bob_status, bob_body)
+    };
+    let ((slow_status, slow_body), (status, retry, body, bob_status, bob_body)) =
+        tokio::join!(slow, second);
+    assert_eq!(slow_status, 200, "{slow_body}");
+    assert_eq!(slow_body["stdout"], "done\n");
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(retry.unwrap(), "1");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("alice") && detail.contains("max_concurrent"),
+        "{detail}"
+    );
+    assert_eq!(
+        (bob_status, bob_body["stdout"].clone()),
+        (200, json!("2\n"))
+    );
+    // The slot is given back when the run ends.
+    let (status, body) = alice.post("/v1/execute", json!({"code": "print(3)"})).await;
+    assert_eq!(status, 200, "{body}");
+
+    // Sessions: one for alice.
+    let (status, _) = alice.post("/v1/sessions", json!({})).await;
+    assert_eq!(status, 201);
+    let (status, body) = alice.post("/v1/sessions", json!({})).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("max_sessions"),
+        "{body}"
+    );
+    let (status, _) = bob.post("/v1/sessions", json!({})).await;
+    assert_eq!(status, 201);
+
+    // Storage: 1 MB for alice.
+    let (status, body) = alice.upload("a.bin", vec![1u8; 700 << 10]).await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = alice.upload("b.bin", vec![1u8; 700 << 10]).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("max_stored_mb"),
+        "{body}"
+    );
+    let (status, body) = bob.upload("b.bin", vec![1u8; 700 << 10]).await;
+    assert_eq!(status, 201, "{body}");
+}
+
+#[tokio::test]
+async fn keys_are_stored_only_as_hashes_and_names_are_unique() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys.toml");
+    let key = keys_add(&path, "alice", &["--max-concurrent", "3"]);
+    assert!(key.starts_with("sc_") && key.len() == 67, "{key}");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(!text.contains(&key) && !text.contains(&key[3..]), "{text}");
+    let digest = sha256_hex(&key);
+    assert!(text.contains(&digest), "{text}");
+    assert!(text.contains("max_concurrent = 3"), "{text}");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions());
+    assert_eq!(mode & 0o077, 0, "the keys file is private");
+
+    let again = Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["keys", "add", "alice", "--keys-file"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
+    assert!(again.stdout.is_empty());
+    keys_add(&path, "bob", &[]);
+    let listed = Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["keys", "list", "--keys-file"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&listed.stdout), "alice\nbob\n");
+}
+
+/// SHA-256 in hex, computed by Python's hashlib (an independent implementation).
+fn sha256_hex(text: &str) -> String {
+    let out = Command::new(repo_root().join(".venv/bin/python"))
+        .args([
+            "-c",
+            "import hashlib, sys; print(hashlib.sha256(sys.argv[1].encode()).hexdigest())",
+            text,
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+#[tokio::test]
+async fn without_keys_a_non_loopback_listen_is_refused_unless_explicitly_allowed() {
+    let state: PathBuf = tempfile::tempdir().unwrap().keep();
+    let out = Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["--listen", "0.0.0.0:0", "--venv"])
+        .arg(repo_root().join(".venv"))
+        .env("SNAKECAGE_WORKER__STATE_DIR", &state)
+        .env_remove("SNAKECAGE_ALLOW_UNAUTHENTICATED")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&state);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("refusing to listen on 0.0.0.0")
+            && stderr.contains("--allow-unauthenticated"),
+        "{stderr}"
+    );
+
+    let server = Server::start_with(
+        Options::default()
+            .listen("0.0.0.0:0")
+            .arg("--allow-unauthenticated"),
+    )
+    .await;
+    assert!(
+        server.log().contains("NO AUTHENTICATION"),
+        "{}",
+        server.log()
+    );
+    assert_eq!(server.run("print(1)").await["stdout"], "1\n");
+}
