@@ -182,18 +182,7 @@ pub async fn prepare(
     let mut job = job(req, &inputs)?;
     job.max_bundle_bytes = state.config.limits.max_bundle_bytes;
     // Unknown ids are answered before a worker is spent on the request.
-    for input in &inputs {
-        match state.store.meta(&input.file_id, caller.owner()).await {
-            Ok(_) => {}
-            Err(StoreError::NotFound(_)) => {
-                return Err(ApiError::NotFound(format!(
-                    "File with ID '{}' not found for path '{}'",
-                    input.file_id, input.path
-                )));
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
+    check_file_ids(state, caller, &inputs).await?;
     Ok(Prepared {
         limits,
         inputs,
@@ -262,6 +251,28 @@ async fn run_prepared(
     response.files = collected.files;
     response.skipped_files = collected.skipped;
     Ok(response)
+}
+
+/// 404 for the first staged file id the caller cannot see (unknown, or another tenant's:
+/// the same answer, so existence is not revealed).
+pub async fn check_file_ids(
+    state: &SharedState,
+    caller: &Caller,
+    inputs: &[StageInput],
+) -> Result<(), ApiError> {
+    for input in inputs {
+        match state.store.meta(&input.file_id, caller.owner()).await {
+            Ok(_) => {}
+            Err(StoreError::NotFound(_)) => {
+                return Err(ApiError::NotFound(format!(
+                    "File with ID '{}' not found for path '{}'",
+                    input.file_id, input.path
+                )));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Checks and normalises the paths of `files`.

@@ -22,8 +22,7 @@ use super::json::ApiJson;
 use super::stream::{self, OnDisconnect};
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::files::StoreError;
-use crate::files::workspace::{self, StageInput};
+use crate::files::workspace::{self};
 use crate::metrics::labels::{Kind, Outcome};
 use crate::pool::run::{Interrupt, OutputChunk, RunError};
 use crate::sessions::{Session, SessionError, SessionInfo, SessionState};
@@ -86,7 +85,7 @@ pub async fn create(
         Some(s) => Some(Duration::from_secs(s)),
     };
     let inputs = stage_inputs(&req.files)?;
-    check_file_ids(&state, &caller, &inputs).await?;
+    execute::check_file_ids(&state, &caller, &inputs).await?;
     let store = state.store.clone();
     let owner = caller.owner();
     let session = sessions
@@ -370,24 +369,4 @@ fn gone(id: &str) -> ApiError {
         reason: "its worker is gone".into(),
     }
     .into()
-}
-
-async fn check_file_ids(
-    state: &SharedState,
-    caller: &Caller,
-    inputs: &[StageInput],
-) -> Result<(), ApiError> {
-    for input in inputs {
-        match state.store.meta(&input.file_id, caller.owner()).await {
-            Ok(_) => {}
-            Err(StoreError::NotFound(_)) => {
-                return Err(ApiError::NotFound(format!(
-                    "File with ID '{}' not found for path '{}'",
-                    input.file_id, input.path
-                )));
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
 }
