@@ -112,6 +112,7 @@ pub async fn run(
     chunks: Option<mpsc::Sender<OutputChunk>>,
 ) -> Result<RunOutcome, RunError> {
     let started = Instant::now();
+    worker.foreground();
     worker
         .channel
         .send(&JobRequest::Run(job))
@@ -122,6 +123,7 @@ pub async fn run(
     let mut buf = vec![0u8; 64 << 10];
     let ending = drive(worker, &mut capture, &mut buf, deadline, None).await;
     let duration = started.elapsed();
+    worker.background();
 
     if !matches!(ending, Ending::Reported(_)) {
         worker.kill();

@@ -29,6 +29,7 @@ pub struct SessionWorker {
 impl SessionWorker {
     /// Tells a fresh worker to keep its namespace and serve requests until dropped.
     pub(super) async fn start(mut worker: Worker) -> Result<Self, FrameError> {
+        worker.foreground();
         worker.channel.send(&JobRequest::StartSession).await?;
         Ok(Self { worker })
     }

@@ -68,6 +68,28 @@ impl Worker {
         self.signal(nix::sys::signal::Signal::SIGKILL);
     }
 
+    /// Gives the worker normal CPU priority for its job (workers start at the zygote's
+    /// background priority, so refilling never competes with a request in flight).
+    /// Raising priority needs root (CAP_SYS_NICE); without it the worker stays lowered.
+    pub fn foreground(&mut self) {
+        self.set_nice(0);
+    }
+
+    /// Back to the lowest priority once the job is done, so the worker's exit (tearing
+    /// down an address space the size of the zygote's) yields to the response.
+    pub fn background(&mut self) {
+        self.set_nice(19);
+    }
+
+    fn set_nice(&mut self, nice: i32) {
+        if !self.is_alive() {
+            return; // reaped: its pid may belong to someone else now
+        }
+        // SAFETY: setpriority with a pid we forked (still unreaped, checked above) and a
+        // plain integer; failure changes nothing.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, self.pid as libc::id_t, nice) };
+    }
+
     /// SIGINT: CPython raises `KeyboardInterrupt` in the worker's main thread (sessions).
     pub fn interrupt(&self) {
         self.signal(nix::sys::signal::Signal::SIGINT);

@@ -420,3 +420,30 @@ async fn workspaces_live_on_dev_shm_by_default_when_it_is_a_large_tmpfs() {
     drop(s);
     assert!(!root.exists(), "workspaces are removed at shutdown");
 }
+
+/// Forks and everything before Ready run at background priority (the zygote is niced, and
+/// its children with it), so refilling never takes the CPU from a request in flight; a
+/// worker running a job is raised to normal priority.
+#[tokio::test]
+async fn idle_workers_wait_at_background_priority_and_a_job_runs_at_normal_priority() {
+    let s = Server::start().await;
+    s.wait_for_idle(2).await;
+    let nice = |pid: u32| -> i64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        stat[stat.rfind(')').unwrap() + 2..]
+            .split(' ')
+            .nth(16)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let below = descendants_of(s.pid());
+    assert!(below.len() >= 3, "{below:?}");
+    for pid in below {
+        assert_eq!(nice(pid), 10, "zygote or idle worker {pid}");
+    }
+    let r = s
+        .run("import os\nprint(os.getpriority(os.PRIO_PROCESS, 0))")
+        .await;
+    assert_eq!(r["stdout"], "0\n", "{r}");
+}

@@ -40,6 +40,9 @@ fn io_err(doing: &'static str) -> impl FnOnce(io::Error) -> ZygoteError {
     move |source| ZygoteError::Io { doing, source }
 }
 
+/// The zygote's niceness, inherited by every child until the supervisor raises it.
+const BACKGROUND_NICE: i32 = 10;
+
 /// Largest control record the zygote accepts (requests are tiny).
 const MAX_CONTROL_RECORD: usize = 64 << 10;
 
@@ -72,6 +75,10 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
             packages,
         } = interpreter::prepare(py, &config)?;
         sandbox::ensure_single_thread().map_err(io_err("checking threads after preload"))?;
+        // Forks and everything a child does before Ready is background work: on a small
+        // machine it must not take the CPU from a request in flight. The supervisor raises
+        // a worker back when it gives it a job.
+        sandbox::lower_priority(BACKGROUND_NICE);
         let info = ZygoteInfo {
             pid: std::process::id() as i32,
             python_version: interpreter::python_version(),
