@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::Request;
+use axum::serve::ListenerExt;
 use snakecage_worker::protocol::{LayerReport, LayerState, WorkerLimits, ZygoteConfig, ZygoteInfo};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -181,6 +182,13 @@ pub async fn serve(
         stop_signal.cancel();
     });
     let graceful = stop.clone();
+    // No Nagle: a streamed event (or any response written in more than one piece) must
+    // leave at once, not wait for the client's delayed ACK of the previous write.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY on a connection");
+        }
+    });
     let server = axum::serve(listener, app)
         .with_graceful_shutdown(async move { graceful.cancelled().await });
     tokio::select! {
