@@ -32,7 +32,8 @@ pub struct Status {
     pub pool: PoolStatus,
     pub sessions_active: i64,
     pub sandbox_layers: Vec<String>,
-    /// Packages user code can import, with their versions (those preloaded in the zygote).
+    /// Third-party packages user code can import (installed ones), with their versions: the
+    /// same list as `GET /v1/packages`.
     pub packages: Vec<PreloadedModule>,
     /// The last failed or shed executions, newest first.
     pub recent_failures: Vec<Failure>,
@@ -80,7 +81,16 @@ pub async fn status(State(state): State<SharedState>) -> Json<Status> {
         pool: state.pool.status(),
         sessions_active: metrics.sessions_active(),
         sandbox_layers: metrics.build().sandbox_layers,
-        packages: zygote.preloaded,
+        packages: state
+            .packages
+            .packages
+            .iter()
+            .filter(|p| p.installed)
+            .map(|p| PreloadedModule {
+                name: p.name.clone(),
+                version: p.version.clone(),
+            })
+            .collect(),
         recent_failures: metrics.recent().failures(),
     })
 }

@@ -484,7 +484,10 @@ async fn the_status_page_shows_the_numbers_the_metrics_have() {
 
     // What runs: the Python packages with versions, the sandbox layers, recent failures
     // (outcome and request id, never code or output).
-    assert!(dom.contains("numpy 2."), "{dom}");
+    // The allowed packages with versions, as /v1/packages lists them (not just the preloads).
+    for package in ["numpy 2.", "pandas 3.", "scipy 1.", "PIL 1", "openpyxl 3."] {
+        assert!(dom.contains(package), "{package} missing from the page");
+    }
     let layers = m.series(names::BUILD_INFO)[0].0["sandbox_layers"].clone();
     assert_eq!(layers, ALL_LAYERS);
     let layers_at = dom.find("id=\"sandbox-layers\"").unwrap();
