@@ -54,13 +54,20 @@ impl Worker {
         })
     }
 
-    /// False once the zygote has reaped it, or the zygote itself is gone.
+    /// False once the zygote has reaped it, or the zygote itself is gone. An exit status
+    /// that has arrived is kept, so [`Worker::exit_status`] still reports it afterwards.
     pub fn is_alive(&mut self) -> bool {
-        self.exit_status.is_none()
-            && matches!(
-                self.exit.try_recv(),
-                Err(oneshot::error::TryRecvError::Empty)
-            )
+        if self.exit_status.is_some() {
+            return false;
+        }
+        match self.exit.try_recv() {
+            Ok(status) => {
+                self.exit_status = Some(status);
+                false
+            }
+            Err(oneshot::error::TryRecvError::Empty) => true,
+            Err(oneshot::error::TryRecvError::Closed) => false,
+        }
     }
 
     /// SIGKILL, through the pidfd so a recycled pid can never be hit.
@@ -236,4 +243,35 @@ pub(super) fn async_fd(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
 pub(super) fn read_pipe(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<usize> {
     let n = nix::unistd::read(fd.get_ref().as_fd(), buf)?;
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker whose exit was reported: asking whether it lives must not lose the status
+    /// (the verdict names the signal from it, and SIGXCPU makes it a timeout).
+    #[tokio::test]
+    async fn asking_whether_a_worker_lives_keeps_its_reported_exit_status() {
+        let root = tempfile::tempdir().unwrap();
+        let (workspace, _dir) = Workspace::create(root.path(), 1, None).unwrap();
+        let (ours, _theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let (out_r, _out_w) = nix::unistd::pipe().unwrap();
+        let (err_r, _err_w) = nix::unistd::pipe().unwrap();
+        let (exit_tx, exit) = oneshot::channel();
+        let forked = Forked {
+            pid: i32::MAX,
+            pidfd: None,
+            exit,
+        };
+        let channel = JobChannel::new(UnixStream::from_std(ours).unwrap());
+        let mut worker = Worker::new(1, 0, forked, channel, out_r, err_r, workspace).unwrap();
+        assert!(worker.is_alive());
+        exit_tx.send(ExitStatus::Signal(libc::SIGXCPU)).unwrap();
+        assert!(!worker.is_alive());
+        assert!(!worker.is_alive());
+        let status = worker.exit_status(std::time::Duration::ZERO).await;
+        assert_eq!(status, Some(ExitStatus::Signal(libc::SIGXCPU)));
+    }
 }
