@@ -360,23 +360,19 @@ impl Default for LogConfig {
 }
 
 /// Values given on the command line; each one that is set overrides every other source.
-#[derive(Debug, Default, Clone, clap::Args, Serialize)]
+#[derive(Debug, Default, Clone, clap::Args)]
 pub struct Overrides {
     /// Address to listen on, e.g. 127.0.0.1:8000.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,
     /// Virtualenv with the packages user code may import.
     #[arg(long = "venv")]
-    #[serde(skip)]
     pub venv: Option<PathBuf>,
     /// Idle workers kept ready.
     #[arg(long = "pool-size")]
-    #[serde(skip)]
     pub pool_size: Option<usize>,
     /// Log format.
     #[arg(long = "log-format", value_enum)]
-    #[serde(skip)]
     pub log_format: Option<LogFormat>,
     /// Serve beyond loopback without API keys (anyone who reaches the port can run code).
     #[arg(
@@ -385,7 +381,6 @@ pub struct Overrides {
         action = clap::ArgAction::SetTrue,
         value_parser = clap::builder::BoolishValueParser::new()
     )]
-    #[serde(skip)]
     pub allow_unauthenticated: bool,
 }
 
@@ -415,7 +410,9 @@ impl Config {
                 .split("__")
                 .ignore(&["config", "allow_unauthenticated"]),
         );
-        fig = fig.merge(Serialized::defaults(overrides));
+        if let Some(listen) = overrides.listen {
+            fig = fig.merge(Serialized::default("listen", listen));
+        }
         if let Some(venv) = &overrides.venv {
             fig = fig.merge(Serialized::default("python.venv", venv));
         }
