@@ -83,13 +83,9 @@ pub async fn status(State(state): State<SharedState>) -> Json<Status> {
         sandbox_layers: metrics.build().sandbox_layers,
         packages: state
             .packages
-            .packages
-            .iter()
-            .filter(|p| p.installed)
-            .map(|p| PreloadedModule {
-                name: p.name.clone(),
-                version: p.version.clone(),
-            })
+            .installed()
+            .into_iter()
+            .map(|(name, version)| PreloadedModule { name, version })
             .collect(),
         recent_failures: metrics.recent().failures(),
     })

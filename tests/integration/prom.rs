@@ -34,6 +34,16 @@ impl Scrape {
 
     /// The sample of `name` whose labels are exactly `labels`; panics when there is none.
     pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.find(name, labels)
+            .unwrap_or_else(|| panic!("no sample {name}{labels:?} in\n{}", self.text))
+    }
+
+    /// Like [`Scrape::get`], 0 when the series does not exist yet.
+    pub fn get_or_zero(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.find(name, labels).unwrap_or(0.0)
+    }
+
+    fn find(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         let want: BTreeMap<String, String> = labels
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -42,19 +52,6 @@ impl Scrape {
             .iter()
             .find(|(n, l, _)| n == name && *l == want)
             .map(|(_, _, v)| *v)
-            .unwrap_or_else(|| panic!("no sample {name}{labels:?} in\n{}", self.text))
-    }
-
-    /// Like [`Scrape::get`], 0 when the series does not exist yet.
-    pub fn get_or_zero(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let want: BTreeMap<String, String> = labels
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        self.samples
-            .iter()
-            .find(|(n, l, _)| n == name && *l == want)
-            .map_or(0.0, |(_, _, v)| *v)
     }
 
     /// The sum over every sample of `name` whose labels include `labels`.
