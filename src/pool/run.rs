@@ -124,11 +124,10 @@ pub async fn run(
     let ending = drive(worker, &mut capture, &mut buf, deadline, None).await;
     let duration = started.elapsed();
     worker.background();
-
-    if !matches!(ending, Ending::Reported(_)) {
-        worker.kill();
-    }
-    // Everything the worker wrote before its result (or death) is already in the pipes.
+    // One job per worker: whatever it does after its result (a daemon thread still
+    // writing, say), it does no more. Everything it wrote before its result (or death) is
+    // already in the pipes.
+    worker.kill();
     capture.drain(worker, &mut buf).await;
 
     if ending == Ending::ProtocolViolation {
@@ -157,12 +156,10 @@ pub async fn run(
             }
         }
     };
-    // One job per worker: whatever it does after its result (a daemon thread still
-    // writing, say), it does no more. A worker that reported has finished its job and is
-    // exiting anyway, so its workspace is not waited on: its exit teardown (~2 ms with
-    // pandas mapped) would be added to every request. A worker killed mid-job may be
-    // inside a write, so there the exit is awaited before the workspace is read.
-    worker.kill();
+    // A worker that reported has finished its job and is exiting anyway, so its workspace
+    // is not waited on: its exit teardown (~2 ms with pandas mapped) would be added to
+    // every request. A worker killed mid-job may be inside a write, so there the exit is
+    // awaited before the workspace is read.
     if result.is_none() {
         let _ = worker.exit_status(EXIT_STATUS_WAIT).await;
     }
