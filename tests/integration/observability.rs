@@ -3,7 +3,7 @@
 //! and the Grafana dashboard's queries.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -561,7 +561,29 @@ fn the_grafana_dashboard_imports_and_queries_only_metrics_that_exist() {
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).expect("valid JSON");
     assert_eq!(dashboard["title"], "snakecage");
     assert!(dashboard["uid"].is_string());
-    assert!(dashboard["__inputs"][0]["pluginId"] == "prometheus");
+    // Importable anywhere: the data source is a variable every query uses, no instance or
+    // job is written into a query.
+    assert_eq!(dashboard["schemaVersion"], 41);
+    let variables = dashboard["templating"]["list"].as_array().unwrap();
+    assert!(
+        variables
+            .iter()
+            .any(|v| v["name"] == "datasource" && v["type"] == "datasource"),
+        "{variables:?}"
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let uids: BTreeSet<&str> = text
+        .match_indices("\"uid\": \"")
+        .map(|(at, m)| {
+            let rest = &text[at + m.len()..];
+            &rest[..rest.find('"').unwrap()]
+        })
+        .collect();
+    assert_eq!(
+        uids,
+        BTreeSet::from(["${datasource}", "-- Grafana --", "snakecage-overview"])
+    );
+    assert!(!text.contains("127.0.0.1") && !text.contains("localhost"));
     let queried = queried_metrics(&dashboard);
     for name in &queried {
         let family = ["_bucket", "_sum", "_count"]
@@ -589,9 +611,32 @@ fn the_grafana_dashboard_imports_and_queries_only_metrics_that_exist() {
             "the dashboard does not show {needed}"
         );
     }
-    let text = std::fs::read_to_string(Path::new(&path)).unwrap();
     assert!(
         text.contains("histogram_quantile(0.99"),
         "latency percentiles"
+    );
+    // The recorded series the SLO panels read are recorded by deploy/prometheus's rules.
+    let rules =
+        std::fs::read_to_string(repo_root().join("deploy/prometheus/snakecage.rules.yml")).unwrap();
+    let exprs: String = crate::grafana::queries(&dashboard)
+        .unwrap()
+        .into_iter()
+        .map(|q| q.expr + "\n")
+        .collect();
+    let mut recorded = 0;
+    for (at, _) in exprs.match_indices("snakecage:") {
+        let name: String = exprs[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+            .collect();
+        assert!(
+            rules.contains(&format!("- record: {name}\n")),
+            "{name} is not recorded by the rules"
+        );
+        recorded += 1;
+    }
+    assert!(
+        recorded >= 8,
+        "the SLO burn panels read the recording rules"
     );
 }
