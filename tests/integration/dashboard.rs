@@ -141,7 +141,16 @@ async fn kill_the_zygote(s: &Server) {
             resp.json::<Value>().await.unwrap()
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Killed only once the run is on a worker (not while it waits for one).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while s.health().await["pool"]["busy"].as_u64().unwrap_or(0) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(zygote),
         nix::sys::signal::Signal::SIGKILL,
@@ -216,7 +225,7 @@ async fn every_dashboard_panel_and_every_rule_works_against_a_real_prometheus() 
 
     for i in 0..3 {
         round(&s, i).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     overload(&s).await;
     kill_the_zygote(&s).await;

@@ -76,6 +76,16 @@ impl Prometheus {
     /// Starts Prometheus scraping `target` (host:port) as job `job` every second and
     /// evaluating the rules every second; returns once it is ready.
     pub async fn start(job: &str, target: &str) -> Self {
+        // The port is picked free, but another process may take it first: try again then.
+        for _ in 0..3 {
+            if let Some(prometheus) = Self::try_start(job, target).await {
+                return prometheus;
+            }
+        }
+        panic!("prometheus did not start three times");
+    }
+
+    async fn try_start(job: &str, target: &str) -> Option<Self> {
         let dir = tempfile::tempdir().unwrap();
         let rules = repo_root().join(RULES);
         let config = format!(
@@ -100,7 +110,7 @@ impl Prometheus {
             .stderr(log)
             .spawn()
             .expect("prometheus (Debian package prometheus; scripts/test installs it)");
-        let prometheus = Self {
+        let mut prometheus = Self {
             child,
             base: format!("http://127.0.0.1:{port}"),
             client: reqwest::Client::new(),
@@ -116,7 +126,11 @@ impl Prometheus {
                 .await
                 .is_ok_and(|r| r.status().is_success());
             if ready {
-                return prometheus;
+                return Some(prometheus);
+            }
+            if let Some(status) = prometheus.child.try_wait().unwrap() {
+                eprintln!("prometheus exited ({status}):\n{}", prometheus.log());
+                return None;
             }
             assert!(
                 Instant::now() < deadline,
@@ -286,6 +300,21 @@ fn the_alerting_rules_pass_promtool_and_every_alert_is_tested_both_ways() {
         assert!(
             of_alert().any(|c| c.contains("exp_alerts: []")),
             "no unit test where {alert} stays silent"
+        );
+    }
+    // Every runbook line points at a runbook that exists.
+    let readme = std::fs::read_to_string(repo_root().join("deploy/README.md")).unwrap();
+    let headings: Vec<String> = readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("#### "))
+        .map(str::to_lowercase)
+        .collect();
+    for (at, m) in rules.match_indices("runbook: \"deploy/README.md#") {
+        let rest = &rules[at + m.len()..];
+        let anchor = &rest[..rest.find(':').unwrap()];
+        assert!(
+            headings.iter().any(|h| h == anchor),
+            "deploy/README.md has no runbook #{anchor}"
         );
     }
     // Every alert says what happened and what to do.
