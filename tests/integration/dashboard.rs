@@ -330,31 +330,56 @@ async fn every_dashboard_panel_and_every_rule_works_against_a_real_prometheus() 
         "{firing:?}"
     );
 
-    if let Ok(path) = std::env::var("DASHBOARD_SERIES") {
-        export(&prom, &dashboard, &queries, &vars, &path).await;
-    }
-}
-
-/// Writes every panel's series over the test (range queries, as a Grafana time series
-/// panel makes them) for scripts/plot-dashboard.py.
-async fn export(prom: &Prometheus, dashboard: &Value, queries: &[Query], vars: &Vars, path: &str) {
-    let vars = Vars {
+    // Over time, as a time series panel asks (a range query, one point a second, the
+    // rate window four scrape intervals as Grafana makes `$__rate_interval`): every query
+    // runs and has points.
+    let over_time = Vars {
         rate_interval: "4s".into(),
         ..vars.clone()
     };
     let (start, end) = (prom.started, now());
+    let mut ranges = Answers::new();
+    let mut errors = Vec::new();
+    for q in &queries {
+        let expr = grafana::substitute(&q.expr, &over_time).unwrap();
+        match prom.query_range(&expr, start, end, 1.0).await {
+            Ok(series)
+                if series
+                    .iter()
+                    .any(|s| s.samples.iter().any(|v| v.1.is_finite())) =>
+            {
+                ranges.insert((q.panel.clone(), q.ref_id.clone()), series);
+            }
+            Ok(series) => errors.push(format!("{:?} {}: no points: {series:?}", q.panel, q.ref_id)),
+            Err(e) => errors.push(format!("{:?} {}: {e}", q.panel, q.ref_id)),
+        }
+    }
+    assert!(errors.is_empty(), "over time:\n{}", errors.join("\n"));
+
+    if let Ok(path) = std::env::var("DASHBOARD_SERIES") {
+        export(&dashboard, &ranges, (start, end), &path);
+    }
+}
+
+/// Writes every panel's series over the test for scripts/plot-dashboard.py.
+fn export(dashboard: &Value, ranges: &Answers, (start, end): (f64, f64), path: &str) {
     let mut panels = Vec::new();
     for panel in grafana::panels(dashboard) {
         let title = panel["title"].as_str().unwrap_or_default();
         let mut targets = Vec::new();
-        for q in queries.iter().filter(|q| q.panel == title) {
-            let expr = grafana::substitute(&q.expr, &vars).unwrap();
-            let series = prom.query_range(&expr, start, end, 1.0).await.unwrap();
-            let series: Vec<Value> = series
-                .iter()
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let ref_id = target["refId"].as_str().unwrap_or_default();
+            let series: Vec<Value> = ranges
+                .get(&(title.to_owned(), ref_id.to_owned()))
+                .into_iter()
+                .flatten()
                 .map(|s| json!({"labels": s.labels, "samples": s.samples}))
                 .collect();
-            targets.push(json!({"legend": q.legend, "expr": expr, "series": series}));
+            targets.push(json!({
+                "legend": target["legendFormat"],
+                "expr": target["expr"],
+                "series": series,
+            }));
         }
         panels.push(json!({
             "title": title,

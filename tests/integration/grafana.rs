@@ -19,7 +19,6 @@ pub struct Query {
     pub panel: String,
     pub ref_id: String,
     pub expr: String,
-    pub legend: String,
 }
 
 /// Every panel, depth first: rows carry their panels in `panels` when collapsed.
@@ -58,10 +57,6 @@ pub fn queries(dashboard: &Value) -> Result<Vec<Query>, String> {
                 panel: title.clone(),
                 ref_id: target["refId"].as_str().unwrap_or_default().to_owned(),
                 expr: expr.to_owned(),
-                legend: target["legendFormat"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
             });
         }
     }

@@ -292,6 +292,7 @@ async fn on_sigterm_ready_fails_while_requests_are_still_served_then_the_service
     let s = Server::start_with(Options::default().env("SNAKECAGE_WORKER__SHUTDOWN_DRAIN_MS", 3000))
         .await;
     assert_eq!(s.get("/ready").await.0, 200);
+    assert_eq!(s.scrape().await.get(names::READY, &[]), 1.0);
     let pid = nix::unistd::Pid::from_raw(s.pid() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -304,8 +305,9 @@ async fn on_sigterm_ready_fails_while_requests_are_still_served_then_the_service
         assert!(Instant::now() < deadline, "/ready still {status}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // Still serving while load balancers notice.
+    // Still serving while load balancers notice; the metric says it too.
     assert_eq!(s.health().await["ready"], false);
+    assert_eq!(s.scrape().await.get(names::READY, &[]), 0.0);
     assert_eq!(s.run("print(3)").await["stdout"], "3\n");
     let status = s.stop();
     assert!(status.success(), "{status:?}");
