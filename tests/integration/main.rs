@@ -4,11 +4,14 @@
 mod agents;
 mod auth;
 mod core;
+mod dashboard;
 mod escapes;
 mod files;
+mod grafana;
 mod harness;
 mod observability;
 mod overload;
 mod prom;
+mod prometheus;
 mod sessions;
 mod stream;
