@@ -4,6 +4,7 @@
 mod agents;
 mod auth;
 mod core;
+mod errors;
 mod escapes;
 mod files;
 mod harness;
