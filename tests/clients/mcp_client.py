@@ -78,7 +78,9 @@ async def main(url, scenario, key):
             async with ClientSession(read, write) as s:
                 init = await s.initialize()
                 out["server"] = init.server_info.name
-                out["tools"] = [t.name for t in (await s.list_tools()).tools]
+                tools = (await s.list_tools()).tools
+                out["tools"] = [t.name for t in tools]
+                out["run_python_description"] = next(t.description for t in tools if t.name == "run_python")
                 await {"stateless": stateless, "session": session, "foreign": foreign}[scenario](s, out)
     out["warnings"] = warnings.messages
     print(json.dumps(out))

@@ -13,3 +13,4 @@ mod overload;
 mod prom;
 mod sessions;
 mod stream;
+mod timeouts;
