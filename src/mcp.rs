@@ -142,8 +142,9 @@ fn tool_result(tool: &str, status: StatusCode, body: &Value) -> CallToolResult {
         let detail = body["detail"]
             .as_str()
             .map_or_else(|| body.to_string(), str::to_owned);
+        let code = body["code"].as_str().unwrap_or("unknown");
         return CallToolResult::error(vec![ContentBlock::text(format!(
-            "{tool} failed ({status}): {detail}"
+            "{tool} failed ({status}, code {code}): {detail}"
         ))]);
     }
     match tool {
@@ -205,6 +206,23 @@ fn run_result(body: &Value) -> CallToolResult {
 
 fn pretty(v: &Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_default()
+}
+
+/// Middleware on `/mcp`: a session closed with `DELETE` is answered 200, not rmcp's 202.
+/// The specification leaves the success status open; the MCP SDKs' own servers answer 200
+/// and their clients accept only 200 or 204 (the official Python client logs "Session
+/// termination failed: 202" otherwise). 202 means "accepted for later processing", but the
+/// session is already closed when rmcp answers.
+pub async fn session_closed_ok(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let closing = request.method() == axum::http::Method::DELETE;
+    let mut response = next.run(request).await;
+    if closing && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::OK;
+    }
+    response
 }
 
 /// The tower service mounted at `/mcp`.

@@ -27,8 +27,8 @@ use crate::pool::run::{OutputChunk, RunLimits, RunOutcome, RunVerdict};
 
 #[derive(Debug, Deserialize)]
 pub struct ExecuteRequest {
-    /// Exactly one of `code` and `entrypoint`.
-    #[serde(default)]
+    /// Exactly one of `code` and `entrypoint`; a string or an array of lines.
+    #[serde(default, deserialize_with = "super::code_field::deserialize")]
     pub code: Option<String>,
     /// A staged file to run as `__main__`, like `python <entrypoint> <args>`.
     #[serde(default)]
@@ -264,7 +264,7 @@ pub async fn check_file_ids(
         match state.store.meta(&input.file_id, caller.owner()).await {
             Ok(_) => {}
             Err(StoreError::NotFound(_)) => {
-                return Err(ApiError::NotFound(format!(
+                return Err(ApiError::FileNotFound(format!(
                     "File with ID '{}' not found for path '{}'",
                     input.file_id, input.path
                 )));
@@ -383,10 +383,9 @@ pub fn run_limits(state: &SharedState, timeout_ms: Option<u64>) -> Result<RunLim
         ));
     }
     if timeout_ms > limits.max_timeout_ms {
-        return Err(ApiError::Validation(format!(
-            "timeout_ms exceeds maximum of {} ms",
-            limits.max_timeout_ms
-        )));
+        return Err(ApiError::TimeoutTooLarge {
+            max_ms: limits.max_timeout_ms,
+        });
     }
     Ok(RunLimits {
         timeout: Duration::from_millis(timeout_ms),

@@ -41,7 +41,7 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
 pub async fn ready(State(state): State<SharedState>) -> Result<Json<Value>, ApiError> {
     match not_ready(&state) {
         None => Ok(Json(json!({ "status": "ready" }))),
-        Some(why) => Err(ApiError::Unavailable(why.to_owned())),
+        Some(why) => Err(ApiError::NotReady(why.to_owned())),
     }
 }
 

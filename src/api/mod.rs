@@ -1,6 +1,7 @@
 //! The HTTP surface: the router and one module per group of routes.
 
 mod agents;
+mod code_field;
 mod execute;
 mod files;
 mod health;
@@ -101,7 +102,14 @@ pub fn router(state: SharedState) -> Router {
         state.config.mcp.allowed_hosts.clone(),
         state.stopping.clone(),
     );
-    api.nest_service("/mcp", tower::Layer::layer(&require_key, mcp))
+    api.layer(middleware::from_fn(crate::error::json_errors))
+        .nest_service(
+            "/mcp",
+            tower::ServiceBuilder::new()
+                .layer(require_key)
+                .layer(middleware::from_fn(mcp::session_closed_ok))
+                .service(mcp),
+        )
         .layer(middleware::from_fn_with_state(
             metrics,
             service_metrics::http::count_requests,

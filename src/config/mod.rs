@@ -141,6 +141,14 @@ impl Config {
         if self.limits.default_timeout_ms > self.limits.max_timeout_ms {
             return bad("limits.default_timeout_ms must not exceed limits.max_timeout_ms");
         }
+        if self.limits.max_timeout_ms > sections::MAX_TIMEOUT_CEILING_MS {
+            return Err(ConfigError::Invalid(format!(
+                "limits.max_timeout_ms is {} but may be at most {} (10 minutes); a longer job \
+                 belongs in a session run in steps",
+                self.limits.max_timeout_ms,
+                sections::MAX_TIMEOUT_CEILING_MS
+            )));
+        }
         if self.limits.memory_limit_mb == 0 {
             return bad("limits.memory_limit_mb must be positive");
         }
@@ -313,6 +321,16 @@ mod tests {
             Config::load(Some(&file), &Overrides::default()),
             Err(ConfigError::Invalid(_))
         ));
+        std::fs::write(&file, "[limits]\nmax_timeout_ms = 600000\n").unwrap();
+        let c = Config::load(Some(&file), &Overrides::default()).unwrap();
+        assert_eq!(c.limits.max_timeout_ms, 600_000);
+        std::fs::write(&file, "[limits]\nmax_timeout_ms = 600001\n").unwrap();
+        match Config::load(Some(&file), &Overrides::default()) {
+            Err(ConfigError::Invalid(msg)) => {
+                assert!(msg.contains("at most 600000"), "{msg}");
+            }
+            other => panic!("600001 ms accepted: {other:?}"),
+        }
         std::fs::write(&file, "[pool]\nsise = 2\n").unwrap();
         assert!(matches!(
             Config::load(Some(&file), &Overrides::default()),

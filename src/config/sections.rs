@@ -5,6 +5,9 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use snakecage_worker::protocol::{Layer, SandboxConfig};
 
+/// The largest `limits.max_timeout_ms` an operator may configure: 10 minutes.
+pub const MAX_TIMEOUT_CEILING_MS: u64 = 600_000;
+
 /// API keys (README, "Authentication"). Without any, every route is open: the service is
 /// then for local use and refuses to listen beyond loopback unless `allow_unauthenticated`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -59,6 +62,7 @@ pub struct LimitsConfig {
     /// `timeout_ms` when the request does not give one.
     pub default_timeout_ms: u64,
     /// Largest `timeout_ms` a request may ask for.
+    /// At most [`MAX_TIMEOUT_CEILING_MS`].
     pub max_timeout_ms: u64,
     /// Memory a job may allocate on top of the preloaded interpreter.
     pub memory_limit_mb: u64,

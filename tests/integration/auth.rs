@@ -76,6 +76,9 @@ impl Tenant {
         let headers = resp.headers().clone();
         let text = resp.text().await.unwrap();
         let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if status >= 400 {
+            crate::harness::check_error_body(status, &body);
+        }
         (status, headers, body)
     }
 

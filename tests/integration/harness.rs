@@ -185,7 +185,20 @@ impl Server {
             .unwrap();
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
-        (status, headers, resp.text().await.unwrap())
+        let text = resp.text().await.unwrap();
+        if status >= 400 {
+            check_error_body(status, &serde_json::from_str(&text).unwrap_or(Value::Null));
+        }
+        (status, headers, text)
+    }
+
+    /// GET `path` as JSON.
+    pub async fn get_json(&self, path: &str) -> (u16, Value) {
+        let (status, _, text) = self.get(path).await;
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
@@ -198,10 +211,11 @@ impl Server {
             .unwrap();
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if status >= 400 {
+            check_error_body(status, &body);
+        }
+        (status, body)
     }
 
     /// POST /v1/execute that must succeed at the HTTP level.
@@ -243,6 +257,43 @@ impl Drop for Server {
             self.terminate();
         }
     }
+}
+
+/// The table of error codes in README.md: `(code, status)` per row.
+pub fn documented_error_codes() -> Vec<(String, u16)> {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let table = readme
+        .split("<!-- error-codes -->")
+        .nth(1)
+        .expect("README.md has an <!-- error-codes --> table");
+    table
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let code = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            Some((code.to_owned(), cells.get(2)?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Every 4xx/5xx body of the API: a `detail` and a `code` from the README's table, listed
+/// there with this status. Returns the code.
+pub fn check_error_body(status: u16, body: &Value) -> String {
+    let code = body["code"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a {status} without a code: {body}"));
+    assert!(
+        body["detail"].as_str().is_some_and(|d| !d.is_empty()),
+        "a {status} without a detail: {body}"
+    );
+    let documented = documented_error_codes();
+    assert!(
+        documented.iter().any(|(c, s)| c == code && *s == status),
+        "{code} with status {status} is not in README.md's table of error codes {documented:?}"
+    );
+    code.to_owned()
 }
 
 /// Processes whose parent is `pid`.
