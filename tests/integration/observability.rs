@@ -92,11 +92,15 @@ async fn metrics_pass_promtool_and_count_what_was_served() {
     assert_eq!(after.sum(EXECUTIONS, &[]), 6.0, "no other outcome moved");
     let duration_count = format!("{}_count", names::EXECUTION_DURATION_SECONDS);
     assert_eq!(delta(&duration_count, &[("kind", "stateless")]), 6.0);
-    // The timeout took 300 ms or more; the histogram's buckets show it.
+    // The timeout took 300 ms or more, so it is above the 0.25 s bucket (the others may
+    // be too on a loaded machine: only this lower bound is certain).
     let bucket = format!("{}_bucket", names::EXECUTION_DURATION_SECONDS);
     let under_quarter_second = after.get(&bucket, &[("kind", "stateless"), ("le", "0.25")]);
-    let under_half_second = after.get(&bucket, &[("kind", "stateless"), ("le", "0.5")]);
-    assert_eq!(under_half_second - under_quarter_second, 1.0);
+    let total = after.get(&duration_count, &[("kind", "stateless")]);
+    assert!(
+        total - under_quarter_second >= 1.0,
+        "the 300 ms timeout must be counted above the 0.25 s bucket"
+    );
     assert_eq!(
         delta(&format!("{}_count", names::QUEUE_WAIT_SECONDS), &[]),
         6.0
