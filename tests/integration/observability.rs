@@ -586,6 +586,9 @@ fn the_grafana_dashboard_imports_and_queries_only_metrics_that_exist() {
         BTreeSet::from(["${datasource}", "-- Grafana --", "snakecage-overview"])
     );
     assert!(!text.contains("127.0.0.1") && !text.contains("localhost"));
+    let panels = crate::grafana::panels(&dashboard);
+    let ids: BTreeSet<u64> = panels.iter().filter_map(|p| p["id"].as_u64()).collect();
+    assert_eq!(ids.len(), panels.len(), "every panel has an id of its own");
     let queried = queried_metrics(&dashboard);
     for name in &queried {
         let family = ["_bucket", "_sum", "_count"]
