@@ -124,10 +124,14 @@ async fn overload(s: &Server) {
         assert!(status == 429 || status == 200, "{status} {body}");
         shed += usize::from(status == 429);
     }
-    assert!(shed >= 1, "nothing was shed");
-    for task in busy.into_iter().chain([queued]) {
+    for task in busy {
         assert_eq!(task.await.unwrap(), 200);
     }
+    // Shed itself when the pool had not refilled and a sleeper took the queue slot.
+    let status = queued.await.unwrap();
+    assert!(status == 200 || status == 429, "{status}");
+    shed += usize::from(status == 429);
+    assert!(shed >= 1, "nothing was shed");
 }
 
 /// A run whose zygote is killed under it: `killed`, and a zygote restart.
