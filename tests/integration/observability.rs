@@ -92,11 +92,15 @@ async fn metrics_pass_promtool_and_count_what_was_served() {
     assert_eq!(after.sum(EXECUTIONS, &[]), 6.0, "no other outcome moved");
     let duration_count = format!("{}_count", names::EXECUTION_DURATION_SECONDS);
     assert_eq!(delta(&duration_count, &[("kind", "stateless")]), 6.0);
-    // The timeout took 300 ms or more; the histogram's buckets show it.
+    // The timeout took 300 ms or more (how much more depends on the machine's load); the
+    // histogram's buckets show it above 250 ms.
     let bucket = format!("{}_bucket", names::EXECUTION_DURATION_SECONDS);
     let under_quarter_second = after.get(&bucket, &[("kind", "stateless"), ("le", "0.25")]);
-    let under_half_second = after.get(&bucket, &[("kind", "stateless"), ("le", "0.5")]);
-    assert_eq!(under_half_second - under_quarter_second, 1.0);
+    let all = after.get(&bucket, &[("kind", "stateless"), ("le", "+Inf")]);
+    assert!(
+        all - under_quarter_second >= 1.0,
+        "{all} {under_quarter_second}"
+    );
     assert_eq!(
         delta(&format!("{}_count", names::QUEUE_WAIT_SECONDS), &[]),
         6.0
