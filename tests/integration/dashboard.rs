@@ -124,10 +124,14 @@ async fn overload(s: &Server) {
         assert!(status == 429 || status == 200, "{status} {body}");
         shed += usize::from(status == 429);
     }
-    assert!(shed >= 1, "nothing was shed");
-    for task in busy.into_iter().chain([queued]) {
+    for task in busy {
         assert_eq!(task.await.unwrap(), 200);
     }
+    // Shed itself when the pool had not refilled and a sleeper took the queue slot.
+    let status = queued.await.unwrap();
+    assert!(status == 200 || status == 429, "{status}");
+    shed += usize::from(status == 429);
+    assert!(shed >= 1, "nothing was shed");
 }
 
 /// A run whose zygote is killed under it: `killed`, and a zygote restart.
@@ -304,8 +308,7 @@ async fn every_dashboard_panel_and_every_rule_works_against_a_real_prometheus() 
     let burn = answer(&answers, "Availability burn rate", "A")[0].last();
     assert!(burn > 0.0, "{burn}");
 
-    // The rules load and evaluate without error, each alert explains itself, and the
-    // zygote restart fired its alert.
+    // The rules load and evaluate without error and each alert explains itself.
     let rules = prom.api("/api/v1/rules", &[]).await.unwrap();
     let mut alerts = BTreeSet::new();
     for group in rules["groups"].as_array().unwrap() {
@@ -321,14 +324,17 @@ async fn every_dashboard_panel_and_every_rule_works_against_a_real_prometheus() 
         }
     }
     assert!(alerts.len() >= 12, "{alerts:?}");
+    // The zygote restart fired its alert; killed and rejected runs, a tenth of all, burn
+    // the availability budget far beyond 14.4x through the recording rules.
     let firing = answer(&answers, "Snakecage alerts (pending and firing)", "A");
-    assert!(
-        firing
-            .iter()
-            .any(|a| a.label("alertname") == "SnakecageZygoteRestarted"
-                && a.label("alertstate") == "firing"),
-        "{firing:?}"
-    );
+    for alert in ["SnakecageZygoteRestarted", "SnakecageErrorBudgetBurnFast"] {
+        assert!(
+            firing
+                .iter()
+                .any(|a| a.label("alertname") == alert && a.label("alertstate") == "firing"),
+            "{alert} does not fire: {firing:?}"
+        );
+    }
 
     // Over time, as a time series panel asks (a range query, one point a second, the
     // rate window four scrape intervals as Grafana makes `$__rate_interval`): every query

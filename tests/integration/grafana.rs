@@ -1,8 +1,13 @@
 //! Reads `deploy/grafana/snakecage.json` as Grafana would: every panel (rows' nested
 //! panels included), every query, every template variable, and the variables substituted
-//! into an expression.
+//! into an expression. Checks, without a server, that it imports anywhere and names only
+//! metrics that exist and series the rules record.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
 
 use serde_json::Value;
+use snakecage::metrics::names;
 
 use crate::harness::repo_root;
 
@@ -126,6 +131,131 @@ pub fn label_values_query(query: &str) -> Option<(String, String)> {
         .strip_suffix(')')?;
     let (selector, label) = inner.rsplit_once(',')?;
     Some((selector.trim().to_owned(), label.trim().to_owned()))
+}
+
+/// Every `snakecage_*` series a dashboard query names.
+fn queried_metrics(dashboard: &Value) -> BTreeSet<String> {
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(map) => {
+                for (k, v) in map {
+                    if k == "expr" {
+                        out.push(v.as_str().unwrap_or_default().to_owned());
+                    } else {
+                        walk(v, out);
+                    }
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
+            _ => {}
+        }
+    }
+    let mut exprs = Vec::new();
+    walk(dashboard, &mut exprs);
+    assert!(!exprs.is_empty());
+    let mut names = BTreeSet::new();
+    for expr in exprs {
+        let mut rest = expr.as_str();
+        while let Some(at) = rest.find("snakecage_") {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            names.insert(tail[..end].to_owned());
+            rest = &tail[end..];
+        }
+    }
+    names
+}
+
+#[test]
+fn the_grafana_dashboard_imports_and_queries_only_metrics_that_exist() {
+    let path: PathBuf = repo_root().join("deploy/grafana/snakecage.json");
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).expect("valid JSON");
+    assert_eq!(dashboard["title"], "snakecage");
+    assert!(dashboard["uid"].is_string());
+    // Importable anywhere: the data source is a variable every query uses, no instance or
+    // job is written into a query.
+    assert_eq!(dashboard["schemaVersion"], 41);
+    let variables = dashboard["templating"]["list"].as_array().unwrap();
+    assert!(
+        variables
+            .iter()
+            .any(|v| v["name"] == "datasource" && v["type"] == "datasource"),
+        "{variables:?}"
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let uids: BTreeSet<&str> = text
+        .match_indices("\"uid\": \"")
+        .map(|(at, m)| {
+            let rest = &text[at + m.len()..];
+            &rest[..rest.find('"').unwrap()]
+        })
+        .collect();
+    assert_eq!(
+        uids,
+        BTreeSet::from(["${datasource}", "-- Grafana --", "snakecage-overview"])
+    );
+    assert!(!text.contains("127.0.0.1") && !text.contains("localhost"));
+    let panels = panels(&dashboard);
+    let ids: BTreeSet<u64> = panels.iter().filter_map(|p| p["id"].as_u64()).collect();
+    assert_eq!(ids.len(), panels.len(), "every panel has an id of its own");
+    let queried = queried_metrics(&dashboard);
+    for name in &queried {
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .filter(|base| names::ALL.contains(base))
+            .unwrap_or(name);
+        assert!(
+            names::ALL.contains(&family),
+            "{name} is not a snakecage metric"
+        );
+    }
+    for needed in [
+        names::EXECUTIONS_TOTAL,
+        "snakecage_execution_duration_seconds_bucket",
+        "snakecage_queue_wait_seconds_bucket",
+        names::POOL_BUSY_WORKERS,
+        names::POOL_QUEUE_DEPTH,
+        names::WORKERS_KILLED_TOTAL,
+        names::SESSIONS_ACTIVE,
+        names::QUEUE_REJECTIONS_TOTAL,
+    ] {
+        assert!(
+            queried.contains(needed),
+            "the dashboard does not show {needed}"
+        );
+    }
+    assert!(
+        text.contains("histogram_quantile(0.99"),
+        "latency percentiles"
+    );
+    // The recorded series the SLO panels read are recorded by deploy/prometheus's rules.
+    let rules =
+        std::fs::read_to_string(repo_root().join("deploy/prometheus/snakecage.rules.yml")).unwrap();
+    let exprs: String = queries(&dashboard)
+        .unwrap()
+        .into_iter()
+        .map(|q| q.expr + "\n")
+        .collect();
+    let mut recorded = 0;
+    for (at, _) in exprs.match_indices("snakecage:") {
+        let name: String = exprs[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+            .collect();
+        assert!(
+            rules.contains(&format!("- record: {name}\n")),
+            "{name} is not recorded by the rules"
+        );
+        recorded += 1;
+    }
+    assert!(
+        recorded >= 8,
+        "the SLO burn panels read the recording rules"
+    );
 }
 
 #[test]

@@ -1,9 +1,6 @@
 //! What an operator sees: `/metrics` (checked by `promtool`), `/health` and `/ready`,
-//! request ids in headers and logs, the live status page (driven in headless Chromium),
-//! and the Grafana dashboard's queries.
+//! request ids in headers and logs, the live status page (driven in headless Chromium).
 
-use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -92,14 +89,14 @@ async fn metrics_pass_promtool_and_count_what_was_served() {
     assert_eq!(after.sum(EXECUTIONS, &[]), 6.0, "no other outcome moved");
     let duration_count = format!("{}_count", names::EXECUTION_DURATION_SECONDS);
     assert_eq!(delta(&duration_count, &[("kind", "stateless")]), 6.0);
-    // The timeout took 300 ms or more, so it is above the 0.25 s bucket (the others may
-    // be too on a loaded machine: only this lower bound is certain).
+    // The timeout took 300 ms or more (how much more depends on the machine's load); the
+    // histogram's buckets show it above 250 ms.
     let bucket = format!("{}_bucket", names::EXECUTION_DURATION_SECONDS);
     let under_quarter_second = after.get(&bucket, &[("kind", "stateless"), ("le", "0.25")]);
-    let total = after.get(&duration_count, &[("kind", "stateless")]);
+    let all = after.get(&bucket, &[("kind", "stateless"), ("le", "+Inf")]);
     assert!(
-        total - under_quarter_second >= 1.0,
-        "the 300 ms timeout must be counted above the 0.25 s bucket"
+        all - under_quarter_second >= 1.0,
+        "{all} {under_quarter_second}"
     );
     assert_eq!(
         delta(&format!("{}_count", names::QUEUE_WAIT_SECONDS), &[]),
@@ -522,127 +519,5 @@ async fn the_status_page_shows_the_numbers_the_metrics_have() {
         png.starts_with(b"\x89PNG") && png.len() > 10_000,
         "{}",
         png.len()
-    );
-}
-
-/// Every `snakecage_*` series a dashboard query names.
-fn queried_metrics(dashboard: &Value) -> BTreeSet<String> {
-    fn walk(v: &Value, out: &mut Vec<String>) {
-        match v {
-            Value::Object(map) => {
-                for (k, v) in map {
-                    if k == "expr" {
-                        out.push(v.as_str().unwrap_or_default().to_owned());
-                    } else {
-                        walk(v, out);
-                    }
-                }
-            }
-            Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
-            _ => {}
-        }
-    }
-    let mut exprs = Vec::new();
-    walk(dashboard, &mut exprs);
-    assert!(!exprs.is_empty());
-    let mut names = BTreeSet::new();
-    for expr in exprs {
-        let mut rest = expr.as_str();
-        while let Some(at) = rest.find("snakecage_") {
-            let tail = &rest[at..];
-            let end = tail
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(tail.len());
-            names.insert(tail[..end].to_owned());
-            rest = &tail[end..];
-        }
-    }
-    names
-}
-
-#[test]
-fn the_grafana_dashboard_imports_and_queries_only_metrics_that_exist() {
-    let path: PathBuf = repo_root().join("deploy/grafana/snakecage.json");
-    let dashboard: Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).expect("valid JSON");
-    assert_eq!(dashboard["title"], "snakecage");
-    assert!(dashboard["uid"].is_string());
-    // Importable anywhere: the data source is a variable every query uses, no instance or
-    // job is written into a query.
-    assert_eq!(dashboard["schemaVersion"], 41);
-    let variables = dashboard["templating"]["list"].as_array().unwrap();
-    assert!(
-        variables
-            .iter()
-            .any(|v| v["name"] == "datasource" && v["type"] == "datasource"),
-        "{variables:?}"
-    );
-    let text = std::fs::read_to_string(&path).unwrap();
-    let uids: BTreeSet<&str> = text
-        .match_indices("\"uid\": \"")
-        .map(|(at, m)| {
-            let rest = &text[at + m.len()..];
-            &rest[..rest.find('"').unwrap()]
-        })
-        .collect();
-    assert_eq!(
-        uids,
-        BTreeSet::from(["${datasource}", "-- Grafana --", "snakecage-overview"])
-    );
-    assert!(!text.contains("127.0.0.1") && !text.contains("localhost"));
-    let queried = queried_metrics(&dashboard);
-    for name in &queried {
-        let family = ["_bucket", "_sum", "_count"]
-            .iter()
-            .find_map(|suffix| name.strip_suffix(suffix))
-            .filter(|base| names::ALL.contains(base))
-            .unwrap_or(name);
-        assert!(
-            names::ALL.contains(&family),
-            "{name} is not a snakecage metric"
-        );
-    }
-    for needed in [
-        names::EXECUTIONS_TOTAL,
-        "snakecage_execution_duration_seconds_bucket",
-        "snakecage_queue_wait_seconds_bucket",
-        names::POOL_BUSY_WORKERS,
-        names::POOL_QUEUE_DEPTH,
-        names::WORKERS_KILLED_TOTAL,
-        names::SESSIONS_ACTIVE,
-        names::QUEUE_REJECTIONS_TOTAL,
-    ] {
-        assert!(
-            queried.contains(needed),
-            "the dashboard does not show {needed}"
-        );
-    }
-    assert!(
-        text.contains("histogram_quantile(0.99"),
-        "latency percentiles"
-    );
-    // The recorded series the SLO panels read are recorded by deploy/prometheus's rules.
-    let rules =
-        std::fs::read_to_string(repo_root().join("deploy/prometheus/snakecage.rules.yml")).unwrap();
-    let exprs: String = crate::grafana::queries(&dashboard)
-        .unwrap()
-        .into_iter()
-        .map(|q| q.expr + "\n")
-        .collect();
-    let mut recorded = 0;
-    for (at, _) in exprs.match_indices("snakecage:") {
-        let name: String = exprs[at..]
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
-            .collect();
-        assert!(
-            rules.contains(&format!("- record: {name}\n")),
-            "{name} is not recorded by the rules"
-        );
-        recorded += 1;
-    }
-    assert!(
-        recorded >= 8,
-        "the SLO burn panels read the recording rules"
     );
 }
