@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::harness::{Options, Server, peak_rss};
 
-async fn upload(s: &Server, name: &str, bytes: Vec<u8>) -> Value {
+pub async fn upload(s: &Server, name: &str, bytes: Vec<u8>) -> Value {
     let (status, body) = try_upload(s, name, bytes).await;
     assert_eq!(status, 201, "{body}");
     body

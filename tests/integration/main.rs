@@ -11,6 +11,7 @@ mod harness;
 mod observability;
 mod overload;
 mod prom;
+mod replay;
 mod sessions;
 mod stream;
 mod timeouts;
