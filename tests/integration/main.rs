@@ -12,6 +12,7 @@ mod observability;
 mod overload;
 mod prom;
 mod replay;
+mod rich;
 mod sessions;
 mod stream;
 mod timeouts;
