@@ -216,6 +216,7 @@ async fn run_in(
                  before its next run."
             )
         } else {
+            let reason = guard.final_reason(reason);
             state.sessions.lose(&id, reason.clone());
             guard.mark_dead(reason.clone());
             format!(
@@ -362,6 +363,7 @@ pub fn lose(
     guard: &mut SessionState,
     reason: String,
 ) -> ApiError {
+    let reason = guard.final_reason(reason);
     tracing::warn!(session = %session.id, %reason, "session worker lost");
     state.sessions.lose(&session.id, reason.clone());
     guard.mark_dead(reason.clone());

@@ -141,14 +141,24 @@ impl SessionState {
     }
 
     /// A replay session's worker is lost: it is dropped (killed) and rebuilt before the
-    /// next run. Returns `false` (nothing done) for a session without `replay`.
+    /// next run. Returns `false` (nothing done) for a session without `replay`, or one
+    /// whose history grew past its bounds.
     pub fn mark_lost(&mut self, reason: String) -> bool {
-        if self.journal.is_none() {
+        if self.journal.as_ref().is_none_or(|j| j.overflow().is_some()) {
             return false;
         }
         self.worker = None;
         self.lost = Some(reason);
         true
+    }
+
+    /// Why the session ends for good when its worker is lost for `reason`: for a replay
+    /// session past its bounds, also why it could not be rebuilt.
+    pub fn final_reason(&self, reason: String) -> String {
+        match self.journal.as_ref().and_then(|j| j.overflow()) {
+            Some(why) => format!("{reason}; it could not be replayed: {why}"),
+            None => reason,
+        }
     }
 }
 
