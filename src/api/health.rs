@@ -46,7 +46,7 @@ pub async fn ready(State(state): State<SharedState>) -> Result<Json<Value>, ApiE
 }
 
 /// Why the service should not be sent requests now, if it should not.
-fn not_ready(state: &SharedState) -> Option<&'static str> {
+pub(super) fn not_ready(state: &SharedState) -> Option<&'static str> {
     let pool = state.pool.status();
     if state.stopping.is_cancelled() {
         Some("the service is shutting down")

@@ -7,12 +7,14 @@
 //!   (executions, sessions, and the pool's events through [`PoolEvents`]).
 //! - [`recent`]: the last durations and failures, for the status page.
 //! - [`http`]: the middleware counting HTTP requests by route and status.
+//! - [`health`]: ready or not, each sandbox layer active or not, the file store's quota.
 //!
 //! Gauges that describe state (pool, file store, memory) are read when scraped, by
 //! [`Metrics::observe`], rather than kept up to date on every change.
 //!
 //! [`PoolEvents`]: crate::pool::events::PoolEvents
 
+pub mod health;
 pub mod hooks;
 pub mod http;
 pub mod labels;
@@ -26,6 +28,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use self::health::{HealthGauges, HealthReport};
 use self::labels::{Kind, Outcome};
 use self::names::label;
 use self::recent::Recent;
@@ -99,6 +102,7 @@ pub struct Metrics {
     files_stored_bytes: IntGauge,
     pub(crate) http_requests: IntCounterVec,
     resident_memory: IntGauge,
+    health: HealthGauges,
     pub(crate) recent: Recent,
 }
 
@@ -213,6 +217,7 @@ impl Metrics {
                 names::PROCESS_RESIDENT_MEMORY_BYTES,
                 "Resident memory of the supervisor process (workers not included).",
             ),
+            health: HealthGauges::register(&reg),
             recent: Recent::default(),
             registry,
             build: OnceLock::new(),
@@ -292,6 +297,11 @@ impl Metrics {
         if let Some(rss) = resident_memory_bytes() {
             self.resident_memory.set(rss.try_into().unwrap_or(i64::MAX));
         }
+    }
+
+    /// Reads the health gauges: ready, the sandbox layers, the file store's quota.
+    pub fn observe_health(&self, report: &HealthReport<'_>) {
+        self.health.observe(report);
     }
 
     /// The registry in the Prometheus text exposition format.

@@ -55,6 +55,15 @@ pub const FILES_STORED: &str = "snakecage_files_stored";
 /// Bytes in the file store.
 pub const FILES_STORED_BYTES: &str = "snakecage_files_stored_bytes";
 
+/// The file store's quota (`files.quota_mb`) in bytes; 0 when there is none.
+pub const FILES_QUOTA_BYTES: &str = "snakecage_files_quota_bytes";
+
+/// 1 while `/ready` answers 200, else 0 (no worker yet, zygote down, shutting down).
+pub const READY: &str = "snakecage_ready";
+/// 1 when the current zygote reports the sandbox `layer` active, else 0 (off by
+/// configuration, unavailable on this host, or no zygote yet). One series per layer.
+pub const SANDBOX_LAYER_ACTIVE: &str = "snakecage_sandbox_layer_active";
+
 /// HTTP requests answered, by `route` (the route template, or `unmatched`) and `status`.
 pub const HTTP_REQUESTS_TOTAL: &str = "snakecage_http_requests_total";
 
@@ -76,13 +85,14 @@ pub mod label {
     pub const PYTHON_VERSION: &str = "python_version";
     pub const SANDBOX_LAYERS: &str = "sandbox_layers";
     pub const TENANT: &str = "tenant";
+    pub const LAYER: &str = "layer";
 }
 
 /// The `route` of a request no route matched (so unknown paths cannot grow the label set).
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
 /// Every metric family name, for checks that nothing refers to a name that does not exist.
-pub const ALL: [&str; 26] = [
+pub const ALL: [&str; 29] = [
     EXECUTIONS_TOTAL,
     TENANT_EXECUTIONS_TOTAL,
     EXECUTION_DURATION_SECONDS,
@@ -106,6 +116,9 @@ pub const ALL: [&str; 26] = [
     SESSIONS_LOST_TOTAL,
     FILES_STORED,
     FILES_STORED_BYTES,
+    FILES_QUOTA_BYTES,
+    READY,
+    SANDBOX_LAYER_ACTIVE,
     HTTP_REQUESTS_TOTAL,
     PROCESS_RESIDENT_MEMORY_BYTES,
     BUILD_INFO,

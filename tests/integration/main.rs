@@ -4,13 +4,16 @@
 mod agents;
 mod auth;
 mod core;
+mod dashboard;
 mod errors;
 mod escapes;
 mod files;
+mod grafana;
 mod harness;
 mod observability;
 mod overload;
 mod prom;
+mod prometheus;
 mod replay;
 mod rich;
 mod sessions;
