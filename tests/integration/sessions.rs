@@ -33,7 +33,11 @@ async fn get(s: &Server, path: &str) -> (u16, Value) {
         .await
         .unwrap();
     let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
+    let body = resp.json().await.unwrap_or(Value::Null);
+    if status >= 400 {
+        crate::harness::check_error_body(status, &body);
+    }
+    (status, body)
 }
 
 async fn delete(s: &Server, path: &str) -> u16 {
