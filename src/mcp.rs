@@ -169,6 +169,23 @@ fn run_result(body: &Value) -> CallToolResult {
     if body["timed_out"] == true {
         text.push_str("timed_out: true\n");
     }
+    if let Some(notice) = body["notice"].as_str() {
+        text.push_str(&format!("notice: {notice}\n"));
+    }
+    if let Some(session) = body["session"].as_object() {
+        let names: Vec<&str> = session["names"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        text.push_str(&format!(
+            "session: {} variables ({}), expires at {}\n",
+            session["variables"],
+            names.join(", "),
+            session["expires_at"].as_str().unwrap_or("?")
+        ));
+    }
     for stream in ["stdout", "stderr"] {
         let out = body[stream].as_str().unwrap_or_default();
         if !out.is_empty() {
@@ -255,6 +272,19 @@ mod tests {
         assert_eq!(r.is_error, Some(true));
         let text = serde_json::to_string(&r.content).unwrap();
         assert!(text.contains("ZeroDivisionError"), "{text}");
+    }
+
+    #[test]
+    fn a_session_run_shows_its_state_and_any_notice() {
+        let body = json!({"exit_code": 0, "verdict": "ok", "stdout": "", "stderr": "", "results": [],
+            "replayed": 2, "notice": "a new worker replayed 2 runs",
+            "session": {"variables": 2, "names": ["x", "df"], "expires_at": "2026-01-01T00:00:00Z"}});
+        let text = serde_json::to_string(&run_result(&body).content).unwrap();
+        assert!(
+            text.contains("notice: a new worker replayed 2 runs"),
+            "{text}"
+        );
+        assert!(text.contains("session: 2 variables (x, df)"), "{text}");
     }
 
     #[test]

@@ -210,6 +210,10 @@ pub fn session_settings(config: &Config) -> SessionSettings {
         max_sessions: s.max_sessions,
         max_ttl: Duration::from_secs(s.max_ttl_seconds),
         interrupt_grace: Duration::from_millis(s.interrupt_grace_ms),
+        replay: crate::sessions::replay::ReplayLimits {
+            max_runs: s.replay_max_runs,
+            max_bytes: s.replay_max_bytes,
+        },
     }
 }
 

@@ -188,6 +188,10 @@ pub fn catalog(ctx: &ToolContext) -> Vec<ToolSpec> {
                     "ttl_seconds": {
                         "type": "integer", "minimum": 1, "maximum": ctx.max_session_ttl_seconds,
                         "description": "Idle time after which the session is deleted."
+                    },
+                    "replay": {
+                        "type": "boolean",
+                        "description": "Keep the successful runs and replay them on a new process if the session's process is lost (crash, kill), instead of losing the session. Runs are repeated with their side effects; each response says when a replay happened."
                     }
                 },
                 "additionalProperties": false

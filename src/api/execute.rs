@@ -24,6 +24,7 @@ use crate::markdown;
 use crate::metrics::labels::{Kind, Outcome};
 use crate::pool::Stager;
 use crate::pool::run::{OutputChunk, RunLimits, RunOutcome, RunVerdict};
+use crate::sessions::SessionIndicator;
 
 #[derive(Debug, Deserialize)]
 pub struct ExecuteRequest {
@@ -83,6 +84,15 @@ pub struct ExecuteResponse {
     pub stderr_truncated: bool,
     /// Rich outputs (MIME bundles) in the order produced, like a notebook cell's.
     pub results: Vec<MimeBundle>,
+    /// Session runs: the session's state after the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionIndicator>,
+    /// Session runs that first rebuilt a lost worker: how many runs were replayed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replayed: Option<usize>,
+    /// What the caller must know beyond this run's output (a replay, a lost worker).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
 }
 
 impl From<RunOutcome> for ExecuteResponse {
@@ -110,6 +120,9 @@ impl From<RunOutcome> for ExecuteResponse {
             stdout_truncated: o.stdout_truncated,
             stderr_truncated: o.stderr_truncated,
             results: o.result.map(|r| r.results).unwrap_or_default(),
+            session: None,
+            replayed: None,
+            notice: None,
         }
     }
 }

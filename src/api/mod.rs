@@ -7,6 +7,7 @@ mod files;
 mod health;
 mod json;
 mod metrics;
+mod session_run;
 mod sessions;
 mod status;
 mod stream;
@@ -73,10 +74,13 @@ pub fn router(state: SharedState) -> Router {
             "/v1/sessions/{session_id}",
             get(sessions::get).delete(sessions::delete),
         )
-        .route("/v1/sessions/{session_id}/execute", post(sessions::execute))
+        .route(
+            "/v1/sessions/{session_id}/execute",
+            post(session_run::execute),
+        )
         .route(
             "/v1/sessions/{session_id}/execute/stream",
-            post(sessions::execute_stream),
+            post(session_run::execute_stream),
         )
         .route("/v1/sessions/{session_id}/reset", post(sessions::reset))
         .route("/v1/sessions/{session_id}/bash", post(sessions::bash))

@@ -142,6 +142,11 @@ pub struct SessionsConfig {
     /// After an overdue session job is interrupted (SIGINT ⇒ `KeyboardInterrupt`), how long
     /// the worker has to answer before it is killed and the session is lost.
     pub interrupt_grace_ms: u64,
+    /// A session created with `"replay": true` keeps at most this many successful runs to
+    /// replay on a new worker when its worker is lost; past it, it can no longer be rebuilt.
+    pub replay_max_runs: usize,
+    /// The same bound on the bytes of code (and stdin, args) those runs hold.
+    pub replay_max_bytes: usize,
 }
 
 /// The isolation layers (SECURITY.md describes each one).
@@ -247,6 +252,8 @@ impl Default for SessionsConfig {
             max_sessions: 64,
             max_ttl_seconds: 86_400,
             interrupt_grace_ms: 2_000,
+            replay_max_runs: 200,
+            replay_max_bytes: 1 << 20,
         }
     }
 }

@@ -279,6 +279,10 @@ async fn code_as_an_array_of_lines_runs_on_every_execute_route() {
     let lines = json!(["ñ = 20", "", "def f(x):", "    return x + 1", "print(f(ñ))"]);
     let r = s.run_with(json!({"code": lines})).await;
     assert_eq!(r["stdout"], "21\n", "{r}");
+    let r = s
+        .run_with(json!({"code": ["print('ñandú', '日本')"]}))
+        .await;
+    assert_eq!(r["stdout"], "ñandú 日本\n", "{r}");
 
     let resp = s
         .client

@@ -346,6 +346,8 @@ async fn malformed_requests_get_4xx_with_a_detail() {
 #[tokio::test]
 async fn shutdown_kills_and_reaps_every_worker_and_the_zygote() {
     let s = Server::start().await;
+    // The pool of two is full: a zygote and two workers.
+    s.wait_for_idle(2).await;
     let below = descendants_of(s.pid());
     assert!(
         below.len() >= 3,

@@ -137,3 +137,41 @@ async fn every_error_path_carries_a_documented_code() {
     assert_eq!(r["verdict"], "timeout");
     assert!(r.get("code").is_none(), "{r}");
 }
+
+#[tokio::test]
+async fn an_error_after_a_stream_started_is_an_error_event_with_its_code() {
+    let s = Server::start().await;
+    let (status, created) = s.post("/v1/sessions", &json!({})).await;
+    assert_eq!(status, 201);
+    let sid = created["session_id"].as_str().unwrap().to_owned();
+    let started = std::time::Instant::now();
+    let resp = s
+        .client
+        .post(format!("{}/v1/sessions/{sid}/execute/stream", s.base))
+        .json(&json!({"code": "import time\nprint('started', flush=True)\ntime.sleep(30)", "timeout_ms": 60000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let deleter = {
+        let client = s.client.clone();
+        let url = format!("{}/v1/sessions/{sid}", s.base);
+        async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            client.delete(url).send().await.unwrap().status()
+        }
+    };
+    let (events, deleted) = tokio::join!(
+        crate::stream::read_events(resp, started, |e| e.event == "error" || e.event == "result"),
+        deleter
+    );
+    assert_eq!(deleted, 204);
+    let last = events.last().unwrap();
+    assert_eq!(last.event, "error", "{:?}", last.data);
+    assert_eq!(last.data["code"], "session_gone", "{:?}", last.data);
+    assert!(
+        last.data["message"].as_str().unwrap().contains("deleted"),
+        "{:?}",
+        last.data
+    );
+}

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::harness::{Options, Server, peak_rss};
 
-async fn upload(s: &Server, name: &str, bytes: Vec<u8>) -> Value {
+pub async fn upload(s: &Server, name: &str, bytes: Vec<u8>) -> Value {
     let (status, body) = try_upload(s, name, bytes).await;
     assert_eq!(status, 201, "{body}");
     body
@@ -26,7 +26,11 @@ async fn try_upload(s: &Server, name: &str, bytes: Vec<u8>) -> (u16, Value) {
         .await
         .unwrap();
     let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap())
+    let body: Value = resp.json().await.unwrap();
+    if status >= 400 {
+        crate::harness::check_error_body(status, &body);
+    }
+    (status, body)
 }
 
 async fn download(s: &Server, id: &str) -> reqwest::Response {

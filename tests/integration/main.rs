@@ -14,6 +14,8 @@ mod observability;
 mod overload;
 mod prom;
 mod prometheus;
+mod replay;
+mod rich;
 mod sessions;
 mod stream;
 mod timeouts;

@@ -38,6 +38,24 @@ pub fn initialize(config: &ZygoteConfig) -> Result<(), InterpreterError> {
     }
     let home = CString::new(home.as_os_str().as_encoded_bytes())
         .map_err(|_| InterpreterError::BadPath(home.clone()))?;
+    let mut pre = MaybeUninit::<ffi::PyPreConfig>::uninit();
+    // SAFETY: PyPreConfig_InitIsolatedConfig fully initialises the struct it is given, and
+    // Py_PreInitialize only reads it; both run before any other CPython call.
+    let status = unsafe {
+        ffi::PyPreConfig_InitIsolatedConfig(pre.as_mut_ptr());
+        let pre = pre.assume_init_mut();
+        // UTF-8 mode: stdio, file names and open() use UTF-8 whatever the locale. Workers
+        // run with a cleared environment (the C locale), whose ASCII would make
+        // `print("é")` raise UnicodeEncodeError.
+        pre.utf8_mode = 1;
+        ffi::Py_PreInitialize(&*pre)
+    };
+    // SAFETY: PyStatus is a plain value.
+    if unsafe { ffi::PyStatus_Exception(status) } != 0 {
+        return Err(InterpreterError::Init(
+            "pre-initialising CPython (UTF-8 mode) failed".into(),
+        ));
+    }
     let mut raw = MaybeUninit::<ffi::PyConfig>::uninit();
     // SAFETY: PyConfig_InitIsolatedConfig fully initialises the struct it is given; the
     // pointers passed to PyConfig_SetBytesString point into that same live struct and to
