@@ -14,6 +14,10 @@
 //! busy), runs one job and drops the worker: a worker is never reused.
 //! A background task refills the pool off the request path; another restarts the zygote
 //! when it dies. Idle workers of a dead zygote died with it and are skipped.
+//! When workers cannot be started (spawns keep failing with the zygote alive, or the zygote
+//! cannot be restarted) the pool says so ([`Pool::spawn_trouble`]) and a request waiting for
+//! a worker is refused at once ([`PoolError::NoWorkers`]) instead of waiting for nothing; the
+//! next worker that starts clears it.
 //!
 //! Sessions take a worker from the idle set too (the refill replaces it) and keep it, but
 //! an idle session holds no execution slot: its worker is asleep. Each session *run* takes
