@@ -284,18 +284,20 @@ async fn a_second_instance_in_another_pid_namespace_leaves_the_first_alone() {
     let a = Server::start_with(on_shared()).await;
     let a_root = shared.path().join(format!("workspaces-{}", a.pid()));
     assert!(a_root.is_dir());
-    let b = Server::start_with(on_shared().wrapper(&[
+    let b = tokio::spawn(Server::start_with(on_shared().wrapper(&[
         "unshare",
         "--pid",
         "--fork",
         "--mount-proc",
         "--kill-child=SIGTERM",
-    ]))
+    ])))
     .await;
+    // Whether or not it started, it must not have touched A's directory.
     assert!(
         a_root.is_dir(),
         "the second instance removed the first's workspaces"
     );
+    let b = b.expect("the second instance (PID 1 of its namespace) did not start");
     for _ in 0..5 {
         let r = a.run("print('a')").await;
         assert_eq!(r["verdict"], "ok", "{r}");
