@@ -566,6 +566,7 @@ async fn sigkill_of_the_supervisor_leaves_no_process_and_the_next_start_cleans_u
 #[ignore = "load test: run alone (scripts/test runs ignored tests with --test-threads=1)"]
 async fn hostile_clients_do_not_keep_others_from_being_answered() {
     use tokio::io::AsyncWriteExt;
+    raise_open_files_limit(4096);
     let s = Server::start_with(Options::default().env("SNAKECAGE_POOL__SIZE", 2)).await;
     let addr = s.base.trim_start_matches("http://").to_owned();
     let mut idle = Vec::new();
@@ -618,4 +619,20 @@ async fn hostile_clients_do_not_keep_others_from_being_answered() {
         s.health().await["pool"]["busy"] == 0
     })
     .await;
+}
+
+/// Raises this process's soft limit on open files to `want` (within the hard limit); the
+/// service started next inherits it. 1,000 connections do not fit in the usual 1,024.
+fn raise_open_files_limit(want: u64) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < want {
+            limit.rlim_cur = want.min(limit.rlim_max);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
 }
