@@ -321,6 +321,12 @@ impl Pool {
         for _ in 0..3 {
             let deadline = tokio::time::Instant::now() + self.inner.settings.queue_timeout;
             let worker = self.inner.take_idle(deadline).await?;
+            if !worker.workspace_path().is_dir() {
+                // Its workspace was removed while it was idle: the refill replaces it.
+                self.inner.events.worker_killed(KillReason::LostIdle);
+                last_error = "the worker's workspace was removed".into();
+                continue;
+            }
             match SessionWorker::start(worker).await {
                 Ok(worker) => return Ok(worker),
                 Err(e) => {

@@ -278,6 +278,15 @@ async fn the_workspace_root_deleted_under_a_running_service_is_recreated() {
     assert_eq!(tally.count("lost"), 0, "{:?}", tally.outcomes);
     assert_eq!(after.count("ok"), 20, "{:?}", after.outcomes);
     assert!(root.join(".lock").is_file(), "the root was not re-claimed");
+    // A session started right after a deletion gets a worker with a workspace.
+    std::fs::remove_dir_all(&root).unwrap();
+    let (status, created) = s.post("/v1/sessions", &json!({})).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["session_id"].as_str().unwrap();
+    let code = json!({ "code": "open('x.txt', 'w').write('1')\nprint(2)" });
+    let (status, r) = s.post(&format!("/v1/sessions/{id}/execute"), &code).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["stdout"], "2\n", "{r}");
 }
 
 /// A small tmpfs mounted for one test (in a temporary directory it keeps), unmounted when
