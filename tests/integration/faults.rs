@@ -475,31 +475,52 @@ async fn sigterm_under_load_finishes_in_flight_refuses_new_and_loses_nothing() {
             })
         })
         .collect();
+    // Steady load at concurrency 16 until the service stops taking connections.
+    let load: Vec<_> = (0..16)
+        .map(|_| {
+            let (client, base) = (s.client.clone(), s.base.clone());
+            tokio::spawn(async move {
+                let mut tally = Tally::default();
+                for _ in 0..500 {
+                    let outcome = one(&client, &base, &json!({"code": CODE}), "499500\n").await;
+                    let refused = outcome == "connection refused or reset";
+                    tally.add(outcome);
+                    if refused {
+                        break;
+                    }
+                }
+                tally
+            })
+        })
+        .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let family = descendants_of(supervisor);
     assert!(!family.is_empty());
     kill(Pid::from_raw(supervisor as i32), Signal::SIGTERM).unwrap();
     let stopped = Instant::now();
-    tokio::time::sleep(Duration::from_millis(100)).await;
     let mut tally = Tally::default();
-    // New requests: served while draining (load balancers are still being told), then
-    // refused (503 with Retry-After, or no connection once the listener closed).
-    let mut refused_new = 0;
-    for _ in 0..10 {
-        let outcome = one(&s.client, &s.base, &json!({"code": CODE}), "499500\n").await;
-        match outcome.as_str() {
-            "503" | "connection refused or reset" => refused_new += 1,
-            "ok" => {}
-            other => panic!("a new request during shutdown got {other}"),
-        }
-        tally.add(outcome);
-        tokio::time::sleep(Duration::from_millis(150)).await;
-    }
     for task in in_flight {
         let outcome = task.await.unwrap();
         assert_eq!(outcome, "ok", "an in-flight request was not finished");
         tally.add(outcome);
     }
+    // The load: served (before and while draining: load balancers are still being told),
+    // then refused (503 with Retry-After when already queued, or no connection once the
+    // listener closed); nothing else.
+    for task in load {
+        let part = task.await.unwrap();
+        tally.sent += part.sent;
+        for (k, n) in part.outcomes {
+            *tally.outcomes.entry(k).or_default() += n;
+        }
+    }
+    let refused_new = tally.count("503") + tally.count("connection refused or reset");
+    assert_eq!(
+        tally.count("ok") + refused_new,
+        tally.sent,
+        "{:?}",
+        tally.outcomes
+    );
     let status = s.stop();
     let down = stopped.elapsed();
     assert!(status.success(), "{status:?}");
@@ -514,7 +535,7 @@ async fn sigterm_under_load_finishes_in_flight_refuses_new_and_loses_nothing() {
     }
     tally.report(
         &format!(
-            "SIGTERM with 4 in flight (stopped in {} ms)",
+            "SIGTERM under load c=16 + 4 long requests in flight (stopped in {} ms)",
             down.as_millis()
         ),
         None,
