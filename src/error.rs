@@ -137,6 +137,9 @@ impl From<PoolError> for ApiError {
                 waited.as_millis()
             )),
             PoolError::ShuttingDown => ApiError::Unavailable("the service is shutting down".into()),
+            e @ (PoolError::NoWorkers(_) | PoolError::Unavailable(_)) => {
+                ApiError::Unavailable(format!("{e}; retry later"))
+            }
             other => ApiError::Internal(other.to_string()),
         }
     }
@@ -179,6 +182,9 @@ impl From<StoreError> for ApiError {
                 ),
                 retry_after_secs: 60,
             },
+            e if e.is_out_of_space() => ApiError::InsufficientStorage(
+                "The file store has no space left (its disk is full or read-only); stored files are unaffected. Retry later".into(),
+            ),
             StoreError::Source(e) => {
                 ApiError::BadRequest(format!("reading the upload failed: {e}"))
             }
@@ -192,6 +198,8 @@ impl From<StageError> for ApiError {
         match e {
             e @ StageError::NotFound { .. } => ApiError::FileNotFound(e.to_string()),
             e @ StageError::Conflict { .. } => ApiError::Validation(e.to_string()),
+            e @ StageError::NameTooLong { .. } => ApiError::Validation(e.to_string()),
+            e @ StageError::NoSpace { .. } => ApiError::InsufficientStorage(e.to_string()),
             StageError::Store { source, .. } => source.into(),
             e @ StageError::Io { .. } => ApiError::Internal(e.to_string()),
         }
@@ -214,6 +222,12 @@ impl IntoResponse for ApiError {
                 response
                     .headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+            }
+            // Overloaded, degraded or stopping: worth retrying soon (or elsewhere).
+            ApiError::Unavailable(_) => {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
             }
             ApiError::Unauthorized { invalid_key } => {
                 let challenge = if invalid_key {

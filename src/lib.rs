@@ -10,6 +10,7 @@
 //! - [`tools`], [`mcp`], [`packages`]: what agents see: tool definitions (OpenAI, Anthropic,
 //!   MCP) generated from the live configuration, the MCP server, the importable packages.
 //! - [`pool`]: the zygote, the pre-forked workers, one run of one job.
+//! - [`state_lock`]: the lock by which one running instance owns a state directory.
 //! - [`sessions`]: stateful Python sessions (registry, expiry, eviction).
 //! - [`files`]: the file store (uploads, run outputs), staging into and collecting from
 //!   workspaces.
@@ -31,4 +32,5 @@ pub mod packages;
 pub mod pool;
 pub mod server;
 pub mod sessions;
+pub mod state_lock;
 pub mod tools;

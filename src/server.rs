@@ -95,6 +95,7 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
                 max_processes: limits.max_processes,
             },
             sandbox: config.sandbox.zygote_config(),
+            supervisor_pid: Some(std::process::id() as i32),
         },
         require: config.sandbox.require.clone(),
     })

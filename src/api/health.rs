@@ -1,7 +1,8 @@
 //! `GET /health`: Onyx's `{"status": "ok"}` plus the pool, the interpreter and the state
-//! of every sandbox layer. `GET /ready`: 200 once the pool has workers, 503 before that,
-//! while the zygote is down and once shutdown has begun (for load balancers and
-//! Kubernetes probes).
+//! of every sandbox layer; `"degraded"` with the reason (`last_spawn_error`) while the
+//! zygote is down or workers cannot be started. `GET /ready`: 200 once the pool has
+//! workers, 503 before that, while the zygote is down or workers cannot be started, and
+//! once shutdown has begun (for load balancers and Kubernetes probes).
 
 use axum::Json;
 use axum::extract::State;
@@ -15,6 +16,7 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
     let pool = state.pool.status();
     let zygote = state.pool.zygote_info();
     let alive = pool.zygote.as_ref().is_some_and(|z| z.alive);
+    let healthy = alive && pool.last_spawn_error.is_none();
     let sandbox: serde_json::Map<String, Value> = zygote
         .sandbox
         .iter()
@@ -24,7 +26,8 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
         })
         .collect();
     Json(json!({
-        "status": if alive { "ok" } else { "degraded" },
+        "status": if healthy { "ok" } else { "degraded" },
+        "last_spawn_error": pool.last_spawn_error,
         "version": env!("CARGO_PKG_VERSION"),
         "python_version": zygote.python_version,
         "preloaded": zygote.preloaded,
@@ -41,19 +44,21 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
 pub async fn ready(State(state): State<SharedState>) -> Result<Json<Value>, ApiError> {
     match not_ready(&state) {
         None => Ok(Json(json!({ "status": "ready" }))),
-        Some(why) => Err(ApiError::NotReady(why.to_owned())),
+        Some(why) => Err(ApiError::NotReady(why)),
     }
 }
 
 /// Why the service should not be sent requests now, if it should not.
-pub(super) fn not_ready(state: &SharedState) -> Option<&'static str> {
+pub(super) fn not_ready(state: &SharedState) -> Option<String> {
     let pool = state.pool.status();
     if state.stopping.is_cancelled() {
-        Some("the service is shutting down")
+        Some("the service is shutting down".into())
     } else if !pool.zygote.as_ref().is_some_and(|z| z.alive) {
-        Some("the zygote is not running; it is being restarted")
+        Some("the zygote is not running; it is being restarted".into())
+    } else if let Some(error) = pool.last_spawn_error {
+        Some(format!("workers cannot be started: {error}"))
     } else if pool.workers_spawned == 0 {
-        Some("no worker is ready yet")
+        Some("no worker is ready yet".into())
     } else {
         None
     }

@@ -6,7 +6,12 @@
 //! objects/<id>        the bytes
 //! meta/<id>.json      a FileMeta; its presence is what makes a file exist
 //! tmp/                in-progress writes, emptied at start-up
+//! .lock               locked by the instance that has the store open
 //! ```
+//!
+//! One running instance owns the directory: it holds the lock on `.lock` for as long as it
+//! runs, and a second one refuses to open it (two would empty each other's `tmp/` and
+//! count quotas apart).
 //!
 //! A `put` streams into `tmp/`, counting bytes (past the maximum or the quota it stops and
 //! deletes what it wrote), fsyncs, renames the bytes into `objects/`, then writes the
@@ -22,6 +27,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use crate::state_lock::{DirLock, Lock};
 
 use super::{
     ByteReader, FileMeta, FileOwner, FileStore, StoreError, clean_filename, mime_for, now_unix_ms,
@@ -40,6 +47,7 @@ pub struct LocalStoreSettings {
 pub struct LocalStore {
     settings: LocalStoreSettings,
     state: Mutex<State>,
+    _lock: DirLock,
 }
 
 #[derive(Default)]
@@ -84,6 +92,13 @@ impl LocalStore {
     /// Opens (creating it if needed) the store directory and loads its metadata.
     pub fn open(settings: LocalStoreSettings) -> Result<Self, StoreError> {
         let dir = &settings.dir;
+        std::fs::create_dir_all(dir).map_err(io_err("creating", dir))?;
+        let lock = match DirLock::lock(dir).map_err(io_err("locking", dir))? {
+            Lock::Taken(lock) => lock,
+            Lock::Held | Lock::NoLockFile => {
+                return Err(StoreError::InUse { dir: dir.clone() });
+            }
+        };
         for sub in ["objects", "meta", "tmp"] {
             let path = dir.join(sub);
             std::fs::create_dir_all(&path).map_err(io_err("creating", &path))?;
@@ -138,6 +153,7 @@ impl LocalStore {
         Ok(Self {
             settings,
             state: Mutex::new(state),
+            _lock: lock,
         })
     }
 

@@ -76,12 +76,33 @@ pub enum StoreError {
     /// The source of a `put` failed (a client that went away mid-upload, say).
     #[error("reading the file to store: {0}")]
     Source(io::Error),
+    /// Another running instance has this store's directory open.
+    #[error(
+        "the file store directory {} is in use by another running snakecage (it holds {}/.lock); give each instance its own worker.state_dir (or files.dir)",
+        dir.display(),
+        dir.display()
+    )]
+    InUse { dir: PathBuf },
     #[error("{doing} {path}: {source}")]
     Io {
         doing: &'static str,
         path: PathBuf,
         source: io::Error,
     },
+}
+
+impl StoreError {
+    /// Whether the store's file system refused to grow: full (ENOSPC, EDQUOT) or mounted
+    /// read-only (EROFS). Not the caller's fault, and not a bug: 507 until space returns.
+    pub fn is_out_of_space(&self) -> bool {
+        match self {
+            StoreError::Io { source, .. } => matches!(
+                source.raw_os_error(),
+                Some(libc::ENOSPC | libc::EDQUOT | libc::EROFS)
+            ),
+            _ => false,
+        }
+    }
 }
 
 /// Who stores a file, and how much that owner may store in all.

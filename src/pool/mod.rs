@@ -6,6 +6,7 @@
 //! - [`capture`]: bounded output buffers.
 //! - [`session`]: a worker kept for a session (run, reset, inspect).
 //! - [`events`]: what the pool reports as it works (for the metrics).
+//! - [`root`]: the workspace root this instance owns (locked), recreated if it vanishes.
 //!
 //! `size` is both the number of jobs that run at once and the number of idle workers kept
 //! ready, so the next job after a finished one starts on a warm worker at once. A request
@@ -13,6 +14,10 @@
 //! busy), runs one job and drops the worker: a worker is never reused.
 //! A background task refills the pool off the request path; another restarts the zygote
 //! when it dies. Idle workers of a dead zygote died with it and are skipped.
+//! When workers cannot be started (spawns keep failing with the zygote alive, or the zygote
+//! cannot be restarted) the pool says so ([`Pool::spawn_trouble`]) and a request waiting for
+//! a worker is refused at once ([`PoolError::NoWorkers`]) instead of waiting for nothing; the
+//! next worker that starts clears it.
 //!
 //! Sessions take a worker from the idle set too (the refill replaces it) and keep it, but
 //! an idle session holds no execution slot: its worker is asleep. Each session *run* takes
@@ -22,6 +27,7 @@
 
 pub mod capture;
 pub mod events;
+pub mod root;
 pub mod run;
 pub mod session;
 pub mod worker;
@@ -40,6 +46,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use self::events::{KillReason, NoEvents, PoolEvents, Rejection};
+use self::root::WorkspaceRoot;
 use self::run::{OutputChunk, RunError, RunLimits, RunOutcome};
 use self::session::SessionWorker;
 use self::worker::{JobChannel, Worker, Workspace};
@@ -110,6 +117,9 @@ pub enum PoolError {
     ShuttingDown,
     #[error("no worker could take the job: {0}")]
     Unavailable(String),
+    /// Workers cannot be started now (the last attempts failed); the pool keeps trying.
+    #[error("workers cannot be started: {0}")]
+    NoWorkers(String),
     #[error(transparent)]
     Zygote(#[from] ZygoteError),
     #[error("{0}")]
@@ -138,7 +148,19 @@ pub struct PoolCounters {
     pub spawn_failures: AtomicU64,
     pub zygote_restarts: AtomicU64,
     pub workers_lost: AtomicU64,
+    /// Spawn failures since the last worker that started; 0 when spawning works.
+    pub consecutive_spawn_failures: AtomicU64,
+    /// Why the last spawn failed, and since when spawning has failed without a success,
+    /// until a worker starts again.
+    pub last_spawn_error: Mutex<Option<(String, Instant)>>,
 }
+
+/// The pool says it cannot start workers (`/ready` is 503, requests waiting for a worker
+/// get 503 at once) after this many spawn failures in a row with the zygote alive, and no
+/// success for [`FAILING_FOR`]: a worker killed while it started, or a workspace removed
+/// once, is not an outage.
+const FAILING_AFTER: u64 = 2;
+const FAILING_FOR: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Serialize)]
 pub struct PoolStatus {
@@ -152,6 +174,8 @@ pub struct PoolStatus {
     pub workers_spawned: u64,
     pub spawn_failures: u64,
     pub zygote_restarts: u64,
+    /// Why workers cannot be started, while they cannot.
+    pub last_spawn_error: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -169,6 +193,7 @@ pub struct Pool {
 
 struct Inner {
     settings: PoolSettings,
+    root: WorkspaceRoot,
     zygote: RwLock<Arc<ZygoteHandle>>,
     idle: Mutex<VecDeque<Worker>>,
     /// One permit per concurrent execution: `size` jobs run at once, the rest queue.
@@ -196,17 +221,16 @@ impl Pool {
 
     /// [`Pool::start`], reporting queue waits, spawns, kills and restarts to `events`.
     pub async fn start_observed(
-        settings: PoolSettings,
+        mut settings: PoolSettings,
         events: Arc<dyn PoolEvents>,
     ) -> Result<Self, PoolError> {
-        let root = &settings.workspace_root;
-        if let Some(parent) = root.parent() {
-            remove_abandoned_workspace_roots(parent);
-        }
-        std::fs::create_dir_all(root).map_err(|source| PoolError::WorkspaceRoot {
-            path: root.clone(),
-            source,
+        let root = WorkspaceRoot::claim(&settings.workspace_root).map_err(|source| {
+            PoolError::WorkspaceRoot {
+                path: settings.workspace_root.clone(),
+                source,
+            }
         })?;
+        settings.workspace_root = root.path().to_path_buf();
         let zygote = ZygoteHandle::start(
             &settings.worker_binary,
             &settings.zygote,
@@ -221,6 +245,7 @@ impl Pool {
         let size = settings.size;
         let inner = Arc::new(Inner {
             settings,
+            root,
             zygote: RwLock::new(zygote),
             idle: Mutex::new(VecDeque::new()),
             slots: Arc::new(Semaphore::new(size)),
@@ -296,6 +321,12 @@ impl Pool {
         for _ in 0..3 {
             let deadline = tokio::time::Instant::now() + self.inner.settings.queue_timeout;
             let worker = self.inner.take_idle(deadline).await?;
+            if !worker.workspace_path().is_dir() {
+                // Its workspace was removed while it was idle: the refill replaces it.
+                self.inner.events.worker_killed(KillReason::LostIdle);
+                last_error = "the worker's workspace was removed".into();
+                continue;
+            }
             match SessionWorker::start(worker).await {
                 Ok(worker) => return Ok(worker),
                 Err(e) => {
@@ -338,6 +369,16 @@ impl Pool {
                 _slot,
                 _busy,
             } = self.acquire().await?;
+            if !worker.workspace_path().is_dir() {
+                // Its workspace was removed while it was idle: it could not run the job.
+                self.inner
+                    .counters
+                    .workers_lost
+                    .fetch_add(1, Ordering::Relaxed);
+                self.inner.events.worker_killed(KillReason::LostIdle);
+                last_error = "the worker's workspace was removed".into();
+                continue;
+            }
             let abandoned = AbandonGuard(Some(&*self.inner.events));
             // A staging failure drops the checkout: the worker is killed, no code ran.
             let staged = match stager.stage(worker.workspace_path()).await {
@@ -396,7 +437,13 @@ impl Pool {
             workers_spawned: inner.counters.workers_spawned.load(Ordering::Relaxed),
             spawn_failures: inner.counters.spawn_failures.load(Ordering::Relaxed),
             zygote_restarts: inner.counters.zygote_restarts.load(Ordering::Relaxed),
+            last_spawn_error: inner.spawn_trouble(),
         }
+    }
+
+    /// Why workers cannot be started now, if they cannot (see [`PoolStatus`]).
+    pub fn spawn_trouble(&self) -> Option<String> {
+        self.inner.spawn_trouble()
     }
 
     /// Stops refilling, kills every idle worker, then the zygote (which kills and reaps
@@ -412,13 +459,63 @@ impl Pool {
             .current_zygote()
             .shutdown(Duration::from_secs(5))
             .await;
-        let _ = std::fs::remove_dir_all(&inner.settings.workspace_root);
+        inner.root.remove();
     }
 }
 
 impl Inner {
     fn current_zygote(&self) -> Arc<ZygoteHandle> {
         self.zygote.read().expect("zygote lock").clone()
+    }
+
+    /// Records a failed attempt to start a worker (or the zygote).
+    fn spawn_failed(&self, error: String) {
+        let mut last = self
+            .counters
+            .last_spawn_error
+            .lock()
+            .expect("spawn error lock");
+        let since = last.as_ref().map_or_else(Instant::now, |(_, since)| *since);
+        *last = Some((error, since));
+        self.counters
+            .consecutive_spawn_failures
+            .fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A worker (or the zygote) started: whatever failed before is over.
+    fn spawn_succeeded(&self) {
+        let failures = self
+            .counters
+            .consecutive_spawn_failures
+            .swap(0, Ordering::AcqRel);
+        if failures >= FAILING_AFTER {
+            tracing::info!(failures, "workers start again");
+        }
+        *self
+            .counters
+            .last_spawn_error
+            .lock()
+            .expect("spawn error lock") = None;
+    }
+
+    /// The last spawn error, once spawning has failed [`FAILING_AFTER`] times in a row.
+    fn spawn_trouble(&self) -> Option<String> {
+        let failures = self
+            .counters
+            .consecutive_spawn_failures
+            .load(Ordering::Acquire);
+        if failures < FAILING_AFTER {
+            return None;
+        }
+        let last = self
+            .counters
+            .last_spawn_error
+            .lock()
+            .expect("spawn error lock");
+        match &*last {
+            Some((error, since)) if since.elapsed() >= FAILING_FOR => Some(error.clone()),
+            _ => None,
+        }
     }
 
     /// A permit of `sem`, at once or after waiting in the bounded queue until `deadline`.
@@ -451,7 +548,19 @@ impl Inner {
                 Err(_) => {
                     self.waiting.fetch_add(1, Ordering::AcqRel);
                     let _waiting = WaitingGuard(&self.waiting);
-                    self.wait(self.available.acquire(), deadline).await?
+                    let acquire = self.wait(self.available.acquire(), deadline);
+                    tokio::pin!(acquire);
+                    // Waiting for a worker that cannot be started would only end in a
+                    // timeout: answer at once that the service is degraded.
+                    loop {
+                        if let Some(why) = self.spawn_trouble() {
+                            return Err(PoolError::NoWorkers(why));
+                        }
+                        tokio::select! {
+                            got = &mut acquire => break got?,
+                            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        }
+                    }
                 }
             };
             permit.forget();
@@ -587,6 +696,7 @@ async fn spawn_one(inner: Arc<Inner>, zygote: Arc<ZygoteHandle>) {
                 .counters
                 .workers_spawned
                 .fetch_add(1, Ordering::Relaxed);
+            inner.spawn_succeeded();
             if !inner.shutdown.is_cancelled() {
                 inner.idle.lock().expect("idle lock").push_back(worker);
                 inner.available.add_permits(1);
@@ -599,6 +709,10 @@ async fn spawn_one(inner: Arc<Inner>, zygote: Arc<ZygoteHandle>) {
                 .fetch_add(1, Ordering::Relaxed);
             if zygote.is_alive() && !inner.shutdown.is_cancelled() {
                 tracing::error!(error = %e, "could not start a worker");
+                // A worker of a zygote that is being replaced says nothing about the next.
+                if zygote.generation == inner.current_zygote().generation {
+                    inner.spawn_failed(e.to_string());
+                }
                 // Do not spin on a failure that repeats (a broken sandbox layer, say).
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
@@ -610,11 +724,14 @@ async fn spawn_one(inner: Arc<Inner>, zygote: Arc<ZygoteHandle>) {
 
 async fn spawn_worker(inner: &Inner, zygote: &ZygoteHandle) -> Result<Worker, SpawnError> {
     let id = inner.next_worker_id.fetch_add(1, Ordering::Relaxed);
-    let (workspace, workspace_fd) = Workspace::create(
-        &inner.settings.workspace_root,
-        id,
-        workspace_owner(inner, zygote),
-    )?;
+    let owner = workspace_owner(inner, zygote);
+    let root = &inner.settings.workspace_root;
+    let (workspace, workspace_fd) = match Workspace::create(root, id, owner) {
+        Ok(created) => created,
+        // The root was removed under us (by hand, by another program): recreate it.
+        Err(_) if inner.root.ensure()? => Workspace::create(root, id, owner)?,
+        Err(e) => return Err(e.into()),
+    };
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
     ours.set_nonblocking(true)?;
     let (stdout_r, stdout_w) = nonblocking_read_pipe()?;
@@ -644,28 +761,6 @@ async fn spawn_worker(inner: &Inner, zygote: &ZygoteHandle) -> Result<Worker, Sp
             Err(_) => format!("not ready after {:?}", inner.settings.spawn_timeout),
         };
     Err(SpawnError::NotReady { pid, reason })
-}
-
-/// Removes `workspaces-<pid>` directories left by supervisors that died without shutting
-/// down (SIGKILL, a crash): on a tmpfs they would hold memory until reboot.
-fn remove_abandoned_workspace_roots(parent: &std::path::Path) {
-    let Ok(entries) = std::fs::read_dir(parent) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("workspaces-")) else {
-            continue;
-        };
-        let Ok(pid) = pid.parse::<i32>() else {
-            continue;
-        };
-        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
-        if !alive {
-            tracing::info!(path = %entry.path().display(), "removing workspaces left by a supervisor that is gone");
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
 }
 
 /// A pipe whose read end (ours) is non-blocking and whose write end (the worker's) blocks.
@@ -755,12 +850,16 @@ async fn zygote_keeper(inner: Arc<Inner>) {
                     }
                     Ok(zygote) => {
                         *inner.zygote.write().expect("zygote lock") = zygote;
+                        inner.spawn_succeeded();
                         inner.counters.zygote_restarts.fetch_add(1, Ordering::Relaxed);
                         inner.events.zygote_restarted();
                         inner.refill.notify_one();
                         break;
                     }
-                    Err(e) => tracing::error!(error = %e, "restarting the zygote failed; retrying"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "restarting the zygote failed; retrying");
+                        inner.spawn_failed(format!("restarting the zygote failed: {e}"));
+                    }
                 },
                 () = inner.shutdown.cancelled() => return,
             }
