@@ -359,6 +359,10 @@ pub async fn collect(
                         "the API key's storage quota of {} MB is used up",
                         quota_bytes >> 20
                     ),
+                    StoreError::Unavailable { .. } => {
+                        tracing::warn!(path, error = %e, "storing a workspace file failed");
+                        format!("could not be stored: {e}")
+                    }
                     _ => {
                         tracing::error!(path, error = %e, "storing a workspace file failed");
                         "could not be stored (internal error)".into()

@@ -7,12 +7,14 @@
 //!   (executions, sessions, and the pool's events through [`PoolEvents`]).
 //! - [`recent`]: the last durations and failures, for the status page.
 //! - [`http`]: the middleware counting HTTP requests by route and status.
+//! - [`cluster`]: the file store's operations and the forwarding of session calls.
 //!
 //! Gauges that describe state (pool, file store, memory) are read when scraped, by
 //! [`Metrics::observe`], rather than kept up to date on every change.
 //!
 //! [`PoolEvents`]: crate::pool::events::PoolEvents
 
+pub mod cluster;
 pub mod hooks;
 pub mod http;
 pub mod labels;
@@ -100,6 +102,8 @@ pub struct Metrics {
     pub(crate) http_requests: IntCounterVec,
     resident_memory: IntGauge,
     pub(crate) recent: Recent,
+    /// The file store and session forwarding.
+    pub cluster: cluster::ClusterMetrics,
 }
 
 /// What the file store holds, read at scrape time.
@@ -214,6 +218,7 @@ impl Metrics {
                 "Resident memory of the supervisor process (workers not included).",
             ),
             recent: Recent::default(),
+            cluster: cluster::ClusterMetrics::new(&reg),
             registry,
             build: OnceLock::new(),
         };
