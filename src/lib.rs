@@ -11,6 +11,7 @@
 //!   MCP) generated from the live configuration, the MCP server, the importable packages.
 //! - [`pool`]: the zygote, the pre-forked workers, one run of one job.
 //! - [`sessions`]: stateful Python sessions (registry, expiry, eviction).
+//! - [`cluster`]: replicas: session ids that name their owner, forwarding session calls.
 //! - [`files`]: the file store (uploads, run outputs), staging into and collecting from
 //!   workspaces.
 //! - [`metrics`]: Prometheus metrics (names, closed label sets, the hooks that record),
@@ -21,6 +22,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod files;

@@ -22,6 +22,7 @@ use tracing::Level;
 
 use crate::api::{self, AppState};
 use crate::auth::{Keys, KeysError};
+use crate::cluster::{Cluster, ClusterError};
 use crate::config::FilesBackend;
 use crate::config::{Config, ConfigError};
 use crate::files::local::LocalStoreSettings;
@@ -46,6 +47,8 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
     #[error("API keys: {0}")]
     Keys(#[from] KeysError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
     #[error(
         "refusing to listen on {0} without API keys: anyone who can reach it could run code and read every file. Configure keys (`snakecage keys add NAME --keys-file keys.toml`, then auth.keys_file), listen on 127.0.0.1, or pass --allow-unauthenticated (SNAKECAGE_ALLOW_UNAUTHENTICATED=1) if something in front of it authenticates"
     )]
@@ -134,9 +137,12 @@ pub async fn serve(
         let ttl = Duration::from_secs(config.files.ttl_seconds);
         files::spawn_sweeper(store.clone(), files::sweep_interval(ttl), stop.clone());
     }
+    let cluster = Arc::new(Cluster::new(&config.cluster)?);
+    let mut session_settings = session_settings(&config);
+    session_settings.id_prefix = cluster.session_id_prefix();
     let sessions = Sessions::new(
         pool.clone(),
-        session_settings(&config),
+        session_settings,
         metrics.clone(),
         stop.clone(),
     );
@@ -153,6 +159,7 @@ pub async fn serve(
         tool_context,
         metrics,
         keys,
+        cluster,
         stopping: stopping.clone(),
     });
     // Outermost first: the id is set, then echoed in the response, then the span made.
@@ -213,6 +220,7 @@ pub fn session_settings(config: &Config) -> SessionSettings {
         max_sessions: s.max_sessions,
         max_ttl: Duration::from_secs(s.max_ttl_seconds),
         interrupt_grace: Duration::from_millis(s.interrupt_grace_ms),
+        id_prefix: String::new(),
     }
 }
 

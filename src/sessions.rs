@@ -40,6 +40,9 @@ pub struct SessionSettings {
     pub max_sessions: usize,
     pub max_ttl: Duration,
     pub interrupt_grace: Duration,
+    /// Written between `sess_` and the random part of every new session id: in a cluster,
+    /// the replica that owns it (see `crate::cluster`); empty for a single replica.
+    pub id_prefix: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -292,7 +295,11 @@ impl Sessions {
         let baseline = stage(worker.workspace_path()).await?;
         let now = SystemTime::now();
         let session = Arc::new(Session {
-            id: format!("sess_{}", uuid::Uuid::new_v4().simple()),
+            id: format!(
+                "sess_{}{}",
+                inner.settings.id_prefix,
+                uuid::Uuid::new_v4().simple()
+            ),
             owner: owner.map(str::to_owned),
             created_at: now,
             ttl: ttl.unwrap_or(inner.settings.idle_timeout),

@@ -60,12 +60,9 @@ impl ClusterConfig {
             ));
         }
         let urls = self.peers.values().chain(self.peer_url_template.as_ref());
-        if let Some(bad) = urls
-            .into_iter()
-            .find(|u| !(u.starts_with("http://") || u.starts_with("https://")))
-        {
+        if let Some(bad) = urls.into_iter().find(|u| !u.starts_with("http://")) {
             return Some(format!(
-                "cluster peer URL {bad:?} must start with http:// or https://"
+                "cluster peer URL {bad:?} must start with http:// (replicas talk plain HTTP inside the cluster network)"
             ));
         }
         if let Some(t) = &self.peer_url_template

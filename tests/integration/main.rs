@@ -3,6 +3,8 @@
 
 mod agents;
 mod auth;
+mod backing;
+mod cluster;
 mod core;
 mod escapes;
 mod files;
@@ -10,5 +12,6 @@ mod harness;
 mod observability;
 mod overload;
 mod prom;
+mod s3_store;
 mod sessions;
 mod stream;

@@ -69,7 +69,13 @@ impl S3Store {
     /// A store on the bucket `config` names. Nothing is contacted yet: a store that is down
     /// at start-up makes `/ready` say so, and requests that need it get 503.
     pub fn open(config: &S3Config, settings: S3StoreSettings) -> Result<Self, StoreError> {
+        // Client options first: they replace what `with_allow_http` sets.
         let mut builder = AmazonS3Builder::from_env()
+            .with_client_options(
+                ClientOptions::new()
+                    .with_connect_timeout(Duration::from_millis(config.connect_timeout_ms))
+                    .with_timeout(Duration::from_millis(config.request_timeout_ms)),
+            )
             .with_bucket_name(&config.bucket)
             .with_virtual_hosted_style_request(!config.path_style)
             .with_allow_http(config.allow_http)
@@ -77,12 +83,7 @@ impl S3Store {
                 max_retries: config.max_retries,
                 retry_timeout: Duration::from_millis(config.request_timeout_ms),
                 ..RetryConfig::default()
-            })
-            .with_client_options(
-                ClientOptions::new()
-                    .with_connect_timeout(Duration::from_millis(config.connect_timeout_ms))
-                    .with_timeout(Duration::from_millis(config.request_timeout_ms)),
-            );
+            });
         if let Some(endpoint) = &config.endpoint {
             builder = builder.with_endpoint(endpoint);
         }
