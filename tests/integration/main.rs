@@ -9,6 +9,7 @@ mod core;
 mod escapes;
 mod files;
 mod harness;
+mod kubernetes;
 mod observability;
 mod overload;
 mod prom;
