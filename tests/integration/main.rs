@@ -7,6 +7,7 @@ mod backing;
 mod cluster;
 mod core;
 mod escapes;
+mod file_store;
 mod files;
 mod harness;
 mod kubernetes;
