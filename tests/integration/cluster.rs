@@ -164,6 +164,30 @@ async fn three_replicas_behind_haproxy_share_files_and_find_their_sessions() {
     );
     assert!(result.data.to_string().contains("20"), "{events:?}");
 
+    // A client that vanishes mid-stream through a forward: the owner sees the disconnect,
+    // interrupts the run and the session is free again, its state intact.
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/sessions/{sid}/execute/stream", bases[other]))
+        .json(&json!({"code": "import time\nprint('x', flush=True)\ntime.sleep(60)"}))
+        .send()
+        .await
+        .unwrap();
+    let mut body = resp.bytes_stream();
+    let first = futures_util::StreamExt::next(&mut body).await;
+    assert!(first.is_some_and(|c| c.is_ok()));
+    drop(body);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _, r) = post(&bases[owner], &path, &json!({"code": "n"})).await;
+        if status == 200 {
+            assert_eq!(r["results"][0]["text/plain"], "20", "{r}");
+            break;
+        }
+        assert_eq!(status, 409, "{r}");
+        assert!(Instant::now() < deadline, "the run was never interrupted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     // The owner dies. Once HAProxy's checks drop it, stateless traffic sees no 5xx, its
     // session is 410 wherever asked, and every stored file is still served.
     let victim = replicas[owner].take().unwrap();
