@@ -106,6 +106,9 @@ def server_env(state, extra):
         "SNAKECAGE_WORKER__STATE_DIR": state,
         "SNAKECAGE_WORKSPACE__DIR": state,
         "SNAKECAGE_POOL__SIZE": "2",
+        # No quota: an upload then lists nothing first, so the first one creates the bucket
+        # (SeaweedFS does for an admin identity); quotas are not what is measured here.
+        "SNAKECAGE_FILES__QUOTA_MB": "0",
         "SNAKECAGE_LOG__LEVEL": "warn",
     })
     env.update(extra)
@@ -128,7 +131,7 @@ def start_replica(procs, port, extra, name):
     binary = os.path.join(ROOT, "target/release/snakecage")
     p = procs.start([binary, "--listen", f"127.0.0.1:{port}", "--venv", os.path.join(ROOT, ".venv")],
                     env=server_env(state, extra), name=name)
-    wait_http(f"http://127.0.0.1:{port}/ready")
+    wait_http(f"http://127.0.0.1:{port}/health")
     return p
 
 
@@ -225,13 +228,11 @@ def main():
         ports = [free_port() for _ in range(3)]
         ids = ["r0", "r1", "r2"]
         peers = {f"SNAKECAGE_CLUSTER__PEERS__{i}": f"http://127.0.0.1:{p}" for i, p in zip(ids, ports)}
-        # The bucket appears with the first upload of an admin identity: retry until up.
-        replicas = []
-        for i, (rid, port) in enumerate(zip(ids, ports)):
+        for rid, port in zip(ids, ports):
             env = {**s3_env(endpoint, "bench"), **peers, "SNAKECAGE_CLUSTER__REPLICA_ID": rid}
-            replicas.append(start_replica(procs, port, env, rid))
+            start_replica(procs, port, env, rid)
         deadline = time.monotonic() + 60
-        while True:
+        while True:  # the first upload creates the bucket; then every replica is ready
             try:
                 upload(ports[0], "probe.bin", b"x")
                 break
@@ -239,6 +240,8 @@ def main():
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+        for port in ports:
+            wait_http(f"http://127.0.0.1:{port}/ready")
 
         rows = []
         _, lb1 = start_haproxy(procs, ports[:1])
@@ -263,6 +266,7 @@ def main():
         s3_id = upload(ports[0], "in.bin", data)
         lport = free_port()
         start_replica(procs, lport, {}, "local")
+        wait_http(f"http://127.0.0.1:{lport}/ready")
         local_id = upload(lport, "in.bin", data)
         l50, l99 = latencies(staged_run(lport, local_id), args.n)
         s50, s99 = latencies(staged_run(ports[0], s3_id), args.n)

@@ -122,6 +122,15 @@ async fn the_s3_store_keeps_every_promise_of_the_local_one() {
     assert_eq!(list_names(&s.base).await.len(), 3);
     assert_eq!(s.get("/ready").await.0, 200);
 
+    // A bucket that does not exist: not ready, and the detail says why.
+    let mut missing = s3_options(&weed, "promises");
+    missing = missing.env("SNAKECAGE_S3__BUCKET", "no-such-bucket");
+    let m = Server::start_with(missing).await;
+    let (status, _, ready) = m.get("/ready").await;
+    assert_eq!(status, 503, "{ready}");
+    assert!(ready.contains("NoSuchBucket"), "{ready}");
+    drop(m);
+
     // The store goes away: file requests get 503 with the store's error, /ready says so,
     // and code that needs no file still runs.
     weed.kill();

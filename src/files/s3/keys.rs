@@ -39,7 +39,7 @@ impl Keys {
         &self.root
     }
 
-    /// A harmless key never written, for reachability probes.
+    /// A prefix never written under, for reachability probes.
     pub fn probe(&self) -> Path {
         self.root.clone().join(".probe")
     }

@@ -407,11 +407,15 @@ impl FileStore for S3Store {
         Ok(expired.len())
     }
 
+    /// Lists an empty prefix: one small request that fails when the store is down, the
+    /// credentials are refused or the bucket does not exist (a HEAD of a missing key
+    /// would answer 404 for a missing bucket too, and look healthy).
     async fn check(&self) -> Result<(), StoreError> {
-        match self.store.head(&self.keys.probe()).await {
-            Ok(_) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(unavailable("checking the store")(e)),
-        }
+        self.store
+            .list_with_delimiter(Some(&self.keys.probe()))
+            .await
+            .map(drop)
+            .map_err(unavailable("checking the store"))
     }
 }
 
