@@ -188,6 +188,9 @@ impl From<StoreError> for ApiError {
             StoreError::Source(e) => {
                 ApiError::BadRequest(format!("reading the upload failed: {e}"))
             }
+            e @ StoreError::Unavailable { .. } => {
+                ApiError::Unavailable(format!("{e}; retry later"))
+            }
             other => ApiError::Internal(other.to_string()),
         }
     }

@@ -12,6 +12,7 @@
 //! - [`pool`]: the zygote, the pre-forked workers, one run of one job.
 //! - [`state_lock`]: the lock by which one running instance owns a state directory.
 //! - [`sessions`]: stateful Python sessions (registry, expiry, eviction).
+//! - [`cluster`]: replicas: session ids that name their owner, forwarding session calls.
 //! - [`files`]: the file store (uploads, run outputs), staging into and collecting from
 //!   workspaces.
 //! - [`metrics`]: Prometheus metrics (names, closed label sets, the hooks that record),
@@ -22,6 +23,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod files;

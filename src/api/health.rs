@@ -1,8 +1,9 @@
 //! `GET /health`: Onyx's `{"status": "ok"}` plus the pool, the interpreter and the state
 //! of every sandbox layer; `"degraded"` with the reason (`last_spawn_error`) while the
 //! zygote is down or workers cannot be started. `GET /ready`: 200 once the pool has
-//! workers, 503 before that, while the zygote is down or workers cannot be started, and
-//! once shutdown has begun (for load balancers and Kubernetes probes).
+//! workers, 503 before that, while the zygote is down or workers cannot be started, while
+//! the file store cannot be reached, and once shutdown has begun (for load balancers and
+//! Kubernetes probes).
 
 use axum::Json;
 use axum::extract::State;
@@ -42,11 +43,22 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
 }
 
 pub async fn ready(State(state): State<SharedState>) -> Result<Json<Value>, ApiError> {
-    match not_ready(&state) {
-        None => Ok(Json(json!({ "status": "ready" }))),
-        Some(why) => Err(ApiError::NotReady(why)),
+    if let Some(why) = not_ready(&state) {
+        return Err(ApiError::NotReady(why));
+    }
+    // A shared store that cannot be reached fails every file request: say so here too.
+    match tokio::time::timeout(STORE_CHECK_TIMEOUT, state.store.check()).await {
+        Ok(Ok(())) => Ok(Json(json!({ "status": "ready" }))),
+        Ok(Err(e)) => Err(ApiError::NotReady(e.to_string())),
+        Err(_) => Err(ApiError::NotReady(format!(
+            "the file store did not answer within {} ms",
+            STORE_CHECK_TIMEOUT.as_millis()
+        ))),
     }
 }
+
+/// How long `/ready` waits for the file store's answer.
+const STORE_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Why the service should not be sent requests now, if it should not.
 pub(super) fn not_ready(state: &SharedState) -> Option<String> {

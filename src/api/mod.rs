@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::sessions::Sessions;
 
 use crate::auth::{self, Keys};
+use crate::cluster::{self, Cluster};
 use crate::config::Config;
 use crate::files::SharedStore;
 use crate::mcp;
@@ -44,6 +45,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The configured API keys (none: no authentication).
     pub keys: Arc<Keys>,
+    /// This replica's place in a cluster (which replica owns a session).
+    pub cluster: Arc<Cluster>,
     /// Fires when shutdown begins: from then on `/ready` answers 503 and MCP streams end.
     pub stopping: CancellationToken,
 }
@@ -59,6 +62,8 @@ pub fn router(state: SharedState) -> Router {
         .saturating_add(1 << 20);
     let metrics = state.metrics.clone();
     let require_key = middleware::from_fn_with_state(state.keys.clone(), auth::require_key);
+    // Inside the key check: a call is authenticated here before it is forwarded.
+    let forward = middleware::from_fn_with_state(state.clone(), cluster::forward::middleware);
     let api = Router::new()
         .route("/", get(status::page))
         .route("/health", get(health::health))
@@ -97,6 +102,7 @@ pub fn router(state: SharedState) -> Router {
         .fallback(health::not_found)
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state.clone())
+        .layer(forward)
         .layer(require_key.clone());
     // MCP tool calls are carried out through the routes above (and counted there), with the
     // caller's `Authorization` header: the same key, the same tenant, the same scoping.

@@ -6,10 +6,14 @@
 //!
 //! - [`sections`]: one struct per `[section]` of the file, with its defaults.
 //! - [`python`]: where the interpreter and its packages live (`[python]`, venv layout).
+//! - [`s3`]: the file store backend (`files.backend`) and the object store (`[s3]`).
+//! - [`cluster`]: this replica's id and its peers (`[cluster]`).
 //!
 //! A new area of configuration gets a file of its own here and one field in [`Config`].
 
+mod cluster;
 mod python;
+mod s3;
 mod sections;
 
 use std::net::SocketAddr;
@@ -19,7 +23,9 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+pub use self::cluster::{ClusterConfig, valid_replica_id};
 pub use self::python::{PythonConfig, PythonLayout};
+pub use self::s3::{FilesBackend, S3Config};
 pub use self::sections::*;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -38,6 +44,8 @@ pub struct Config {
     pub auth: AuthConfig,
     pub sandbox: SandboxSettings,
     pub log: LogConfig,
+    pub s3: S3Config,
+    pub cluster: ClusterConfig,
 }
 
 impl Default for Config {
@@ -55,6 +63,8 @@ impl Default for Config {
             auth: AuthConfig::default(),
             sandbox: SandboxSettings::default(),
             log: LogConfig::default(),
+            s3: S3Config::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -188,6 +198,14 @@ impl Config {
         }
         if self.sandbox.uid == 0 || self.sandbox.gid == 0 {
             return bad("sandbox.uid and sandbox.gid must not be 0 (root)");
+        }
+        if self.files.backend == FilesBackend::S3
+            && let Some(problem) = self.s3.problem()
+        {
+            return Err(ConfigError::Invalid(problem));
+        }
+        if let Some(problem) = self.cluster.problem() {
+            return Err(ConfigError::Invalid(problem));
         }
         Ok(())
     }

@@ -101,6 +101,8 @@ pub struct WorkerConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FilesConfig {
+    /// `local` (a directory, `dir`) or `s3` (the object store of `[s3]`, shared by replicas).
+    pub backend: super::FilesBackend,
     /// Where stored files and their metadata live; default: `files` under
     /// `worker.state_dir`. Unlike the workspaces it is kept at shutdown, so files survive a
     /// restart.
@@ -272,6 +274,7 @@ impl Default for WorkerConfig {
 impl Default for FilesConfig {
     fn default() -> Self {
         Self {
+            backend: super::FilesBackend::Local,
             dir: None,
             max_file_size_mb: 100,
             ttl_seconds: 3600,

@@ -8,12 +8,14 @@
 //! - [`recent`]: the last durations and failures, for the status page.
 //! - [`http`]: the middleware counting HTTP requests by route and status.
 //! - [`health`]: ready or not, each sandbox layer active or not, the file store's quota.
+//! - [`cluster`]: the file store's operations and the forwarding of session calls.
 //!
 //! Gauges that describe state (pool, file store, memory) are read when scraped, by
 //! [`Metrics::observe`], rather than kept up to date on every change.
 //!
 //! [`PoolEvents`]: crate::pool::events::PoolEvents
 
+pub mod cluster;
 pub mod health;
 pub mod hooks;
 pub mod http;
@@ -104,6 +106,8 @@ pub struct Metrics {
     resident_memory: IntGauge,
     health: HealthGauges,
     pub(crate) recent: Recent,
+    /// The file store and session forwarding.
+    pub cluster: cluster::ClusterMetrics,
 }
 
 /// What the file store holds, read at scrape time.
@@ -219,6 +223,7 @@ impl Metrics {
             ),
             health: HealthGauges::register(&reg),
             recent: Recent::default(),
+            cluster: cluster::ClusterMetrics::new(&reg),
             registry,
             build: OnceLock::new(),
         };

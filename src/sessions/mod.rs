@@ -48,6 +48,9 @@ pub struct SessionSettings {
     pub interrupt_grace: Duration,
     /// Bounds of a replay session's journal.
     pub replay: ReplayLimits,
+    /// Written between `sess_` and the random part of every new session id: in a cluster,
+    /// the replica that owns it (see `crate::cluster`); empty for a single replica.
+    pub id_prefix: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -196,7 +199,11 @@ impl Sessions {
         });
         let now = SystemTime::now();
         let session = Arc::new(Session {
-            id: format!("sess_{}", uuid::Uuid::new_v4().simple()),
+            id: format!(
+                "sess_{}{}",
+                inner.settings.id_prefix,
+                uuid::Uuid::new_v4().simple()
+            ),
             owner: owner.map(str::to_owned),
             created_at: now,
             replay: journal.is_some(),

@@ -125,6 +125,10 @@ pub async fn collect(
                         tracing::warn!(path, error = %e, "the file store has no space left");
                         "the file store has no space left (full or read-only)".into()
                     }
+                    StoreError::Unavailable { .. } => {
+                        tracing::warn!(path, error = %e, "storing a workspace file failed");
+                        format!("could not be stored: {e}")
+                    }
                     _ => {
                         tracing::error!(path, error = %e, "storing a workspace file failed");
                         "could not be stored (internal error)".into()
