@@ -10,6 +10,9 @@
 //! - [`tools`], [`mcp`], [`packages`]: what agents see: tool definitions (OpenAI, Anthropic,
 //!   MCP) generated from the live configuration, the MCP server, the importable packages.
 //! - [`pool`]: the zygote, the pre-forked workers, one run of one job.
+//! - [`codemode`]: host tools sandboxed code calls (`from snakecage import tools`): the
+//!   catalog, its providers (caller over SSE, HTTP, upstream MCP), per-run limits.
+//! - [`runs`]: runs in progress by id (cancel, answer a tool call).
 //! - [`sessions`]: stateful Python sessions (registry, expiry, eviction).
 //! - [`files`]: the file store (uploads, run outputs), staging into and collecting from
 //!   workspaces.
@@ -21,6 +24,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod codemode;
 pub mod config;
 pub mod error;
 pub mod files;
@@ -29,6 +33,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod packages;
 pub mod pool;
+pub mod runs;
 pub mod server;
 pub mod sessions;
 pub mod tools;

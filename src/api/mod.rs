@@ -6,6 +6,7 @@ mod files;
 mod health;
 mod json;
 mod metrics;
+mod runs;
 mod sessions;
 mod status;
 mod stream;
@@ -39,6 +40,10 @@ pub struct AppState {
     pub packages: Packages,
     /// What the tool descriptions say (from the live configuration).
     pub tool_context: ToolContext,
+    /// The operator's tools for sandboxed code (Code Mode), scoped per API key.
+    pub catalog: Arc<crate::codemode::Catalog>,
+    /// Runs in progress, by id (cancel, answer a tool call).
+    pub runs: Arc<crate::runs::Runs>,
     pub metrics: Arc<Metrics>,
     /// The configured API keys (none: no authentication).
     pub keys: Arc<Keys>,
@@ -65,6 +70,12 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/status", get(status::status))
         .route("/v1/packages", get(agents::packages))
         .route("/v1/tools", get(agents::tools))
+        .route("/v1/tools/catalog", get(runs::catalog))
+        .route("/v1/runs/{run_id}", axum::routing::delete(runs::cancel_run))
+        .route(
+            "/v1/runs/{run_id}/tool_calls/{call_id}",
+            post(runs::answer_tool_call),
+        )
         .route("/v1/execute", post(execute::execute))
         .route("/v1/execute/stream", post(execute::execute_stream))
         .route("/v1/sessions", post(sessions::create).get(sessions::list))

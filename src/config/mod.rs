@@ -6,11 +6,13 @@
 //!
 //! - [`sections`]: one struct per `[section]` of the file, with its defaults.
 //! - [`python`]: where the interpreter and its packages live (`[python]`, venv layout).
+//! - [`tools`]: Code Mode: tool call limits and the operator's tools (`[tools]`).
 //!
 //! A new area of configuration gets a file of its own here and one field in [`Config`].
 
 mod python;
 mod sections;
+mod tools;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -21,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::python::{PythonConfig, PythonLayout};
 pub use self::sections::*;
+pub use self::tools::{HttpToolConfig, McpServerConfig, ToolsConfig};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -35,6 +38,7 @@ pub struct Config {
     pub workspace: WorkspaceConfig,
     pub sessions: SessionsConfig,
     pub mcp: McpConfig,
+    pub tools: ToolsConfig,
     pub auth: AuthConfig,
     pub sandbox: SandboxSettings,
     pub log: LogConfig,
@@ -52,6 +56,7 @@ impl Default for Config {
             workspace: WorkspaceConfig::default(),
             sessions: SessionsConfig::default(),
             mcp: McpConfig::default(),
+            tools: ToolsConfig::default(),
             auth: AuthConfig::default(),
             sandbox: SandboxSettings::default(),
             log: LogConfig::default(),
@@ -181,6 +186,7 @@ impl Config {
         if self.sandbox.uid == 0 || self.sandbox.gid == 0 {
             return bad("sandbox.uid and sandbox.gid must not be 0 (root)");
         }
+        self.tools.validate().map_err(ConfigError::Invalid)?;
         Ok(())
     }
 

@@ -6,6 +6,7 @@
 //! - [`capture`]: bounded output buffers.
 //! - [`session`]: a worker kept for a session (run, reset, inspect).
 //! - [`events`]: what the pool reports as it works (for the metrics).
+//! - [`toolcalls`]: tool calls answered while a job runs (Code Mode).
 //!
 //! `size` is both the number of jobs that run at once and the number of idle workers kept
 //! ready, so the next job after a finished one starts on a warm worker at once. A request
@@ -24,6 +25,7 @@ pub mod capture;
 pub mod events;
 pub mod run;
 pub mod session;
+pub mod toolcalls;
 pub mod worker;
 pub mod zygote;
 
