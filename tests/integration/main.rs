@@ -13,3 +13,4 @@ mod prom;
 mod sessions;
 mod stream;
 mod tools;
+mod tools_mcp;
