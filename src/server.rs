@@ -144,7 +144,10 @@ pub async fn serve(
         .map_err(|e| ServeError::Tools(e.to_string()))?;
     metrics.set_tool_names(catalog.names());
     let packages = Packages::new(&info);
-    let tool_context = ToolContext::new(&config, info.python_version.clone(), packages.installed());
+    // The MCP server's descriptions are the same for every caller: they name the host
+    // tools every caller has (the rest are found with tools.search()).
+    let tool_context = ToolContext::new(&config, info.python_version.clone(), packages.installed())
+        .with_code_tools(catalog.public());
     let drain = Duration::from_millis(config.worker.shutdown_drain_ms);
     let stopping = CancellationToken::new();
     let state = Arc::new(AppState {

@@ -20,9 +20,18 @@ pub struct ToolsQuery {
 }
 
 /// The tool definitions, ready to pass as a model call's `tools`.
-pub async fn tools(State(state): State<SharedState>, Query(q): Query<ToolsQuery>) -> Json<Value> {
-    Json(tools::render(
-        &tools::catalog(&state.tool_context),
-        q.format,
-    ))
+/// Their descriptions name the host tools this caller's code may call (Code Mode).
+pub async fn tools(
+    State(state): State<SharedState>,
+    caller: crate::auth::Caller,
+    Query(q): Query<ToolsQuery>,
+) -> Json<Value> {
+    let code_tools = state
+        .catalog
+        .visible_to(caller.owner())
+        .iter()
+        .map(|t| (t.spec.name.clone(), t.spec.description.clone()))
+        .collect();
+    let ctx = state.tool_context.with_code_tools(code_tools);
+    Json(tools::render(&tools::catalog(&ctx), q.format))
 }

@@ -206,6 +206,15 @@ impl Catalog {
             .collect()
     }
 
+    /// `(name, description)` of the tools every caller sees.
+    pub fn public(&self) -> Vec<(String, String)> {
+        self.tools
+            .iter()
+            .filter(|t| t.tenants.is_none())
+            .map(|t| (t.spec.name.clone(), t.spec.description.clone()))
+            .collect()
+    }
+
     /// Every configured tool name (the metrics' label set for `tool`).
     pub fn names(&self) -> Vec<String> {
         self.tools.iter().map(|t| t.spec.name.clone()).collect()

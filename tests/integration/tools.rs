@@ -105,10 +105,26 @@ print(sorted(t['name'] for t in tools.list()))";
     let (_, _, catalog) = s.get("/v1/tools/catalog?query=currency").await;
     let catalog: Value = serde_json::from_str(&catalog).unwrap();
     assert_eq!(catalog["tools"][0]["name"], "convert_currency", "{catalog}");
+    // A model's markdown answer runs with the same tools.
+    let answer = "Let me check.\n```python\nfrom snakecage import tools\nprint(tools.get_weather(city='Olten')['temp'])\n```\n";
+    let body = s
+        .run_with(json!({"code": answer, "code_format": "markdown"}))
+        .await;
+    assert_eq!(body["stdout"], "5\n", "{body}");
+    // What a model is told names the tools and says how to use them.
+    let (_, _, described) = s.get("/v1/tools").await;
+    assert!(
+        described.contains("from snakecage import tools"),
+        "{described}"
+    );
+    assert!(
+        described.contains("convert_currency (Convert an amount between currencies)"),
+        "{described}"
+    );
     let metrics = s.get("/metrics").await.2;
     assert!(
         metrics.contains(
-            r#"snakecage_tool_calls_total{outcome="ok",provider="http",tool="get_weather"} 4"#
+            r#"snakecage_tool_calls_total{outcome="ok",provider="http",tool="get_weather"} 5"#
         ),
         "{metrics}"
     );
