@@ -119,7 +119,13 @@ impl Runs {
         }
     }
 
-    /// Runs in progress (the status page).
+    /// Runs with a tool call waiting for its client's answer (the status page).
+    pub fn waiting_on_caller(&self) -> usize {
+        let runs = self.runs.lock().expect("runs lock");
+        runs.values().filter(|r| r.pending_calls() > 0).count()
+    }
+
+    /// Runs in progress.
     pub fn active(&self) -> usize {
         self.runs.lock().expect("runs lock").len()
     }

@@ -121,6 +121,10 @@ print(sorted(t['name'] for t in tools.list()))";
         described.contains("convert_currency (Convert an amount between currencies)"),
         "{described}"
     );
+    let (_, _, status) = s.get("/v1/status").await;
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["tools"]["calls"], 5, "{status}");
+    assert_eq!(status["tools"]["configured"], 3, "{status}");
     let metrics = s.get("/metrics").await.2;
     assert!(
         metrics.contains(
@@ -490,4 +494,39 @@ async fn sessions_keep_tools_across_runs() {
     let second_code = "print(w['temp'], tools.get_weather(city='Chur')['temp'])";
     let (_, second) = s.post(&path, &json!({"code": second_code})).await;
     assert_eq!(second["stdout"], "5 4\n", "{second}");
+}
+
+#[tokio::test]
+async fn a_session_interrupted_while_a_call_is_pending_keeps_its_state() {
+    let (s, _dir) = server_with_tools("").await;
+    let (status, session) = s.post("/v1/sessions", &json!({})).await;
+    assert_eq!(status, 201, "{session}");
+    let id = session["session_id"].as_str().unwrap();
+    let (_, first) = s
+        .post(
+            &format!("/v1/sessions/{id}/execute"),
+            &json!({"code": "from snakecage import tools\nkept = 'ja'"}),
+        )
+        .await;
+    assert_eq!(first["exit_code"], 0, "{first}");
+    // A declared tool nobody answers, past the run's 1 s deadline (the call's own timeout
+    // is 1.5 s): the job is interrupted, its pending call answered `cancelled`.
+    let resp = s
+        .client
+        .post(format!("{}/v1/sessions/{id}/execute/stream", s.base))
+        .json(&json!({"code": "tools.never_answered()", "tools": declared(), "timeout_ms": 1000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("event: tool_call"), "{text}");
+    assert!(text.contains(r#""timed_out":true"#), "{text}");
+    let (_, after) = s
+        .post(
+            &format!("/v1/sessions/{id}/execute"),
+            &json!({"code": "print(kept, tools.get_weather(city='Aarau')['temp'])"}),
+        )
+        .await;
+    assert_eq!(after["stdout"], "ja 5\n", "{after}");
 }
