@@ -530,3 +530,44 @@ async fn a_session_interrupted_while_a_call_is_pending_keeps_its_state() {
         .await;
     assert_eq!(after["stdout"], "ja 5\n", "{after}");
 }
+
+/// The same with the Python layer off: the OS layers stop raw sockets and process
+/// creation while the program uses tools (ctypes reaches the syscalls directly).
+#[tokio::test]
+async fn with_the_python_layer_off_the_os_layers_still_close_the_sandbox_around_tools() {
+    if !cfg!(target_arch = "x86_64") {
+        return;
+    }
+    let base = tool_service().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[[tools.http]]\nname = \"get_weather\"\ndescription = \"d\"\nurl = \"{base}/weather\"\nmethod = \"GET\"\n"
+    );
+    let path = dir.path().join("snakecage.toml");
+    std::fs::write(&path, config).unwrap();
+    let s = Server::start_with(
+        Options::default()
+            .env("SNAKECAGE_CONFIG", path.display())
+            .env(
+                "SNAKECAGE_SANDBOX__REQUIRE",
+                r#"["network_namespace", "rlimits", "drop_privileges", "no_new_privs", "landlock", "seccomp"]"#,
+            )
+            .env("SNAKECAGE_SANDBOX__LAYERS_OFF", r#"["audit_hook", "import_guard"]"#),
+    )
+    .await;
+    let code = "from snakecage import tools
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+print(tools.get_weather(city='Sion')['temp'])
+for name, call in [('socket', lambda: libc.socket(2, 1, 0)), ('fork', lambda: libc.syscall(57)),
+                   ('execve', lambda: libc.execve(b'/bin/sh', None, None))]:
+    r = call()
+    print(name, r, os.strerror(ctypes.get_errno()))
+print(tools.get_weather(city='Thun')['temp'])";
+    let body = s.run(code).await;
+    assert_eq!(
+        body["stdout"],
+        "4\nsocket -1 Operation not permitted\nfork -1 Operation not permitted\nexecve -1 Operation not permitted\n4\n",
+        "{body}"
+    );
+}
