@@ -35,6 +35,21 @@ async fn tool_service() -> String {
             }),
         )
         .route(
+            "/moved",
+            get(|| async { axum::response::Redirect::temporary("/weather?city=Moved") }),
+        )
+        .route(
+            "/offsite",
+            get(
+                |axum::extract::State(port): axum::extract::State<u16>| async move {
+                    axum::response::Redirect::temporary(&format!(
+                        "http://localhost:{port}/weather?city=Far"
+                    ))
+                },
+            ),
+        )
+        .route("/big", get(|| async { "x".repeat(100_000) }))
+        .route(
             "/slow",
             get(|| async {
                 tokio::time::sleep(Duration::from_secs(600)).await;
@@ -43,6 +58,7 @@ async fn tool_service() -> String {
         );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let app = app.with_state(addr.port());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     format!("http://{addr}")
 }
@@ -55,6 +71,7 @@ async fn server_with_tools(extra: &str) -> (Server, tempfile::TempDir) {
 [tools]
 max_calls_per_run = 20
 call_timeout_ms = 1500
+max_result_bytes = 65536
 {extra}
 
 [[tools.http]]
@@ -69,6 +86,24 @@ name = "convert_currency"
 description = "Convert an amount between currencies"
 parameters = {{ type = "object", properties = {{ amount = {{ type = "number" }}, to = {{ type = "string" }} }}, required = ["amount", "to"] }}
 url = "{base}/convert"
+
+[[tools.http]]
+name = "moved"
+description = "Redirects to the same origin"
+url = "{base}/moved"
+method = "GET"
+
+[[tools.http]]
+name = "offsite"
+description = "Redirects to another host"
+url = "{base}/offsite"
+method = "GET"
+
+[[tools.http]]
+name = "big"
+description = "Answers more than max_result_bytes"
+url = "{base}/big"
+method = "GET"
 
 [[tools.http]]
 name = "slow_lookup"
@@ -98,7 +133,7 @@ print(sorted(t['name'] for t in tools.list()))";
     let body = s.run(code).await;
     assert_eq!(
         body["stdout"],
-        "['get_weather']\n16 6\n東京\n['convert_currency', 'get_weather', 'slow_lookup']\n",
+        "['get_weather']\n16 6\n東京\n['big', 'convert_currency', 'get_weather', 'moved', 'offsite', 'slow_lookup']\n",
         "{body}"
     );
     assert_eq!(body["exit_code"], 0);
@@ -124,7 +159,7 @@ print(sorted(t['name'] for t in tools.list()))";
     let (_, _, status) = s.get("/v1/status").await;
     let status: Value = serde_json::from_str(&status).unwrap();
     assert_eq!(status["tools"]["calls"], 5, "{status}");
-    assert_eq!(status["tools"]["configured"], 3, "{status}");
+    assert_eq!(status["tools"]["configured"], 6, "{status}");
     let metrics = s.get("/metrics").await.2;
     assert!(
         metrics.contains(
@@ -169,6 +204,15 @@ for call in (lambda: tools.get_weather(city=3), lambda: tools.get_weather(town='
     assert_eq!(
         lines[4],
         "ToolError | tool 'convert_currency' answered HTTP 422 Unprocessable Entity | {'amount': 5.0, 'message': 'no rate for that currency'}"
+    );
+    // Redirects: followed to the same origin only; a response over max_result_bytes is
+    // refused as it is read.
+    let code = "from snakecage import tools\nprint(tools.moved()['city'])\nfor name in ('offsite', 'big'):\n    try:\n        tools.call(name)\n    except tools.ToolError as e:\n        print(type(e).__name__, e.message)\n";
+    let body = s.run(code).await;
+    assert_eq!(
+        body["stdout"],
+        "Moved\nToolError tool 'offsite' answered HTTP 307 Temporary Redirect\nToolLimitError the tool's response is larger than the 65536 bytes allowed (tools.max_result_bytes)\n",
+        "{body}"
     );
     // Refused in the worker: nothing reached the supervisor for the first four.
     let metrics = s.get("/metrics").await.2;
