@@ -111,10 +111,14 @@ impl ToolsConfig {
                 "tools.max_calls_per_run and tools.call_timeout_ms must be positive".into(),
             );
         }
-        if self.max_argument_bytes < 2 || self.max_result_bytes < 2 {
-            return Err(
-                "tools.max_argument_bytes and tools.max_result_bytes must be at least 2".into(),
-            );
+        // A call and its answer each travel in one frame of the job socket.
+        let frame_room = snakecage_worker::frame::MAX_FRAME_LEN / 2;
+        if !(2..=frame_room).contains(&self.max_argument_bytes)
+            || !(2..=frame_room).contains(&self.max_result_bytes)
+        {
+            return Err(format!(
+                "tools.max_argument_bytes and tools.max_result_bytes must be between 2 and {frame_room}"
+            ));
         }
         let mut names = std::collections::BTreeSet::new();
         for tool in &self.http {
