@@ -181,3 +181,69 @@ impl ToolsConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn http(name: &str, url: &str) -> HttpToolConfig {
+        HttpToolConfig {
+            name: name.into(),
+            description: "d".into(),
+            parameters: snakecage_worker::toolspec::empty_object_schema(),
+            url: url.into(),
+            method: "GET".into(),
+            headers: BTreeMap::new(),
+            headers_from_env: BTreeMap::new(),
+            tenants: None,
+        }
+    }
+
+    fn invalid(config: ToolsConfig) -> String {
+        config.validate().unwrap_err()
+    }
+
+    #[test]
+    fn bad_tool_configurations_say_what_to_fix() {
+        let with = |tools: Vec<HttpToolConfig>| ToolsConfig {
+            http: tools,
+            ..ToolsConfig::default()
+        };
+        assert!(
+            with(vec![http("ok", "http://127.0.0.1:9/x")])
+                .validate()
+                .is_ok()
+        );
+        assert!(invalid(with(vec![http("a b", "http://h/")])).contains("a tool name is"));
+        assert!(invalid(with(vec![http("a", "ftp://h/")])).contains("http:// or https://"));
+        assert!(
+            invalid(with(vec![http("a", "http://h/"), http("a", "http://h/")]))
+                .contains("used twice")
+        );
+        let mut secret = http("a", "http://h/");
+        secret
+            .headers_from_env
+            .insert("Authorization".into(), "SNAKECAGE_TEST_SURELY_UNSET".into());
+        assert!(invalid(with(vec![secret])).contains("SNAKECAGE_TEST_SURELY_UNSET is not set"));
+        if !cfg!(feature = "tls") {
+            assert!(invalid(with(vec![http("a", "https://h/")])).contains("--features tls"));
+        }
+        let both = McpServerConfig {
+            name: "m".into(),
+            url: Some("http://h/mcp".into()),
+            command: Some(vec!["x".into()]),
+            env: BTreeMap::new(),
+            tenants: None,
+        };
+        let config = ToolsConfig {
+            mcp: vec![both],
+            ..ToolsConfig::default()
+        };
+        assert!(invalid(config).contains("exactly one of url and command"));
+        let config = ToolsConfig {
+            max_result_bytes: usize::MAX,
+            ..ToolsConfig::default()
+        };
+        assert!(invalid(config).contains("must be between 2 and"));
+    }
+}
