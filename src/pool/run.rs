@@ -330,7 +330,8 @@ pub async fn run_in_session(
             result,
             signal,
             kill,
-            cancelled: limits.cancel.as_ref().is_some_and(|c| c.is_cancelled()),
+            // An interrupted job reports (KeyboardInterrupt); only a kill is news here.
+            cancelled: !reported && limits.cancel.as_ref().is_some_and(|c| c.is_cancelled()),
         },
         lost,
     })

@@ -573,6 +573,46 @@ async fn a_session_interrupted_while_a_call_is_pending_keeps_its_state() {
         )
         .await;
     assert_eq!(after["stdout"], "ja 5\n", "{after}");
+    // DELETE /v1/runs/{id} on a session's run interrupts it; the session lives on.
+    let resp = s
+        .client
+        .post(format!("{}/v1/sessions/{id}/execute/stream", s.base))
+        .json(&json!({"code": "import time\nprint('busy', flush=True)\ntime.sleep(30)", "timeout_ms": 60000}))
+        .send()
+        .await
+        .unwrap();
+    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
+    let mut events = Events::new(resp);
+    assert_eq!(events.next().await.unwrap().0, "output");
+    let status = s
+        .client
+        .delete(format!("{}/v1/runs/{run_id}", s.base))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 204);
+    let mut result = Value::Null;
+    while let Some((event, data)) = events.next().await {
+        if event == "result" {
+            result = data;
+            break;
+        }
+    }
+    assert!(
+        result["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("KeyboardInterrupt"),
+        "{result}"
+    );
+    let (_, again) = s
+        .post(
+            &format!("/v1/sessions/{id}/execute"),
+            &json!({"code": "print(kept)"}),
+        )
+        .await;
+    assert_eq!(again["stdout"], "ja\n", "{again}");
 }
 
 /// The same with the Python layer off: the OS layers stop raw sockets and process
