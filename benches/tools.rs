@@ -5,9 +5,13 @@
 //!   calls nothing (the baseline: the run's own cost);
 //! - `tool_calls/loop_1000_http_noop`: the same loop calling a no-op HTTP tool served on
 //!   loopback 1,000 times (`[[tools.http]]`: the worker's frame, the supervisor's checks,
-//!   reqwest to a local axum handler and back).
+//!   reqwest to a local axum handler and back);
+//! - `dispatch/loop_1000_refused`: on a server whose runs may make one call, the same loop
+//!   catching `ToolLimitError` 999 times: each is a full round trip (worker frame out, the
+//!   supervisor's loop and checks, the answer frame back) without a provider, i.e. the
+//!   dispatch overhead.
 //!
-//! Per call: (loop_1000_http_noop − loop_1000_no_calls) / 1000.
+//! Per call: (loop − loop_1000_no_calls) / 1000.
 //!
 //! Needs the release zygote: `cargo build --release -p snakecage-worker`, then
 //! `cargo bench --bench tools`.
@@ -29,7 +33,7 @@ struct Bench {
     _state: tempfile::TempDir,
 }
 
-fn start() -> Bench {
+fn start(max_calls: u64) -> Bench {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -51,7 +55,7 @@ fn start() -> Bench {
     config.python.venv = Some(std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv"));
     config.worker.state_dir = state.path().to_path_buf();
     config.log.level = "warn".into();
-    config.tools.max_calls_per_run = CALLS as u32;
+    config.tools.max_calls_per_run = max_calls as u32;
     config.tools.http.push(HttpToolConfig {
         name: "noop".into(),
         description: "Does nothing".into(),
@@ -112,7 +116,7 @@ async fn run_ok(b: &Bench, body: &serde_json::Value) {
 }
 
 fn tool_calls(c: &mut Criterion) {
-    let b = start();
+    let b = start(CALLS);
     let mut group = c.benchmark_group("tool_calls");
     group.measurement_time(Duration::from_secs(15));
     group.sample_size(20);
@@ -132,6 +136,19 @@ fn tool_calls(c: &mut Criterion) {
             bench.to_async(&b.rt).iter(|| run_ok(&b, &body))
         });
     }
+    group.finish();
+    drop(b);
+
+    let b = start(1);
+    let mut group = c.benchmark_group("dispatch");
+    group.measurement_time(Duration::from_secs(15));
+    group.sample_size(20);
+    group.throughput(Throughput::Elements(CALLS));
+    let code = "from snakecage import tools\nfor _ in range(1000):\n    try:\n        tools.noop()\n    except tools.ToolLimitError:\n        pass";
+    let body = json!({ "code": code, "timeout_ms": 60000 });
+    group.bench_function("loop_1000_refused", |bench| {
+        bench.to_async(&b.rt).iter(|| run_ok(&b, &body))
+    });
     group.finish();
 }
 
