@@ -12,7 +12,7 @@ use snakecage_worker::protocol::{
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::capture::CappedOutput;
+use super::capture::{Capture, Finish};
 use super::events::KillReason;
 use super::toolcalls::{self, Pending, RunTools};
 use super::worker::{Worker, read_pipe};
@@ -459,80 +459,6 @@ fn verdict(result: Option<&JobResult>, timed_out: bool, truncated: bool) -> RunV
         Some(_) if truncated => RunVerdict::OutputLimit,
         Some(r) if r.exit_code == 0 => RunVerdict::Ok,
         Some(_) => RunVerdict::Error,
-    }
-}
-
-struct Capture {
-    stdout: CappedOutput,
-    stderr: CappedOutput,
-    stdout_open: bool,
-    stderr_open: bool,
-    chunks: Option<mpsc::Sender<OutputChunk>>,
-}
-
-impl Capture {
-    fn new(max: usize, chunks: Option<mpsc::Sender<OutputChunk>>) -> Self {
-        Self {
-            stdout: CappedOutput::new(max),
-            stderr: CappedOutput::new(max),
-            stdout_open: true,
-            stderr_open: true,
-            chunks,
-        }
-    }
-
-    async fn push(&mut self, stream: Stream, bytes: &[u8]) {
-        let out = match stream {
-            Stream::Stdout => &mut self.stdout,
-            Stream::Stderr => &mut self.stderr,
-        };
-        let kept = out.push(bytes);
-        if let (Some(tx), false) = (&self.chunks, kept.is_empty()) {
-            // A gone listener (client disconnected) is the caller's business, not ours.
-            let _ = tx
-                .send(OutputChunk {
-                    stream,
-                    data: kept.to_vec(),
-                })
-                .await;
-        }
-    }
-
-    /// Reads whatever is already in the pipes, without waiting for more.
-    async fn drain(&mut self, worker: &Worker, buf: &mut [u8]) {
-        for stream in [Stream::Stdout, Stream::Stderr] {
-            let (fd, open) = match stream {
-                Stream::Stdout => (&worker.stdout, self.stdout_open),
-                Stream::Stderr => (&worker.stderr, self.stderr_open),
-            };
-            if !open {
-                continue;
-            }
-            loop {
-                match read_pipe(fd, buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        let chunk = buf[..n].to_vec();
-                        self.push(stream, &chunk).await;
-                    }
-                }
-            }
-        }
-    }
-
-    fn truncated(&self) -> bool {
-        self.stdout.truncated() || self.stderr.truncated()
-    }
-}
-
-trait Finish {
-    fn finish(self) -> (String, bool);
-}
-
-impl Finish for CappedOutput {
-    fn finish(self) -> (String, bool) {
-        let truncated = self.truncated();
-        (self.into_string(), truncated)
     }
 }
 

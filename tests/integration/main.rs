@@ -13,4 +13,5 @@ mod prom;
 mod sessions;
 mod stream;
 mod tools;
+mod tools_caller;
 mod tools_mcp;
