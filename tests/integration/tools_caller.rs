@@ -196,6 +196,10 @@ except tools.ToolTimeoutError as e:
         )
         .await;
     assert_eq!(status, 404);
+    // Nothing is left waiting: no run holds a pending call.
+    let (_, _, status) = s.get("/v1/status").await;
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["tools"]["runs_waiting"], 0, "{status}");
 }
 
 #[tokio::test]
