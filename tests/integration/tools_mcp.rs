@@ -48,8 +48,18 @@ async fn run(client: &reqwest::Client, base: &str, code: &str) -> Value {
     resp.json().await.unwrap()
 }
 
+/// The fixture server's process, killed when dropped (a failing test leaves nothing).
+struct Upstream(std::process::Child);
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts the fixture server over streamable HTTP and waits until it listens.
-fn http_upstream() -> (std::process::Child, u16) {
+fn http_upstream() -> (Upstream, u16) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -62,6 +72,7 @@ fn http_upstream() -> (std::process::Child, u16) {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("run .venv-tools/bin/python (scripts/test creates .venv-tools)");
+    let child = Upstream(child);
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(Instant::now() < deadline, "the MCP fixture did not start");
@@ -76,7 +87,7 @@ async fn upstream_mcp_tools_are_python_functions_scoped_per_key() {
     let keys = dir.path().join("keys.toml");
     let alice = keys_add(&keys, "alice");
     let bob = keys_add(&keys, "bob");
-    let (mut upstream, port) = http_upstream();
+    let (_upstream, port) = http_upstream();
     let python = repo_root().join(".venv-tools/bin/python");
     let script = repo_root().join("tests/clients/mcp_upstream.py");
     let config = format!(
@@ -190,8 +201,4 @@ try:\n    tools.call('calc_add', a=1, b=2)\nexcept tools.UnknownToolError as e:\
         text.push_str(&String::from_utf8_lossy(&chunk));
     }
     assert!(text.contains(r#""stdout":"ja\n""#), "{text}");
-
-    drop(s);
-    let _ = upstream.kill();
-    let _ = upstream.wait();
 }
