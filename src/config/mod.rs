@@ -8,6 +8,7 @@
 //! - [`python`]: where the interpreter and its packages live (`[python]`, venv layout).
 //! - [`s3`]: the file store backend (`files.backend`) and the object store (`[s3]`).
 //! - [`cluster`]: this replica's id and its peers (`[cluster]`).
+//! - [`tools`]: Code Mode: tool call limits and the operator's tools (`[tools]`).
 //!
 //! A new area of configuration gets a file of its own here and one field in [`Config`].
 
@@ -15,6 +16,7 @@ mod cluster;
 mod python;
 mod s3;
 mod sections;
+mod tools;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -27,6 +29,7 @@ pub use self::cluster::{ClusterConfig, valid_replica_id};
 pub use self::python::{PythonConfig, PythonLayout};
 pub use self::s3::{FilesBackend, S3Config};
 pub use self::sections::*;
+pub use self::tools::{HttpToolConfig, McpServerConfig, ToolsConfig};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -41,6 +44,7 @@ pub struct Config {
     pub workspace: WorkspaceConfig,
     pub sessions: SessionsConfig,
     pub mcp: McpConfig,
+    pub tools: ToolsConfig,
     pub auth: AuthConfig,
     pub sandbox: SandboxSettings,
     pub log: LogConfig,
@@ -60,6 +64,7 @@ impl Default for Config {
             workspace: WorkspaceConfig::default(),
             sessions: SessionsConfig::default(),
             mcp: McpConfig::default(),
+            tools: ToolsConfig::default(),
             auth: AuthConfig::default(),
             sandbox: SandboxSettings::default(),
             log: LogConfig::default(),
@@ -207,6 +212,7 @@ impl Config {
         if let Some(problem) = self.cluster.problem() {
             return Err(ConfigError::Invalid(problem));
         }
+        self.tools.validate().map_err(ConfigError::Invalid)?;
         Ok(())
     }
 

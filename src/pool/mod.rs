@@ -7,6 +7,7 @@
 //! - [`session`]: a worker kept for a session (run, reset, inspect).
 //! - [`events`]: what the pool reports as it works (for the metrics).
 //! - [`root`]: the workspace root this instance owns (locked), recreated if it vanishes.
+//! - [`toolcalls`]: tool calls answered while a job runs (Code Mode).
 //!
 //! `size` is both the number of jobs that run at once and the number of idle workers kept
 //! ready, so the next job after a finished one starts on a warm worker at once. A request
@@ -30,6 +31,7 @@ pub mod events;
 pub mod root;
 pub mod run;
 pub mod session;
+pub mod toolcalls;
 pub mod worker;
 pub mod zygote;
 

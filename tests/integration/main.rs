@@ -26,3 +26,6 @@ mod s3_store;
 mod sessions;
 mod stream;
 mod timeouts;
+mod tools;
+mod tools_caller;
+mod tools_mcp;
