@@ -18,7 +18,7 @@ use tokio_util::io::{ReaderStream, StreamReader};
 use super::SharedState;
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::files::FileMeta;
+use crate::files::{FileMeta, StoreError};
 
 /// The multipart field that carries the file.
 const FILE_FIELD: &str = "file";
@@ -40,10 +40,22 @@ pub async fn upload(
         }
         let filename = field.file_name().unwrap_or("file").to_owned();
         let mut body = StreamReader::new(field.map_err(io::Error::other));
-        let meta = state
+        let meta = match state
             .store
             .put(caller.file_owner(), &filename, &mut body)
-            .await?;
+            .await
+        {
+            Ok(meta) => meta,
+            Err(e) => {
+                if !matches!(e, StoreError::Source(_)) {
+                    // Refused mid-upload (too large, quota, no space): read what the client
+                    // still sends (the body limit bounds it), so it receives this answer
+                    // instead of a connection reset while it writes.
+                    let _ = tokio::io::copy(&mut body, &mut tokio::io::sink()).await;
+                }
+                return Err(e.into());
+            }
+        };
         tracing::info!(file_id = %meta.file_id, size = meta.size_bytes, "file uploaded");
         return Ok((
             StatusCode::CREATED,
