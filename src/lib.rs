@@ -9,7 +9,8 @@
 //! - [`markdown`]: the Python blocks of a model's markdown answer (`code_format: markdown`).
 //! - [`tools`], [`mcp`], [`packages`]: what agents see: tool definitions (OpenAI, Anthropic,
 //!   MCP) generated from the live configuration, the MCP server, the importable packages.
-//! - [`pool`]: the zygote, the pre-forked workers, one run of one job.
+//! - [`pool`]: the zygotes (one per tier), the pre-forked workers, one run of one job.
+//! - [`imports`]: the modules a job's code imports, read statically to pick its tier.
 //! - [`sessions`]: stateful Python sessions (registry, expiry, eviction).
 //! - [`files`]: the file store (uploads, run outputs), staging into and collecting from
 //!   workspaces.
@@ -24,6 +25,7 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod files;
+pub mod imports;
 pub mod markdown;
 pub mod mcp;
 pub mod metrics;
