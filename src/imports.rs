@@ -7,13 +7,52 @@
 //! statements; `from` starts one only when a dotted name and `import` follow it (not in
 //! `yield from` or `raise … from`). Relative imports (`from . import x`) name local
 //! modules and are left out. Dynamic imports (`__import__("x")`,
-//! `importlib.import_module(...)`) cannot be seen here; callers must treat the result
-//! as a hint. Linear in the input, no recursion, never panics on malformed code.
+//! `importlib.import_module(...)`, `exec`) cannot be read here, only noticed ([`Scan`]
+//! says so); code that hides even that (a name built at run time) is not noticed, so
+//! callers must treat the result as a hint. Linear in the input, no recursion, never
+//! panics on malformed code.
+
+/// What a scan of some source found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scan {
+    /// The absolute modules imported, each once, in order of first appearance.
+    pub modules: Vec<String>,
+    /// The code names `__import__`, `import_module`, `exec` or `eval`: it may import
+    /// modules the scan cannot see.
+    pub dynamic: bool,
+    /// The code calls a `.plot`, `.hist` or `.boxplot` method (pandas draws those with
+    /// matplotlib, importing it on first use).
+    pub plots: bool,
+}
+
+/// Names whose use means imports may happen that no import statement shows.
+const DYNAMIC: [&str; 4] = ["__import__", "import_module", "exec", "eval"];
+/// Methods through which pandas imports matplotlib behind the caller's back.
+const PLOTTING_METHODS: [&str; 3] = ["plot", "hist", "boxplot"];
+
+/// Scans `source`: its imports, and the signs of imports it cannot see.
+pub fn scan(source: &str) -> Scan {
+    let tokens = Tokens::new(source).collect::<Vec<_>>();
+    let dynamic = tokens
+        .iter()
+        .any(|t| matches!(t, Tok::Name(n) if DYNAMIC.contains(n)));
+    let plots = tokens
+        .windows(2)
+        .any(|pair| matches!(pair, [Tok::Dot, Tok::Name(n)] if PLOTTING_METHODS.contains(n)));
+    Scan {
+        modules: modules_in(&tokens),
+        dynamic,
+        plots,
+    }
+}
 
 /// The absolute modules `source` imports, each once, in order of first appearance
 /// (`import a.b` gives `a.b`; `from a.b import c` gives `a.b`).
 pub fn imported_modules(source: &str) -> Vec<String> {
-    let tokens = Tokens::new(source).collect::<Vec<_>>();
+    modules_in(&Tokens::new(source).collect::<Vec<_>>())
+}
+
+fn modules_in(tokens: &[Tok<'_>]) -> Vec<String> {
     let mut found: Vec<String> = Vec::new();
     let mut add = |name: String| {
         if !found.contains(&name) {
@@ -30,7 +69,7 @@ pub fn imported_modules(source: &str) -> Vec<String> {
                     relative = true;
                     j += 1;
                 }
-                let (name, next) = dotted(&tokens, j);
+                let (name, next) = dotted(tokens, j);
                 if tokens.get(next) == Some(&Tok::Name("import")) {
                     if let (Some(name), false) = (name, relative) {
                         add(name);
@@ -47,7 +86,7 @@ pub fn imported_modules(source: &str) -> Vec<String> {
             Tok::Name("import") => {
                 let mut j = i + 1;
                 loop {
-                    let (name, next) = dotted(&tokens, j);
+                    let (name, next) = dotted(tokens, j);
                     let Some(name) = name else { break };
                     add(name);
                     j = next;
@@ -413,6 +452,34 @@ import real3  # import fake12
         src.push_str(&format!("s = '''{}'''\n", "import fake\n".repeat(100_000)));
         src.push_str("from pandas import DataFrame\n");
         assert_eq!(scan(&src), ["numpy", "pandas"]);
+    }
+
+    #[test]
+    fn dynamic_imports_and_pandas_plotting_are_noticed() {
+        assert!(!super::scan("import json\nprint(json.dumps(1))").dynamic);
+        for src in [
+            "pd = __import__('pandas')",
+            "import importlib\nm = importlib.import_module('numpy')",
+            "exec('import numpy')",
+            "x = eval('1 + 1')",
+        ] {
+            assert!(super::scan(src).dynamic, "{src}");
+        }
+        // Only as names: in strings, comments or as parts of longer names they do not count.
+        for src in [
+            "s = '__import__'  # exec",
+            "executor = 1\nevaluate = 2",
+            "x.exec_ = 3",
+        ] {
+            assert!(!super::scan(src).dynamic, "{src}");
+        }
+        let plots =
+            super::scan("import pandas as pd\ndf = pd.DataFrame({'a': [1]})\ndf.plot(kind='bar')");
+        assert!(plots.plots);
+        assert_eq!(plots.modules, ["pandas"]);
+        assert!(super::scan("df['a'].hist()").plots);
+        assert!(!super::scan("plot = 1\nprint(plot)").plots);
+        assert!(!super::scan("s = 'df.plot()'").plots);
     }
 
     #[test]

@@ -6,11 +6,13 @@
 //!
 //! - [`sections`]: one struct per `[section]` of the file, with its defaults.
 //! - [`python`]: where the interpreter and its packages live (`[python]`, venv layout).
+//! - [`tiers`]: the zygote tiers and their preload profiles (`[tiers]`).
 //!
 //! A new area of configuration gets a file of its own here and one field in [`Config`].
 
 mod python;
 mod sections;
+mod tiers;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -21,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::python::{PythonConfig, PythonLayout};
 pub use self::sections::*;
+pub use self::tiers::{TierProfile, TiersConfig};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -30,6 +33,7 @@ pub struct Config {
     pub pool: PoolConfig,
     pub limits: LimitsConfig,
     pub python: PythonConfig,
+    pub tiers: TiersConfig,
     pub worker: WorkerConfig,
     pub files: FilesConfig,
     pub workspace: WorkspaceConfig,
@@ -47,6 +51,7 @@ impl Default for Config {
             pool: PoolConfig::default(),
             limits: LimitsConfig::default(),
             python: PythonConfig::default(),
+            tiers: TiersConfig::default(),
             worker: WorkerConfig::default(),
             files: FilesConfig::default(),
             workspace: WorkspaceConfig::default(),
@@ -181,7 +186,7 @@ impl Config {
         if self.sandbox.uid == 0 || self.sandbox.gid == 0 {
             return bad("sandbox.uid and sandbox.gid must not be 0 (root)");
         }
-        Ok(())
+        self.tiers.validate()
     }
 
     /// Where stored files live.

@@ -65,6 +65,14 @@ impl IdleSet {
         }
     }
 
+    /// Takes the newest idle worker out for good (to be dropped, which kills it), with its
+    /// permit, if one can be had at once.
+    pub(super) fn retire_newest(&self) -> Option<Worker> {
+        let permit = self.available.try_acquire().ok()?;
+        permit.forget();
+        self.workers.lock().expect("idle lock").pop_back()
+    }
+
     /// Waits until one of `sets` has a worker available and takes it: the index in `sets`
     /// and what was found. Cancel-safe: a permit is claimed only by the future that wins.
     pub(super) async fn take_any(sets: &[&IdleSet]) -> Result<(usize, Taken), AcquireError> {

@@ -8,16 +8,30 @@
 //! - [`events`]: what the pool reports as it works (for the metrics).
 //! - [`checkout`]: what callers hold (a checked-out worker, a slot, a finished run).
 //! - [`status`]: counters and the snapshot `/health` and the metrics read.
-//! - `tier`: one zygote with its idle workers; `idle`: one tier's idle set; `slots`: the
-//!   execution slots and the FIFO queue; `refill`: forking ahead of demand; `keeper`:
-//!   starting and restarting zygotes; `fd`: pipes and fds on the supervisor's side.
+//! - `tier`: one zygote with its idle workers; `tiers`: routing jobs to tiers and the
+//!   idle targets; `idle`: one tier's idle set; `slots`: the execution slots and the FIFO
+//!   queue; `refill`: forking ahead of demand; `keeper`: starting and restarting zygotes;
+//!   `fd`: pipes and fds on the supervisor's side.
 //!
-//! `size` is both the number of jobs that run at once and the number of idle workers kept
-//! ready, so the next job after a finished one starts on a warm worker at once. A request
-//! takes a slot and an idle worker (waiting in a bounded FIFO queue when all slots are
-//! busy), runs one job and drops the worker: a worker is never reused.
-//! A background task refills the pool off the request path; another restarts the zygote
-//! when it dies. Idle workers of a dead zygote died with it and are skipped.
+//! **Tiers.** The pool runs one zygote per configured tier (`[tiers]`: e.g. `bare`,
+//! `scientific` with numpy and pandas, `plotting` with matplotlib too), each with its own
+//! idle workers. A job goes to the lightest tier whose preloads cover the modules its code
+//! imports, read statically ([`crate::imports`]); when that tier has no idle worker a
+//! fuller tier's serves it. Any code runs correctly on any tier (a module that is not
+//! preloaded is imported when the job asks for it, just slower), so an import the scanner
+//! cannot see (`__import__`, `importlib`) only costs time. Jobs given as an entrypoint
+//! file go to the fullest tier, sessions to `tiers.session` (by default the fullest:
+//! their later runs may import anything).
+//!
+//! **`size`** is the number of jobs that run at once (over all tiers), and the number of
+//! idle workers kept ready on top of `tiers.min_idle` per tier: every tier keeps its
+//! floor, and the `size` others are split over the tiers by an EWMA of recent demand, so
+//! the next jobs of the current traffic mix start on warm workers of the right tier.
+//! A request takes a slot and an idle worker (waiting in a bounded FIFO queue when all
+//! slots are busy), runs one job and drops the worker: a worker is never reused.
+//! A background task refills the tiers off the request path (and retires idle workers a
+//! tier no longer needs); another per tier restarts its zygote when it dies. Idle workers
+//! of a dead zygote died with it and are skipped.
 //!
 //! Sessions take a worker from the idle set too (the refill replaces it) and keep it, but
 //! an idle session holds no execution slot: its worker is asleep. Each session *run* takes
@@ -37,6 +51,7 @@ pub mod session;
 mod slots;
 pub mod status;
 mod tier;
+mod tiers;
 pub mod worker;
 pub mod zygote;
 
@@ -45,7 +60,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use snakecage_worker::protocol::{Job, Layer, ZygoteConfig, ZygoteInfo};
+use snakecage_worker::protocol::{Job, Layer, ZygoteInfo};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -57,13 +72,16 @@ pub use self::keeper::check_required;
 use self::run::{OutputChunk, RunError, RunLimits, RunOutcome};
 use self::session::SessionWorker;
 use self::slots::Slots;
-pub use self::status::{PoolCounters, PoolStatus, ZygoteStatus};
-use self::tier::{Tier, TierSettings};
+pub use self::status::{PoolCounters, PoolStatus, TierStatus, ZygoteStatus};
+use self::tier::Tier;
+pub use self::tier::TierSettings;
+use self::tiers::TierTable;
 use self::worker::Worker;
 use self::zygote::ZygoteError;
 
 #[derive(Debug, Clone)]
 pub struct PoolSettings {
+    /// Jobs that run at once; also the idle workers spread over the tiers by demand.
     pub size: usize,
     pub queue_length: usize,
     pub queue_timeout: Duration,
@@ -71,7 +89,12 @@ pub struct PoolSettings {
     pub worker_binary: PathBuf,
     /// Parent of the per-worker workspaces; created at start, removed at shutdown.
     pub workspace_root: PathBuf,
-    pub zygote: ZygoteConfig,
+    /// The tiers, lightest first; at least one.
+    pub tiers: Vec<TierSettings>,
+    /// The index in `tiers` of the tier sessions start on.
+    pub session_tier: usize,
+    /// Idle workers each tier keeps however little demand it sees.
+    pub min_idle: usize,
     /// Sandbox layers that must be active; a zygote without one of them is not used.
     pub require: Vec<Layer>,
 }
@@ -97,6 +120,9 @@ pub enum PoolError {
     },
 }
 
+/// Code longer than this is scanned for its imports on a blocking thread.
+const SCAN_OFF_THREAD_BYTES: usize = 256 << 10;
+
 #[derive(Clone)]
 pub struct Pool {
     inner: Arc<Inner>,
@@ -105,6 +131,7 @@ pub struct Pool {
 struct Inner {
     settings: PoolSettings,
     tiers: Vec<Tier>,
+    table: TierTable,
     slots: Slots,
     next_worker_id: AtomicU64,
     refill: Notify,
@@ -114,7 +141,8 @@ struct Inner {
 }
 
 impl Pool {
-    /// Starts the zygote (waiting for it to be ready), then the refill and restart tasks.
+    /// Starts every tier's zygote (waiting for them to be ready), then the refill and
+    /// restart tasks.
     pub async fn start(settings: PoolSettings) -> Result<Self, PoolError> {
         Self::start_observed(settings, Arc::new(NoEvents)).await
     }
@@ -132,14 +160,48 @@ impl Pool {
             path: root.clone(),
             source,
         })?;
-        let zygote = keeper::start_zygote(&settings, &settings.zygote, 0).await?;
-        let tier = TierSettings {
-            name: "default".to_owned(),
-            zygote: settings.zygote.clone(),
-        };
+        assert!(!settings.tiers.is_empty(), "a pool needs at least one tier");
+        let started = futures_util::future::join_all(
+            settings
+                .tiers
+                .iter()
+                .map(|tier| keeper::start_zygote(&settings, &tier.zygote, 0)),
+        )
+        .await;
+        let mut zygotes = Vec::new();
+        let mut failure = None;
+        for result in started {
+            match result {
+                Ok(zygote) => zygotes.push(zygote),
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
+        if let Some(e) = failure {
+            for zygote in zygotes {
+                zygote.shutdown(Duration::from_secs(5)).await;
+            }
+            return Err(e);
+        }
+        let preloads: Vec<Vec<String>> = settings
+            .tiers
+            .iter()
+            .map(|t| t.zygote.preload.clone())
+            .collect();
+        let session_tier = settings.session_tier.min(settings.tiers.len() - 1);
+        let table = TierTable::new(&preloads, session_tier, settings.min_idle, settings.size);
+        let targets = table.targets();
+        let tiers = settings
+            .tiers
+            .iter()
+            .cloned()
+            .zip(zygotes)
+            .zip(targets)
+            .map(|((tier, zygote), target)| Tier::new(tier, zygote, target))
+            .collect();
         let shutdown = CancellationToken::new();
         let inner = Arc::new(Inner {
-            tiers: vec![Tier::new(tier, zygote, settings.size)],
+            tiers,
+            table,
             slots: Slots::new(
                 settings.size,
                 settings.queue_length,
@@ -160,28 +222,48 @@ impl Pool {
         Ok(Self { inner })
     }
 
+    /// What the session tier's zygote (by default the fullest) reported at start-up.
     pub fn zygote_info(&self) -> ZygoteInfo {
-        self.inner.tiers[0].current_zygote().info.clone()
+        self.inner.tiers[self.inner.table.session]
+            .current_zygote()
+            .info
+            .clone()
+    }
+
+    /// The tiers' names, lightest first (the closed label set of the tier metrics).
+    pub fn tier_names(&self) -> Vec<String> {
+        self.inner.tiers.iter().map(|t| t.name.clone()).collect()
+    }
+
+    /// The tier a job would be routed to, by name.
+    pub fn route(&self, job: &Job) -> &str {
+        &self.inner.tiers[self.inner.route(job)].name
     }
 
     pub fn counters(&self) -> &PoolCounters {
         &self.inner.counters
     }
 
-    /// Takes an execution slot and an idle worker, waiting in the FIFO queue when all
-    /// `size` slots are busy (or, briefly, when the refill has not caught up).
+    /// Takes an execution slot and an idle worker of the fullest tier (the code to run is
+    /// not known), waiting in the FIFO queue when all `size` slots are busy (or, briefly,
+    /// when the refill has not caught up).
     pub async fn acquire(&self) -> Result<Checkout, PoolError> {
+        self.acquire_on(self.inner.tiers.len() - 1).await
+    }
+
+    /// [`Pool::acquire`] for a job routed to tier `routed`.
+    async fn acquire_on(&self, routed: usize) -> Result<Checkout, PoolError> {
         let started = Instant::now();
-        let result = self.checkout().await;
+        let result = self.checkout(routed).await;
         self.inner.observe_wait(started, &result);
         result
     }
 
-    async fn checkout(&self) -> Result<Checkout, PoolError> {
+    async fn checkout(&self, routed: usize) -> Result<Checkout, PoolError> {
         let inner = &self.inner;
         let deadline = inner.slots.deadline();
         let slot = inner.slots.acquire(&inner.slots.all, deadline).await?;
-        let worker = inner.take_idle(deadline).await?;
+        let worker = inner.take_idle(routed, deadline).await?;
         Ok(Checkout {
             worker,
             _slot: slot,
@@ -216,7 +298,10 @@ impl Pool {
         let mut last_error = String::new();
         for _ in 0..3 {
             let deadline = self.inner.slots.deadline();
-            let worker = self.inner.take_idle(deadline).await?;
+            let worker = self
+                .inner
+                .take_idle(self.inner.table.session, deadline)
+                .await?;
             match SessionWorker::start(worker).await {
                 Ok(worker) => return Ok(worker),
                 Err(e) => {
@@ -252,13 +337,22 @@ impl Pool {
         chunks: Option<mpsc::Sender<OutputChunk>>,
         stager: &S,
     ) -> Result<Finished<S::Staged>, S::Error> {
+        let routed = if job.code.len() > SCAN_OFF_THREAD_BYTES {
+            let inner = self.inner.clone();
+            let code = job.clone();
+            tokio::task::spawn_blocking(move || inner.route(&code))
+                .await
+                .unwrap_or(self.inner.tiers.len() - 1)
+        } else {
+            self.inner.route(&job)
+        };
         let mut last_error = String::new();
         for _ in 0..3 {
             let Checkout {
                 mut worker,
                 _slot,
                 _busy,
-            } = self.acquire().await?;
+            } = self.acquire_on(routed).await?;
             let abandoned = AbandonGuard::new(&*self.inner.events);
             // A staging failure drops the checkout: the worker is killed, no code ran.
             let staged = match stager.stage(worker.workspace_path()).await {
@@ -300,24 +394,26 @@ impl Pool {
 
     pub fn status(&self) -> PoolStatus {
         let inner = &self.inner;
-        let tier = &inner.tiers[0];
-        let zygote = tier.current_zygote();
+        let tiers: Vec<TierStatus> = inner.tiers.iter().map(Tier::status).collect();
+        let session = &tiers[inner.table.session];
+        let zygote = session.zygote.clone().map(|z| ZygoteStatus {
+            alive: tiers
+                .iter()
+                .all(|t| t.zygote.as_ref().is_some_and(|z| z.alive)),
+            ..z
+        });
         PoolStatus {
             target_size: inner.settings.size,
-            idle: tier.idle.len(),
+            idle: tiers.iter().map(|t| t.idle).sum(),
             busy: inner.slots.busy.load(Ordering::Relaxed),
-            spawning: tier.spawning.load(Ordering::Relaxed),
+            spawning: tiers.iter().map(|t| t.spawning).sum(),
             queue_depth: inner.slots.waiting.load(Ordering::Relaxed),
             queue_length: inner.settings.queue_length,
-            zygote: Some(ZygoteStatus {
-                pid: zygote.info.pid,
-                generation: zygote.generation,
-                alive: zygote.is_alive(),
-                python_version: zygote.info.python_version.clone(),
-            }),
+            zygote,
             workers_spawned: inner.counters.workers_spawned.load(Ordering::Relaxed),
             spawn_failures: inner.counters.spawn_failures.load(Ordering::Relaxed),
             zygote_restarts: inner.counters.zygote_restarts.load(Ordering::Relaxed),
+            tiers,
         }
     }
 
@@ -340,11 +436,29 @@ impl Pool {
 }
 
 impl Inner {
-    /// An idle worker of the current zygote, waiting (until `deadline`) for the refill.
-    async fn take_idle(&self, deadline: tokio::time::Instant) -> Result<Worker, PoolError> {
-        let candidates: Vec<&IdleSet> = self.tiers.iter().map(|t| &t.idle).collect();
+    /// The tier a job goes to, from the modules its code imports.
+    fn route(&self, job: &Job) -> usize {
+        let code = job.entrypoint.is_none().then_some(job.code.as_str());
+        self.table.route(code)
+    }
+
+    /// An idle worker for a job routed to tier `routed`: of that tier, else of a fuller
+    /// one, waiting (until `deadline`) for the refill when none has one. Counts the demand.
+    async fn take_idle(
+        &self,
+        routed: usize,
+        deadline: tokio::time::Instant,
+    ) -> Result<Worker, PoolError> {
+        if let Some(targets) = self.table.record(routed) {
+            for (tier, target) in self.tiers.iter().zip(targets) {
+                tier.target.store(target, Ordering::Release);
+            }
+            self.refill.notify_one();
+        }
+        let candidates = self.table.candidates(routed);
+        let sets: Vec<&IdleSet> = candidates.iter().map(|&i| &self.tiers[i].idle).collect();
         loop {
-            let (index, taken) = match candidates
+            let (index, taken) = match sets
                 .iter()
                 .enumerate()
                 .find_map(|(i, set)| set.try_take().map(|taken| (i, taken)))
@@ -352,17 +466,21 @@ impl Inner {
                 Some(found) => found,
                 None => {
                     let _waiting = self.slots.waiting();
-                    self.slots
-                        .wait(IdleSet::take_any(&candidates), deadline)
-                        .await?
+                    // A tier whose target is 0 still gets a worker for a job that waits.
+                    let _wanted = self.tiers[routed].want();
+                    self.refill.notify_one();
+                    self.slots.wait(IdleSet::take_any(&sets), deadline).await?
                 }
             };
             self.refill.notify_one();
             let Taken::Worker(mut worker) = taken else {
                 continue;
             };
-            let tier = &self.tiers[index];
+            let tier = &self.tiers[candidates[index]];
             if worker.generation == tier.current_zygote().generation && worker.is_alive() {
+                tier.checkouts.fetch_add(1, Ordering::Relaxed);
+                self.events
+                    .checked_out(&tier.name, &self.tiers[routed].name);
                 return Ok(worker);
             }
             // Died with its zygote while idle: skip it, the refill replaces it.

@@ -1,5 +1,6 @@
 //! Keeping every tier stocked: the refill task forks workers ahead of demand, off the
-//! request path, until each tier has as many idle (or starting) workers as its target.
+//! request path, until each tier has as many idle (or starting) workers as its target;
+//! and retiring the idle workers a tier no longer needs when its target falls.
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -34,8 +35,15 @@ pub(super) async fn refill_loop(inner: Arc<Inner>) {
             if !zygote.is_alive() {
                 continue;
             }
-            let target = tier.target.load(Ordering::Acquire);
-            for _ in 0..target.saturating_sub(tier.stocked()) {
+            let wanted = tier.wanted();
+            // Retire idle workers the tier no longer needs (with a margin of one, so a
+            // target that wavers does not churn forks).
+            while tier.idle.len() > wanted + 1 {
+                if tier.idle.retire_newest().is_none() {
+                    break;
+                }
+            }
+            for _ in 0..wanted.saturating_sub(tier.stocked()) {
                 tier.spawning.fetch_add(1, Ordering::AcqRel);
                 tokio::spawn(spawn_one(inner.clone(), index, zygote.clone()));
             }

@@ -26,6 +26,24 @@ pub struct PoolStatus {
     pub workers_spawned: u64,
     pub spawn_failures: u64,
     pub zygote_restarts: u64,
+    /// Each tier, lightest first. `idle` and `spawning` above are their sums; `zygote`
+    /// above is the session tier's, alive only while every tier's zygote is.
+    pub tiers: Vec<TierStatus>,
+}
+
+/// One tier of the pool.
+#[derive(Debug, Clone, Serialize)]
+pub struct TierStatus {
+    pub name: String,
+    /// The modules its zygote was configured to preload.
+    pub preload: Vec<String>,
+    pub idle: usize,
+    pub spawning: usize,
+    /// Idle workers it keeps ready now (follows the recent demand).
+    pub target_idle: usize,
+    /// Workers taken from it so far, for jobs and sessions.
+    pub checkouts: u64,
+    pub zygote: Option<ZygoteStatus>,
 }
 
 #[derive(Debug, Clone, Serialize)]

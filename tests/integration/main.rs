@@ -12,3 +12,4 @@ mod overload;
 mod prom;
 mod sessions;
 mod stream;
+mod tiers;
