@@ -235,11 +235,6 @@ impl Pool {
         self.inner.tiers.iter().map(|t| t.name.clone()).collect()
     }
 
-    /// The tier a job would be routed to, by name.
-    pub fn route(&self, job: &Job) -> &str {
-        &self.inner.tiers[self.inner.route(job)].name
-    }
-
     pub fn counters(&self) -> &PoolCounters {
         &self.inner.counters
     }

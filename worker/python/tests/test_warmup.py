@@ -36,13 +36,14 @@ def test_each_warm_up_job_runs_cleanly_and_shows_its_result(runner, name, capsys
     result = runner.run({"code": source(name), "stdin": None, "last_line_interactive": True})
     assert result["exit_code"] == 0, (result, capsys.readouterr())
     assert result["error"] is None
-    # Each one exercises the display path too: a value, a table or a figure.
-    mime = set().union(*(bundle.keys() for bundle in result["results"]))
-    assert "text/plain" in mime or "image/png" in mime, result["results"]
+    out = capsys.readouterr().out
     if name == "matplotlib":
-        assert "image/png" in mime
+        # The figure left open is rendered to PNG, as a request's would be.
+        assert any("image/png" in bundle for bundle in result["results"]), result["results"]
+    else:
+        assert out.strip(), "each job prints a result"
     if name == "pandas":
-        assert "text/html" in mime
+        assert out == "679.0\n"
 
 
 def test_the_warm_up_leaves_no_trace_a_job_could_see(runner, capfd, monkeypatch):
