@@ -58,15 +58,23 @@ ensure_tool_venv() {
 # The MCP client and jsonschema the tests use.
 ensure_tools_venv() { ensure_tool_venv .venv-tools python/requirements-tools.txt; }
 
+# The cluster tests' tools: SeaweedFS (`weed`, an S3-compatible object store) and the
+# offline Kubernetes manifest validator.
+ensure_cluster_venv() { ensure_tool_venv .venv-cluster python/requirements-cluster.txt; }
+
 # The benchmark peers: Jupyter, pydantic-monty, matplotlib for the plot.
 ensure_bench_venv() { ensure_tool_venv .venv-bench python/requirements-bench.txt; }
 
-# Debian packages the tests use: promtool (package prometheus) checks `/metrics`, chromium
-# drives the status page. Installed only when missing, so a warm machine pays nothing.
+# Debian packages the tests use: prometheus (the server scrapes a real snakecage for the
+# dashboard test; promtool checks `/metrics` and the rules), chromium drives the status
+# page, haproxy balances the cluster test's replicas. Installed only when missing, so a
+# warm machine pays nothing.
 ensure_apt_packages() {
     local missing=()
-    command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+    # The server (dashboard and rules tests) and promtool come in one package.
+    { command -v promtool && command -v prometheus; } >/dev/null 2>&1 || missing+=(prometheus)
     command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+    command -v haproxy >/dev/null 2>&1 || [[ -x /usr/sbin/haproxy ]] || missing+=(haproxy)
     if (( ${#missing[@]} == 0 )); then
         return
     fi

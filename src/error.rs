@@ -1,4 +1,5 @@
-//! `ApiError`: every failure the API reports, with its status and a stable `detail`.
+//! `ApiError`: every failure the API reports, with its status, a `detail` that says what to
+//! fix and a stable machine-readable `code` ([`ErrorCode`], decided here and nowhere else).
 //! Internal errors are logged and answered with a generic message, never their text.
 
 use axum::Json;
@@ -30,10 +31,20 @@ pub enum ApiError {
     PayloadTooLarge(String),
     #[error("{0}")]
     UnsupportedMediaType(String),
+    /// `timeout_ms` over `limits.max_timeout_ms`.
+    #[error("timeout_ms exceeds maximum of {max_ms} ms")]
+    TimeoutTooLarge { max_ms: u64 },
+    /// No route (or another unknown thing that is neither a file nor a session).
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
+    FileNotFound(String),
+    #[error("{0}")]
+    SessionNotFound(String),
+    /// A session busy with another request.
+    #[error("{0}")]
     Conflict(String),
+    /// A session that ended on its own (expired, evicted, lost, failed replay).
     #[error("{0}")]
     Gone(String),
     #[error("{0}")]
@@ -42,6 +53,9 @@ pub enum ApiError {
     QueueFull { retry_after_secs: u64 },
     #[error("{0}")]
     Unavailable(String),
+    /// The service cannot take requests yet, or no longer (`/ready`).
+    #[error("{0}")]
+    NotReady(String),
     #[error("{0}")]
     InsufficientStorage(String),
     #[error("internal error")]
@@ -65,12 +79,15 @@ impl ApiError {
             ApiError::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::TimeoutTooLarge { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::NotFound(_) | ApiError::FileNotFound(_) | ApiError::SessionNotFound(_) => {
+                StatusCode::NOT_FOUND
+            }
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Gone(_) => StatusCode::GONE,
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -78,6 +95,31 @@ impl ApiError {
 }
 
 impl ApiError {
+    /// The stable code a client maps. The match is exhaustive on purpose: a new variant
+    /// cannot compile without choosing its code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ApiError::BadRequest(_) => ErrorCode::BadRequest,
+            ApiError::Unauthorized { .. } => ErrorCode::Unauthorized,
+            ApiError::TenantLimit { .. } => ErrorCode::TenantLimit,
+            ApiError::Validation(_) => ErrorCode::InvalidRequest,
+            ApiError::TimeoutTooLarge { .. } => ErrorCode::TimeoutTooLarge,
+            ApiError::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
+            ApiError::UnsupportedMediaType(_) => ErrorCode::UnsupportedMediaType,
+            ApiError::NotFound(_) => ErrorCode::NotFound,
+            ApiError::FileNotFound(_) => ErrorCode::FileNotFound,
+            ApiError::SessionNotFound(_) => ErrorCode::SessionNotFound,
+            ApiError::Conflict(_) => ErrorCode::SessionBusy,
+            ApiError::Gone(_) => ErrorCode::SessionGone,
+            ApiError::NotImplemented(_) => ErrorCode::NotImplemented,
+            ApiError::QueueFull { .. } => ErrorCode::QueueFull,
+            ApiError::Unavailable(_) => ErrorCode::Unavailable,
+            ApiError::NotReady(_) => ErrorCode::NotReady,
+            ApiError::InsufficientStorage(_) => ErrorCode::InsufficientStorage,
+            ApiError::Internal(_) => ErrorCode::InternalError,
+        }
+    }
+
     /// Whether this is load shedding (429, 503): the request was turned away, not failed.
     pub fn is_shed(&self) -> bool {
         matches!(self, ApiError::QueueFull { .. } | ApiError::Unavailable(_))
@@ -95,6 +137,9 @@ impl From<PoolError> for ApiError {
                 waited.as_millis()
             )),
             PoolError::ShuttingDown => ApiError::Unavailable("the service is shutting down".into()),
+            e @ (PoolError::NoWorkers(_) | PoolError::Unavailable(_)) => {
+                ApiError::Unavailable(format!("{e}; retry later"))
+            }
             other => ApiError::Internal(other.to_string()),
         }
     }
@@ -103,7 +148,7 @@ impl From<PoolError> for ApiError {
 impl From<SessionError> for ApiError {
     fn from(e: SessionError) -> Self {
         match e {
-            e @ SessionError::NotFound(_) => ApiError::NotFound(e.to_string()),
+            e @ SessionError::NotFound(_) => ApiError::SessionNotFound(e.to_string()),
             e @ SessionError::Gone { .. } => ApiError::Gone(e.to_string()),
             e @ SessionError::Busy(_) => ApiError::Conflict(e.to_string()),
             e @ SessionError::Full(_) => ApiError::Unavailable(e.to_string()),
@@ -120,7 +165,7 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::NotFound(id) => {
-                ApiError::NotFound(format!("File with ID '{id}' not found"))
+                ApiError::FileNotFound(format!("File with ID '{id}' not found"))
             }
             StoreError::TooLarge { max_bytes } => ApiError::PayloadTooLarge(format!(
                 "File size exceeds maximum of {} MB",
@@ -137,8 +182,14 @@ impl From<StoreError> for ApiError {
                 ),
                 retry_after_secs: 60,
             },
+            e if e.is_out_of_space() => ApiError::InsufficientStorage(
+                "The file store has no space left (its disk is full or read-only); stored files are unaffected. Retry later".into(),
+            ),
             StoreError::Source(e) => {
                 ApiError::BadRequest(format!("reading the upload failed: {e}"))
+            }
+            e @ StoreError::Unavailable { .. } => {
+                ApiError::Unavailable(format!("{e}; retry later"))
             }
             other => ApiError::Internal(other.to_string()),
         }
@@ -148,8 +199,10 @@ impl From<StoreError> for ApiError {
 impl From<StageError> for ApiError {
     fn from(e: StageError) -> Self {
         match e {
-            e @ StageError::NotFound { .. } => ApiError::NotFound(e.to_string()),
+            e @ StageError::NotFound { .. } => ApiError::FileNotFound(e.to_string()),
             e @ StageError::Conflict { .. } => ApiError::Validation(e.to_string()),
+            e @ StageError::NameTooLong { .. } => ApiError::Validation(e.to_string()),
+            e @ StageError::NoSpace { .. } => ApiError::InsufficientStorage(e.to_string()),
             StageError::Store { source, .. } => source.into(),
             e @ StageError::Io { .. } => ApiError::Internal(e.to_string()),
         }
@@ -162,7 +215,8 @@ impl IntoResponse for ApiError {
         if let ApiError::Internal(cause) = &self {
             tracing::error!(%cause, "internal error");
         }
-        let mut response = (status, Json(json!({ "detail": self.to_string() }))).into_response();
+        let body = json!({ "detail": self.to_string(), "code": self.code() });
+        let mut response = (status, Json(body)).into_response();
         match self {
             ApiError::QueueFull { retry_after_secs }
             | ApiError::TenantLimit {
@@ -171,6 +225,12 @@ impl IntoResponse for ApiError {
                 response
                     .headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+            }
+            // Overloaded, degraded or stopping: worth retrying soon (or elsewhere).
+            ApiError::Unavailable(_) => {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
             }
             ApiError::Unauthorized { invalid_key } => {
                 let challenge = if invalid_key {
@@ -186,5 +246,198 @@ impl IntoResponse for ApiError {
             _ => {}
         }
         response
+    }
+}
+
+/// The stable `code` of an error body. Each is documented in README.md's table of error
+/// codes (a test keeps the two in step); a client maps these, never the `detail` prose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    BadRequest,
+    InvalidRequest,
+    TimeoutTooLarge,
+    Unauthorized,
+    NotFound,
+    FileNotFound,
+    SessionNotFound,
+    MethodNotAllowed,
+    SessionBusy,
+    SessionGone,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    TenantLimit,
+    QueueFull,
+    InternalError,
+    NotImplemented,
+    Unavailable,
+    NotReady,
+    InsufficientStorage,
+}
+
+impl ErrorCode {
+    pub const ALL: [ErrorCode; 19] = [
+        ErrorCode::BadRequest,
+        ErrorCode::InvalidRequest,
+        ErrorCode::TimeoutTooLarge,
+        ErrorCode::Unauthorized,
+        ErrorCode::NotFound,
+        ErrorCode::FileNotFound,
+        ErrorCode::SessionNotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::SessionBusy,
+        ErrorCode::SessionGone,
+        ErrorCode::PayloadTooLarge,
+        ErrorCode::UnsupportedMediaType,
+        ErrorCode::TenantLimit,
+        ErrorCode::QueueFull,
+        ErrorCode::InternalError,
+        ErrorCode::NotImplemented,
+        ErrorCode::Unavailable,
+        ErrorCode::NotReady,
+        ErrorCode::InsufficientStorage,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::InvalidRequest => "invalid_request",
+            ErrorCode::TimeoutTooLarge => "timeout_too_large",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::FileNotFound => "file_not_found",
+            ErrorCode::SessionNotFound => "session_not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::SessionBusy => "session_busy",
+            ErrorCode::SessionGone => "session_gone",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::UnsupportedMediaType => "unsupported_media_type",
+            ErrorCode::TenantLimit => "tenant_limit",
+            ErrorCode::QueueFull => "queue_full",
+            ErrorCode::InternalError => "internal_error",
+            ErrorCode::NotImplemented => "not_implemented",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::NotReady => "not_ready",
+            ErrorCode::InsufficientStorage => "insufficient_storage",
+        }
+    }
+
+    /// The code of an error answered by a layer below the handlers (the router's 405, an
+    /// extractor's own rejection): by its status alone.
+    pub fn for_status(status: StatusCode) -> ErrorCode {
+        match status {
+            StatusCode::UNAUTHORIZED => ErrorCode::Unauthorized,
+            StatusCode::NOT_FOUND => ErrorCode::NotFound,
+            StatusCode::METHOD_NOT_ALLOWED => ErrorCode::MethodNotAllowed,
+            StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorCode::UnsupportedMediaType,
+            StatusCode::UNPROCESSABLE_ENTITY => ErrorCode::InvalidRequest,
+            StatusCode::TOO_MANY_REQUESTS => ErrorCode::QueueFull,
+            StatusCode::SERVICE_UNAVAILABLE => ErrorCode::Unavailable,
+            StatusCode::INSUFFICIENT_STORAGE => ErrorCode::InsufficientStorage,
+            s if s.is_server_error() => ErrorCode::InternalError,
+            _ => ErrorCode::BadRequest,
+        }
+    }
+}
+
+/// Largest error body of a lower layer that is rewritten (theirs are a line of text).
+const MAX_FOREIGN_ERROR_BODY: usize = 64 << 10;
+
+/// Middleware: an error answered below the handlers (axum's 405 with its `Allow` header, an
+/// extractor's plain-text rejection) gets the same JSON body as an [`ApiError`], so every
+/// 4xx/5xx of the API carries `detail` and `code`.
+pub async fn json_errors(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, MAX_FOREIGN_ERROR_BODY)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let detail = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    let body = json!({ "detail": detail, "code": ErrorCode::for_status(status) });
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(parts, axum::body::Body::from(body.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The codes in README.md's table of error codes, in its order.
+    fn documented_codes() -> Vec<String> {
+        let readme = include_str!("../README.md");
+        let table = readme
+            .split("<!-- error-codes -->")
+            .nth(1)
+            .expect("README.md has an <!-- error-codes --> table");
+        table
+            .lines()
+            .skip_while(|line| !line.starts_with('|'))
+            .take_while(|line| line.starts_with('|'))
+            .filter_map(|line| line.strip_prefix("| `"))
+            .filter_map(|rest| rest.split('`').next())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn every_code_is_documented_in_the_readme_table_and_nothing_else_is() {
+        let codes: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(documented_codes(), codes);
+        for code in ErrorCode::ALL {
+            assert_eq!(
+                serde_json::to_value(code).unwrap(),
+                serde_json::Value::from(code.as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn a_code_comes_with_every_error_and_the_status_it_documents() {
+        let readme = include_str!("../README.md");
+        for (error, code, status) in [
+            (ApiError::Validation("x".into()), "invalid_request", 422),
+            (
+                ApiError::TimeoutTooLarge { max_ms: 5 },
+                "timeout_too_large",
+                422,
+            ),
+            (ApiError::FileNotFound("x".into()), "file_not_found", 404),
+            (ApiError::Gone("x".into()), "session_gone", 410),
+            (
+                ApiError::QueueFull {
+                    retry_after_secs: 1,
+                },
+                "queue_full",
+                429,
+            ),
+            (ApiError::NotReady("x".into()), "not_ready", 503),
+            (ApiError::Internal("secret".into()), "internal_error", 500),
+        ] {
+            assert_eq!(error.code().as_str(), code);
+            assert_eq!(error.status().as_u16(), status);
+            let row = format!("| `{code}` | {status} |");
+            assert!(readme.contains(&row), "README lacks the row {row}");
+        }
     }
 }

@@ -11,7 +11,9 @@
 //!   MCP) generated from the live configuration, the MCP server, the importable packages.
 //! - [`pool`]: the zygotes (one per tier), the pre-forked workers, one run of one job.
 //! - [`imports`]: the modules a job's code imports, read statically to pick its tier.
+//! - [`state_lock`]: the lock by which one running instance owns a state directory.
 //! - [`sessions`]: stateful Python sessions (registry, expiry, eviction).
+//! - [`cluster`]: replicas: session ids that name their owner, forwarding session calls.
 //! - [`files`]: the file store (uploads, run outputs), staging into and collecting from
 //!   workspaces.
 //! - [`metrics`]: Prometheus metrics (names, closed label sets, the hooks that record),
@@ -22,6 +24,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod files;
@@ -33,4 +36,5 @@ pub mod packages;
 pub mod pool;
 pub mod server;
 pub mod sessions;
+pub mod state_lock;
 pub mod tools;

@@ -142,8 +142,9 @@ fn tool_result(tool: &str, status: StatusCode, body: &Value) -> CallToolResult {
         let detail = body["detail"]
             .as_str()
             .map_or_else(|| body.to_string(), str::to_owned);
+        let code = body["code"].as_str().unwrap_or("unknown");
         return CallToolResult::error(vec![ContentBlock::text(format!(
-            "{tool} failed ({status}): {detail}"
+            "{tool} failed ({status}, code {code}): {detail}"
         ))]);
     }
     match tool {
@@ -167,6 +168,23 @@ fn run_result(body: &Value) -> CallToolResult {
     );
     if body["timed_out"] == true {
         text.push_str("timed_out: true\n");
+    }
+    if let Some(notice) = body["notice"].as_str() {
+        text.push_str(&format!("notice: {notice}\n"));
+    }
+    if let Some(session) = body["session"].as_object() {
+        let names: Vec<&str> = session["names"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        text.push_str(&format!(
+            "session: {} variables ({}), expires at {}\n",
+            session["variables"],
+            names.join(", "),
+            session["expires_at"].as_str().unwrap_or("?")
+        ));
     }
     for stream in ["stdout", "stderr"] {
         let out = body[stream].as_str().unwrap_or_default();
@@ -207,6 +225,23 @@ fn pretty(v: &Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_default()
 }
 
+/// Middleware on `/mcp`: a session closed with `DELETE` is answered 200, not rmcp's 202.
+/// The specification leaves the success status open; the MCP SDKs' own servers answer 200
+/// and their clients accept only 200 or 204 (the official Python client logs "Session
+/// termination failed: 202" otherwise). 202 means "accepted for later processing", but the
+/// session is already closed when rmcp answers.
+pub async fn session_closed_ok(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let closing = request.method() == axum::http::Method::DELETE;
+    let mut response = next.run(request).await;
+    if closing && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::OK;
+    }
+    response
+}
+
 /// The tower service mounted at `/mcp`.
 pub fn service(
     api: Router,
@@ -237,6 +272,19 @@ mod tests {
         assert_eq!(r.is_error, Some(true));
         let text = serde_json::to_string(&r.content).unwrap();
         assert!(text.contains("ZeroDivisionError"), "{text}");
+    }
+
+    #[test]
+    fn a_session_run_shows_its_state_and_any_notice() {
+        let body = json!({"exit_code": 0, "verdict": "ok", "stdout": "", "stderr": "", "results": [],
+            "replayed": 2, "notice": "a new worker replayed 2 runs",
+            "session": {"variables": 2, "names": ["x", "df"], "expires_at": "2026-01-01T00:00:00Z"}});
+        let text = serde_json::to_string(&run_result(&body).content).unwrap();
+        assert!(
+            text.contains("notice: a new worker replayed 2 runs"),
+            "{text}"
+        );
+        assert!(text.contains("session: 2 variables (x, df)"), "{text}");
     }
 
     #[test]

@@ -22,9 +22,13 @@ use tracing::Level;
 
 use crate::api::{self, AppState};
 use crate::auth::{Keys, KeysError};
+use crate::cluster::{Cluster, ClusterError};
+use crate::config::FilesBackend;
 use crate::config::{Config, ConfigError};
 use crate::files::local::LocalStoreSettings;
-use crate::files::{self, LocalStore, SharedStore, StoreError};
+use crate::files::observed::Observed;
+use crate::files::s3::S3StoreSettings;
+use crate::files::{self, LocalStore, S3Store, SharedStore, StoreError};
 use crate::metrics::{BuildInfo, Metrics};
 use crate::packages::Packages;
 use crate::pool::{Pool, PoolError, PoolSettings, TierSettings};
@@ -43,6 +47,8 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
     #[error("API keys: {0}")]
     Keys(#[from] KeysError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
     #[error(
         "refusing to listen on {0} without API keys: anyone who can reach it could run code and read every file. Configure keys (`snakecage keys add NAME --keys-file keys.toml`, then auth.keys_file), listen on 127.0.0.1, or pass --allow-unauthenticated (SNAKECAGE_ALLOW_UNAUTHENTICATED=1) if something in front of it authenticates"
     )]
@@ -93,6 +99,7 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
             max_processes: limits.max_processes,
         },
         sandbox: config.sandbox.zygote_config(),
+        supervisor_pid: Some(std::process::id() as i32),
     };
     let tiers = config
         .tiers
@@ -129,9 +136,9 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let keys = Arc::new(load_keys(&config, listener.local_addr()?)?);
     let settings = pool_settings(&config)?;
-    let store = open_store(&config)?;
-    std::fs::create_dir_all(&settings.tiers[0].zygote.mpl_config_dir)?;
     let metrics = Arc::new(Metrics::new());
+    let store = open_store(&config, metrics.clone())?;
+    std::fs::create_dir_all(&settings.tiers[0].zygote.mpl_config_dir)?;
     metrics.set_tenants(keys.names());
     let pool = Pool::start_observed(settings, metrics.clone()).await?;
     metrics.set_tiers(&pool.tier_names());
@@ -154,9 +161,12 @@ pub async fn serve(
         let ttl = Duration::from_secs(config.files.ttl_seconds);
         files::spawn_sweeper(store.clone(), files::sweep_interval(ttl), stop.clone());
     }
+    let cluster = Arc::new(Cluster::new(&config.cluster)?);
+    let mut session_settings = session_settings(&config);
+    session_settings.id_prefix = cluster.session_id_prefix();
     let sessions = Sessions::new(
         pool.clone(),
-        session_settings(&config),
+        session_settings,
         metrics.clone(),
         stop.clone(),
     );
@@ -173,6 +183,7 @@ pub async fn serve(
         tool_context,
         metrics,
         keys,
+        cluster,
         stopping: stopping.clone(),
     });
     // Outermost first: the id is set, then echoed in the response, then the span made.
@@ -233,6 +244,11 @@ pub fn session_settings(config: &Config) -> SessionSettings {
         max_sessions: s.max_sessions,
         max_ttl: Duration::from_secs(s.max_ttl_seconds),
         interrupt_grace: Duration::from_millis(s.interrupt_grace_ms),
+        replay: crate::sessions::replay::ReplayLimits {
+            max_runs: s.replay_max_runs,
+            max_bytes: s.replay_max_bytes,
+        },
+        id_prefix: String::new(),
     }
 }
 
@@ -271,16 +287,32 @@ fn sandbox_layers(zygote: &ZygoteInfo) -> Vec<String> {
         .collect()
 }
 
-/// The local-disk store the configuration describes.
-pub fn open_store(config: &Config) -> Result<SharedStore, StoreError> {
+/// The file store the configuration describes (local disk or S3), its operations
+/// recorded in `metrics`.
+pub fn open_store(config: &Config, metrics: Arc<Metrics>) -> Result<SharedStore, StoreError> {
     let files = &config.files;
-    let store = LocalStore::open(LocalStoreSettings {
-        dir: config.files_dir(),
-        max_file_bytes: files.max_file_size_mb << 20,
-        quota_bytes: (files.quota_mb > 0).then_some(files.quota_mb << 20),
-        ttl: (files.ttl_seconds > 0).then(|| Duration::from_secs(files.ttl_seconds)),
-    })?;
-    Ok(Arc::new(store))
+    let max_file_bytes = files.max_file_size_mb << 20;
+    let quota_bytes = (files.quota_mb > 0).then_some(files.quota_mb << 20);
+    let ttl = (files.ttl_seconds > 0).then(|| Duration::from_secs(files.ttl_seconds));
+    Ok(match files.backend {
+        FilesBackend::Local => {
+            let store = LocalStore::open(LocalStoreSettings {
+                dir: config.files_dir(),
+                max_file_bytes,
+                quota_bytes,
+                ttl,
+            })?;
+            Arc::new(Observed::new(store, metrics))
+        }
+        FilesBackend::S3 => {
+            let settings = S3StoreSettings {
+                max_file_bytes,
+                quota_bytes,
+                ttl,
+            };
+            Arc::new(Observed::new(S3Store::open(&config.s3, settings)?, metrics))
+        }
+    })
 }
 
 /// One log line per sandbox layer: active ones at info, the others as warnings (a layer

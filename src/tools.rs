@@ -125,6 +125,19 @@ fn files_schema() -> Value {
     })
 }
 
+/// `code`: a string, or an array of lines (as some chat apps' native tool mode sends it).
+fn code_schema(what: &str) -> Value {
+    json!({
+        "description": format!(
+            "{what} Either one string, or an array of strings (one line each; they are joined with newlines)."
+        ),
+        "anyOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "string"}}
+        ]
+    })
+}
+
 fn timeout_schema(ctx: &ToolContext) -> Value {
     json!({
         "type": "integer",
@@ -148,7 +161,7 @@ pub fn catalog(ctx: &ToolContext) -> Vec<ToolSpec> {
             input_schema: json!({
                 "type": "object",
                 "properties": {
-                    "code": {"type": "string", "description": "The Python program to run."},
+                    "code": code_schema("The Python program to run."),
                     "files": files_schema(),
                     "timeout_ms": timeout_schema(ctx),
                 },
@@ -175,6 +188,10 @@ pub fn catalog(ctx: &ToolContext) -> Vec<ToolSpec> {
                     "ttl_seconds": {
                         "type": "integer", "minimum": 1, "maximum": ctx.max_session_ttl_seconds,
                         "description": "Idle time after which the session is deleted."
+                    },
+                    "replay": {
+                        "type": "boolean",
+                        "description": "Keep the successful runs and replay them on a new process if the session's process is lost (crash, kill), instead of losing the session. Runs are repeated with their side effects; each response says when a replay happened."
                     }
                 },
                 "additionalProperties": false
@@ -187,7 +204,7 @@ pub fn catalog(ctx: &ToolContext) -> Vec<ToolSpec> {
                 "type": "object",
                 "properties": {
                     "session_id": {"type": "string", "description": "From create_python_session."},
-                    "code": {"type": "string", "description": "The Python code to run."},
+                    "code": code_schema("The Python code to run."),
                     "files": files_schema(),
                     "timeout_ms": timeout_schema(ctx),
                 },

@@ -1,11 +1,13 @@
 //! What agents ask before they run code: `GET /v1/packages` and `GET /v1/tools`.
 
 use axum::Json;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::SharedState;
+use crate::error::ApiError;
 use crate::packages::Packages;
 use crate::tools::{self, ToolFormat};
 
@@ -20,9 +22,18 @@ pub struct ToolsQuery {
 }
 
 /// The tool definitions, ready to pass as a model call's `tools`.
-pub async fn tools(State(state): State<SharedState>, Query(q): Query<ToolsQuery>) -> Json<Value> {
-    Json(tools::render(
+pub async fn tools(
+    State(state): State<SharedState>,
+    query: Result<Query<ToolsQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = query.map_err(|e| {
+        ApiError::BadRequest(format!(
+            "{}; format is `openai` (the default) or `anthropic`",
+            e.body_text()
+        ))
+    })?;
+    Ok(Json(tools::render(
         &tools::catalog(&state.tool_context),
         q.format,
-    ))
+    )))
 }

@@ -24,11 +24,12 @@ use crate::markdown;
 use crate::metrics::labels::{Kind, Outcome};
 use crate::pool::Stager;
 use crate::pool::run::{OutputChunk, RunLimits, RunOutcome, RunVerdict};
+use crate::sessions::SessionIndicator;
 
 #[derive(Debug, Deserialize)]
 pub struct ExecuteRequest {
-    /// Exactly one of `code` and `entrypoint`.
-    #[serde(default)]
+    /// Exactly one of `code` and `entrypoint`; a string or an array of lines.
+    #[serde(default, deserialize_with = "super::code_field::deserialize")]
     pub code: Option<String>,
     /// A staged file to run as `__main__`, like `python <entrypoint> <args>`.
     #[serde(default)]
@@ -83,6 +84,15 @@ pub struct ExecuteResponse {
     pub stderr_truncated: bool,
     /// Rich outputs (MIME bundles) in the order produced, like a notebook cell's.
     pub results: Vec<MimeBundle>,
+    /// Session runs: the session's state after the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionIndicator>,
+    /// Session runs that first rebuilt a lost worker: how many runs were replayed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replayed: Option<usize>,
+    /// What the caller must know beyond this run's output (a replay, a lost worker).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
 }
 
 impl From<RunOutcome> for ExecuteResponse {
@@ -110,6 +120,9 @@ impl From<RunOutcome> for ExecuteResponse {
             stdout_truncated: o.stdout_truncated,
             stderr_truncated: o.stderr_truncated,
             results: o.result.map(|r| r.results).unwrap_or_default(),
+            session: None,
+            replayed: None,
+            notice: None,
         }
     }
 }
@@ -264,7 +277,7 @@ pub async fn check_file_ids(
         match state.store.meta(&input.file_id, caller.owner()).await {
             Ok(_) => {}
             Err(StoreError::NotFound(_)) => {
-                return Err(ApiError::NotFound(format!(
+                return Err(ApiError::FileNotFound(format!(
                     "File with ID '{}' not found for path '{}'",
                     input.file_id, input.path
                 )));
@@ -383,10 +396,9 @@ pub fn run_limits(state: &SharedState, timeout_ms: Option<u64>) -> Result<RunLim
         ));
     }
     if timeout_ms > limits.max_timeout_ms {
-        return Err(ApiError::Validation(format!(
-            "timeout_ms exceeds maximum of {} ms",
-            limits.max_timeout_ms
-        )));
+        return Err(ApiError::TimeoutTooLarge {
+            max_ms: limits.max_timeout_ms,
+        });
     }
     Ok(RunLimits {
         timeout: Duration::from_millis(timeout_ms),

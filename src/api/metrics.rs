@@ -6,6 +6,7 @@ use axum::response::IntoResponse;
 
 use super::SharedState;
 use crate::metrics::StoreUsage;
+use crate::metrics::health::HealthReport;
 
 /// The content type of the text format, version 0.0.4.
 const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -18,7 +19,7 @@ pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
     )
 }
 
-/// Reads the state gauges (pool, file store, memory) into the metrics.
+/// Reads the state gauges (pool, file store, memory, health) into the metrics.
 pub async fn observe(state: &SharedState) {
     let usage = match state.store.list_all().await {
         Ok(files) => Some(StoreUsage {
@@ -31,4 +32,11 @@ pub async fn observe(state: &SharedState) {
         }
     };
     state.metrics.observe(&state.pool.status(), usage);
+    let zygote = state.pool.zygote_info();
+    let quota_mb = state.config.files.quota_mb;
+    state.metrics.observe_health(&HealthReport {
+        ready: super::health::not_ready(state).is_none(),
+        sandbox: &zygote.sandbox,
+        files_quota_bytes: (quota_mb > 0).then(|| quota_mb.saturating_mul(1 << 20)),
+    });
 }

@@ -1,11 +1,13 @@
 //! The HTTP surface: the router and one module per group of routes.
 
 mod agents;
+mod code_field;
 mod execute;
 mod files;
 mod health;
 mod json;
 mod metrics;
+mod session_run;
 mod sessions;
 mod status;
 mod stream;
@@ -21,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::sessions::Sessions;
 
 use crate::auth::{self, Keys};
+use crate::cluster::{self, Cluster};
 use crate::config::Config;
 use crate::files::SharedStore;
 use crate::mcp;
@@ -42,6 +45,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The configured API keys (none: no authentication).
     pub keys: Arc<Keys>,
+    /// This replica's place in a cluster (which replica owns a session).
+    pub cluster: Arc<Cluster>,
     /// Fires when shutdown begins: from then on `/ready` answers 503 and MCP streams end.
     pub stopping: CancellationToken,
 }
@@ -57,6 +62,8 @@ pub fn router(state: SharedState) -> Router {
         .saturating_add(1 << 20);
     let metrics = state.metrics.clone();
     let require_key = middleware::from_fn_with_state(state.keys.clone(), auth::require_key);
+    // Inside the key check: a call is authenticated here before it is forwarded.
+    let forward = middleware::from_fn_with_state(state.clone(), cluster::forward::middleware);
     let api = Router::new()
         .route("/", get(status::page))
         .route("/health", get(health::health))
@@ -72,10 +79,13 @@ pub fn router(state: SharedState) -> Router {
             "/v1/sessions/{session_id}",
             get(sessions::get).delete(sessions::delete),
         )
-        .route("/v1/sessions/{session_id}/execute", post(sessions::execute))
+        .route(
+            "/v1/sessions/{session_id}/execute",
+            post(session_run::execute),
+        )
         .route(
             "/v1/sessions/{session_id}/execute/stream",
-            post(sessions::execute_stream),
+            post(session_run::execute_stream),
         )
         .route("/v1/sessions/{session_id}/reset", post(sessions::reset))
         .route("/v1/sessions/{session_id}/bash", post(sessions::bash))
@@ -92,6 +102,7 @@ pub fn router(state: SharedState) -> Router {
         .fallback(health::not_found)
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state.clone())
+        .layer(forward)
         .layer(require_key.clone());
     // MCP tool calls are carried out through the routes above (and counted there), with the
     // caller's `Authorization` header: the same key, the same tenant, the same scoping.
@@ -101,7 +112,14 @@ pub fn router(state: SharedState) -> Router {
         state.config.mcp.allowed_hosts.clone(),
         state.stopping.clone(),
     );
-    api.nest_service("/mcp", tower::Layer::layer(&require_key, mcp))
+    api.layer(middleware::from_fn(crate::error::json_errors))
+        .nest_service(
+            "/mcp",
+            tower::ServiceBuilder::new()
+                .layer(require_key)
+                .layer(middleware::from_fn(mcp::session_closed_ok))
+                .service(mcp),
+        )
         .layer(middleware::from_fn_with_state(
             metrics,
             service_metrics::http::count_requests,

@@ -1,34 +1,22 @@
-//! `/v1/sessions`: create (Onyx's shape), list, inspect, run (JSON or SSE), reset, delete.
-//! The registry and its rules live in `crate::sessions`; these are the handlers.
+//! `/v1/sessions`: create (Onyx's shape), list, inspect, reset, delete. Runs are in
+//! `session_run`; the registry and its rules live in `crate::sessions`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use snakecage_worker::protocol::Variable;
-use tokio::sync::{OwnedMutexGuard, mpsc};
-use tokio_util::sync::CancellationToken;
 
 use super::SharedState;
-use super::execute::{
-    self, ExecuteRequest, ExecuteResponse, FileInput, Prepared, collect_limits, stage_inputs,
-};
-use super::json::ApiJson;
-use super::stream::{self, OnDisconnect};
+use super::execute::{self, FileInput, stage_inputs};
+use super::session_run::{CONTROL_TIMEOUT, ensure_worker, lose};
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::files::workspace::{self};
-use crate::metrics::labels::{Kind, Outcome};
-use crate::pool::run::{Interrupt, OutputChunk, RunError};
-use crate::sessions::{Session, SessionError, SessionInfo, SessionState};
-
-/// How long listing variables or resetting may take before the worker is interrupted.
-const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::sessions::SessionInfo;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -37,6 +25,9 @@ pub struct CreateSessionRequest {
     pub files: Vec<FileInput>,
     #[serde(default)]
     pub ttl_seconds: Option<u64>,
+    /// Keep the successful runs and replay them on a new worker if the worker is lost.
+    #[serde(default)]
+    pub replay: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -44,6 +35,7 @@ pub struct CreatedSession {
     pub session_id: String,
     pub created_at: String,
     pub expires_at: String,
+    pub replay: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -63,6 +55,7 @@ pub async fn create(
         CreateSessionRequest {
             files: Vec::new(),
             ttl_seconds: None,
+            replay: false,
         }
     } else {
         serde_json::from_slice(&body)
@@ -88,11 +81,13 @@ pub async fn create(
     execute::check_file_ids(&state, &caller, &inputs).await?;
     let store = state.store.clone();
     let owner = caller.owner();
+    let journaled = req.replay.then(|| inputs.clone());
     let session = sessions
         .create(
             owner,
             caller.max_sessions(),
             ttl,
+            journaled.as_deref(),
             async move |path: &std::path::Path| {
                 Ok::<_, ApiError>(workspace::stage(store.as_ref(), owner, path, &inputs).await?)
             },
@@ -104,6 +99,7 @@ pub async fn create(
             session_id: session.id.clone(),
             created_at: session.info().created_at,
             expires_at: session.expires_at(),
+            replay: session.replay,
         }),
     ))
 }
@@ -120,17 +116,25 @@ pub async fn get(
     let session = state.sessions.get(&id, caller.owner())?;
     let mut guard = session.lock()?;
     let grace = state.sessions.settings().interrupt_grace;
-    let worker = guard.worker.as_mut().ok_or_else(|| gone(&id))?;
-    match worker.variables(CONTROL_TIMEOUT, grace).await {
-        Ok(variables) => {
-            drop(guard);
-            Ok(Json(SessionDetail {
-                info: session.info(),
-                variables,
-            }))
-        }
-        Err(e) => Err(lose(&state, &session, &mut guard, e.to_string())),
-    }
+    // A replay session whose worker was lost has no variables until its next run
+    // rebuilds it (`status: replay_pending`); listing them is no reason to replay.
+    let pending = guard.lost.is_some();
+    let held = &mut *guard;
+    let listed = match held.worker.as_mut() {
+        None if pending => Ok(Vec::new()),
+        None => return Err(super::session_run::gone(&id)),
+        Some(worker) => worker.variables(CONTROL_TIMEOUT, grace).await,
+    };
+    let variables = match listed {
+        Ok(variables) => variables,
+        Err(e) if held.mark_lost(e.to_string()) => Vec::new(),
+        Err(e) => return Err(lose(&state, &session, held, e.to_string())),
+    };
+    drop(guard);
+    Ok(Json(SessionDetail {
+        info: session.info(),
+        variables,
+    }))
 }
 
 pub async fn reset(
@@ -141,9 +145,17 @@ pub async fn reset(
     let session = state.sessions.get(&id, caller.owner())?;
     let mut guard = session.lock()?;
     let grace = state.sessions.settings().interrupt_grace;
-    let worker = guard.worker.as_mut().ok_or_else(|| gone(&id))?;
+    // A lost replay session is rebuilt first: files its runs wrote outlive a reset.
+    ensure_worker(&state, caller.owner(), &session, &mut guard).await?;
+    let worker = guard
+        .worker
+        .as_mut()
+        .ok_or_else(|| super::session_run::gone(&id))?;
     match worker.reset(CONTROL_TIMEOUT, grace).await {
         Ok(()) => {
+            if let Some(journal) = guard.journal.as_mut() {
+                journal.reset();
+            }
             session.touch(false);
             drop(guard);
             Ok(Json(session.info()))
@@ -176,197 +188,4 @@ pub async fn bash(
          POST /v1/sessions/{id}/execute instead."
             .into(),
     )
-}
-
-pub async fn execute(
-    State(state): State<SharedState>,
-    caller: Caller,
-    Path(id): Path<String>,
-    ApiJson(req): ApiJson<ExecuteRequest>,
-) -> Result<Json<ExecuteResponse>, ApiError> {
-    let prepared = execute::prepare(&state, &caller, req).await?;
-    let session = state.sessions.get(&id, caller.owner())?;
-    let guard = session.lock()?;
-    let _slot = caller.execution_slot()?;
-    let response = run(
-        state,
-        caller,
-        session,
-        guard,
-        prepared,
-        None,
-        CancellationToken::new(),
-    )
-    .await?;
-    Ok(Json(response))
-}
-
-pub async fn execute_stream(
-    State(state): State<SharedState>,
-    caller: Caller,
-    Path(id): Path<String>,
-    ApiJson(req): ApiJson<ExecuteRequest>,
-) -> Result<Response, ApiError> {
-    // Everything that can be answered with a status is answered before the stream starts.
-    let prepared = execute::prepare(&state, &caller, req).await?;
-    let session = state.sessions.get(&id, caller.owner())?;
-    let guard = session.lock()?;
-    let slot = caller.execution_slot()?;
-    let (tx, rx) = mpsc::channel(stream::CHUNK_BUFFER);
-    let interrupt = CancellationToken::new();
-    let run = run(
-        state,
-        caller,
-        session,
-        guard,
-        prepared,
-        Some(tx),
-        interrupt.clone(),
-    );
-    let run = async move {
-        let _slot = slot;
-        run.await
-    };
-    Ok(stream::sse(rx, run, OnDisconnect::Interrupt, interrupt).into_response())
-}
-
-/// One job in a session: stage the request's files (replacing files of the same name),
-/// take an execution slot, run, report new and changed files. A worker lost on the way
-/// marks the session dead (410 from then on).
-async fn run(
-    state: SharedState,
-    caller: Caller,
-    session: Arc<Session>,
-    guard: OwnedMutexGuard<SessionState>,
-    prepared: Prepared,
-    chunks: Option<mpsc::Sender<OutputChunk>>,
-    interrupt: CancellationToken,
-) -> Result<ExecuteResponse, ApiError> {
-    let started = std::time::Instant::now();
-    let metrics = state.metrics.clone();
-    let tenant = caller.owner().map(str::to_owned);
-    let result = run_in(state, caller, session, guard, prepared, chunks, interrupt).await;
-    let outcome = match &result {
-        Ok(response) => Some(Outcome::from(response.verdict)),
-        Err(e) => e.is_shed().then_some(Outcome::Rejected),
-    };
-    if let Some(outcome) = outcome {
-        metrics.execution_finished(Kind::Session, outcome, started.elapsed(), None);
-    }
-    if let (Ok(_), Some(tenant)) = (&result, tenant) {
-        metrics.tenant_execution(&tenant, Kind::Session);
-    }
-    result
-}
-
-async fn run_in(
-    state: SharedState,
-    caller: Caller,
-    session: Arc<Session>,
-    mut guard: OwnedMutexGuard<SessionState>,
-    prepared: Prepared,
-    chunks: Option<mpsc::Sender<OutputChunk>>,
-    interrupt: CancellationToken,
-) -> Result<ExecuteResponse, ApiError> {
-    let Prepared {
-        limits,
-        inputs,
-        job,
-    } = prepared;
-    let id = session.id.clone();
-    let grace = state.sessions.settings().interrupt_grace;
-    let ws = match guard.worker.as_ref() {
-        Some(worker) => worker.workspace_path().to_path_buf(),
-        None => return Err(gone(&id)),
-    };
-    for input in &inputs {
-        match std::fs::remove_file(ws.join(&input.path)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(ApiError::Validation(format!(
-                    "cannot stage file at '{}': {e}",
-                    input.path
-                )));
-            }
-        }
-    }
-    let staged = workspace::stage(state.store.as_ref(), caller.owner(), &ws, &inputs).await?;
-    guard.baseline.merge(staged);
-    let slot = state.pool.acquire_session_slot().await?;
-    session.touch(false);
-    let worker = guard.worker.as_mut().ok_or_else(|| gone(&id))?;
-    let interrupt = Interrupt {
-        grace,
-        now: &interrupt,
-    };
-    let ran = tokio::select! {
-        ran = worker.run(job, &limits, chunks, interrupt) => Some(ran),
-        () = session.ended.cancelled() => None,
-    };
-    drop(slot);
-    session.touch(true);
-    let Some(ran) = ran else {
-        guard.mark_dead("it was deleted".into());
-        return Err(ApiError::Gone(format!(
-            "Session '{id}' was deleted while this run was in progress; its worker was killed."
-        )));
-    };
-    let ran = match ran {
-        Ok(ran) => ran,
-        Err(RunError::WorkerLost(e)) => {
-            return Err(lose(
-                &state,
-                &session,
-                &mut guard,
-                format!("its worker was gone ({e})"),
-            ));
-        }
-    };
-    let collected = workspace::collect(
-        state.store.as_ref(),
-        caller.file_owner(),
-        &ws,
-        &guard.baseline,
-        collect_limits(&state),
-    )
-    .await;
-    guard.baseline = workspace::snapshot(&ws, state.config.workspace.max_entries).await;
-    let mut response = ExecuteResponse::from(ran.outcome);
-    response.files = collected.files;
-    response.skipped_files = collected.skipped;
-    if let Some(reason) = ran.lost {
-        response.stderr.push_str(&format!(
-            "\nThe session is gone: {reason}. Its state is lost; further calls on it get 410."
-        ));
-        tracing::warn!(session = %id, %reason, "session worker lost");
-        state.sessions.lose(&id, reason.clone());
-        guard.mark_dead(reason);
-    }
-    Ok(response)
-}
-
-/// Marks the session dead for `reason` and says so (410).
-fn lose(
-    state: &SharedState,
-    session: &Session,
-    guard: &mut SessionState,
-    reason: String,
-) -> ApiError {
-    tracing::warn!(session = %session.id, %reason, "session worker lost");
-    state.sessions.lose(&session.id, reason.clone());
-    guard.mark_dead(reason.clone());
-    SessionError::Gone {
-        id: session.id.clone(),
-        reason,
-    }
-    .into()
-}
-
-fn gone(id: &str) -> ApiError {
-    SessionError::Gone {
-        id: id.to_owned(),
-        reason: "its worker is gone".into(),
-    }
-    .into()
 }

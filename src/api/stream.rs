@@ -1,6 +1,6 @@
 //! Server-sent events for the `…/execute/stream` routes (Onyx-compatible): `output`
 //! events (`{"stream", "data"}`) as the code writes, then exactly one `result` (the same
-//! body `/v1/execute` answers) or one `error` (`{"message"}`).
+//! body `/v1/execute` answers) or one `error` (`{"message", "code"}`).
 //!
 //! The run goes on in a task whose output reaches the response through a channel. When the
 //! client goes away, axum drops the response stream and with it a [`DisconnectGuard`],
@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::execute::ExecuteResponse;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::pool::run::{OutputChunk, Stream as OutputStream};
 
 /// Chunks buffered between a run and a slow client before the run waits for it.
@@ -110,16 +110,18 @@ pub fn sse(
             Ok(Ok(response)) => Event::default()
                 .event("result")
                 .json_data(&response)
-                .unwrap_or_else(|_| error_event("the result could not be encoded")),
+                .unwrap_or_else(|_| {
+                    error_event("the result could not be encoded", ErrorCode::InternalError)
+                }),
             Ok(Err(e)) => {
                 if let ApiError::Internal(cause) = &e {
                     tracing::error!(%cause, "internal error in a streamed run");
                 }
-                error_event(&e.to_string())
+                error_event(&e.to_string(), e.code())
             }
             Err(e) => {
                 tracing::error!(error = %e, "a streamed run's task failed");
-                error_event("internal error")
+                error_event("internal error", ErrorCode::InternalError)
             }
         };
         Some((Ok(event), st))
@@ -131,13 +133,13 @@ fn output_event(stream: OutputStream, data: String) -> Event {
     Event::default()
         .event("output")
         .json_data(json!({ "stream": stream, "data": data }))
-        .unwrap_or_else(|_| error_event("output could not be encoded"))
+        .unwrap_or_else(|_| error_event("output could not be encoded", ErrorCode::InternalError))
 }
 
-fn error_event(message: &str) -> Event {
+fn error_event(message: &str, code: ErrorCode) -> Event {
     Event::default()
         .event("error")
-        .json_data(json!({ "message": message }))
+        .json_data(json!({ "message": message, "code": code }))
         .unwrap_or_default()
 }
 

@@ -7,10 +7,14 @@
 //! - [`sections`]: one struct per `[section]` of the file, with its defaults.
 //! - [`python`]: where the interpreter and its packages live (`[python]`, venv layout).
 //! - [`tiers`]: the zygote tiers and their preload profiles (`[tiers]`).
+//! - [`s3`]: the file store backend (`files.backend`) and the object store (`[s3]`).
+//! - [`cluster`]: this replica's id and its peers (`[cluster]`).
 //!
 //! A new area of configuration gets a file of its own here and one field in [`Config`].
 
+mod cluster;
 mod python;
+mod s3;
 mod sections;
 mod tiers;
 
@@ -21,7 +25,9 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+pub use self::cluster::{ClusterConfig, valid_replica_id};
 pub use self::python::{PythonConfig, PythonLayout};
+pub use self::s3::{FilesBackend, S3Config};
 pub use self::sections::*;
 pub use self::tiers::{TierProfile, TiersConfig};
 
@@ -42,6 +48,8 @@ pub struct Config {
     pub auth: AuthConfig,
     pub sandbox: SandboxSettings,
     pub log: LogConfig,
+    pub s3: S3Config,
+    pub cluster: ClusterConfig,
 }
 
 impl Default for Config {
@@ -60,6 +68,8 @@ impl Default for Config {
             auth: AuthConfig::default(),
             sandbox: SandboxSettings::default(),
             log: LogConfig::default(),
+            s3: S3Config::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -146,6 +156,14 @@ impl Config {
         if self.limits.default_timeout_ms > self.limits.max_timeout_ms {
             return bad("limits.default_timeout_ms must not exceed limits.max_timeout_ms");
         }
+        if self.limits.max_timeout_ms > sections::MAX_TIMEOUT_CEILING_MS {
+            return Err(ConfigError::Invalid(format!(
+                "limits.max_timeout_ms is {} but may be at most {} (10 minutes); a longer job \
+                 belongs in a session run in steps",
+                self.limits.max_timeout_ms,
+                sections::MAX_TIMEOUT_CEILING_MS
+            )));
+        }
         if self.limits.memory_limit_mb == 0 {
             return bad("limits.memory_limit_mb must be positive");
         }
@@ -185,6 +203,14 @@ impl Config {
         }
         if self.sandbox.uid == 0 || self.sandbox.gid == 0 {
             return bad("sandbox.uid and sandbox.gid must not be 0 (root)");
+        }
+        if self.files.backend == FilesBackend::S3
+            && let Some(problem) = self.s3.problem()
+        {
+            return Err(ConfigError::Invalid(problem));
+        }
+        if let Some(problem) = self.cluster.problem() {
+            return Err(ConfigError::Invalid(problem));
         }
         self.tiers.validate()
     }
@@ -318,6 +344,16 @@ mod tests {
             Config::load(Some(&file), &Overrides::default()),
             Err(ConfigError::Invalid(_))
         ));
+        std::fs::write(&file, "[limits]\nmax_timeout_ms = 600000\n").unwrap();
+        let c = Config::load(Some(&file), &Overrides::default()).unwrap();
+        assert_eq!(c.limits.max_timeout_ms, 600_000);
+        std::fs::write(&file, "[limits]\nmax_timeout_ms = 600001\n").unwrap();
+        match Config::load(Some(&file), &Overrides::default()) {
+            Err(ConfigError::Invalid(msg)) => {
+                assert!(msg.contains("at most 600000"), "{msg}");
+            }
+            other => panic!("600001 ms accepted: {other:?}"),
+        }
         std::fs::write(&file, "[pool]\nsise = 2\n").unwrap();
         assert!(matches!(
             Config::load(Some(&file), &Overrides::default()),

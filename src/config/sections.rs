@@ -5,6 +5,9 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use snakecage_worker::protocol::{Layer, SandboxConfig};
 
+/// The largest `limits.max_timeout_ms` an operator may configure: 10 minutes.
+pub const MAX_TIMEOUT_CEILING_MS: u64 = 600_000;
+
 /// API keys (README, "Authentication"). Without any, every route is open: the service is
 /// then for local use and refuses to listen beyond loopback unless `allow_unauthenticated`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -59,6 +62,7 @@ pub struct LimitsConfig {
     /// `timeout_ms` when the request does not give one.
     pub default_timeout_ms: u64,
     /// Largest `timeout_ms` a request may ask for.
+    /// At most [`MAX_TIMEOUT_CEILING_MS`].
     pub max_timeout_ms: u64,
     /// Memory a job may allocate on top of the preloaded interpreter.
     pub memory_limit_mb: u64,
@@ -97,6 +101,8 @@ pub struct WorkerConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FilesConfig {
+    /// `local` (a directory, `dir`) or `s3` (the object store of `[s3]`, shared by replicas).
+    pub backend: super::FilesBackend,
     /// Where stored files and their metadata live; default: `files` under
     /// `worker.state_dir`. Unlike the workspaces it is kept at shutdown, so files survive a
     /// restart.
@@ -138,6 +144,11 @@ pub struct SessionsConfig {
     /// After an overdue session job is interrupted (SIGINT ⇒ `KeyboardInterrupt`), how long
     /// the worker has to answer before it is killed and the session is lost.
     pub interrupt_grace_ms: u64,
+    /// A session created with `"replay": true` keeps at most this many successful runs to
+    /// replay on a new worker when its worker is lost; past it, it can no longer be rebuilt.
+    pub replay_max_runs: usize,
+    /// The same bound on the bytes of code (and stdin, args) those runs hold.
+    pub replay_max_bytes: usize,
 }
 
 /// The isolation layers (SECURITY.md describes each one).
@@ -243,6 +254,8 @@ impl Default for SessionsConfig {
             max_sessions: 64,
             max_ttl_seconds: 86_400,
             interrupt_grace_ms: 2_000,
+            replay_max_runs: 200,
+            replay_max_bytes: 1 << 20,
         }
     }
 }
@@ -261,6 +274,7 @@ impl Default for WorkerConfig {
 impl Default for FilesConfig {
     fn default() -> Self {
         Self {
+            backend: super::FilesBackend::Local,
             dir: None,
             max_file_size_mb: 100,
             ttl_seconds: 3600,

@@ -2,13 +2,18 @@
 //! failures read ([`StoreError`]) and the TTL sweeper.
 //!
 //! - [`local`]: [`LocalStore`], the embedded default: a directory on local disk.
+//! - [`s3`]: [`S3Store`], an S3-compatible object store shared by every replica.
+//! - [`observed`]: a decorator that times every store operation and counts its errors.
 //! - [`workspace`]: staging stored files into a run's workspace and storing what the run
 //!   wrote.
 //!
-//! The trait is deliberately small (put a stream, get a stream, list, delete, expire) so an
-//! object-store backend (S3-compatible) can implement it for multi-replica deployments.
+//! The trait is deliberately small (put a stream, get a stream, list, delete, expire) so
+//! both backends implement it the same way; `tests/integration/file_store.rs` runs one
+//! conformance suite against each.
 
 pub mod local;
+pub mod observed;
+pub mod s3;
 pub mod workspace;
 
 use std::io;
@@ -21,6 +26,7 @@ use tokio::io::AsyncRead;
 use tokio_util::sync::CancellationToken;
 
 pub use self::local::LocalStore;
+pub use self::s3::S3Store;
 
 /// A byte source the store reads from, or hands out.
 pub type ByteReader = Box<dyn AsyncRead + Send + Unpin>;
@@ -76,12 +82,37 @@ pub enum StoreError {
     /// The source of a `put` failed (a client that went away mid-upload, say).
     #[error("reading the file to store: {0}")]
     Source(io::Error),
+    /// Another running instance has this store's directory open.
+    #[error(
+        "the file store directory {} is in use by another running snakecage (it holds {}/.lock); give each instance its own worker.state_dir (or files.dir)",
+        dir.display(),
+        dir.display()
+    )]
+    InUse { dir: PathBuf },
+    /// The store cannot be reached or refused the request (an object store that is down,
+    /// wrong credentials, a missing bucket): the service is unavailable, not the file.
+    #[error("the file store is unavailable ({doing}): {detail}")]
+    Unavailable { doing: &'static str, detail: String },
     #[error("{doing} {path}: {source}")]
     Io {
         doing: &'static str,
         path: PathBuf,
         source: io::Error,
     },
+}
+
+impl StoreError {
+    /// Whether the store's file system refused to grow: full (ENOSPC, EDQUOT) or mounted
+    /// read-only (EROFS). Not the caller's fault, and not a bug: 507 until space returns.
+    pub fn is_out_of_space(&self) -> bool {
+        match self {
+            StoreError::Io { source, .. } => matches!(
+                source.raw_os_error(),
+                Some(libc::ENOSPC | libc::EDQUOT | libc::EROFS)
+            ),
+            _ => false,
+        }
+    }
 }
 
 /// Who stores a file, and how much that owner may store in all.
@@ -128,8 +159,14 @@ pub trait FileStore: Send + Sync + 'static {
 
     async fn delete(&self, file_id: &str, owner: Option<&str>) -> Result<(), StoreError>;
 
-    /// Deletes the files past their TTL; returns how many.
+    /// Deletes the files past their TTL; returns how many. Safe to run on several replicas
+    /// at once (deleting a file twice is no error).
     async fn remove_expired(&self) -> Result<usize, StoreError>;
+
+    /// Whether the store can serve requests now (for `/ready`): `Unavailable` when not.
+    async fn check(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 pub type SharedStore = Arc<dyn FileStore>;

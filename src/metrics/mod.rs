@@ -7,12 +7,16 @@
 //!   (executions, sessions, and the pool's events through [`PoolEvents`]).
 //! - [`recent`]: the last durations and failures, for the status page.
 //! - [`http`]: the middleware counting HTTP requests by route and status.
+//! - [`health`]: ready or not, each sandbox layer active or not, the file store's quota.
+//! - [`cluster`]: the file store's operations and the forwarding of session calls.
 //!
 //! Gauges that describe state (pool, file store, memory) are read when scraped, by
 //! [`Metrics::observe`], rather than kept up to date on every change.
 //!
 //! [`PoolEvents`]: crate::pool::events::PoolEvents
 
+pub mod cluster;
+pub mod health;
 pub mod hooks;
 pub mod http;
 pub mod labels;
@@ -26,6 +30,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use self::health::{HealthGauges, HealthReport};
 use self::labels::{Kind, Outcome};
 use self::names::label;
 use self::recent::Recent;
@@ -103,7 +108,10 @@ pub struct Metrics {
     files_stored_bytes: IntGauge,
     pub(crate) http_requests: IntCounterVec,
     resident_memory: IntGauge,
+    health: HealthGauges,
     pub(crate) recent: Recent,
+    /// The file store and session forwarding.
+    pub cluster: cluster::ClusterMetrics,
 }
 
 /// What the file store holds, read at scrape time.
@@ -237,7 +245,9 @@ impl Metrics {
                 names::PROCESS_RESIDENT_MEMORY_BYTES,
                 "Resident memory of the supervisor process (workers not included).",
             ),
+            health: HealthGauges::register(&reg),
             recent: Recent::default(),
+            cluster: cluster::ClusterMetrics::new(&reg),
             registry,
             build: OnceLock::new(),
         };
@@ -342,6 +352,11 @@ impl Metrics {
         if let Some(rss) = resident_memory_bytes() {
             self.resident_memory.set(rss.try_into().unwrap_or(i64::MAX));
         }
+    }
+
+    /// Reads the health gauges: ready, the sandbox layers, the file store's quota.
+    pub fn observe_health(&self, report: &HealthReport<'_>) {
+        self.health.observe(report);
     }
 
     /// The registry in the Prometheus text exposition format.

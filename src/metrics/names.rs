@@ -66,6 +66,26 @@ pub const FILES_STORED: &str = "snakecage_files_stored";
 /// Bytes in the file store.
 pub const FILES_STORED_BYTES: &str = "snakecage_files_stored_bytes";
 
+/// The file store's quota (`files.quota_mb`) in bytes; 0 when there is none.
+pub const FILES_QUOTA_BYTES: &str = "snakecage_files_quota_bytes";
+
+/// 1 while `/ready` answers 200, else 0 (no worker yet, zygote down, shutting down).
+pub const READY: &str = "snakecage_ready";
+/// 1 when the current zygote reports the sandbox `layer` active, else 0 (off by
+/// configuration, unavailable on this host, or no zygote yet). One series per layer.
+pub const SANDBOX_LAYER_ACTIVE: &str = "snakecage_sandbox_layer_active";
+/// File store operations, by `operation` (put, get, meta, list, delete, expire, check)
+/// and backend; time to the operation's answer (for `get`, until the bytes start flowing).
+pub const FILE_STORE_OPERATION_SECONDS: &str = "snakecage_file_store_operation_seconds";
+/// File store operations that failed because the store could not serve them (unreachable,
+/// refused), by `operation`. Not found, too large and quota are answers, not errors.
+pub const FILE_STORE_ERRORS_TOTAL: &str = "snakecage_file_store_errors_total";
+/// Session calls forwarded to the replica that owns the session, by `outcome` (answered,
+/// gone: the owner could not be reached, failed: it broke off mid-answer).
+pub const SESSION_FORWARDS_TOTAL: &str = "snakecage_session_forwards_total";
+/// From forwarding a session call to the owner's response head.
+pub const SESSION_FORWARD_SECONDS: &str = "snakecage_session_forward_seconds";
+
 /// HTTP requests answered, by `route` (the route template, or `unmatched`) and `status`.
 pub const HTTP_REQUESTS_TOTAL: &str = "snakecage_http_requests_total";
 
@@ -89,13 +109,15 @@ pub mod label {
     pub const TENANT: &str = "tenant";
     pub const TIER: &str = "tier";
     pub const ROUTED: &str = "routed";
+    pub const LAYER: &str = "layer";
+    pub const OPERATION: &str = "operation";
 }
 
 /// The `route` of a request no route matched (so unknown paths cannot grow the label set).
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
 /// Every metric family name, for checks that nothing refers to a name that does not exist.
-pub const ALL: [&str; 30] = [
+pub const ALL: [&str; 37] = [
     EXECUTIONS_TOTAL,
     TENANT_EXECUTIONS_TOTAL,
     EXECUTION_DURATION_SECONDS,
@@ -123,7 +145,14 @@ pub const ALL: [&str; 30] = [
     SESSIONS_LOST_TOTAL,
     FILES_STORED,
     FILES_STORED_BYTES,
+    FILES_QUOTA_BYTES,
+    READY,
+    SANDBOX_LAYER_ACTIVE,
     HTTP_REQUESTS_TOTAL,
     PROCESS_RESIDENT_MEMORY_BYTES,
     BUILD_INFO,
+    FILE_STORE_OPERATION_SECONDS,
+    FILE_STORE_ERRORS_TOTAL,
+    SESSION_FORWARDS_TOTAL,
+    SESSION_FORWARD_SECONDS,
 ];

@@ -56,12 +56,16 @@ pub(super) async fn zygote_keeper(inner: Arc<Inner>, index: usize) {
                 result = started => match result {
                     Ok(zygote) => {
                         tier.replace_zygote(zygote);
+                        inner.counters.spawn_succeeded();
                         inner.counters.zygote_restarts.fetch_add(1, Ordering::Relaxed);
                         inner.events.zygote_restarted();
                         inner.refill.notify_one();
                         break;
                     }
-                    Err(e) => tracing::error!(tier = %tier.name, error = %e, "restarting the zygote failed; retrying"),
+                    Err(e) => {
+                        tracing::error!(tier = %tier.name, error = %e, "restarting the zygote failed; retrying");
+                        inner.counters.spawn_failed(format!("restarting the zygote failed: {e}"));
+                    }
                 },
                 () = inner.shutdown.cancelled() => return,
             }

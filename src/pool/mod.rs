@@ -12,6 +12,7 @@
 //!   idle targets; `idle`: one tier's idle set; `slots`: the execution slots and the FIFO
 //!   queue; `refill`: forking ahead of demand; `keeper`: starting and restarting zygotes;
 //!   `fd`: pipes and fds on the supervisor's side.
+//! - [`root`]: the workspace root this instance owns (locked), recreated if it vanishes.
 //!
 //! **Tiers.** The pool runs one zygote per configured tier (`[tiers]`: e.g. `bare`,
 //! `scientific` with numpy and pandas, `plotting` with matplotlib too), each with its own
@@ -32,6 +33,10 @@
 //! A background task refills the tiers off the request path (and retires idle workers a
 //! tier no longer needs); another per tier restarts its zygote when it dies. Idle workers
 //! of a dead zygote died with it and are skipped.
+//! When workers cannot be started (spawns keep failing with the zygote alive, or a zygote
+//! cannot be restarted) the pool says so ([`Pool::spawn_trouble`]) and a request waiting for
+//! a worker is refused at once ([`PoolError::NoWorkers`]) instead of waiting for nothing; the
+//! next worker that starts clears it.
 //!
 //! Sessions take a worker from the idle set too (the refill replaces it) and keep it, but
 //! an idle session holds no execution slot: its worker is asleep. Each session *run* takes
@@ -46,6 +51,7 @@ mod fd;
 mod idle;
 mod keeper;
 mod refill;
+pub mod root;
 pub mod run;
 pub mod session;
 mod slots;
@@ -69,6 +75,7 @@ pub use self::checkout::{Checkout, Finished, NoStaging, SessionSlot, Stager};
 use self::events::{KillReason, NoEvents, PoolEvents, Rejection};
 use self::idle::{IdleSet, Taken};
 pub use self::keeper::check_required;
+use self::root::WorkspaceRoot;
 use self::run::{OutputChunk, RunError, RunLimits, RunOutcome};
 use self::session::SessionWorker;
 use self::slots::Slots;
@@ -109,6 +116,9 @@ pub enum PoolError {
     ShuttingDown,
     #[error("no worker could take the job: {0}")]
     Unavailable(String),
+    /// Workers cannot be started now (the last attempts failed); the pool keeps trying.
+    #[error("workers cannot be started: {0}")]
+    NoWorkers(String),
     #[error(transparent)]
     Zygote(#[from] ZygoteError),
     #[error("{0}")]
@@ -130,6 +140,7 @@ pub struct Pool {
 
 struct Inner {
     settings: PoolSettings,
+    root: WorkspaceRoot,
     tiers: Vec<Tier>,
     table: TierTable,
     slots: Slots,
@@ -149,17 +160,16 @@ impl Pool {
 
     /// [`Pool::start`], reporting queue waits, spawns, kills and restarts to `events`.
     pub async fn start_observed(
-        settings: PoolSettings,
+        mut settings: PoolSettings,
         events: Arc<dyn PoolEvents>,
     ) -> Result<Self, PoolError> {
-        let root = &settings.workspace_root;
-        if let Some(parent) = root.parent() {
-            remove_abandoned_workspace_roots(parent);
-        }
-        std::fs::create_dir_all(root).map_err(|source| PoolError::WorkspaceRoot {
-            path: root.clone(),
-            source,
+        let root = WorkspaceRoot::claim(&settings.workspace_root).map_err(|source| {
+            PoolError::WorkspaceRoot {
+                path: settings.workspace_root.clone(),
+                source,
+            }
         })?;
+        settings.workspace_root = root.path().to_path_buf();
         assert!(!settings.tiers.is_empty(), "a pool needs at least one tier");
         let started = futures_util::future::join_all(
             settings
@@ -209,6 +219,7 @@ impl Pool {
                 shutdown.clone(),
             ),
             settings,
+            root,
             next_worker_id: AtomicU64::new(1),
             refill: Notify::new(),
             shutdown,
@@ -297,6 +308,12 @@ impl Pool {
                 .inner
                 .take_idle(self.inner.table.session, deadline)
                 .await?;
+            if !worker.workspace_path().is_dir() {
+                // Its workspace was removed while it was idle: the refill replaces it.
+                self.inner.events.worker_killed(KillReason::LostIdle);
+                last_error = "the worker's workspace was removed".into();
+                continue;
+            }
             match SessionWorker::start(worker).await {
                 Ok(worker) => return Ok(worker),
                 Err(e) => {
@@ -348,6 +365,16 @@ impl Pool {
                 _slot,
                 _busy,
             } = self.acquire_on(routed).await?;
+            if !worker.workspace_path().is_dir() {
+                // Its workspace was removed while it was idle: it could not run the job.
+                self.inner
+                    .counters
+                    .workers_lost
+                    .fetch_add(1, Ordering::Relaxed);
+                self.inner.events.worker_killed(KillReason::LostIdle);
+                last_error = "the worker's workspace was removed".into();
+                continue;
+            }
             let abandoned = AbandonGuard::new(&*self.inner.events);
             // A staging failure drops the checkout: the worker is killed, no code ran.
             let staged = match stager.stage(worker.workspace_path()).await {
@@ -408,8 +435,14 @@ impl Pool {
             workers_spawned: inner.counters.workers_spawned.load(Ordering::Relaxed),
             spawn_failures: inner.counters.spawn_failures.load(Ordering::Relaxed),
             zygote_restarts: inner.counters.zygote_restarts.load(Ordering::Relaxed),
+            last_spawn_error: inner.counters.spawn_trouble(),
             tiers,
         }
+    }
+
+    /// Why workers cannot be started now, if they cannot (see [`PoolStatus`]).
+    pub fn spawn_trouble(&self) -> Option<String> {
+        self.inner.counters.spawn_trouble()
     }
 
     /// Stops refilling, kills every idle worker, then the zygotes (which kill and reap
@@ -426,7 +459,7 @@ impl Pool {
             tier.current_zygote().shutdown(Duration::from_secs(5)).await;
         });
         futures_util::future::join_all(zygotes).await;
-        let _ = std::fs::remove_dir_all(&inner.settings.workspace_root);
+        inner.root.remove();
     }
 }
 
@@ -464,7 +497,19 @@ impl Inner {
                     // A tier whose target is 0 still gets a worker for a job that waits.
                     let _wanted = self.tiers[routed].want();
                     self.refill.notify_one();
-                    self.slots.wait(IdleSet::take_any(&sets), deadline).await?
+                    let take = self.slots.wait(IdleSet::take_any(&sets), deadline);
+                    tokio::pin!(take);
+                    // Waiting for a worker that cannot be started would only end in a
+                    // timeout: answer at once that the service is degraded.
+                    loop {
+                        if let Some(why) = self.counters.spawn_trouble() {
+                            return Err(PoolError::NoWorkers(why));
+                        }
+                        tokio::select! {
+                            got = &mut take => break got?,
+                            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        }
+                    }
                 }
             };
             self.refill.notify_one();
@@ -494,28 +539,6 @@ impl Inner {
             }
             Err(PoolError::ShuttingDown) => self.events.rejected(Rejection::ShuttingDown),
             Err(_) => {}
-        }
-    }
-}
-
-/// Removes `workspaces-<pid>` directories left by supervisors that died without shutting
-/// down (SIGKILL, a crash): on a tmpfs they would hold memory until reboot.
-fn remove_abandoned_workspace_roots(parent: &std::path::Path) {
-    let Ok(entries) = std::fs::read_dir(parent) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("workspaces-")) else {
-            continue;
-        };
-        let Ok(pid) = pid.parse::<i32>() else {
-            continue;
-        };
-        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
-        if !alive {
-            tracing::info!(path = %entry.path().display(), "removing workspaces left by a supervisor that is gone");
-            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
 }

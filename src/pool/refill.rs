@@ -70,6 +70,7 @@ async fn spawn_one(inner: Arc<Inner>, index: usize, zygote: Arc<ZygoteHandle>) {
                 .counters
                 .workers_spawned
                 .fetch_add(1, Ordering::Relaxed);
+            inner.counters.spawn_succeeded();
             if !inner.shutdown.is_cancelled() {
                 tier.idle.push(worker);
             }
@@ -81,6 +82,10 @@ async fn spawn_one(inner: Arc<Inner>, index: usize, zygote: Arc<ZygoteHandle>) {
                 .fetch_add(1, Ordering::Relaxed);
             if zygote.is_alive() && !inner.shutdown.is_cancelled() {
                 tracing::error!(tier = %tier.name, error = %e, "could not start a worker");
+                // A worker of a zygote that is being replaced says nothing about the next.
+                if zygote.generation == tier.current_zygote().generation {
+                    inner.counters.spawn_failed(e.to_string());
+                }
                 // Do not spin on a failure that repeats (a broken sandbox layer, say).
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
@@ -96,11 +101,14 @@ async fn spawn_worker(
     zygote: &ZygoteHandle,
 ) -> Result<Worker, SpawnError> {
     let id = inner.next_worker_id.fetch_add(1, Ordering::Relaxed);
-    let (workspace, workspace_fd) = Workspace::create(
-        &inner.settings.workspace_root,
-        id,
-        workspace_owner(tier, zygote),
-    )?;
+    let owner = workspace_owner(tier, zygote);
+    let root = &inner.settings.workspace_root;
+    let (workspace, workspace_fd) = match Workspace::create(root, id, owner) {
+        Ok(created) => created,
+        // The root was removed under us (by hand, by another program): recreate it.
+        Err(_) if inner.root.ensure()? => Workspace::create(root, id, owner)?,
+        Err(e) => return Err(e.into()),
+    };
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
     ours.set_nonblocking(true)?;
     let (stdout_r, stdout_w) = nonblocking_read_pipe()?;

@@ -8,6 +8,7 @@ Usage: mcp_client.py URL stateless|session [API_KEY]
 import asyncio
 import base64
 import json
+import logging
 import os
 import sys
 
@@ -31,8 +32,20 @@ def summary(result):
     return {"is_error": bool(result.is_error), "content": blocks}
 
 
+class Warnings(logging.Handler):
+    """Collects what the SDK logs at WARNING and above (e.g. a failed session close)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
 async def stateless(s, out):
     out["hello"] = summary(await s.call_tool("run_python", {"code": "print(6 * 7)"}))
+    out["lines"] = summary(await s.call_tool("run_python", {"code": ["x = 6", "print(x * 7)"]}))
     plot = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nprint('plotted')"
     out["plot"] = summary(await s.call_tool("run_python", {"code": plot}))
     out["error"] = summary(await s.call_tool("run_python", {"code": "def f():\n    return 1 / 0\nf()"}))
@@ -57,14 +70,19 @@ async def foreign(s, out):
 
 async def main(url, scenario, key):
     out = {}
+    warnings = Warnings()
+    logging.getLogger().addHandler(warnings)
     headers = {"Authorization": f"Bearer {key}"} if key else None
     async with create_mcp_http_client(headers=headers) as http:
         async with streamable_http_client(url, http_client=http) as (read, write):
             async with ClientSession(read, write) as s:
                 init = await s.initialize()
                 out["server"] = init.server_info.name
-                out["tools"] = [t.name for t in (await s.list_tools()).tools]
+                tools = (await s.list_tools()).tools
+                out["tools"] = [t.name for t in tools]
+                out["run_python_description"] = next(t.description for t in tools if t.name == "run_python")
                 await {"stateless": stateless, "session": session, "foreign": foreign}[scenario](s, out)
+    out["warnings"] = warnings.messages
     print(json.dumps(out))
 
 

@@ -1,4 +1,5 @@
-//! What agents use beyond plain execution: markdown answers run as code.
+//! What agents use beyond plain execution: markdown answers run as code, `code` as an array
+//! of lines, tool definitions, MCP.
 
 use serde_json::json;
 
@@ -96,6 +97,11 @@ async fn an_mcp_client_lists_and_calls_the_tools_and_gets_images_and_errors() {
     );
     assert_eq!(r["hello"]["is_error"], false);
     assert!(texts(&r["hello"]).contains("42"), "{}", r["hello"]);
+    // `code` as an array of lines, as a chat app's native tool mode sends it.
+    assert_eq!(r["lines"]["is_error"], false, "{}", r["lines"]);
+    assert!(texts(&r["lines"]).contains("42"), "{}", r["lines"]);
+    // Closing the MCP session (DELETE /mcp) is answered the way the SDK accepts.
+    assert_eq!(r["warnings"], json!([]), "the MCP client logged warnings");
     // The figure comes back as MCP image content, a real PNG.
     let image = r["plot"]["content"]
         .as_array()
@@ -253,4 +259,103 @@ async fn the_package_list_matches_what_imports_succeed_and_fail() {
             .contains("ImportError: import of 'smtplib' is not allowed in this sandbox"),
         "{r}"
     );
+}
+
+/// Reads an SSE body and returns its `result` event's data.
+async fn stream_result(resp: reqwest::Response) -> serde_json::Value {
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let data = text
+        .split("\n\n")
+        .find(|event| event.starts_with("event: result"))
+        .and_then(|event| event.lines().find_map(|l| l.strip_prefix("data: ")))
+        .unwrap_or_else(|| panic!("no result event in {text}"));
+    serde_json::from_str(data).unwrap()
+}
+
+#[tokio::test]
+async fn code_as_an_array_of_lines_runs_on_every_execute_route() {
+    let s = Server::start().await;
+    let lines = json!(["ñ = 20", "", "def f(x):", "    return x + 1", "print(f(ñ))"]);
+    let r = s.run_with(json!({"code": lines})).await;
+    assert_eq!(r["stdout"], "21\n", "{r}");
+    let r = s
+        .run_with(json!({"code": ["print('ñandú', '日本')"]}))
+        .await;
+    assert_eq!(r["stdout"], "ñandú 日本\n", "{r}");
+
+    let resp = s
+        .client
+        .post(format!("{}/v1/execute/stream", s.base))
+        .json(&json!({"code": lines}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream_result(resp).await["stdout"], "21\n");
+
+    let md = json!(["Here:", "```python", "print('md', 6 * 7)", "```"]);
+    let r = s
+        .run_with(json!({"code": md, "code_format": "markdown"}))
+        .await;
+    assert_eq!(r["stdout"], "md 42\n", "{r}");
+
+    let (status, created) = s.post("/v1/sessions", &json!({})).await;
+    assert_eq!(status, 201);
+    let sid = created["session_id"].as_str().unwrap();
+    let (status, r) = s
+        .post(
+            &format!("/v1/sessions/{sid}/execute"),
+            &json!({"code": ["x = 40", "y = 2"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    let resp = s
+        .client
+        .post(format!("{}/v1/sessions/{sid}/execute/stream", s.base))
+        .json(&json!({"code": ["print(x + y)"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream_result(resp).await["stdout"], "42\n");
+
+    // Anything else is a 422 that says what was wrong.
+    for (code, needle) in [
+        (json!(["x = 1", 2]), "element 1 is a number"),
+        (json!([null]), "element 0 is null"),
+        (json!({"line": "x"}), "an array of strings"),
+        (json!(7), "an array of strings"),
+    ] {
+        let (status, body) = s.post("/v1/execute", &json!({"code": code})).await;
+        assert_eq!(status, 422, "{body}");
+        assert_eq!(body["code"], "invalid_request");
+        let detail = body["detail"].as_str().unwrap();
+        assert!(detail.contains(needle), "{detail:?} lacks {needle:?}");
+    }
+    let (status, body) = s
+        .post(
+            &format!("/v1/sessions/{sid}/execute"),
+            &json!({"code": [1]}),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+
+    // The tool schemas document both shapes.
+    let (_, tools) = s.get_json("/v1/tools?format=anthropic").await;
+    for tool in tools.as_array().unwrap() {
+        let Some(code) = tool["input_schema"]["properties"].get("code") else {
+            continue;
+        };
+        assert_eq!(
+            code["anyOf"],
+            json!([{"type": "string"}, {"type": "array", "items": {"type": "string"}}]),
+            "{tool}"
+        );
+        assert!(
+            code["description"]
+                .as_str()
+                .unwrap()
+                .contains("array of strings"),
+            "{code}"
+        );
+    }
 }

@@ -13,7 +13,7 @@ use crate::agents::{mcp_client_output, mcp_client_with, texts};
 use crate::harness::{Options, Server, repo_root};
 
 /// `snakecage keys add NAME --keys-file PATH [limits…]`: the key it prints.
-fn keys_add(path: &Path, name: &str, limits: &[&str]) -> String {
+pub fn keys_add(path: &Path, name: &str, limits: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_snakecage"))
         .args(["keys", "add", name, "--keys-file"])
         .arg(path)
@@ -76,6 +76,9 @@ impl Tenant {
         let headers = resp.headers().clone();
         let text = resp.text().await.unwrap();
         let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if status >= 400 {
+            crate::harness::check_error_body(status, &body);
+        }
         (status, headers, body)
     }
 

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::harness::{Options, Server, descendants_of, peak_rss, process_exists};
+use crate::harness::{Options, Server, check_error_body, descendants_of, peak_rss, process_exists};
 
 #[tokio::test]
 async fn programs_behave_as_under_python_main() {
@@ -331,10 +331,23 @@ async fn malformed_requests_get_4xx_with_a_detail() {
             "no route for /v1/nope",
         ),
     ];
-    for (req, status, needle) in cases {
+    let codes = [
+        "bad_request",
+        "invalid_request",
+        "invalid_request",
+        "invalid_request",
+        "timeout_too_large",
+        "invalid_request",
+        "unsupported_media_type",
+        "payload_too_large",
+        "not_found",
+    ];
+    assert_eq!(codes.len(), cases.len());
+    for ((req, status, needle), code) in cases.into_iter().zip(codes) {
         let resp = req.send().await.unwrap();
         assert_eq!(resp.status().as_u16(), status);
         let body: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(check_error_body(status, &body), code, "{body}");
         let detail = body["detail"]
             .as_str()
             .unwrap_or_else(|| panic!("no detail in {body}"));
@@ -350,6 +363,8 @@ async fn malformed_requests_get_4xx_with_a_detail() {
 #[tokio::test]
 async fn shutdown_kills_and_reaps_every_worker_and_the_zygote() {
     let s = Server::start().await;
+    // The pool of two is full: a zygote and two workers.
+    s.wait_for_idle(2).await;
     let below = descendants_of(s.pid());
     assert!(
         below.len() >= 3,

@@ -7,13 +7,13 @@ use serde_json::{Value, json};
 
 use crate::harness::{Options, Server, peak_rss};
 
-async fn upload(s: &Server, name: &str, bytes: Vec<u8>) -> Value {
+pub async fn upload(s: &Server, name: &str, bytes: Vec<u8>) -> Value {
     let (status, body) = try_upload(s, name, bytes).await;
     assert_eq!(status, 201, "{body}");
     body
 }
 
-async fn try_upload(s: &Server, name: &str, bytes: Vec<u8>) -> (u16, Value) {
+pub async fn try_upload(s: &Server, name: &str, bytes: Vec<u8>) -> (u16, Value) {
     let part = reqwest::multipart::Part::bytes(bytes).file_name(name.to_owned());
     let form = reqwest::multipart::Form::new()
         .text("purpose", "analysis")
@@ -26,7 +26,11 @@ async fn try_upload(s: &Server, name: &str, bytes: Vec<u8>) -> (u16, Value) {
         .await
         .unwrap();
     let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap())
+    let body: Value = resp.json().await.unwrap();
+    if status >= 400 {
+        crate::harness::check_error_body(status, &body);
+    }
+    (status, body)
 }
 
 async fn download(s: &Server, id: &str) -> reqwest::Response {
@@ -37,13 +41,13 @@ async fn download(s: &Server, id: &str) -> reqwest::Response {
         .unwrap()
 }
 
-async fn download_bytes(s: &Server, id: &str) -> Vec<u8> {
+pub async fn download_bytes(s: &Server, id: &str) -> Vec<u8> {
     let resp = download(s, id).await;
     assert_eq!(resp.status(), 200);
     resp.bytes().await.unwrap().to_vec()
 }
 
-async fn list(s: &Server) -> Vec<Value> {
+pub async fn list(s: &Server) -> Vec<Value> {
     let resp = s
         .client
         .get(format!("{}/v1/files", s.base))

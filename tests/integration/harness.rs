@@ -10,9 +10,12 @@ use serde_json::{Value, json};
 
 pub struct Server {
     child: Child,
+    /// Started under a wrapper (`unshare … snakecage`): signals go to the wrapper's child.
+    wrapped: bool,
     pub base: String,
     pub client: reqwest::Client,
     _state_dir: tempfile::TempDir,
+    state_path: PathBuf,
     log: Arc<Mutex<Vec<String>>>,
 }
 
@@ -26,6 +29,10 @@ pub struct Options {
     pub listen: String,
     /// More command-line arguments.
     pub args: Vec<String>,
+    /// A command the service is started under (`unshare --pid --fork …`).
+    pub wrapper: Vec<String>,
+    /// Use this state directory instead of a fresh temporary one.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -35,6 +42,8 @@ impl Default for Options {
             workspaces_in_state_dir: true,
             listen: "127.0.0.1:0".into(),
             args: Vec::new(),
+            wrapper: Vec::new(),
+            state_dir: None,
         }
     }
 }
@@ -53,6 +62,16 @@ impl Options {
 
     pub fn arg(mut self, arg: &str) -> Self {
         self.args.push(arg.into());
+        self
+    }
+
+    pub fn wrapper(mut self, command: &[&str]) -> Self {
+        self.wrapper = command.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    pub fn state_dir(mut self, dir: &std::path::Path) -> Self {
+        self.state_dir = Some(dir.to_path_buf());
         self
     }
 
@@ -81,18 +100,29 @@ impl Server {
             std::os::unix::fs::PermissionsExt::from_mode(0o711),
         )
         .expect("chmod state dir");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_snakecage"));
+        let state_path = options
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| state_dir.path().to_path_buf());
+        let mut cmd = match options.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(env!("CARGO_BIN_EXE_snakecage"));
+                cmd
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_snakecage")),
+        };
         cmd.args(["--listen", &options.listen, "--log-format", "json"])
             .args(&options.args)
             .arg("--venv")
             .arg(repo_root().join(".venv"))
-            .env("SNAKECAGE_WORKER__STATE_DIR", state_dir.path())
+            .env("SNAKECAGE_WORKER__STATE_DIR", &state_path)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         if options.workspaces_in_state_dir {
-            cmd.env("SNAKECAGE_WORKSPACE__DIR", state_dir.path());
+            cmd.env("SNAKECAGE_WORKSPACE__DIR", &state_path);
         }
         for (k, v) in &options.env {
             cmd.env(k, v);
@@ -124,23 +154,32 @@ impl Server {
                     )
                 });
         let server = Self {
+            wrapped: !options.wrapper.is_empty(),
             child,
             base: format!("http://{addr}"),
             client: reqwest::Client::new(),
             _state_dir: state_dir,
+            state_path,
             log,
         };
         server.wait_for_idle(1).await;
         server
     }
 
+    /// The supervisor's pid (as this process sees it; under a wrapper, the wrapper's child).
     pub fn pid(&self) -> u32 {
+        if self.wrapped {
+            return children_of(self.child.id())
+                .first()
+                .copied()
+                .unwrap_or(self.child.id());
+        }
         self.child.id()
     }
 
     /// The service's state directory (workspaces live below it).
     pub fn state_dir(&self) -> &std::path::Path {
-        self._state_dir.path()
+        &self.state_path
     }
 
     pub fn log(&self) -> String {
@@ -185,7 +224,20 @@ impl Server {
             .unwrap();
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
-        (status, headers, resp.text().await.unwrap())
+        let text = resp.text().await.unwrap();
+        if status >= 400 {
+            check_error_body(status, &serde_json::from_str(&text).unwrap_or(Value::Null));
+        }
+        (status, headers, text)
+    }
+
+    /// GET `path` as JSON.
+    pub async fn get_json(&self, path: &str) -> (u16, Value) {
+        let (status, _, text) = self.get(path).await;
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
@@ -198,10 +250,11 @@ impl Server {
             .unwrap();
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if status >= 400 {
+            check_error_body(status, &body);
+        }
+        (status, body)
     }
 
     /// POST /v1/execute that must succeed at the HTTP level.
@@ -221,7 +274,7 @@ impl Server {
     }
 
     fn terminate(&mut self) -> std::process::ExitStatus {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -243,6 +296,43 @@ impl Drop for Server {
             self.terminate();
         }
     }
+}
+
+/// The table of error codes in README.md: `(code, status)` per row.
+pub fn documented_error_codes() -> Vec<(String, u16)> {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let table = readme
+        .split("<!-- error-codes -->")
+        .nth(1)
+        .expect("README.md has an <!-- error-codes --> table");
+    table
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let code = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            Some((code.to_owned(), cells.get(2)?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Every 4xx/5xx body of the API: a `detail` and a `code` from the README's table, listed
+/// there with this status. Returns the code.
+pub fn check_error_body(status: u16, body: &Value) -> String {
+    let code = body["code"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a {status} without a code: {body}"));
+    assert!(
+        body["detail"].as_str().is_some_and(|d| !d.is_empty()),
+        "a {status} without a detail: {body}"
+    );
+    let documented = documented_error_codes();
+    assert!(
+        documented.iter().any(|(c, s)| c == code && *s == status),
+        "{code} with status {status} is not in README.md's table of error codes {documented:?}"
+    );
+    code.to_owned()
 }
 
 /// Processes whose parent is `pid`.

@@ -3,13 +3,27 @@
 
 mod agents;
 mod auth;
+mod backing;
+mod cluster;
 mod core;
+mod dashboard;
+mod errors;
 mod escapes;
+mod faults;
+mod file_store;
 mod files;
+mod grafana;
 mod harness;
+mod kubernetes;
 mod observability;
 mod overload;
 mod prom;
+mod prometheus;
+mod reliability;
+mod replay;
+mod rich;
+mod s3_store;
 mod sessions;
 mod stream;
 mod tiers;
+mod timeouts;

@@ -1,9 +1,6 @@
 //! What an operator sees: `/metrics` (checked by `promtool`), `/health` and `/ready`,
-//! request ids in headers and logs, the live status page (driven in headless Chromium),
-//! and the Grafana dashboard's queries.
+//! request ids in headers and logs, the live status page (driven in headless Chromium).
 
-use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -67,11 +64,15 @@ async fn metrics_pass_promtool_and_count_what_was_served() {
     assert_eq!(after.sum(EXECUTIONS, &[]), 6.0, "no other outcome moved");
     let duration_count = format!("{}_count", names::EXECUTION_DURATION_SECONDS);
     assert_eq!(delta(&duration_count, &[("kind", "stateless")]), 6.0);
-    // The timeout took 300 ms or more; the histogram's buckets show it.
+    // The timeout took 300 ms or more (how much more depends on the machine's load); the
+    // histogram's buckets show it above 250 ms.
     let bucket = format!("{}_bucket", names::EXECUTION_DURATION_SECONDS);
     let under_quarter_second = after.get(&bucket, &[("kind", "stateless"), ("le", "0.25")]);
-    let under_half_second = after.get(&bucket, &[("kind", "stateless"), ("le", "0.5")]);
-    assert_eq!(under_half_second - under_quarter_second, 1.0);
+    let all = after.get(&bucket, &[("kind", "stateless"), ("le", "+Inf")]);
+    assert!(
+        all - under_quarter_second >= 1.0,
+        "{all} {under_quarter_second}"
+    );
     assert_eq!(
         delta(&format!("{}_count", names::QUEUE_WAIT_SECONDS), &[]),
         6.0
@@ -267,6 +268,7 @@ async fn on_sigterm_ready_fails_while_requests_are_still_served_then_the_service
     let s = Server::start_with(Options::default().env("SNAKECAGE_WORKER__SHUTDOWN_DRAIN_MS", 3000))
         .await;
     assert_eq!(s.get("/ready").await.0, 200);
+    assert_eq!(s.scrape().await.get(names::READY, &[]), 1.0);
     let pid = nix::unistd::Pid::from_raw(s.pid() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -279,8 +281,9 @@ async fn on_sigterm_ready_fails_while_requests_are_still_served_then_the_service
         assert!(Instant::now() < deadline, "/ready still {status}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // Still serving while load balancers notice.
+    // Still serving while load balancers notice; the metric says it too.
     assert_eq!(s.health().await["ready"], false);
+    assert_eq!(s.scrape().await.get(names::READY, &[]), 0.0);
     assert_eq!(s.run("print(3)").await["stdout"], "3\n");
     let status = s.stop();
     assert!(status.success(), "{status:?}");
@@ -491,82 +494,5 @@ async fn the_status_page_shows_the_numbers_the_metrics_have() {
         png.starts_with(b"\x89PNG") && png.len() > 10_000,
         "{}",
         png.len()
-    );
-}
-
-/// Every `snakecage_*` series a dashboard query names.
-fn queried_metrics(dashboard: &Value) -> BTreeSet<String> {
-    fn walk(v: &Value, out: &mut Vec<String>) {
-        match v {
-            Value::Object(map) => {
-                for (k, v) in map {
-                    if k == "expr" {
-                        out.push(v.as_str().unwrap_or_default().to_owned());
-                    } else {
-                        walk(v, out);
-                    }
-                }
-            }
-            Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
-            _ => {}
-        }
-    }
-    let mut exprs = Vec::new();
-    walk(dashboard, &mut exprs);
-    assert!(!exprs.is_empty());
-    let mut names = BTreeSet::new();
-    for expr in exprs {
-        let mut rest = expr.as_str();
-        while let Some(at) = rest.find("snakecage_") {
-            let tail = &rest[at..];
-            let end = tail
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(tail.len());
-            names.insert(tail[..end].to_owned());
-            rest = &tail[end..];
-        }
-    }
-    names
-}
-
-#[test]
-fn the_grafana_dashboard_imports_and_queries_only_metrics_that_exist() {
-    let path: PathBuf = repo_root().join("deploy/grafana/snakecage.json");
-    let dashboard: Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).expect("valid JSON");
-    assert_eq!(dashboard["title"], "snakecage");
-    assert!(dashboard["uid"].is_string());
-    assert!(dashboard["__inputs"][0]["pluginId"] == "prometheus");
-    let queried = queried_metrics(&dashboard);
-    for name in &queried {
-        let family = ["_bucket", "_sum", "_count"]
-            .iter()
-            .find_map(|suffix| name.strip_suffix(suffix))
-            .filter(|base| names::ALL.contains(base))
-            .unwrap_or(name);
-        assert!(
-            names::ALL.contains(&family),
-            "{name} is not a snakecage metric"
-        );
-    }
-    for needed in [
-        names::EXECUTIONS_TOTAL,
-        "snakecage_execution_duration_seconds_bucket",
-        "snakecage_queue_wait_seconds_bucket",
-        names::POOL_BUSY_WORKERS,
-        names::POOL_QUEUE_DEPTH,
-        names::WORKERS_KILLED_TOTAL,
-        names::SESSIONS_ACTIVE,
-        names::QUEUE_REJECTIONS_TOTAL,
-    ] {
-        assert!(
-            queried.contains(needed),
-            "the dashboard does not show {needed}"
-        );
-    }
-    let text = std::fs::read_to_string(Path::new(&path)).unwrap();
-    assert!(
-        text.contains("histogram_quantile(0.99"),
-        "latency percentiles"
     );
 }

@@ -33,7 +33,11 @@ async fn get(s: &Server, path: &str) -> (u16, Value) {
         .await
         .unwrap();
     let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
+    let body = resp.json().await.unwrap_or(Value::Null);
+    if status >= 400 {
+        crate::harness::check_error_body(status, &body);
+    }
+    (status, body)
 }
 
 async fn delete(s: &Server, path: &str) -> u16 {
@@ -64,6 +68,16 @@ async fn globals_imports_and_files_persist_across_calls() {
     .await;
     assert_eq!(r["stdout"], "42\nhi\n42.0\n");
     assert_eq!(r["results"], json!([{"text/plain": "42.0"}]));
+    // Every session run says what the session holds, for a chat UI to show.
+    assert_eq!(r["session"]["variables"], 2, "{r}");
+    assert_eq!(r["session"]["names"], json!(["math", "x"]), "{r}");
+    assert!(
+        r["session"]["expires_at"]
+            .as_str()
+            .unwrap()
+            .starts_with("20"),
+        "{r}"
+    );
     // Files are reported once, when new or changed.
     assert_eq!(r["files"], json!([]));
     let r = run(&s, &id, "open('notes.txt', 'a').write('!')").await;
@@ -99,6 +113,7 @@ async fn variables_show_shapes_never_whole_values() {
     let vars = info["variables"].as_array().unwrap();
     let find = |n: &str| vars.iter().find(|v| v["name"] == n).unwrap().clone();
     assert_eq!(find("arr")["shape"], json!([300, 4]));
+    assert_eq!(find("arr")["type"], "ndarray");
     assert_eq!(find("df")["shape"], json!([5000, 1]));
     assert_eq!(find("df")["type"], "DataFrame");
     assert!(find("text")["repr"].as_str().unwrap().chars().count() <= 100);

@@ -16,6 +16,7 @@ matplotlib are looked up in ``sys.modules`` when a value might be theirs.
 
 import base64
 import builtins
+import html
 import io
 import reprlib
 import sys
@@ -161,6 +162,9 @@ def mime_bundle(obj, collector=None):
     if _is_instance(obj, "pandas", "DataFrame"):
         bundle.update(_dataframe_bundle(obj))
         return bundle
+    if _is_instance(obj, "numpy", "ndarray"):
+        bundle["text/plain"] = ndarray_text(obj)
+        return bundle
     for method, mime in (
         ("_repr_html_", "text/html"),
         ("_repr_markdown_", "text/markdown"),
@@ -207,12 +211,49 @@ def _figure_png(figure):
         return None
 
 
+def ndarray_text(array):
+    """``array(shape=(1000, 3), dtype=float64)`` on a first line, then numpy's own repr,
+    which summarises a large array with ``...``."""
+    return "array(shape=%s, dtype=%s)\n%s" % (tuple(int(n) for n in array.shape), array.dtype, _safe_repr(array))
+
+
+def dataframe_summary(df, max_listed=10):
+    """``1000 rows × 3 columns; dtypes: a int64, b float64, c object`` (counts per dtype
+    when there are more than ``max_listed`` columns)."""
+    rows, cols = df.shape
+    dtypes = df.dtypes
+    if cols <= max_listed:
+        listed = ", ".join("%s %s" % (name, dtype) for name, dtype in dtypes.items())
+    else:
+        counts = {}
+        for dtype in dtypes:
+            counts[str(dtype)] = counts.get(str(dtype), 0) + 1
+        listed = ", ".join("%s(%d)" % item for item in sorted(counts.items()))
+    return "%d rows × %d columns; dtypes: %s" % (rows, cols, listed or "none")
+
+
+def _dataframe_text(df):
+    """Past ``DATAFRAME_MAX_ROWS`` rows: the first and last rows, then the summary line."""
+    if df.shape[0] <= DATAFRAME_MAX_ROWS:
+        return None
+    table = df.to_string(max_rows=DATAFRAME_MAX_ROWS, max_cols=DATAFRAME_MAX_COLS, show_dimensions=False)
+    return table + "\n\n" + dataframe_summary(df)
+
+
 def _dataframe_bundle(df):
     out = {}
+    try:
+        text = _dataframe_text(df)
+        if text is not None:
+            out["text/plain"] = text
+    except Exception:
+        pass
     try:
         out["text/html"] = df.to_html(
             max_rows=DATAFRAME_MAX_ROWS, max_cols=DATAFRAME_MAX_COLS, show_dimensions="truncate"
         )
+        if df.shape[0] > DATAFRAME_MAX_ROWS:
+            out["text/html"] += "<p>%s</p>" % html.escape(dataframe_summary(df))
     except Exception:
         pass
     try:
@@ -240,12 +281,18 @@ def dataframe_markdown(df, max_rows=DATAFRAME_MAX_ROWS, max_cols=DATAFRAME_MAX_C
             "*%d rows × %d columns (showing the first %d rows and %d columns)*"
             % (rows, cols, min(rows, max_rows), min(cols, max_cols))
         )
+        lines.append("")
+        lines.append("*%s*" % _md_cell_text(dataframe_summary(df)))
     return "\n".join(lines) + "\n"
 
 
 def _index_title(df):
     name = df.index.name
     return "" if name is None else name
+
+
+def _md_cell_text(text):
+    return text.replace("\\", "\\\\").replace("*", "\\*")
 
 
 def _md_cell(value):

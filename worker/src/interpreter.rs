@@ -42,33 +42,17 @@ pub enum InterpreterError {
     Python { doing: &'static str, source: PyErr },
 }
 
-/// Initialises CPython: isolated mode (no environment variables, no user site, no
-/// `sys.path[0]`), UTF-8 mode, `site` off, bytecode never written, signal handlers
+/// Initialises CPython: UTF-8 mode (PEP 540), isolated mode (no environment variables, no
+/// user site, no `sys.path[0]`), `site` off, bytecode never written, signal handlers
 /// installed (SIGINT becomes KeyboardInterrupt in sessions).
 pub fn initialize(config: &ZygoteConfig) -> Result<(), InterpreterError> {
     let home = python_home(config);
     if !home.is_dir() {
         return Err(InterpreterError::MissingHome(home));
     }
+    pre_initialize_utf8()?;
     let home = CString::new(home.as_os_str().as_encoded_bytes())
         .map_err(|_| InterpreterError::BadPath(home.clone()))?;
-    let mut pre = MaybeUninit::<ffi::PyPreConfig>::uninit();
-    // SAFETY: PyPreConfig_InitIsolatedConfig fully initialises the struct it is given;
-    // Py_PreInitialize only reads it, once, before anything else of CPython runs.
-    unsafe {
-        ffi::PyPreConfig_InitIsolatedConfig(pre.as_mut_ptr());
-        let pre = pre.assume_init_mut();
-        // UTF-8 mode (PEP 540): the isolated config leaves the C locale unconfigured,
-        // which would make stdout ASCII; jobs print and write text as under the
-        // C.UTF-8 locale the environment names.
-        pre.utf8_mode = 1;
-        let status = ffi::Py_PreInitialize(pre);
-        if ffi::PyStatus_Exception(status) != 0 {
-            return Err(InterpreterError::Init(
-                "pre-initialisation failed".to_owned(),
-            ));
-        }
-    }
     let mut raw = MaybeUninit::<ffi::PyConfig>::uninit();
     // SAFETY: PyConfig_InitIsolatedConfig fully initialises the struct it is given; the
     // pointers passed to PyConfig_SetBytesString point into that same live struct and to
@@ -92,6 +76,39 @@ pub fn initialize(config: &ZygoteConfig) -> Result<(), InterpreterError> {
     Ok(())
 }
 
+/// Pre-initialises CPython in UTF-8 mode. A worker's environment is cleared and its locale
+/// is "C", which would make stdio, file names and `open()` ASCII; UTF-8 mode makes all of
+/// them UTF-8 whatever the host's locale (stdio with `surrogateescape` on stdin/stdout,
+/// file names with `surrogateescape`). It must be set before the interpreter is configured.
+fn pre_initialize_utf8() -> Result<(), InterpreterError> {
+    let mut raw = MaybeUninit::<ffi::PyPreConfig>::uninit();
+    // SAFETY: PyPreConfig_InitIsolatedConfig fully initialises the struct it is given;
+    // Py_PreInitialize only reads it; PyStatus is a plain value.
+    let status = unsafe {
+        ffi::PyPreConfig_InitIsolatedConfig(raw.as_mut_ptr());
+        let pre = raw.assume_init_mut();
+        pre.utf8_mode = 1;
+        ffi::Py_PreInitialize(pre)
+    };
+    // SAFETY: see above.
+    if unsafe { ffi::PyStatus_Exception(status) } == 0 {
+        return Ok(());
+    }
+    Err(InterpreterError::Init(status_message(&status)))
+}
+
+/// The text of a failed PyStatus.
+fn status_message(status: &ffi::PyStatus) -> String {
+    if status.err_msg.is_null() {
+        "unknown error".to_owned()
+    } else {
+        // SAFETY: a non-null err_msg is a static NUL-terminated string owned by CPython.
+        unsafe { std::ffi::CStr::from_ptr(status.err_msg as *const c_char) }
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
 /// The prefix to run CPython from: the configured one, else the one this binary was built
 /// against.
 pub fn python_home(config: &ZygoteConfig) -> PathBuf {
@@ -111,14 +128,7 @@ unsafe fn check_status(
     if unsafe { ffi::PyStatus_Exception(status) } == 0 {
         return Ok(());
     }
-    let msg = if status.err_msg.is_null() {
-        "unknown error".to_owned()
-    } else {
-        // SAFETY: a non-null err_msg is a static NUL-terminated string owned by CPython.
-        unsafe { std::ffi::CStr::from_ptr(status.err_msg as *const c_char) }
-            .to_string_lossy()
-            .into_owned()
-    };
+    let msg = status_message(&status);
     // SAFETY: see above; clearing releases the strings the config owns.
     unsafe { ffi::PyConfig_Clear(cfg) };
     Err(InterpreterError::Init(msg))

@@ -32,6 +32,11 @@ pub struct ZygoteConfig {
     /// The isolation layers and the Python-level policy.
     #[serde(default)]
     pub sandbox: SandboxConfig,
+    /// The supervisor's pid: after PR_SET_PDEATHSIG the zygote checks its parent is still
+    /// this process. Without it a parent of 1 is taken for "orphaned", which is wrong when
+    /// the supervisor is PID 1 of its own PID namespace (a container).
+    #[serde(default)]
+    pub supervisor_pid: Option<i32>,
 }
 
 /// One piece of a child's warm-up: a small job (a `.py` file under `worker/python/`) run

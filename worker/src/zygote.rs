@@ -48,7 +48,8 @@ const MAX_CONTROL_RECORD: usize = 64 << 10;
 
 pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
     // The zygote dies with the supervisor; its workers die with it in turn.
-    sandbox::die_with_parent(None).map_err(io_err("setting PR_SET_PDEATHSIG"))?;
+    let supervisor = config.supervisor_pid.map(nix::unistd::Pid::from_raw);
+    sandbox::die_with_parent(supervisor).map_err(io_err("setting PR_SET_PDEATHSIG"))?;
     sandbox::stdin_from_dev_null().map_err(io_err("opening /dev/null"))?;
     sandbox::fixed_environment(&config);
     // Namespaces, the seccomp policy and the probe of every worker layer: before CPython

@@ -159,3 +159,40 @@ def test_session_reset_empties_the_listing(runner, capsys):
     session.run(job("x = 1"))
     session.reset()
     assert session.variables() == []
+
+
+def test_an_array_shows_its_shape_and_dtype_then_numpys_summary(runner, capsys):
+    pytest.importorskip("numpy")
+    (bundle,) = runner.run(job("import numpy as np\nnp.zeros((1000, 3))", interactive=True))["results"]
+    text = bundle["text/plain"]
+    first, rest = text.split("\n", 1)
+    assert first == "array(shape=(1000, 3), dtype=float64)"
+    assert rest.startswith("array([[0., 0., 0.],")
+    assert "..." in rest and len(text.splitlines()) < 12  # numpy's own summary, not 1000 rows
+    assert capsys.readouterr().out == text + "\n"
+    (bundle,) = runner.run(job("import numpy as np\nnp.arange(3, dtype=np.int32)", interactive=True))["results"]
+    assert bundle == {"text/plain": "array(shape=(3,), dtype=int32)\narray([0, 1, 2], dtype=int32)"}
+    (bundle,) = runner.run(job("import numpy as np\nnp.array(2.5)", interactive=True))["results"]
+    assert bundle["text/plain"] == "array(shape=(), dtype=float64)\narray(2.5)"
+
+
+def test_a_dataframe_over_twenty_rows_is_a_cut_table_and_a_summary_line(runner, capsys):
+    pd = pytest.importorskip("pandas")
+    text_dtype = pd.Series(["x"]).dtype  # object before pandas 3, str since
+    summary = "1000 rows × 3 columns; dtypes: v int64, ñame %s, f float64" % text_dtype
+    code = "import pandas as pd\npd.DataFrame({'v': range(1000), 'ñame': ['x'] * 1000, 'f': [0.5] * 1000})"
+    (bundle,) = runner.run(job(code, interactive=True))["results"]
+    lines = bundle["text/plain"].splitlines()
+    assert lines[-1] == summary
+    assert len(lines) < 26 and any(line.strip().startswith("..") for line in lines)
+    assert "999" in bundle["text/plain"]  # the last rows are shown too
+    assert bundle["text/markdown"].rstrip().endswith("*%s*" % summary)
+    assert bundle["text/html"].endswith("<p>%s</p>" % summary)
+    capsys.readouterr()
+    # Many columns: dtypes are counted.
+    code = "import pandas as pd\npd.DataFrame({'c%d' % i: [1.0] * 25 for i in range(30)})"
+    (bundle,) = runner.run(job(code, interactive=True))["results"]
+    assert bundle["text/plain"].splitlines()[-1] == "25 rows × 30 columns; dtypes: float64(30)"
+    # Twenty rows or fewer: pandas' own text, no summary.
+    (bundle,) = runner.run(job("import pandas as pd\npd.DataFrame({'v': range(20)})", interactive=True))["results"]
+    assert "dtypes" not in bundle["text/plain"] and len(bundle["text/plain"].splitlines()) == 21

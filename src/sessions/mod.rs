@@ -13,20 +13,26 @@
 //! - A session that expired, was evicted, or whose worker was lost is remembered (a bounded
 //!   list of tombstones), so a call on it gets 410 Gone saying why — never a silent fresh
 //!   namespace. An explicitly deleted session is simply unknown (404).
+//! - A session created with `replay` keeps a journal instead (see [`replay`]): a lost
+//!   worker is rebuilt before the next run, and the caller is told.
+
+pub mod replay;
+mod session;
+
+use self::session::Usage;
+pub use self::session::{Session, SessionIndicator, SessionInfo, SessionState};
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use serde::Serialize;
-use tokio::sync::OwnedMutexGuard;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 use crate::metrics::labels::SessionEnd;
 
+use self::replay::{Journal, ReplayLimits};
 use crate::files::workspace::Staged;
-use crate::pool::session::SessionWorker;
 use crate::pool::{Pool, PoolError};
 
 /// Tombstones kept for sessions that ended without being deleted.
@@ -40,6 +46,11 @@ pub struct SessionSettings {
     pub max_sessions: usize,
     pub max_ttl: Duration,
     pub interrupt_grace: Duration,
+    /// Bounds of a replay session's journal.
+    pub replay: ReplayLimits,
+    /// Written between `sess_` and the random part of every new session id: in a cluster,
+    /// the replica that owns it (see `crate::cluster`); empty for a single replica.
+    pub id_prefix: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,117 +73,6 @@ pub enum SessionError {
     TenantLimit { owner: String, max: usize },
     #[error(transparent)]
     Pool(#[from] PoolError),
-}
-
-/// The part of a session every request may read without waiting for a run.
-#[derive(Debug, Clone, Copy)]
-struct Usage {
-    last_used: SystemTime,
-    last_used_at: Instant,
-    execution_count: u64,
-}
-
-pub struct Session {
-    pub id: String,
-    /// The API key (tenant) that created it; only it can reach the session.
-    pub owner: Option<String>,
-    pub created_at: SystemTime,
-    ttl: Duration,
-    usage: Mutex<Usage>,
-    state: Arc<tokio::sync::Mutex<SessionState>>,
-    /// Fired when the session is deleted, evicted or expires: a run in progress is killed.
-    pub ended: CancellationToken,
-}
-
-/// What a request on a session works with, one request at a time.
-pub struct SessionState {
-    /// `None` once the worker is lost; `dead` says why.
-    pub worker: Option<SessionWorker>,
-    pub dead: Option<String>,
-    /// The workspace as the last run left it: files reported once are not reported again
-    /// unless they change.
-    pub baseline: Staged,
-}
-
-/// A summary for listings and `GET /v1/sessions/{id}`.
-#[derive(Debug, Clone, Serialize)]
-pub struct SessionInfo {
-    pub session_id: String,
-    pub created_at: String,
-    pub last_used_at: String,
-    pub expires_at: String,
-    pub execution_count: u64,
-    /// `idle`, `busy` or `dead`.
-    pub status: &'static str,
-}
-
-impl Session {
-    fn usage(&self) -> Usage {
-        *self.usage.lock().expect("usage lock")
-    }
-
-    /// Marks a use (pushing expiry back); `executed` counts a run.
-    pub fn touch(&self, executed: bool) {
-        let mut usage = self.usage.lock().expect("usage lock");
-        usage.last_used = SystemTime::now();
-        usage.last_used_at = Instant::now();
-        if executed {
-            usage.execution_count += 1;
-        }
-    }
-
-    fn expired(&self, now: Instant) -> bool {
-        now.duration_since(self.usage().last_used_at) >= self.ttl
-    }
-
-    pub fn info(&self) -> SessionInfo {
-        let usage = self.usage();
-        let status = match self.state.try_lock() {
-            Err(_) => "busy",
-            Ok(state) if state.dead.is_some() => "dead",
-            Ok(_) => "idle",
-        };
-        SessionInfo {
-            session_id: self.id.clone(),
-            created_at: rfc3339(self.created_at),
-            last_used_at: rfc3339(usage.last_used),
-            expires_at: rfc3339(usage.last_used + self.ttl),
-            execution_count: usage.execution_count,
-            status,
-        }
-    }
-
-    pub fn expires_at(&self) -> String {
-        rfc3339(self.usage().last_used + self.ttl)
-    }
-
-    /// This session's state, if no other request holds it; 410 when its worker is lost.
-    pub fn lock(&self) -> Result<OwnedMutexGuard<SessionState>, SessionError> {
-        let state = self
-            .state
-            .clone()
-            .try_lock_owned()
-            .map_err(|_| SessionError::Busy(self.id.clone()))?;
-        if let Some(reason) = &state.dead {
-            return Err(SessionError::Gone {
-                id: self.id.clone(),
-                reason: reason.clone(),
-            });
-        }
-        Ok(state)
-    }
-}
-
-impl SessionState {
-    /// Drops the worker (killing it) and remembers why.
-    pub fn mark_dead(&mut self, reason: String) {
-        self.worker = None;
-        self.dead = Some(reason);
-    }
-}
-
-fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(t).to_string()
 }
 
 #[derive(Clone)]
@@ -272,12 +172,14 @@ impl Sessions {
 
     /// A new session with its own worker; `stage` fills its workspace before it is
     /// registered. At `max_sessions`, the least recently used idle session is evicted; an
-    /// `owner` at its own `owner_max` is refused (`TenantLimit`).
+    /// `owner` at its own `owner_max` is refused (`TenantLimit`). With `replay`, the
+    /// session keeps a journal that starts with the files `stage` placed.
     pub async fn create<E: From<SessionError>>(
         &self,
         owner: Option<&str>,
         owner_max: Option<usize>,
         ttl: Option<Duration>,
+        replay: Option<&[crate::files::workspace::StageInput]>,
         stage: impl AsyncFnOnce(&std::path::Path) -> Result<Staged, E>,
     ) -> Result<Arc<Session>, E> {
         let inner = &self.inner;
@@ -290,11 +192,21 @@ impl Sessions {
             .await
             .map_err(SessionError::from)?;
         let baseline = stage(worker.workspace_path()).await?;
+        let journal = replay.map(|inputs| {
+            let mut journal = Journal::new(inner.settings.replay);
+            journal.stage(inputs);
+            journal
+        });
         let now = SystemTime::now();
         let session = Arc::new(Session {
-            id: format!("sess_{}", uuid::Uuid::new_v4().simple()),
+            id: format!(
+                "sess_{}{}",
+                inner.settings.id_prefix,
+                uuid::Uuid::new_v4().simple()
+            ),
             owner: owner.map(str::to_owned),
             created_at: now,
+            replay: journal.is_some(),
             ttl: ttl.unwrap_or(inner.settings.idle_timeout),
             usage: Mutex::new(Usage {
                 last_used: now,
@@ -304,6 +216,8 @@ impl Sessions {
             state: Arc::new(tokio::sync::Mutex::new(SessionState {
                 worker: Some(worker),
                 dead: None,
+                lost: None,
+                journal,
                 baseline,
             })),
             ended: CancellationToken::new(),

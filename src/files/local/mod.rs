@@ -6,7 +6,12 @@
 //! objects/<id>        the bytes
 //! meta/<id>.json      a FileMeta; its presence is what makes a file exist
 //! tmp/                in-progress writes, emptied at start-up
+//! .lock               locked by the instance that has the store open
 //! ```
+//!
+//! One running instance owns the directory: it holds the lock on `.lock` for as long as it
+//! runs, and a second one refuses to open it (two would empty each other's `tmp/` and
+//! count quotas apart).
 //!
 //! A `put` streams into `tmp/`, counting bytes (past the maximum or the quota it stops and
 //! deletes what it wrote), fsyncs, renames the bytes into `objects/`, then writes the
@@ -15,7 +20,8 @@
 //! metadata is loaded into memory (listing and quota accounting never touch the disk), and
 //! objects without metadata (a crash between the two renames) are removed.
 
-use std::collections::HashMap;
+mod index;
+
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -23,9 +29,11 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
+use self::index::State;
 use super::{
     ByteReader, FileMeta, FileOwner, FileStore, StoreError, clean_filename, mime_for, now_unix_ms,
 };
+use crate::state_lock::{DirLock, Lock};
 
 #[derive(Debug, Clone)]
 pub struct LocalStoreSettings {
@@ -40,35 +48,7 @@ pub struct LocalStoreSettings {
 pub struct LocalStore {
     settings: LocalStoreSettings,
     state: Mutex<State>,
-}
-
-#[derive(Default)]
-struct State {
-    files: HashMap<String, FileMeta>,
-    /// Bytes of every stored file plus the reservations of commits in progress.
-    used_bytes: u64,
-    /// The same, per owner (tenants with keys).
-    used_by: HashMap<String, u64>,
-}
-
-impl State {
-    fn add(&mut self, owner: Option<&str>, bytes: u64) {
-        self.used_bytes += bytes;
-        if let Some(owner) = owner {
-            *self.used_by.entry(owner.to_owned()).or_default() += bytes;
-        }
-    }
-
-    fn sub(&mut self, owner: Option<&str>, bytes: u64) {
-        self.used_bytes -= bytes;
-        if let Some(used) = owner.and_then(|o| self.used_by.get_mut(o)) {
-            *used -= bytes;
-        }
-    }
-
-    fn used_by(&self, owner: Option<&str>) -> u64 {
-        owner.map_or(0, |o| self.used_by.get(o).copied().unwrap_or(0))
-    }
+    _lock: DirLock,
 }
 
 fn io_err(doing: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError {
@@ -84,60 +64,18 @@ impl LocalStore {
     /// Opens (creating it if needed) the store directory and loads its metadata.
     pub fn open(settings: LocalStoreSettings) -> Result<Self, StoreError> {
         let dir = &settings.dir;
-        for sub in ["objects", "meta", "tmp"] {
-            let path = dir.join(sub);
-            std::fs::create_dir_all(&path).map_err(io_err("creating", &path))?;
-        }
-        let tmp = dir.join("tmp");
-        for entry in std::fs::read_dir(&tmp).map_err(io_err("listing", &tmp))? {
-            let path = entry.map_err(io_err("listing", &tmp))?.path();
-            let _ = std::fs::remove_file(&path);
-        }
-        let mut state = State::default();
-        let meta_dir = dir.join("meta");
-        for entry in std::fs::read_dir(&meta_dir).map_err(io_err("listing", &meta_dir))? {
-            let path = entry.map_err(io_err("listing", &meta_dir))?.path();
-            let loaded = std::fs::read(&path)
-                .ok()
-                .and_then(|bytes| serde_json::from_slice::<FileMeta>(&bytes).ok())
-                .filter(|meta| {
-                    valid_id(&meta.file_id)
-                        && path.file_name() == Some(format!("{}.json", meta.file_id).as_ref())
-                });
-            let Some(meta) = loaded else {
-                tracing::warn!(path = %path.display(), "unreadable file metadata; removed");
-                let _ = std::fs::remove_file(&path);
-                continue;
-            };
-            let object = dir.join("objects").join(&meta.file_id);
-            match std::fs::metadata(&object) {
-                Ok(m) if m.len() == meta.size_bytes => {
-                    state.add(meta.owner.as_deref(), meta.size_bytes);
-                    state.files.insert(meta.file_id.clone(), meta);
-                }
-                _ => {
-                    tracing::warn!(file_id = %meta.file_id, "stored file lost its bytes; removed");
-                    let _ = std::fs::remove_file(&path);
-                }
+        std::fs::create_dir_all(dir).map_err(io_err("creating", dir))?;
+        let lock = match DirLock::lock(dir).map_err(io_err("locking", dir))? {
+            Lock::Taken(lock) => lock,
+            Lock::Held | Lock::NoLockFile => {
+                return Err(StoreError::InUse { dir: dir.clone() });
             }
-        }
-        let objects = dir.join("objects");
-        for entry in std::fs::read_dir(&objects).map_err(io_err("listing", &objects))? {
-            let entry = entry.map_err(io_err("listing", &objects))?;
-            let name = entry.file_name();
-            if !state.files.contains_key(name.to_string_lossy().as_ref()) {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
-        tracing::info!(
-            dir = %dir.display(),
-            files = state.files.len(),
-            bytes = state.used_bytes,
-            "file store opened"
-        );
+        };
+        let state = index::load(dir)?;
         Ok(Self {
             settings,
             state: Mutex::new(state),
+            _lock: lock,
         })
     }
 
@@ -417,181 +355,4 @@ fn valid_id(id: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn store(dir: &Path, max: u64, quota: Option<u64>, ttl: Option<Duration>) -> LocalStore {
-        LocalStore::open(LocalStoreSettings {
-            dir: dir.to_path_buf(),
-            max_file_bytes: max,
-            quota_bytes: quota,
-            ttl,
-        })
-        .unwrap()
-    }
-
-    async fn read_all(mut r: ByteReader) -> Vec<u8> {
-        let mut out = Vec::new();
-        r.read_to_end(&mut out).await.unwrap();
-        out
-    }
-
-    #[tokio::test]
-    async fn put_get_list_delete_and_the_metadata_survives_reopening() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = store(dir.path(), 1 << 20, None, None);
-        let meta = s
-            .put(FileOwner::default(), "dir/a.csv", &mut &b"x,y\n1,2\n"[..])
-            .await
-            .unwrap();
-        assert_eq!(
-            (
-                meta.filename.as_str(),
-                meta.size_bytes,
-                meta.mime_type.as_str()
-            ),
-            ("a.csv", 8, "text/csv")
-        );
-        let (_, r) = s.get(&meta.file_id, None).await.unwrap();
-        assert_eq!(read_all(r).await, b"x,y\n1,2\n");
-        drop(s);
-
-        let s = store(dir.path(), 1 << 20, None, None);
-        assert_eq!(s.list(None).await.unwrap(), vec![meta.clone()]);
-        s.delete(&meta.file_id, None).await.unwrap();
-        assert!(matches!(
-            s.get(&meta.file_id, None).await,
-            Err(StoreError::NotFound(_))
-        ));
-        assert!(matches!(
-            s.delete(&meta.file_id, None).await,
-            Err(StoreError::NotFound(_))
-        ));
-        assert!(s.list(None).await.unwrap().is_empty());
-        assert!(matches!(
-            s.get("../meta", None).await,
-            Err(StoreError::NotFound(_))
-        ));
-    }
-
-    #[tokio::test]
-    async fn too_large_and_over_quota_keep_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = store(dir.path(), 10, Some(15), None);
-        let big = [7u8; 11];
-        assert!(matches!(
-            s.put(FileOwner::default(), "big", &mut &big[..]).await,
-            Err(StoreError::TooLarge { max_bytes: 10 })
-        ));
-        s.put(FileOwner::default(), "a", &mut &[1u8; 10][..])
-            .await
-            .unwrap();
-        assert!(matches!(
-            s.put(FileOwner::default(), "b", &mut &[1u8; 6][..]).await,
-            Err(StoreError::QuotaExceeded { quota_bytes: 15 })
-        ));
-        s.put(FileOwner::default(), "c", &mut &[1u8; 5][..])
-            .await
-            .unwrap();
-        assert_eq!(s.list(None).await.unwrap().len(), 2);
-        let leftovers = std::fs::read_dir(dir.path().join("tmp")).unwrap().count();
-        assert_eq!(leftovers, 0);
-        assert_eq!(
-            std::fs::read_dir(dir.path().join("objects"))
-                .unwrap()
-                .count(),
-            2
-        );
-    }
-
-    #[tokio::test]
-    async fn expired_files_are_gone_at_once_and_swept_later() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = store(dir.path(), 100, Some(100), Some(Duration::from_millis(50)));
-        let meta = s
-            .put(FileOwner::default(), "a.txt", &mut &b"hello"[..])
-            .await
-            .unwrap();
-        assert_eq!(s.list(None).await.unwrap().len(), 1);
-        tokio::time::sleep(Duration::from_millis(60)).await;
-        assert!(s.list(None).await.unwrap().is_empty());
-        assert!(matches!(
-            s.meta(&meta.file_id, None).await,
-            Err(StoreError::NotFound(_))
-        ));
-        assert_eq!(s.remove_expired().await.unwrap(), 1);
-        assert_eq!(s.state.lock().unwrap().used_bytes, 0);
-        assert!(!s.object_path(&meta.file_id).exists());
-    }
-
-    #[tokio::test]
-    async fn half_written_and_orphaned_files_are_cleaned_at_open() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = store(dir.path(), 100, None, None);
-        let meta = s
-            .put(FileOwner::default(), "a.txt", &mut &b"hello"[..])
-            .await
-            .unwrap();
-        drop(s);
-        let orphan = uuid::Uuid::new_v4().to_string();
-        std::fs::write(dir.path().join("objects").join(&orphan), b"partial").unwrap();
-        std::fs::write(dir.path().join("tmp").join("x"), b"in progress").unwrap();
-        std::fs::write(dir.path().join("meta").join("junk.json"), b"{").unwrap();
-        let s = store(dir.path(), 100, None, None);
-        assert_eq!(s.list(None).await.unwrap(), vec![meta]);
-        assert!(!dir.path().join("objects").join(&orphan).exists());
-        assert_eq!(
-            std::fs::read_dir(dir.path().join("tmp")).unwrap().count(),
-            0
-        );
-    }
-
-    #[tokio::test]
-    async fn a_file_is_visible_only_to_its_owner_and_owners_have_their_own_quota() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = store(dir.path(), 100, Some(100), None);
-        let alice = FileOwner {
-            name: Some("alice"),
-            quota_bytes: Some(8),
-        };
-        let meta = s.put(alice, "a.txt", &mut &b"hello"[..]).await.unwrap();
-        assert_eq!(meta.owner.as_deref(), Some("alice"));
-        let id = &meta.file_id;
-        for owner in [Some("bob"), None] {
-            assert!(matches!(
-                s.meta(id, owner).await,
-                Err(StoreError::NotFound(_))
-            ));
-            assert!(matches!(
-                s.get(id, owner).await,
-                Err(StoreError::NotFound(_))
-            ));
-            assert!(matches!(
-                s.delete(id, owner).await,
-                Err(StoreError::NotFound(_))
-            ));
-            assert!(s.list(owner).await.unwrap().is_empty());
-        }
-        assert!(matches!(
-            s.put(alice, "b.txt", &mut &b"world"[..]).await,
-            Err(StoreError::OwnerQuotaExceeded { quota_bytes: 8, .. })
-        ));
-        let bob = FileOwner {
-            name: Some("bob"),
-            quota_bytes: Some(8),
-        };
-        s.put(bob, "b.txt", &mut &b"world"[..]).await.unwrap();
-        drop(s);
-
-        // Owners and their usage survive reopening.
-        let s = store(dir.path(), 100, Some(100), None);
-        assert_eq!(s.list(Some("alice")).await.unwrap(), vec![meta.clone()]);
-        assert_eq!(s.list_all().await.unwrap().len(), 2);
-        assert!(matches!(
-            s.put(alice, "c.txt", &mut &b"world"[..]).await,
-            Err(StoreError::OwnerQuotaExceeded { .. })
-        ));
-        s.delete(id, Some("alice")).await.unwrap();
-        s.put(alice, "c.txt", &mut &b"world"[..]).await.unwrap();
-    }
-}
+mod tests;

@@ -1,252 +1,14 @@
-//! Files in and out of a run's workspace: checking the paths a request names, staging stored
-//! files at those paths before the job runs, and after it storing every new or changed file
-//! (and listing every new directory).
-//!
-//! The scan never follows a symbolic link: links, FIFOs, sockets and devices the job made
-//! are not stored, and reported as skipped. It is bounded (entries looked at, bytes stored)
-//! so a job that writes 100k files cannot stall the service.
+//! Collection: after a run, every new or changed regular file of the workspace stored
+//! (and every new directory listed), by a bounded scan that never follows a link.
 
-use std::collections::{HashMap, HashSet};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
-use std::path::{Component, Path};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 
 use serde::Serialize;
 
-use super::{FileOwner, FileStore, StoreError};
-
-/// The name the runner compiles `code` under; a staged file may not take it.
-pub const RESERVED_NAME: &str = "__main__.py";
-
-/// Checks a workspace path from a request and returns it normalised (`./a//b` ⇒ `a/b`).
-/// The message says what is wrong with it.
-pub fn normalize_path(raw: &str) -> Result<String, String> {
-    if raw.contains('\0') {
-        return Err(format!("File path {raw:?} contains a NUL byte."));
-    }
-    let mut parts = Vec::new();
-    for component in Path::new(raw).components() {
-        match component {
-            Component::RootDir | Component::Prefix(_) => {
-                return Err("File paths must be relative.".to_owned());
-            }
-            Component::ParentDir => {
-                return Err(format!(
-                    "File path {raw:?} must not contain '..': files are staged inside the workspace."
-                ));
-            }
-            Component::CurDir => {}
-            Component::Normal(part) => parts.push(part.to_string_lossy().into_owned()),
-        }
-    }
-    if parts.is_empty() {
-        return Err(format!("File path {raw:?} names no file."));
-    }
-    let path = parts.join("/");
-    if path == RESERVED_NAME {
-        return Err(format!(
-            "File path {RESERVED_NAME:?} is reserved for the submitted code; choose another name."
-        ));
-    }
-    Ok(path)
-}
-
-/// A stored file to place in the workspace at a normalised relative `path`.
-#[derive(Debug, Clone)]
-pub struct StageInput {
-    pub path: String,
-    pub file_id: String,
-}
-
-/// What staging left in the workspace, to tell new and changed files from inputs after the
-/// run.
-#[derive(Debug, Default, Clone)]
-pub struct Staged {
-    files: HashMap<String, Fingerprint>,
-    dirs: HashSet<String>,
-}
-
-/// Enough of a file's status to notice any write: a write or `utime` changes ctime, which
-/// user code cannot set back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Fingerprint {
-    ino: u64,
-    len: u64,
-    mtime_ns: i128,
-    ctime_ns: i128,
-}
-
-impl Fingerprint {
-    fn of(m: &std::fs::Metadata) -> Self {
-        Self {
-            ino: m.ino(),
-            len: m.len(),
-            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
-            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum StageError {
-    #[error("File with ID '{file_id}' not found for path '{path}'")]
-    NotFound { file_id: String, path: String },
-    #[error("cannot stage file at '{path}': {reason}")]
-    Conflict { path: String, reason: String },
-    #[error("staging '{path}': {source}")]
-    Store { path: String, source: StoreError },
-    #[error("staging '{path}': {source}")]
-    Io { path: String, source: io::Error },
-}
-
-/// Copies each input (stored files `tenant` may see) from the store into `workspace`, creating parent directories, all
-/// owned by the workspace directory's owner (the worker's uid when workers drop
-/// privileges).
-pub async fn stage(
-    store: &dyn FileStore,
-    tenant: Option<&str>,
-    workspace: &Path,
-    inputs: &[StageInput],
-) -> Result<Staged, StageError> {
-    let mut staged = Staged::default();
-    if inputs.is_empty() {
-        return Ok(staged);
-    }
-    let owner = std::fs::metadata(workspace).map_err(|source| StageError::Io {
-        path: ".".into(),
-        source,
-    })?;
-    let owner = Owner {
-        uid: owner.uid(),
-        gid: owner.gid(),
-    };
-    for input in inputs {
-        let path = &input.path;
-        let io_err = |source: io::Error| {
-            match source.kind() {
-            io::ErrorKind::AlreadyExists | io::ErrorKind::NotADirectory => StageError::Conflict {
-                path: path.clone(),
-                reason: "another staged file is in the way (a path given twice, or a file used as a directory)".into(),
-            },
-            _ => StageError::Io {
-                path: path.clone(),
-                source,
-            },
-        }
-        };
-        let (_, mut reader) = store
-            .get(&input.file_id, tenant)
-            .await
-            .map_err(|e| match e {
-                StoreError::NotFound(_) => StageError::NotFound {
-                    file_id: input.file_id.clone(),
-                    path: path.clone(),
-                },
-                source => StageError::Store {
-                    path: path.clone(),
-                    source,
-                },
-            })?;
-        let mut dir = String::new();
-        let parts: Vec<&str> = path.split('/').collect();
-        for part in &parts[..parts.len() - 1] {
-            if !dir.is_empty() {
-                dir.push('/');
-            }
-            dir.push_str(part);
-            if staged.dirs.contains(&dir) {
-                continue;
-            }
-            let abs = workspace.join(&dir);
-            std::fs::DirBuilder::new()
-                .mode(0o755)
-                .create(&abs)
-                .map_err(io_err)?;
-            owner.apply(&abs).map_err(io_err)?;
-            staged.dirs.insert(dir.clone());
-        }
-        let abs = workspace.join(path);
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&abs)
-            .map_err(io_err)?;
-        let mut file = tokio::fs::File::from_std(file);
-        tokio::io::copy(&mut reader, &mut file)
-            .await
-            .map_err(io_err)?;
-        drop(file);
-        owner.apply(&abs).map_err(io_err)?;
-        let meta = std::fs::symlink_metadata(&abs).map_err(io_err)?;
-        staged.files.insert(path.clone(), Fingerprint::of(&meta));
-    }
-    Ok(staged)
-}
-
-impl Staged {
-    /// Adds what `other` staged (a session's later staging on top of its baseline).
-    pub fn merge(&mut self, other: Staged) {
-        self.files.extend(other.files);
-        self.dirs.extend(other.dirs);
-    }
-}
-
-/// The workspace as it is now, as a baseline for the next [`collect`]: a session reports
-/// each file once, and again only when it changes. Looks at most `max_entries` entries;
-/// links are not followed.
-pub async fn snapshot(workspace: &Path, max_entries: usize) -> Staged {
-    let root = workspace.to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        let mut staged = Staged::default();
-        let mut seen = 0usize;
-        let mut pending = vec![String::new()];
-        while let Some(prefix) = pending.pop() {
-            let Ok(entries) = std::fs::read_dir(root.join(&prefix)) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                seen += 1;
-                if seen > max_entries {
-                    return staged;
-                }
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let rel = if prefix.is_empty() {
-                    name
-                } else {
-                    format!("{prefix}/{name}")
-                };
-                let Ok(meta) = entry.metadata() else { continue };
-                if meta.file_type().is_dir() {
-                    staged.dirs.insert(rel.clone());
-                    pending.push(rel);
-                } else if meta.file_type().is_file() {
-                    staged.files.insert(rel, Fingerprint::of(&meta));
-                }
-            }
-        }
-        staged
-    })
-    .await
-    .unwrap_or_default()
-}
-
-struct Owner {
-    uid: u32,
-    gid: u32,
-}
-
-impl Owner {
-    fn apply(&self, path: &Path) -> io::Result<()> {
-        // SAFETY: geteuid/getegid only read the process's credentials.
-        let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        if (self.uid, self.gid) == (euid, egid) {
-            return Ok(());
-        }
-        std::os::unix::fs::lchown(path, Some(self.uid), Some(self.gid))
-    }
-}
+use super::stage::{Fingerprint, Staged};
+use crate::files::{FileMeta, FileOwner, FileStore, StoreError};
 
 /// One entry of an execute response's `files`.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -359,6 +121,14 @@ pub async fn collect(
                         "the API key's storage quota of {} MB is used up",
                         quota_bytes >> 20
                     ),
+                    e if e.is_out_of_space() => {
+                        tracing::warn!(path, error = %e, "the file store has no space left");
+                        "the file store has no space left (full or read-only)".into()
+                    }
+                    StoreError::Unavailable { .. } => {
+                        tracing::warn!(path, error = %e, "storing a workspace file failed");
+                        format!("could not be stored: {e}")
+                    }
                     _ => {
                         tracing::error!(path, error = %e, "storing a workspace file failed");
                         "could not be stored (internal error)".into()
@@ -376,7 +146,7 @@ async fn store_one(
     owner: FileOwner<'_>,
     workspace: &Path,
     path: &str,
-) -> Result<super::FileMeta, StoreError> {
+) -> Result<FileMeta, StoreError> {
     let abs = workspace.join(path);
     let io_err = |source| StoreError::Io {
         doing: "reading",
@@ -520,30 +290,6 @@ fn join(prefix: &str, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn paths_are_normalised_and_escapes_refused() {
-        assert_eq!(normalize_path("data/in.csv").unwrap(), "data/in.csv");
-        assert_eq!(normalize_path("./data//in.csv").unwrap(), "data/in.csv");
-        assert_eq!(
-            normalize_path("/etc/passwd").unwrap_err(),
-            "File paths must be relative."
-        );
-        assert!(normalize_path("a/../../x").unwrap_err().contains("'..'"));
-        assert!(normalize_path("..").unwrap_err().contains("'..'"));
-        assert!(
-            normalize_path("__main__.py")
-                .unwrap_err()
-                .contains("reserved")
-        );
-        assert_eq!(
-            normalize_path("lib/__main__.py").unwrap(),
-            "lib/__main__.py"
-        );
-        assert!(normalize_path("").is_err());
-        assert!(normalize_path(".").is_err());
-        assert!(normalize_path("a\0b").is_err());
-    }
 
     fn limits() -> CollectLimits {
         CollectLimits {

@@ -1,0 +1,383 @@
+//! Running code in a session (`/v1/sessions/{id}/execute` and `…/execute/stream`): stage
+//! the request's files, run, report new files and the session's state. A replay session
+//! whose worker was lost is rebuilt first, and the response says so.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path as UrlPath, State};
+use axum::response::{IntoResponse, Response};
+use snakecage_worker::protocol::Variable;
+use tokio::sync::{OwnedMutexGuard, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use super::SharedState;
+use super::execute::{self, ExecuteRequest, ExecuteResponse, Prepared, collect_limits};
+use super::json::ApiJson;
+use super::stream::{self, OnDisconnect};
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::files::workspace::{self, StageInput, Staged};
+use crate::metrics::labels::{Kind, Outcome};
+use crate::pool::run::{Interrupt, OutputChunk, RunError};
+use crate::sessions::replay::{self, RebuildError, ReplayStager};
+use crate::sessions::{Session, SessionError, SessionIndicator, SessionState};
+
+/// How long listing variables or resetting may take before the worker is interrupted.
+pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub async fn execute(
+    State(state): State<SharedState>,
+    caller: Caller,
+    UrlPath(id): UrlPath<String>,
+    ApiJson(req): ApiJson<ExecuteRequest>,
+) -> Result<Json<ExecuteResponse>, ApiError> {
+    let prepared = execute::prepare(&state, &caller, req).await?;
+    let session = state.sessions.get(&id, caller.owner())?;
+    let guard = session.lock()?;
+    let _slot = caller.execution_slot()?;
+    let response = run(
+        state,
+        caller,
+        session,
+        guard,
+        prepared,
+        None,
+        CancellationToken::new(),
+    )
+    .await?;
+    Ok(Json(response))
+}
+
+pub async fn execute_stream(
+    State(state): State<SharedState>,
+    caller: Caller,
+    UrlPath(id): UrlPath<String>,
+    ApiJson(req): ApiJson<ExecuteRequest>,
+) -> Result<Response, ApiError> {
+    // Everything that can be answered with a status is answered before the stream starts.
+    let prepared = execute::prepare(&state, &caller, req).await?;
+    let session = state.sessions.get(&id, caller.owner())?;
+    let guard = session.lock()?;
+    let slot = caller.execution_slot()?;
+    let (tx, rx) = mpsc::channel(stream::CHUNK_BUFFER);
+    let interrupt = CancellationToken::new();
+    let run = run(
+        state,
+        caller,
+        session,
+        guard,
+        prepared,
+        Some(tx),
+        interrupt.clone(),
+    );
+    let run = async move {
+        let _slot = slot;
+        run.await
+    };
+    Ok(stream::sse(rx, run, OnDisconnect::Interrupt, interrupt).into_response())
+}
+
+/// One job in a session, counted in the metrics.
+async fn run(
+    state: SharedState,
+    caller: Caller,
+    session: Arc<Session>,
+    guard: OwnedMutexGuard<SessionState>,
+    prepared: Prepared,
+    chunks: Option<mpsc::Sender<OutputChunk>>,
+    interrupt: CancellationToken,
+) -> Result<ExecuteResponse, ApiError> {
+    let started = std::time::Instant::now();
+    let metrics = state.metrics.clone();
+    let tenant = caller.owner().map(str::to_owned);
+    let result = run_in(state, caller, session, guard, prepared, chunks, interrupt).await;
+    let outcome = match &result {
+        Ok(response) => Some(Outcome::from(response.verdict)),
+        Err(e) => e.is_shed().then_some(Outcome::Rejected),
+    };
+    if let Some(outcome) = outcome {
+        metrics.execution_finished(Kind::Session, outcome, started.elapsed(), None);
+    }
+    if let (Ok(_), Some(tenant)) = (&result, tenant) {
+        metrics.tenant_execution(&tenant, Kind::Session);
+    }
+    result
+}
+
+/// Stages the request's files (replacing files of the same name), takes an execution slot,
+/// runs, reports new and changed files and the session's state. A worker lost on the way
+/// marks the session dead (410 from then on), or, with `replay`, to be rebuilt.
+async fn run_in(
+    state: SharedState,
+    caller: Caller,
+    session: Arc<Session>,
+    mut guard: OwnedMutexGuard<SessionState>,
+    prepared: Prepared,
+    chunks: Option<mpsc::Sender<OutputChunk>>,
+    interrupt: CancellationToken,
+) -> Result<ExecuteResponse, ApiError> {
+    let Prepared {
+        limits,
+        inputs,
+        job,
+    } = prepared;
+    let id = session.id.clone();
+    let grace = state.sessions.settings().interrupt_grace;
+    let mut notices = Vec::new();
+    let mut replayed = ensure_worker(&state, caller.owner(), &session, &mut guard).await?;
+    let ws = worker_path(&guard, &id)?;
+    let staged = restage(&state, caller.owner(), &ws, &inputs).await?;
+    guard.baseline.merge(staged);
+    notices.extend(guard.journal.as_mut().and_then(|j| j.stage(&inputs)));
+    // A replay session keeps the job: for its journal, and to retry it on a rebuilt worker
+    // when the old one turns out to be gone before it took the job.
+    let kept = guard.journal.is_some().then(|| job.clone());
+    let mut job = Some(job);
+    let ran = loop {
+        let this_job = match job.take() {
+            Some(job) => job,
+            None => kept.clone().expect("a retry only happens with a journal"),
+        };
+        let slot = state.pool.acquire_session_slot().await?;
+        session.touch(false);
+        let worker = guard.worker.as_mut().ok_or_else(|| gone(&id))?;
+        let interrupt = Interrupt {
+            grace,
+            now: &interrupt,
+        };
+        let ran = tokio::select! {
+            ran = worker.run(this_job, &limits, chunks.clone(), interrupt) => Some(ran),
+            () = session.ended.cancelled() => None,
+        };
+        drop(slot);
+        session.touch(true);
+        let Some(ran) = ran else {
+            guard.mark_dead("it was deleted".into());
+            return Err(ApiError::Gone(format!(
+                "Session '{id}' was deleted while this run was in progress; its worker was killed."
+            )));
+        };
+        match ran {
+            Ok(ran) => break ran,
+            Err(RunError::WorkerLost(e)) => {
+                let reason = format!("its worker was gone ({e})");
+                if replayed.is_some() || !guard.mark_lost(reason.clone()) {
+                    return Err(lose(&state, &session, &mut guard, reason));
+                }
+                // The job never reached the worker: rebuild, then run it on the new one.
+                replayed = ensure_worker(&state, caller.owner(), &session, &mut guard).await?;
+            }
+        }
+    };
+    let succeeded = ran.outcome.exit_code == Some(0) && !ran.outcome.timed_out;
+    let ws = worker_path(&guard, &id)?;
+    let collected = workspace::collect(
+        state.store.as_ref(),
+        caller.file_owner(),
+        &ws,
+        &guard.baseline,
+        collect_limits(&state),
+    )
+    .await;
+    guard.baseline = workspace::snapshot(&ws, state.config.workspace.max_entries).await;
+    let mut response = ExecuteResponse::from(ran.outcome);
+    response.files = collected.files;
+    response.skipped_files = collected.skipped;
+    if let Some((runs, reason)) = &replayed {
+        response.replayed = Some(*runs);
+        notices.insert(0, replayed_notice(*runs, reason));
+    }
+    let lost = match ran.lost {
+        Some(reason) => Some(reason),
+        None => {
+            if let (true, Some(job), Some(journal)) = (succeeded, &kept, guard.journal.as_mut()) {
+                notices.extend(journal.run(job, &limits));
+            }
+            let worker = guard.worker.as_mut().ok_or_else(|| gone(&id))?;
+            match worker.variables(CONTROL_TIMEOUT, grace).await {
+                Ok(variables) => {
+                    response.session = Some(indicator(&variables, session.expires_at()));
+                    None
+                }
+                Err(e) => Some(e.to_string()),
+            }
+        }
+    };
+    if let Some(reason) = lost {
+        tracing::warn!(session = %id, %reason, "session worker lost");
+        let note = if guard.mark_lost(reason.clone()) {
+            let runs = guard.journal.as_ref().map_or(0, |j| j.runs());
+            format!(
+                "The session's worker was lost during this run ({reason}); what this run did is \
+                 not kept. The session's {runs} successful runs will be replayed on a new worker \
+                 before its next run."
+            )
+        } else {
+            let reason = guard.final_reason(reason);
+            state.sessions.lose(&id, reason.clone());
+            guard.mark_dead(reason.clone());
+            format!(
+                "The session is gone: {reason}. Its state is lost; further calls on it get 410."
+            )
+        };
+        response.stderr.push('\n');
+        response.stderr.push_str(&note);
+        notices.push(note);
+    }
+    if !notices.is_empty() {
+        response.notice = Some(notices.join(" "));
+    }
+    Ok(response)
+}
+
+fn replayed_notice(runs: usize, reason: &str) -> String {
+    format!(
+        "The session's worker had been lost ({reason}); a new worker replayed the session's \
+         {runs} successful runs before this one (their output is not shown; their side \
+         effects, such as files written, happened again)."
+    )
+}
+
+fn indicator(variables: &[Variable], expires_at: String) -> SessionIndicator {
+    SessionIndicator {
+        variables: variables.len(),
+        names: variables.iter().map(|v| v.name.clone()).collect(),
+        expires_at,
+    }
+}
+
+fn worker_path(guard: &SessionState, id: &str) -> Result<std::path::PathBuf, ApiError> {
+    match guard.worker.as_ref() {
+        Some(worker) => Ok(worker.workspace_path().to_path_buf()),
+        None => Err(gone(id)),
+    }
+}
+
+/// Stages `inputs` into a session's workspace, replacing files already at their paths.
+async fn restage(
+    state: &SharedState,
+    owner: Option<&str>,
+    ws: &Path,
+    inputs: &[StageInput],
+) -> Result<Staged, ApiError> {
+    for input in inputs {
+        match std::fs::remove_file(ws.join(&input.path)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(ApiError::Validation(format!(
+                    "cannot stage file at '{}': {e}",
+                    input.path
+                )));
+            }
+        }
+    }
+    Ok(workspace::stage(state.store.as_ref(), owner, ws, inputs).await?)
+}
+
+/// Stages a replayed session's files from the store, as its runs did.
+struct Restager<'a> {
+    state: &'a SharedState,
+    owner: Option<&'a str>,
+}
+
+impl ReplayStager for Restager<'_> {
+    fn stage<'a>(
+        &'a self,
+        workspace: &'a Path,
+        inputs: &'a [StageInput],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>> {
+        Box::pin(async move {
+            restage(self.state, self.owner, workspace, inputs)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// Makes sure the session has a live worker. A replay session whose worker was lost (or is
+/// found dead now) gets a new one with its journal replayed: `Some((runs, why))`. A
+/// session without `replay` whose worker is dead is lost (410).
+pub async fn ensure_worker(
+    state: &SharedState,
+    owner: Option<&str>,
+    session: &Session,
+    guard: &mut SessionState,
+) -> Result<Option<(usize, String)>, ApiError> {
+    if let Some(worker) = guard.worker.as_mut() {
+        if worker.is_alive() {
+            return Ok(None);
+        }
+        let reason = "its worker had exited".to_owned();
+        if !guard.mark_lost(reason.clone()) {
+            return Err(lose(state, session, guard, reason));
+        }
+    }
+    let Some(reason) = guard.lost.clone() else {
+        return Err(gone(&session.id));
+    };
+    let journal = guard
+        .journal
+        .as_ref()
+        .expect("only a replay session is lost");
+    let settings = state.sessions.settings();
+    let slot = state.pool.acquire_session_slot().await?;
+    let stager = Restager { state, owner };
+    let rebuilt = replay::rebuild(
+        &state.pool,
+        journal,
+        settings.interrupt_grace,
+        CONTROL_TIMEOUT,
+        &stager,
+    )
+    .await;
+    drop(slot);
+    match rebuilt {
+        Ok(rebuilt) => {
+            let ws = rebuilt.worker.workspace_path().to_path_buf();
+            guard.worker = Some(rebuilt.worker);
+            guard.lost = None;
+            // Files the replay wrote again are not news to the caller.
+            guard.baseline = workspace::snapshot(&ws, state.config.workspace.max_entries).await;
+            tracing::info!(session = %session.id, runs = rebuilt.runs, "session rebuilt by replay");
+            Ok(Some((rebuilt.runs, reason)))
+        }
+        Err(RebuildError::Pool(e)) => Err(e.into()),
+        Err(RebuildError::Failed(why)) => Err(lose(
+            state,
+            session,
+            guard,
+            format!("its worker was lost ({reason}) and {why}"),
+        )),
+    }
+}
+
+/// Marks the session dead for `reason` and says so (410).
+pub fn lose(
+    state: &SharedState,
+    session: &Session,
+    guard: &mut SessionState,
+    reason: String,
+) -> ApiError {
+    let reason = guard.final_reason(reason);
+    tracing::warn!(session = %session.id, %reason, "session worker lost");
+    state.sessions.lose(&session.id, reason.clone());
+    guard.mark_dead(reason.clone());
+    SessionError::Gone {
+        id: session.id.clone(),
+        reason,
+    }
+    .into()
+}
+
+pub fn gone(id: &str) -> ApiError {
+    SessionError::Gone {
+        id: id.to_owned(),
+        reason: "its worker is gone".into(),
+    }
+    .into()
+}

@@ -1,0 +1,177 @@
+//! Running as one replica of several: which replica owns a session, and forwarding calls on
+//! a session to its owner.
+//!
+//! - [`ids`]: session ids that name their replica and its incarnation.
+//! - [`forward`]: the middleware that sends `/v1/sessions/{id}…` calls to the owner over
+//!   HTTP (streaming both ways, with the caller's `Authorization`), or answers 410.
+//!
+//! Replicas share nothing but the file store; there is no membership protocol. A replica
+//! knows its own id from configuration (a StatefulSet pod name) and finds a peer by the
+//! address configuration gives for its id (`cluster.peers`, or the per-pod DNS name of a
+//! headless Service through `cluster.peer_url_template`). Stateless requests never forward.
+
+pub mod forward;
+pub mod ids;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::config::ClusterConfig;
+
+/// This replica's place in the cluster.
+pub struct Cluster {
+    /// `None`: a single replica, which never forwards.
+    replica: Option<String>,
+    incarnation: String,
+    peers: BTreeMap<String, String>,
+    peer_url_template: Option<String>,
+    client: reqwest::Client,
+}
+
+/// Where a call on a session goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// Here (a session of this replica, or an id that names no replica).
+    Local,
+    /// To the owner, at this base URL.
+    Forward { replica: String, base: String },
+    /// Nowhere: the session cannot exist any more; the reason says why.
+    Gone(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("building the HTTP client for forwarding: {0}")]
+pub struct ClusterError(#[from] reqwest::Error);
+
+impl Cluster {
+    pub fn new(config: &ClusterConfig) -> Result<Self, ClusterError> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(config.forward_connect_timeout_ms))
+            .tcp_nodelay(true)
+            .build()?;
+        let cluster = Self {
+            replica: config.replica_id.clone(),
+            incarnation: ids::new_incarnation(),
+            peers: config.peers.clone(),
+            peer_url_template: config.peer_url_template.clone(),
+            client,
+        };
+        if let Some(replica) = &cluster.replica {
+            tracing::info!(
+                replica,
+                incarnation = %cluster.incarnation,
+                peers = cluster.peers.len(),
+                "cluster replica"
+            );
+        }
+        Ok(cluster)
+    }
+
+    /// This replica's id, if it is one of a cluster.
+    pub fn replica(&self) -> Option<&str> {
+        self.replica.as_deref()
+    }
+
+    /// What goes between `sess_` and the random part of the session ids made here.
+    pub fn session_id_prefix(&self) -> String {
+        match &self.replica {
+            Some(replica) => ids::prefix(replica, &self.incarnation),
+            None => String::new(),
+        }
+    }
+
+    /// Where a call on `session_id` should be served.
+    pub fn route(&self, session_id: &str) -> Route {
+        let Some(me) = &self.replica else {
+            return Route::Local;
+        };
+        let Some(owner) = ids::owner(session_id) else {
+            return Route::Local;
+        };
+        if owner.replica == me {
+            if owner.incarnation == self.incarnation {
+                return Route::Local;
+            }
+            return Route::Gone(format!(
+                "replica '{me}', which owned it, restarted since it was created"
+            ));
+        }
+        let base = self.peers.get(owner.replica).cloned().or_else(|| {
+            self.peer_url_template
+                .as_ref()
+                .map(|t| t.replace("{replica}", owner.replica))
+        });
+        match base {
+            Some(base) => Route::Forward {
+                replica: owner.replica.to_owned(),
+                base: base.trim_end_matches('/').to_owned(),
+            },
+            None => Route::Gone(format!(
+                "replica '{}', which owned it, is not a known peer of this one",
+                owner.replica
+            )),
+        }
+    }
+
+    pub(crate) fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(replica: Option<&str>) -> Cluster {
+        Cluster::new(&ClusterConfig {
+            replica_id: replica.map(str::to_owned),
+            peers: [("b".to_owned(), "http://10.0.0.2:8000/".to_owned())].into(),
+            peer_url_template: Some("http://{replica}.headless:8000".into()),
+            forward_connect_timeout_ms: 100,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_session_is_served_by_its_owner_and_forwarded_by_the_others() {
+        let a = cluster(Some("a"));
+        let mine = format!("sess_{}ff", a.session_id_prefix());
+        assert_eq!(a.route(&mine), Route::Local);
+        let b = cluster(Some("b"));
+        let theirs = format!("sess_{}ff", b.session_id_prefix());
+        assert_eq!(
+            a.route(&theirs),
+            Route::Forward {
+                replica: "b".into(),
+                base: "http://10.0.0.2:8000".into()
+            }
+        );
+        assert_eq!(
+            b.route(&mine),
+            Route::Forward {
+                replica: "a".into(),
+                base: "http://a.headless:8000".into()
+            }
+        );
+        // The same replica id after a restart: that session's worker is gone.
+        let a_again = cluster(Some("a"));
+        assert!(matches!(a_again.route(&mine), Route::Gone(r) if r.contains("restarted")));
+        // Ids that name no replica are served (or not found) here.
+        assert_eq!(a.route("sess_0123abcd"), Route::Local);
+        // A single replica never forwards.
+        let single = cluster(None);
+        assert_eq!(single.session_id_prefix(), "");
+        assert_eq!(single.route(&theirs), Route::Local);
+    }
+
+    #[test]
+    fn an_owner_with_no_address_is_gone() {
+        let c = Cluster::new(&ClusterConfig {
+            replica_id: Some("a".into()),
+            ..ClusterConfig::default()
+        })
+        .unwrap();
+        let id = format!("sess_{}ff", ids::prefix("zz", "0123abcd"));
+        assert!(matches!(c.route(&id), Route::Gone(r) if r.contains("not a known peer")));
+    }
+}

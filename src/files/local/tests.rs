@@ -1,0 +1,178 @@
+//! The local store: round trips, limits, expiry, recovery at open, owners.
+
+use super::*;
+
+fn store(dir: &Path, max: u64, quota: Option<u64>, ttl: Option<Duration>) -> LocalStore {
+    LocalStore::open(LocalStoreSettings {
+        dir: dir.to_path_buf(),
+        max_file_bytes: max,
+        quota_bytes: quota,
+        ttl,
+    })
+    .unwrap()
+}
+
+async fn read_all(mut r: ByteReader) -> Vec<u8> {
+    let mut out = Vec::new();
+    r.read_to_end(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test]
+async fn put_get_list_delete_and_the_metadata_survives_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), 1 << 20, None, None);
+    let meta = s
+        .put(FileOwner::default(), "dir/a.csv", &mut &b"x,y\n1,2\n"[..])
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            meta.filename.as_str(),
+            meta.size_bytes,
+            meta.mime_type.as_str()
+        ),
+        ("a.csv", 8, "text/csv")
+    );
+    let (_, r) = s.get(&meta.file_id, None).await.unwrap();
+    assert_eq!(read_all(r).await, b"x,y\n1,2\n");
+    drop(s);
+
+    let s = store(dir.path(), 1 << 20, None, None);
+    assert_eq!(s.list(None).await.unwrap(), vec![meta.clone()]);
+    s.delete(&meta.file_id, None).await.unwrap();
+    assert!(matches!(
+        s.get(&meta.file_id, None).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        s.delete(&meta.file_id, None).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(s.list(None).await.unwrap().is_empty());
+    assert!(matches!(
+        s.get("../meta", None).await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+#[tokio::test]
+async fn too_large_and_over_quota_keep_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), 10, Some(15), None);
+    let big = [7u8; 11];
+    assert!(matches!(
+        s.put(FileOwner::default(), "big", &mut &big[..]).await,
+        Err(StoreError::TooLarge { max_bytes: 10 })
+    ));
+    s.put(FileOwner::default(), "a", &mut &[1u8; 10][..])
+        .await
+        .unwrap();
+    assert!(matches!(
+        s.put(FileOwner::default(), "b", &mut &[1u8; 6][..]).await,
+        Err(StoreError::QuotaExceeded { quota_bytes: 15 })
+    ));
+    s.put(FileOwner::default(), "c", &mut &[1u8; 5][..])
+        .await
+        .unwrap();
+    assert_eq!(s.list(None).await.unwrap().len(), 2);
+    let leftovers = std::fs::read_dir(dir.path().join("tmp")).unwrap().count();
+    assert_eq!(leftovers, 0);
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("objects"))
+            .unwrap()
+            .count(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn expired_files_are_gone_at_once_and_swept_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), 100, Some(100), Some(Duration::from_millis(50)));
+    let meta = s
+        .put(FileOwner::default(), "a.txt", &mut &b"hello"[..])
+        .await
+        .unwrap();
+    assert_eq!(s.list(None).await.unwrap().len(), 1);
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert!(s.list(None).await.unwrap().is_empty());
+    assert!(matches!(
+        s.meta(&meta.file_id, None).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert_eq!(s.remove_expired().await.unwrap(), 1);
+    assert_eq!(s.state.lock().unwrap().used_bytes, 0);
+    assert!(!s.object_path(&meta.file_id).exists());
+}
+
+#[tokio::test]
+async fn half_written_and_orphaned_files_are_cleaned_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), 100, None, None);
+    let meta = s
+        .put(FileOwner::default(), "a.txt", &mut &b"hello"[..])
+        .await
+        .unwrap();
+    drop(s);
+    let orphan = uuid::Uuid::new_v4().to_string();
+    std::fs::write(dir.path().join("objects").join(&orphan), b"partial").unwrap();
+    std::fs::write(dir.path().join("tmp").join("x"), b"in progress").unwrap();
+    std::fs::write(dir.path().join("meta").join("junk.json"), b"{").unwrap();
+    let s = store(dir.path(), 100, None, None);
+    assert_eq!(s.list(None).await.unwrap(), vec![meta]);
+    assert!(!dir.path().join("objects").join(&orphan).exists());
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("tmp")).unwrap().count(),
+        0
+    );
+}
+
+#[tokio::test]
+async fn a_file_is_visible_only_to_its_owner_and_owners_have_their_own_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path(), 100, Some(100), None);
+    let alice = FileOwner {
+        name: Some("alice"),
+        quota_bytes: Some(8),
+    };
+    let meta = s.put(alice, "a.txt", &mut &b"hello"[..]).await.unwrap();
+    assert_eq!(meta.owner.as_deref(), Some("alice"));
+    let id = &meta.file_id;
+    for owner in [Some("bob"), None] {
+        assert!(matches!(
+            s.meta(id, owner).await,
+            Err(StoreError::NotFound(_))
+        ));
+        assert!(matches!(
+            s.get(id, owner).await,
+            Err(StoreError::NotFound(_))
+        ));
+        assert!(matches!(
+            s.delete(id, owner).await,
+            Err(StoreError::NotFound(_))
+        ));
+        assert!(s.list(owner).await.unwrap().is_empty());
+    }
+    assert!(matches!(
+        s.put(alice, "b.txt", &mut &b"world"[..]).await,
+        Err(StoreError::OwnerQuotaExceeded { quota_bytes: 8, .. })
+    ));
+    let bob = FileOwner {
+        name: Some("bob"),
+        quota_bytes: Some(8),
+    };
+    s.put(bob, "b.txt", &mut &b"world"[..]).await.unwrap();
+    drop(s);
+
+    // Owners and their usage survive reopening.
+    let s = store(dir.path(), 100, Some(100), None);
+    assert_eq!(s.list(Some("alice")).await.unwrap(), vec![meta.clone()]);
+    assert_eq!(s.list_all().await.unwrap().len(), 2);
+    assert!(matches!(
+        s.put(alice, "c.txt", &mut &b"world"[..]).await,
+        Err(StoreError::OwnerQuotaExceeded { .. })
+    ));
+    s.delete(id, Some("alice")).await.unwrap();
+    s.put(alice, "c.txt", &mut &b"world"[..]).await.unwrap();
+}

@@ -1,0 +1,423 @@
+//! `S3Store`: files in an S3-compatible object store (AWS S3, MinIO, SeaweedFS, Ceph RGW,
+//! GCS's S3 API), shared by every replica of a cluster. Signing, retries and multipart
+//! uploads are the `object_store` crate's.
+//!
+//! One object per file, its key `<prefix>/<owner>/<file_id>/<filename>` ([`keys`]). A `put`
+//! streams the body through a bounded buffer into a multipart upload (never the whole file
+//! in memory), counting bytes against the maximum size and the quota ([`usage`]) and
+//! aborting the upload the moment either is passed; completing the upload is the commit (S3
+//! shows an object only once it is complete). Reads stream the object's body. The TTL comes
+//! from the UUIDv7 file id, so an expired file is gone at once on every replica; the
+//! sweeper's deletions are idempotent, so every replica may run it. Any failure to reach
+//! the store is `Unavailable` (503 with the store's error), never an internal error.
+
+pub mod keys;
+pub mod usage;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::{StreamExt, TryStreamExt};
+use object_store::aws::AmazonS3Builder;
+use object_store::buffered::BufWriter;
+use object_store::path::Path;
+use object_store::{
+    Attribute, Attributes, ClientOptions, ObjectStore, ObjectStoreExt, RetryConfig,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio_util::io::StreamReader;
+
+use self::keys::Keys;
+use self::usage::{Scope, Usage};
+use super::{ByteReader, FileMeta, FileOwner, FileStore, StoreError, clean_filename, mime_for};
+use crate::config::S3Config;
+
+/// The upload buffer: a file this small is one PUT, a bigger one a multipart upload in
+/// parts of this size (S3's minimum part is 5 MiB).
+const PART_BYTES: usize = 8 << 20;
+/// File locations remembered by a replica.
+const MAX_LOCATED: usize = 100_000;
+
+#[derive(Debug, Clone)]
+pub struct S3StoreSettings {
+    pub max_file_bytes: u64,
+    /// `None`: no quota.
+    pub quota_bytes: Option<u64>,
+    /// `None`: files are kept until deleted.
+    pub ttl: Option<Duration>,
+}
+
+pub struct S3Store {
+    store: Arc<dyn ObjectStore>,
+    keys: Keys,
+    settings: S3StoreSettings,
+    usage: Usage,
+    /// Where files seen by this replica live (files never change, only go), so a lookup
+    /// by id needs no listing. A stale entry (deleted elsewhere) just reads as not found.
+    located: Mutex<HashMap<String, FileMeta>>,
+}
+
+fn unavailable(doing: &'static str) -> impl Fn(object_store::Error) -> StoreError {
+    move |e| StoreError::Unavailable {
+        doing,
+        detail: e.to_string(),
+    }
+}
+
+impl S3Store {
+    /// A store on the bucket `config` names. Nothing is contacted yet: a store that is down
+    /// at start-up makes `/ready` say so, and requests that need it get 503.
+    pub fn open(config: &S3Config, settings: S3StoreSettings) -> Result<Self, StoreError> {
+        // Client options first: they replace what `with_allow_http` sets.
+        let mut builder = AmazonS3Builder::from_env()
+            .with_client_options(
+                ClientOptions::new()
+                    .with_connect_timeout(Duration::from_millis(config.connect_timeout_ms))
+                    .with_timeout(Duration::from_millis(config.request_timeout_ms)),
+            )
+            .with_bucket_name(&config.bucket)
+            .with_virtual_hosted_style_request(!config.path_style)
+            .with_allow_http(config.allow_http)
+            .with_retry(RetryConfig {
+                max_retries: config.max_retries,
+                retry_timeout: Duration::from_millis(config.request_timeout_ms),
+                ..RetryConfig::default()
+            });
+        if let Some(endpoint) = &config.endpoint {
+            builder = builder.with_endpoint(endpoint);
+        }
+        if let Some(region) = &config.region {
+            builder = builder.with_region(region);
+        }
+        let store = builder
+            .build()
+            .map_err(unavailable("configuring the S3 client"))?;
+        tracing::info!(
+            bucket = %config.bucket,
+            prefix = %config.prefix,
+            endpoint = config.endpoint.as_deref().unwrap_or("(AWS)"),
+            "file store: S3"
+        );
+        Ok(Self::with_store(
+            Arc::new(store),
+            &config.prefix,
+            settings,
+            config.usage_cache_ms,
+        ))
+    }
+
+    /// A store on any `object_store` implementation (the tests use the in-memory one).
+    pub fn with_store(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        settings: S3StoreSettings,
+        usage_cache_ms: u64,
+    ) -> Self {
+        Self {
+            store,
+            keys: Keys::new(prefix),
+            settings,
+            usage: Usage::new(Duration::from_millis(usage_cache_ms)),
+            located: Mutex::default(),
+        }
+    }
+
+    fn meta_of(&self, key: &Path, size: u64) -> Option<FileMeta> {
+        let parsed = self.keys.parse(key)?;
+        Some(FileMeta {
+            mime_type: mime_for(&parsed.filename),
+            file_id: parsed.file_id,
+            filename: parsed.filename,
+            size_bytes: size,
+            created_unix_ms: parsed.created_unix_ms,
+            owner: parsed.owner,
+        })
+    }
+
+    /// Every file under `dir`, expired ones included.
+    async fn list_under(&self, dir: &Path) -> Result<Vec<FileMeta>, StoreError> {
+        let mut listing = self.store.list(Some(dir));
+        let mut files = Vec::new();
+        while let Some(object) = listing.next().await {
+            let object = object.map_err(unavailable("listing files"))?;
+            if let Some(meta) = self.meta_of(&object.location, object.size) {
+                files.push(meta);
+            }
+        }
+        Ok(files)
+    }
+
+    fn live(&self, mut files: Vec<FileMeta>) -> Vec<FileMeta> {
+        let now = super::now_unix_ms();
+        files.retain(|m| !m.expired(self.settings.ttl, now));
+        files.sort_by(|a, b| (a.created_unix_ms, &a.file_id).cmp(&(b.created_unix_ms, &b.file_id)));
+        for m in &files {
+            self.remember(m);
+        }
+        files
+    }
+
+    /// Notes where a file lives (bounded: past the limit the notes start over).
+    fn remember(&self, meta: &FileMeta) {
+        let mut located = self.located.lock().expect("located lock");
+        if located.len() >= MAX_LOCATED {
+            located.clear();
+        }
+        located.insert(meta.file_id.clone(), meta.clone());
+    }
+
+    /// The live file `file_id` of `owner`: from what this replica saw, else by listing the
+    /// file's own directory (one small request).
+    async fn find(&self, file_id: &str, owner: Option<&str>) -> Result<FileMeta, StoreError> {
+        let not_found = || StoreError::NotFound(file_id.to_owned());
+        if keys::created_ms(file_id).is_none() {
+            return Err(not_found());
+        }
+        let known = self
+            .located
+            .lock()
+            .expect("located lock")
+            .get(file_id)
+            .cloned();
+        let meta = match known {
+            Some(meta) => meta,
+            None => {
+                let dir = self.keys.file_dir(owner, file_id);
+                let found = self.list_under(&dir).await?.into_iter().next();
+                let meta = found.ok_or_else(not_found)?;
+                self.remember(&meta);
+                meta
+            }
+        };
+        if !meta.visible_to(owner) || meta.expired(self.settings.ttl, super::now_unix_ms()) {
+            return Err(not_found());
+        }
+        Ok(meta)
+    }
+
+    fn key_of(&self, meta: &FileMeta) -> Path {
+        self.keys
+            .object(meta.owner.as_deref(), &meta.file_id, &meta.filename)
+    }
+
+    fn forget(&self, file_id: &str) {
+        self.located.lock().expect("located lock").remove(file_id);
+    }
+
+    /// The quota scopes an upload by `owner` counts in, with each one's limit.
+    fn quotas(&self, owner: FileOwner<'_>) -> Vec<(Scope, u64)> {
+        let mut quotas = Vec::new();
+        if let Some(quota) = self.settings.quota_bytes {
+            quotas.push((Scope::All, quota));
+        }
+        if let (Some(name), Some(quota)) = (owner.name, owner.quota_bytes) {
+            quotas.push((Scope::Owner(Some(name.to_owned())), quota));
+        }
+        quotas
+    }
+
+    /// What `scope` holds now, from a listing at most `usage_cache_ms` old.
+    async fn listed_bytes(&self, scope: &Scope) -> Result<u64, StoreError> {
+        if let Some(bytes) = self.usage.cached(scope) {
+            return Ok(bytes);
+        }
+        let dir = match scope {
+            Scope::All => self.keys.root().clone(),
+            Scope::Owner(owner) => self.keys.owner_dir(owner.as_deref()),
+        };
+        let now = super::now_unix_ms();
+        let bytes = self
+            .list_under(&dir)
+            .await?
+            .iter()
+            .filter(|m| !m.expired(self.settings.ttl, now))
+            .map(|m| m.size_bytes)
+            .sum();
+        self.usage.listed(scope.clone(), bytes);
+        Ok(bytes)
+    }
+
+    /// Streams `body` into `writer`, stopping at the size limit or a quota.
+    async fn receive(
+        &self,
+        writer: &mut BufWriter,
+        owner: FileOwner<'_>,
+        quotas: &[(Scope, u64, u64)],
+        body: &mut (dyn AsyncRead + Send + Unpin),
+    ) -> Result<u64, StoreError> {
+        let mut upload = self
+            .usage
+            .upload(quotas.iter().map(|(scope, _, _)| scope.clone()).collect());
+        let mut buf = vec![0u8; 64 << 10];
+        let mut written = 0u64;
+        loop {
+            let n = body.read(&mut buf).await.map_err(StoreError::Source)?;
+            if n == 0 {
+                break;
+            }
+            written += n as u64;
+            if written > self.settings.max_file_bytes {
+                return Err(StoreError::TooLarge {
+                    max_bytes: self.settings.max_file_bytes,
+                });
+            }
+            upload.add(n as u64);
+            for (scope, quota, listed) in quotas {
+                if self.usage.total(scope, *listed) > *quota {
+                    return Err(match scope {
+                        Scope::All => StoreError::QuotaExceeded {
+                            quota_bytes: *quota,
+                        },
+                        Scope::Owner(_) => StoreError::OwnerQuotaExceeded {
+                            owner: owner.name.unwrap_or_default().to_owned(),
+                            quota_bytes: *quota,
+                        },
+                    });
+                }
+            }
+            writer
+                .write_all(&buf[..n])
+                .await
+                .map_err(|e| StoreError::Unavailable {
+                    doing: "uploading",
+                    detail: e.to_string(),
+                })?;
+        }
+        writer
+            .shutdown()
+            .await
+            .map_err(|e| StoreError::Unavailable {
+                doing: "completing the upload",
+                detail: e.to_string(),
+            })?;
+        Ok(written)
+    }
+}
+
+#[async_trait::async_trait]
+impl FileStore for S3Store {
+    async fn put(
+        &self,
+        owner: FileOwner<'_>,
+        filename: &str,
+        body: &mut (dyn AsyncRead + Send + Unpin),
+    ) -> Result<FileMeta, StoreError> {
+        let mut quotas = Vec::new();
+        for (scope, quota) in self.quotas(owner) {
+            let listed = self.listed_bytes(&scope).await?;
+            quotas.push((scope, quota, listed));
+        }
+        let filename = clean_filename(filename);
+        let id = keys::new_file_id();
+        let key = self.keys.object(owner.name, &id, &filename);
+        let mime_type = mime_for(&filename);
+        let mut attributes = Attributes::new();
+        attributes.insert(Attribute::ContentType, mime_type.clone().into());
+        let mut writer = BufWriter::with_capacity(self.store.clone(), key, PART_BYTES)
+            .with_attributes(attributes);
+        let size = match self.receive(&mut writer, owner, &quotas, body).await {
+            Ok(size) => size,
+            Err(e) => {
+                if let Err(abort) = writer.abort().await {
+                    tracing::warn!(error = %abort, "aborting an S3 upload failed");
+                }
+                return Err(e);
+            }
+        };
+        let scopes: Vec<Scope> = quotas.into_iter().map(|(scope, _, _)| scope).collect();
+        self.usage.adjust(&scopes, size, true);
+        let meta = FileMeta {
+            created_unix_ms: keys::created_ms(&id).unwrap_or_else(super::now_unix_ms),
+            file_id: id.clone(),
+            filename,
+            size_bytes: size,
+            mime_type,
+            owner: owner.name.map(str::to_owned),
+        };
+        self.remember(&meta);
+        Ok(meta)
+    }
+
+    async fn meta(&self, file_id: &str, owner: Option<&str>) -> Result<FileMeta, StoreError> {
+        self.find(file_id, owner).await
+    }
+
+    async fn get(
+        &self,
+        file_id: &str,
+        owner: Option<&str>,
+    ) -> Result<(FileMeta, ByteReader), StoreError> {
+        let meta = self.find(file_id, owner).await?;
+        match self.store.get(&self.key_of(&meta)).await {
+            Ok(object) => {
+                let stream = object.into_stream().map_err(std::io::Error::from);
+                Ok((meta, Box::new(StreamReader::new(stream))))
+            }
+            Err(object_store::Error::NotFound { .. }) => {
+                self.forget(file_id);
+                Err(StoreError::NotFound(file_id.to_owned()))
+            }
+            Err(e) => Err(unavailable("reading a file")(e)),
+        }
+    }
+
+    async fn list(&self, owner: Option<&str>) -> Result<Vec<FileMeta>, StoreError> {
+        let files = self.list_under(&self.keys.owner_dir(owner)).await?;
+        Ok(self.live(files))
+    }
+
+    async fn list_all(&self) -> Result<Vec<FileMeta>, StoreError> {
+        let files = self.list_under(self.keys.root()).await?;
+        Ok(self.live(files))
+    }
+
+    async fn delete(&self, file_id: &str, owner: Option<&str>) -> Result<(), StoreError> {
+        let meta = self.find(file_id, owner).await?;
+        // S3 deletes are idempotent: a file deleted meanwhile elsewhere is not an error.
+        self.store
+            .delete(&self.key_of(&meta))
+            .await
+            .map_err(unavailable("deleting a file"))?;
+        self.forget(file_id);
+        let owner_scope = Scope::Owner(meta.owner.clone());
+        self.usage
+            .adjust(&[Scope::All, owner_scope], meta.size_bytes, false);
+        Ok(())
+    }
+
+    async fn remove_expired(&self) -> Result<usize, StoreError> {
+        let Some(ttl) = self.settings.ttl else {
+            return Ok(0);
+        };
+        let now = super::now_unix_ms();
+        let expired: Vec<FileMeta> = self
+            .list_under(self.keys.root())
+            .await?
+            .into_iter()
+            .filter(|m| m.expired(Some(ttl), now))
+            .collect();
+        for meta in &expired {
+            self.store
+                .delete(&self.key_of(meta))
+                .await
+                .map_err(unavailable("deleting expired files"))?;
+            self.forget(&meta.file_id);
+        }
+        Ok(expired.len())
+    }
+
+    /// Lists an empty prefix: one small request that fails when the store is down, the
+    /// credentials are refused or the bucket does not exist (a HEAD of a missing key
+    /// would answer 404 for a missing bucket too, and look healthy).
+    async fn check(&self) -> Result<(), StoreError> {
+        self.store
+            .list_with_delimiter(Some(&self.keys.probe()))
+            .await
+            .map(drop)
+            .map_err(unavailable("checking the store"))
+    }
+}
+
+#[cfg(test)]
+mod tests;

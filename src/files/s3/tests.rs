@@ -1,0 +1,158 @@
+//! The S3 store's own rules, on `object_store`'s in-memory store (the same code path as
+//! S3 minus HTTP); `tests/integration/file_store.rs` runs the shared conformance suite
+//! against a real S3-compatible server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use tokio::io::AsyncReadExt;
+
+use super::*;
+
+fn store(inner: &Arc<InMemory>, max: u64, quota: Option<u64>, ttl: Option<Duration>) -> S3Store {
+    S3Store::with_store(
+        inner.clone(),
+        "deploy",
+        S3StoreSettings {
+            max_file_bytes: max,
+            quota_bytes: quota,
+            ttl,
+        },
+        0,
+    )
+}
+
+async fn keys_in(inner: &InMemory) -> Vec<String> {
+    let mut keys: Vec<String> = inner
+        .list(None)
+        .map_ok(|o| o.location.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    keys.sort();
+    keys
+}
+
+#[tokio::test]
+async fn a_file_is_one_object_keyed_by_owner_id_and_name_and_another_replica_sees_it() {
+    let inner = Arc::new(InMemory::new());
+    let a = store(&inner, 1 << 20, None, None);
+    let alice = FileOwner {
+        name: Some("alice"),
+        quota_bytes: None,
+    };
+    let meta = a
+        .put(alice, "dir/é x.csv", &mut &b"x,y\n"[..])
+        .await
+        .unwrap();
+    assert_eq!(
+        keys_in(&inner).await,
+        vec![format!("deploy/k.alice/{}/%C3%A9 x.csv", meta.file_id)]
+    );
+    // A second replica (nothing remembered) finds, lists and reads it.
+    let b = store(&inner, 1 << 20, None, None);
+    assert_eq!(b.meta(&meta.file_id, Some("alice")).await.unwrap(), meta);
+    assert_eq!(b.list(Some("alice")).await.unwrap(), vec![meta.clone()]);
+    let (_, mut r) = b.get(&meta.file_id, Some("alice")).await.unwrap();
+    let mut out = Vec::new();
+    r.read_to_end(&mut out).await.unwrap();
+    assert_eq!(out, b"x,y\n");
+    // Another tenant cannot reach it, not even knowing its id.
+    assert!(matches!(
+        b.get(&meta.file_id, Some("bob")).await,
+        Err(StoreError::NotFound(_))
+    ));
+    // Deleted through one replica, it is gone on the other (which remembered it).
+    a.delete(&meta.file_id, Some("alice")).await.unwrap();
+    assert!(matches!(
+        b.get(&meta.file_id, Some("alice")).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(keys_in(&inner).await.is_empty());
+}
+
+#[tokio::test]
+async fn big_files_stream_through_multipart_and_limits_leave_nothing_behind() {
+    let inner = Arc::new(InMemory::new());
+    let s = store(&inner, 20 << 20, Some(30 << 20), None);
+    let too_big = vec![0u8; (20 << 20) + 1];
+    assert!(matches!(
+        s.put(FileOwner::default(), "x", &mut &too_big[..]).await,
+        Err(StoreError::TooLarge { .. })
+    ));
+    let big: Vec<u8> = (0..(17u32 << 20)).map(|i| (i % 251) as u8).collect();
+    let meta = s
+        .put(FileOwner::default(), "big.bin", &mut &big[..])
+        .await
+        .unwrap();
+    assert_eq!(meta.size_bytes, big.len() as u64);
+    let (_, mut r) = s.get(&meta.file_id, None).await.unwrap();
+    let mut out = Vec::new();
+    r.read_to_end(&mut out).await.unwrap();
+    assert!(out == big);
+    let over = vec![0u8; 14 << 20];
+    assert!(matches!(
+        s.put(FileOwner::default(), "y", &mut &over[..]).await,
+        Err(StoreError::QuotaExceeded { .. })
+    ));
+    assert_eq!(keys_in(&inner).await.len(), 1);
+}
+
+#[tokio::test]
+async fn owners_have_their_quota_and_expired_files_go_everywhere_at_once() {
+    let inner = Arc::new(InMemory::new());
+    let s = store(&inner, 100, Some(100), Some(Duration::from_millis(80)));
+    let alice = FileOwner {
+        name: Some("alice"),
+        quota_bytes: Some(8),
+    };
+    let meta = s.put(alice, "a.txt", &mut &b"hello"[..]).await.unwrap();
+    assert!(matches!(
+        s.put(alice, "b.txt", &mut &b"world"[..]).await,
+        Err(StoreError::OwnerQuotaExceeded { quota_bytes: 8, .. })
+    ));
+    // Quota usage is read from the store: a fresh replica counts alice's bytes too.
+    let other = store(&inner, 100, Some(100), Some(Duration::from_millis(80)));
+    assert!(matches!(
+        other.put(alice, "b.txt", &mut &b"world"[..]).await,
+        Err(StoreError::OwnerQuotaExceeded { .. })
+    ));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(other.list(Some("alice")).await.unwrap().is_empty());
+    assert!(matches!(
+        s.meta(&meta.file_id, Some("alice")).await,
+        Err(StoreError::NotFound(_))
+    ));
+    // Two replicas sweeping at once: both succeed, the object is gone.
+    let (x, y) = tokio::join!(s.remove_expired(), other.remove_expired());
+    assert!(x.unwrap() + y.unwrap() >= 1);
+    assert!(keys_in(&inner).await.is_empty());
+    // Space came back.
+    s.put(alice, "c.txt", &mut &b"world"[..]).await.unwrap();
+}
+
+#[tokio::test]
+async fn foreign_keys_and_bad_ids_are_not_files() {
+    let inner = Arc::new(InMemory::new());
+    inner
+        .put(&Path::from("deploy/_/not-a-uuid/x"), b"x".to_vec().into())
+        .await
+        .unwrap();
+    inner
+        .put(&Path::from("elsewhere/thing"), b"x".to_vec().into())
+        .await
+        .unwrap();
+    let s = store(&inner, 100, None, None);
+    assert!(s.list(None).await.unwrap().is_empty());
+    assert!(s.list_all().await.unwrap().is_empty());
+    for id in ["../x", "not-a-uuid", &uuid::Uuid::new_v4().to_string()] {
+        assert!(matches!(
+            s.get(id, None).await,
+            Err(StoreError::NotFound(_))
+        ));
+    }
+    s.check().await.unwrap();
+}

@@ -1,0 +1,193 @@
+//! The workspace root: the directory this instance's workspaces live in, claimed with a
+//! lock held for the process's lifetime ([`crate::state_lock`]), recreated if it vanishes,
+//! and the roots of dead instances (their lock free) removed. Another live instance's root
+//! is never touched, whatever PID namespace it runs in.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::state_lock::{DirLock, Lock};
+
+/// Prefix of every instance's workspace root under the shared base directory.
+const ROOT_PREFIX: &str = "workspaces-";
+
+/// The claimed root and its lock.
+#[derive(Debug)]
+pub struct WorkspaceRoot {
+    path: PathBuf,
+    lock: Mutex<Option<DirLock>>,
+}
+
+impl WorkspaceRoot {
+    /// Claims `wanted` (`<base>/workspaces-<pid>`), or `wanted-1`, `wanted-2`, … when a
+    /// live instance in another PID namespace has the same pid; then removes the roots
+    /// under `<base>` whose owners are gone.
+    pub fn claim(wanted: &Path) -> io::Result<Self> {
+        if let Some(base) = wanted.parent() {
+            std::fs::create_dir_all(base)?;
+        }
+        let mut last = None;
+        for n in 0..64 {
+            let candidate = if n == 0 {
+                wanted.to_path_buf()
+            } else {
+                let mut name = wanted.as_os_str().to_owned();
+                name.push(format!("-{n}"));
+                PathBuf::from(name)
+            };
+            match claim_one(&candidate) {
+                Ok(Some(lock)) => {
+                    if let Some(base) = wanted.parent() {
+                        remove_abandoned(base, &candidate);
+                    }
+                    return Ok(Self {
+                        path: candidate,
+                        lock: Mutex::new(Some(lock)),
+                    });
+                }
+                Ok(None) => {}
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            io::Error::other(format!(
+                "every workspace root name like {} is held by another live instance",
+                wanted.display()
+            ))
+        }))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Recreates the root (and takes its lock again) when it was removed under us. Returns
+    /// whether it had to.
+    pub fn ensure(&self) -> io::Result<bool> {
+        let mut lock = self.lock.lock().expect("root lock");
+        if self.path.join(crate::state_lock::LOCK_FILE).is_file() && lock.is_some() {
+            return Ok(false);
+        }
+        std::fs::create_dir_all(&self.path)?;
+        match DirLock::lock(&self.path)? {
+            Lock::Taken(taken) => {
+                *lock = Some(taken);
+                tracing::warn!(path = %self.path.display(), "the workspace root had been removed; recreated it");
+                Ok(true)
+            }
+            _ => Err(io::Error::other(format!(
+                "the workspace root {} was removed and another process now holds it",
+                self.path.display()
+            ))),
+        }
+    }
+
+    /// Removes the root; the lock goes with it.
+    pub fn remove(&self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+        self.lock.lock().expect("root lock").take();
+    }
+}
+
+/// Our lock on `dir`, creating it if need be; `None` when a live instance holds it. A
+/// directory left by a dead instance with the same name is emptied and reused.
+fn claim_one(dir: &Path) -> io::Result<Option<DirLock>> {
+    let fresh = match std::fs::create_dir(dir) {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+        Err(e) => return Err(e),
+    };
+    if !fresh && matches!(DirLock::lock_existing(dir)?, Lock::NoLockFile) {
+        // Not claimed by anyone (yet): someone may be about to; leave it.
+        return Ok(None);
+    }
+    match DirLock::lock(dir)? {
+        Lock::Taken(lock) => {
+            if !fresh {
+                tracing::info!(path = %dir.display(), "reusing the workspace root of an instance that is gone");
+                empty_except_lock(dir)?;
+            }
+            Ok(Some(lock))
+        }
+        Lock::Held | Lock::NoLockFile => Ok(None),
+    }
+}
+
+fn empty_except_lock(dir: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        if entry.file_name() == crate::state_lock::LOCK_FILE {
+            continue;
+        }
+        let path = entry.path();
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes the `workspaces-*` roots under `base` whose lock can be taken (their instance
+/// died without shutting down: SIGKILL, a crash); on a tmpfs they would hold memory until
+/// reboot. A root without a lock file is left alone: it cannot be proven abandoned.
+fn remove_abandoned(base: &Path, ours: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let is_root = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(ROOT_PREFIX));
+        if !is_root || path == ours || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        // Holding its lock while removing it: nobody can claim it meanwhile.
+        if let Ok(Lock::Taken(_lock)) = DirLock::lock_existing(&path) {
+            tracing::info!(path = %path.display(), "removing workspaces left by an instance that is gone");
+            if let Err(e) = std::fs::remove_dir_all(&path) {
+                tracing::warn!(path = %path.display(), error = %e, "could not remove abandoned workspaces");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_root_is_never_taken_and_a_dead_one_is_removed() {
+        let base = tempfile::tempdir().unwrap();
+        let wanted = base.path().join("workspaces-1");
+        let a = WorkspaceRoot::claim(&wanted).unwrap();
+        std::fs::write(a.path().join("keep"), "a's").unwrap();
+        // Same pid in another namespace: it gets a root of its own, A's stays intact.
+        let b = WorkspaceRoot::claim(&wanted).unwrap();
+        assert_eq!(b.path(), base.path().join("workspaces-1-1"));
+        assert_eq!(
+            std::fs::read_to_string(a.path().join("keep")).unwrap(),
+            "a's"
+        );
+        // A root without a lock file is not judged abandoned.
+        std::fs::create_dir(base.path().join("workspaces-7")).unwrap();
+        // B "dies" (its lock released, its directory left): the next claim removes it.
+        let b_path = b.path().to_path_buf();
+        drop(b);
+        let c = WorkspaceRoot::claim(&base.path().join("workspaces-2")).unwrap();
+        assert!(!b_path.exists());
+        assert!(a.path().join("keep").exists());
+        assert!(base.path().join("workspaces-7").exists());
+        // Removed under a running instance: recreated, with the lock taken again.
+        std::fs::remove_dir_all(c.path()).unwrap();
+        assert!(c.ensure().unwrap());
+        assert!(!c.ensure().unwrap());
+        assert!(matches!(
+            DirLock::lock_existing(c.path()).unwrap(),
+            Lock::Held
+        ));
+    }
+}

@@ -1,0 +1,211 @@
+//! The engines a cluster runs on, started for a test on loopback: SeaweedFS (a real
+//! S3-compatible object store, `weed` from `.venv-cluster`) and HAProxy (round-robin with
+//! health checks on `/ready`). `scripts/test` installs both.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use object_store::ObjectStoreExt;
+use object_store::aws::AmazonS3Builder;
+
+use crate::harness::repo_root;
+
+pub const ACCESS_KEY: &str = "snakecage-test";
+pub const SECRET_KEY: &str = "snakecage-test-secret";
+pub const BUCKET: &str = "snakecage";
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct Seaweed {
+    child: Child,
+    pub endpoint: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Seaweed {
+    /// Starts a one-node SeaweedFS (master, volume, filer, S3 gateway) on free loopback
+    /// ports, with one identity for the tests, and creates the bucket.
+    pub async fn start() -> Self {
+        let weed = repo_root().join(".venv-cluster/bin/weed");
+        assert!(
+            weed.exists(),
+            "{} is missing: run scripts/test (or `source scripts/env.sh; ensure_cluster_venv`)",
+            weed.display()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        let iam = dir.path().join("s3.json");
+        let identities = serde_json::json!({"identities": [{
+            "name": "snakecage",
+            "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }]});
+        std::fs::write(&iam, identities.to_string()).unwrap();
+        let s3 = free_port();
+        let port = |name: &str| format!("-{name}={}", free_port());
+        let child = Command::new(&weed)
+            .arg("server")
+            .arg(format!("-dir={}", data.display()))
+            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1"])
+            .args([port("master.port"), port("master.port.grpc")])
+            .args([port("volume.port"), port("volume.port.grpc")])
+            .args(["-filer".into(), port("filer.port"), port("filer.port.grpc")])
+            .args(["-s3".into(), format!("-s3.port={s3}"), port("s3.port.grpc")])
+            .args(["-s3.port.iceberg=0", "-s3.port.lance=0", "-metricsPort=0"])
+            .arg(format!("-s3.config={}", iam.display()))
+            .args(["-master.volumeSizeLimitMB=64", "-volume.max=16"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("weed.log")).unwrap())
+            .spawn()
+            .expect("start weed");
+        let seaweed = Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{s3}"),
+            _dir: dir,
+        };
+        seaweed.create_bucket().await;
+        seaweed
+    }
+
+    /// Writes one object until it works (the S3 gateway creates the bucket on an admin's
+    /// first upload), then removes it: the store is up and the bucket exists.
+    async fn create_bucket(&self) {
+        let store = Arc::new(
+            AmazonS3Builder::new()
+                .with_endpoint(&self.endpoint)
+                .with_bucket_name(BUCKET)
+                .with_region("us-east-1")
+                .with_access_key_id(ACCESS_KEY)
+                .with_secret_access_key(SECRET_KEY)
+                .with_allow_http(true)
+                .with_virtual_hosted_style_request(false)
+                .build()
+                .unwrap(),
+        );
+        let key = object_store::path::Path::from("bootstrap");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match store.put(&key, b"x".to_vec().into()).await {
+                Ok(_) => break,
+                Err(e) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "SeaweedFS did not come up: {e}\n{}",
+                        self.log()
+                    );
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            }
+        }
+        store.delete(&key).await.unwrap();
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("weed.log")).unwrap_or_default()
+    }
+
+    /// The environment that points a snakecage server at this store, under `prefix`.
+    pub fn env(&self, prefix: &str) -> Vec<(String, String)> {
+        [
+            ("SNAKECAGE_FILES__BACKEND", "s3"),
+            ("SNAKECAGE_S3__BUCKET", BUCKET),
+            ("SNAKECAGE_S3__PREFIX", prefix),
+            ("SNAKECAGE_S3__ENDPOINT", &self.endpoint),
+            ("SNAKECAGE_S3__PATH_STYLE", "true"),
+            ("SNAKECAGE_S3__ALLOW_HTTP", "true"),
+            ("SNAKECAGE_S3__MAX_RETRIES", "0"),
+            ("SNAKECAGE_S3__CONNECT_TIMEOUT_MS", "500"),
+            ("SNAKECAGE_S3__REQUEST_TIMEOUT_MS", "20000"),
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+            ("AWS_REGION", "us-east-1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+    }
+
+    /// Stops the store (SIGKILL): what an outage looks like to the service.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Seaweed {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub struct Haproxy {
+    child: Child,
+    pub base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Haproxy {
+    /// HAProxy round-robin over `backends` (host:port), each checked on `GET /ready` every
+    /// 200 ms: two failures take it out, two successes put it back.
+    pub fn start(backends: &[String]) -> Self {
+        let bin = ["/usr/sbin/haproxy", "/usr/bin/haproxy"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .expect("haproxy (Debian package haproxy; scripts/test installs it)");
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut config = format!(
+            "global\n    maxconn 4096\n\n\
+             defaults\n    mode http\n    timeout connect 2s\n    timeout client 60s\n    \
+             timeout server 60s\n    option http-server-close\n    retry-on conn-failure\n    \
+             retries 2\n    option redispatch\n\n\
+             frontend api\n    bind 127.0.0.1:{port}\n    default_backend replicas\n\n\
+             backend replicas\n    balance roundrobin\n    option httpchk GET /ready\n    \
+             http-check expect status 200\n    \
+             default-server inter 200ms fall 2 rise 2\n"
+        );
+        for (i, backend) in backends.iter().enumerate() {
+            config.push_str(&format!("    server r{i} {backend} check\n"));
+        }
+        let cfg = dir.path().join("haproxy.cfg");
+        std::fs::write(&cfg, config).unwrap();
+        let child = Command::new(bin)
+            .arg("-db")
+            .arg("-f")
+            .arg(&cfg)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("haproxy.log")).unwrap())
+            .spawn()
+            .expect("start haproxy");
+        Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            _dir: dir,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("haproxy.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

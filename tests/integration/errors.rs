@@ -1,0 +1,177 @@
+//! Machine-readable errors: every error path answers `detail` plus a `code` from README.md's
+//! table, with the status the table gives it (the harness checks every error it sees).
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::harness::{Server, check_error_body};
+
+async fn send(req: reqwest::RequestBuilder) -> (u16, Value, reqwest::header::HeaderMap) {
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        headers,
+    )
+}
+
+async fn expect(req: reqwest::RequestBuilder, status: u16, code: &str) -> Value {
+    let (got, body, _) = send(req).await;
+    assert_eq!(got, status, "{body}");
+    assert_eq!(check_error_body(status, &body), code, "{body}");
+    body
+}
+
+#[tokio::test]
+async fn every_error_path_carries_a_documented_code() {
+    let s = Server::start().await;
+    let c = &s.client;
+    let url = |p: &str| format!("{}{p}", s.base);
+
+    expect(c.get(url("/v1/nope")), 404, "not_found").await;
+    expect(c.get(url("/v1/files/nope")), 404, "file_not_found").await;
+    let body = expect(
+        c.post(url("/v1/execute"))
+            .json(&json!({"code": "1", "files": [{"path": "a.txt", "file_id": "nope"}]})),
+        404,
+        "file_not_found",
+    )
+    .await;
+    assert!(body["detail"].as_str().unwrap().contains("nope"), "{body}");
+    expect(
+        c.get(url("/v1/sessions/sess_nope")),
+        404,
+        "session_not_found",
+    )
+    .await;
+    expect(
+        c.post(url("/v1/sessions/sess_nope/execute"))
+            .json(&json!({"code": "1"})),
+        404,
+        "session_not_found",
+    )
+    .await;
+
+    // The router's own 405 keeps its Allow header and gets the JSON body.
+    let (status, body, headers) = send(c.post(url("/v1/tools"))).await;
+    assert_eq!(status, 405);
+    assert_eq!(check_error_body(status, &body), "method_not_allowed");
+    assert!(headers.get("allow").is_some(), "{headers:?}");
+    // An extractor's rejection too.
+    let body = expect(c.get(url("/v1/tools?format=xml")), 400, "bad_request").await;
+    assert!(
+        body["detail"].as_str().unwrap().contains("anthropic"),
+        "{body}"
+    );
+
+    expect(
+        c.post(url("/v1/execute"))
+            .json(&json!({"code": "1", "timeout_ms": 60001})),
+        422,
+        "timeout_too_large",
+    )
+    .await;
+    expect(
+        c.post(url("/v1/execute"))
+            .json(&json!({"code": "1", "bogus": 1, "entrypoint": "x"})),
+        422,
+        "invalid_request",
+    )
+    .await;
+
+    // Sessions: busy, not implemented, gone.
+    let (status, created) = s.post("/v1/sessions", &json!({"ttl_seconds": 2})).await;
+    assert_eq!(status, 201, "{created}");
+    let sid = created["session_id"].as_str().unwrap().to_owned();
+    expect(
+        c.post(url(&format!("/v1/sessions/{sid}/bash"))),
+        501,
+        "not_implemented",
+    )
+    .await;
+    let slow = {
+        let req = c
+            .post(url(&format!("/v1/sessions/{sid}/execute")))
+            .json(&json!({"code": "import time\ntime.sleep(1.5)"}));
+        tokio::spawn(req.send())
+    };
+    // Wait until the slow run holds the session.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, info) = s.get_json("/v1/sessions").await;
+        if info["sessions"][0]["status"] == "busy" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{info}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    expect(
+        c.post(url(&format!("/v1/sessions/{sid}/execute")))
+            .json(&json!({"code": "1"})),
+        409,
+        "session_busy",
+    )
+    .await;
+    assert_eq!(slow.await.unwrap().unwrap().status(), 200);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let body = expect(
+        c.post(url(&format!("/v1/sessions/{sid}/execute")))
+            .json(&json!({"code": "1"})),
+        410,
+        "session_gone",
+    )
+    .await;
+    assert!(
+        body["detail"].as_str().unwrap().contains("expired"),
+        "{body}"
+    );
+
+    // A run that fails is a 200 with a verdict, never an error body.
+    let r = s
+        .run_with(json!({"code": "import time\ntime.sleep(5)", "timeout_ms": 200}))
+        .await;
+    assert_eq!(r["verdict"], "timeout");
+    assert!(r.get("code").is_none(), "{r}");
+}
+
+#[tokio::test]
+async fn an_error_after_a_stream_started_is_an_error_event_with_its_code() {
+    let s = Server::start().await;
+    let (status, created) = s.post("/v1/sessions", &json!({})).await;
+    assert_eq!(status, 201);
+    let sid = created["session_id"].as_str().unwrap().to_owned();
+    let started = std::time::Instant::now();
+    let resp = s
+        .client
+        .post(format!("{}/v1/sessions/{sid}/execute/stream", s.base))
+        .json(&json!({"code": "import time\nprint('started', flush=True)\ntime.sleep(30)", "timeout_ms": 60000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let deleter = {
+        let client = s.client.clone();
+        let url = format!("{}/v1/sessions/{sid}", s.base);
+        async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            client.delete(url).send().await.unwrap().status()
+        }
+    };
+    let (events, deleted) = tokio::join!(
+        crate::stream::read_events(resp, started, |e| e.event == "error" || e.event == "result"),
+        deleter
+    );
+    assert_eq!(deleted, 204);
+    let last = events.last().unwrap();
+    assert_eq!(last.event, "error", "{:?}", last.data);
+    assert_eq!(last.data["code"], "session_gone", "{:?}", last.data);
+    assert!(
+        last.data["message"].as_str().unwrap().contains("deleted"),
+        "{:?}",
+        last.data
+    );
+}

@@ -1,0 +1,59 @@
+//! Rich results an agent can read without the data: NumPy arrays with their shape and dtype,
+//! long DataFrames cut to a table plus a one-line summary.
+
+use serde_json::json;
+
+use crate::harness::Server;
+
+#[tokio::test]
+async fn arrays_and_long_dataframes_come_back_summarised() {
+    let s = Server::start().await;
+    let r = s
+        .run("import numpy as np\nnp.random.default_rng(0).normal(size=(1000, 3))")
+        .await;
+    let text = r["results"][0]["text/plain"].as_str().unwrap();
+    let (first, rest) = text.split_once('\n').unwrap();
+    assert_eq!(first, "array(shape=(1000, 3), dtype=float64)", "{text}");
+    assert!(
+        rest.starts_with("array([[") && rest.contains("..."),
+        "{text}"
+    );
+    assert!(text.lines().count() < 12, "{text}");
+    assert_eq!(r["stdout"].as_str().unwrap(), format!("{text}\n"));
+
+    let r = s
+        .run("import pandas as pd\npd.DataFrame({'n': range(500), 'città': ['Zürich'] * 500})")
+        .await;
+    let bundle = &r["results"][0];
+    let plain = bundle["text/plain"].as_str().unwrap();
+    let last = plain.lines().last().unwrap();
+    assert!(
+        last.starts_with("500 rows × 2 columns; dtypes: n int64, città "),
+        "{plain}"
+    );
+    assert!(
+        plain.lines().count() < 26 && plain.contains("Zürich"),
+        "{plain}"
+    );
+    assert!(
+        bundle["text/markdown"].as_str().unwrap().contains(last),
+        "{bundle}"
+    );
+
+    // The same in a session, with the session's state alongside.
+    let (status, created) = s.post("/v1/sessions", &json!({})).await;
+    assert_eq!(status, 201);
+    let sid = created["session_id"].as_str().unwrap();
+    let (status, r) = s
+        .post(
+            &format!("/v1/sessions/{sid}/execute"),
+            &json!({"code": "import numpy as np\na = np.ones((2, 2), dtype=np.int8)\na"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(
+        r["results"][0]["text/plain"],
+        "array(shape=(2, 2), dtype=int8)\narray([[1, 1],\n       [1, 1]], dtype=int8)"
+    );
+    assert_eq!(r["session"]["names"], json!(["np", "a"]));
+}

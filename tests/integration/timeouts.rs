@@ -1,0 +1,113 @@
+//! Timeouts sized for scripts: `limits.max_timeout_ms` up to 10 minutes, stated in the tool
+//! definitions, and a long streamed run whose client leaves has its worker killed at once.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::harness::{Options, Server, process_exists, repo_root};
+use crate::stream::read_events;
+
+const TEN_MINUTES_MS: u64 = 600_000;
+
+#[tokio::test]
+async fn a_max_timeout_beyond_ten_minutes_is_a_clear_startup_error() {
+    let state = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["--listen", "127.0.0.1:0", "--venv"])
+        .arg(repo_root().join(".venv"))
+        .env("SNAKECAGE_WORKER__STATE_DIR", state.path())
+        .env("SNAKECAGE_LIMITS__MAX_TIMEOUT_MS", "600001")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("limits.max_timeout_ms") && stderr.contains("at most 600000"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn ten_minute_runs_are_allowed_stated_to_agents_and_killed_when_the_client_leaves() {
+    let s = Server::start_with(
+        Options::default().env("SNAKECAGE_LIMITS__MAX_TIMEOUT_MS", TEN_MINUTES_MS),
+    )
+    .await;
+
+    // The tool definitions state the live limit, in the text and in the schema.
+    let (_, tools) = s.get_json("/v1/tools").await;
+    let run = &tools[0]["function"];
+    assert_eq!(run["name"], "run_python");
+    assert!(
+        run["description"]
+            .as_str()
+            .unwrap()
+            .contains("up to 600000 ms"),
+        "{run}"
+    );
+    assert_eq!(
+        run["parameters"]["properties"]["timeout_ms"]["maximum"],
+        TEN_MINUTES_MS
+    );
+    // And so do the MCP tools.
+    let base = s.base.clone();
+    let mcp = tokio::task::spawn_blocking(move || {
+        crate::agents::mcp_client_with(&base, "stateless", &[])
+    })
+    .await
+    .unwrap();
+    assert!(
+        mcp["run_python_description"]
+            .as_str()
+            .unwrap()
+            .contains("up to 600000 ms"),
+        "{mcp}"
+    );
+
+    let (status, body) = s
+        .post(
+            "/v1/execute",
+            &json!({"code": "1", "timeout_ms": TEN_MINUTES_MS + 1}),
+        )
+        .await;
+    assert_eq!(status, 422);
+    assert_eq!(body["code"], "timeout_too_large");
+    assert!(
+        body["detail"].as_str().unwrap().contains("600000"),
+        "{body}"
+    );
+
+    // A ten-minute streamed run: the client reads its first line and leaves.
+    let started = Instant::now();
+    let resp = s
+        .client
+        .post(format!("{}/v1/execute/stream", s.base))
+        .json(&json!({
+            "code": "import os, time\nprint(os.getpid(), flush=True)\nwhile True:\n    time.sleep(1)",
+            "timeout_ms": TEN_MINUTES_MS
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let events = read_events(resp, started, |e| e.event == "output").await;
+    let pid: u32 = events[0].data["data"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(process_exists(pid));
+    // Gone long before its ten minutes (the bound only keeps a broken build from hanging).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while process_exists(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "worker {pid} still runs after its client left"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(s.run("print('next')").await["stdout"], "next\n");
+}
