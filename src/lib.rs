@@ -12,6 +12,9 @@
 //! - [`pool`]: the zygotes (one per tier), the pre-forked workers, one run of one job.
 //! - [`imports`]: the modules a job's code imports, read statically to pick its tier.
 //! - [`state_lock`]: the lock by which one running instance owns a state directory.
+//! - [`codemode`]: host tools sandboxed code calls (`from snakecage import tools`): the
+//!   catalog, its providers (caller over SSE, HTTP, upstream MCP), per-run limits.
+//! - [`runs`]: runs in progress by id (cancel, answer a tool call).
 //! - [`sessions`]: stateful Python sessions (registry, expiry, eviction).
 //! - [`cluster`]: replicas: session ids that name their owner, forwarding session calls.
 //! - [`files`]: the file store (uploads, run outputs), staging into and collecting from
@@ -25,6 +28,7 @@
 pub mod api;
 pub mod auth;
 pub mod cluster;
+pub mod codemode;
 pub mod config;
 pub mod error;
 pub mod files;
@@ -34,6 +38,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod packages;
 pub mod pool;
+pub mod runs;
 pub mod server;
 pub mod sessions;
 pub mod state_lock;

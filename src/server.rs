@@ -53,6 +53,8 @@ pub enum ServeError {
         "refusing to listen on {0} without API keys: anyone who can reach it could run code and read every file. Configure keys (`snakecage keys add NAME --keys-file keys.toml`, then auth.keys_file), listen on 127.0.0.1, or pass --allow-unauthenticated (SNAKECAGE_ALLOW_UNAUTHENTICATED=1) if something in front of it authenticates"
     )]
     Unauthenticated(SocketAddr),
+    #[error("tools: {0}")]
+    Tools(String),
 }
 
 /// The configured keys, and whether the service may listen where it does with them: beyond
@@ -170,8 +172,15 @@ pub async fn serve(
         metrics.clone(),
         stop.clone(),
     );
+    let catalog = crate::codemode::Catalog::start(&config.tools)
+        .await
+        .map_err(|e| ServeError::Tools(e.to_string()))?;
+    metrics.set_tool_names(catalog.names());
     let packages = Packages::new(&info);
-    let tool_context = ToolContext::new(&config, info.python_version.clone(), packages.installed());
+    // The MCP server's descriptions are the same for every caller: they name the host
+    // tools every caller has (the rest are found with tools.search()).
+    let tool_context = ToolContext::new(&config, info.python_version.clone(), packages.installed())
+        .with_code_tools(catalog.public());
     let drain = Duration::from_millis(config.worker.shutdown_drain_ms);
     let stopping = CancellationToken::new();
     let state = Arc::new(AppState {
@@ -181,6 +190,8 @@ pub async fn serve(
         sessions,
         packages,
         tool_context,
+        catalog: Arc::new(catalog),
+        runs: Arc::default(),
         metrics,
         keys,
         cluster,

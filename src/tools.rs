@@ -32,6 +32,11 @@ pub struct ToolContext {
     pub memory_limit_mb: u64,
     pub max_output_bytes: usize,
     pub max_session_ttl_seconds: u64,
+    /// Host tools the code may call (Code Mode): `(name, description)`, the caller's own
+    /// where it is known (`GET /v1/tools`), else those offered to every caller.
+    pub code_tools: Vec<(String, String)>,
+    /// `tools.max_calls_per_run`.
+    pub max_tool_calls: u32,
 }
 
 impl ToolContext {
@@ -48,7 +53,51 @@ impl ToolContext {
             memory_limit_mb: config.limits.memory_limit_mb,
             max_output_bytes: config.limits.max_output_bytes,
             max_session_ttl_seconds: config.sessions.max_ttl_seconds,
+            code_tools: Vec::new(),
+            max_tool_calls: config.tools.max_calls_per_run,
         }
+    }
+
+    /// This context with `tools` as the host tools the descriptions name.
+    pub fn with_code_tools(&self, tools: Vec<(String, String)>) -> Self {
+        Self {
+            code_tools: tools,
+            ..self.clone()
+        }
+    }
+
+    /// What the descriptions say about host tools (Code Mode), empty without any: search
+    /// first, then one program that calls them in loops and prints only what matters.
+    fn code_mode(&self) -> String {
+        if self.code_tools.is_empty() {
+            return String::new();
+        }
+        const LISTED: usize = 30;
+        let listed: Vec<String> = self
+            .code_tools
+            .iter()
+            .take(LISTED)
+            .map(|(name, description)| {
+                let short: String = description.chars().take(80).collect();
+                format!("{name} ({short})")
+            })
+            .collect();
+        let more = self.code_tools.len().saturating_sub(LISTED);
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        format!(
+            " Host tools are callable from the code: `from snakecage import tools`; \
+             tools.search(\"what you need\") returns the best matches with their JSON Schema \
+             parameters, tools.<name>(**kwargs) calls one and returns its JSON result, a failure \
+             raises tools.ToolError (message, data). Offered: {}{more}. Prefer ONE program that \
+             searches, calls the tools in loops, filters and aggregates, and prints only the \
+             final answer, over one tool call per turn; a run may make up to {} tool calls.",
+            listed.join(", "),
+            self.max_tool_calls
+        )
     }
 
     fn environment(&self) -> String {
@@ -75,7 +124,8 @@ impl ToolContext {
              allocate up to {mem} MB; stdout and stderr are each cut after {out} bytes. What the \
              code prints to stdout is what you see, so print the results you need; a bare last \
              expression is printed too, as in a notebook. matplotlib figures and DataFrames left \
-             as the last expression come back as images and tables.",
+             as the last expression come back as images and tables.{code_mode}",
+            code_mode = self.code_mode(),
             py = self.python_version,
             timeout = self.default_timeout_ms,
             max = self.max_timeout_ms,
@@ -347,6 +397,33 @@ mod tests {
             run.input_schema["properties"]["timeout_ms"]["maximum"],
             4567
         );
+    }
+
+    #[test]
+    fn descriptions_name_the_host_tools_and_say_to_search_then_write_one_program() {
+        assert!(!environment_of(&ctx()).contains("snakecage import tools"));
+        let with = ctx().with_code_tools(vec![(
+            "get_weather".into(),
+            "Current weather for a city".into(),
+        )]);
+        let text = environment_of(&with);
+        for needle in [
+            "from snakecage import tools",
+            "tools.search(",
+            "get_weather (Current weather for a city)",
+            "ONE program",
+            "up to 1000 tool calls",
+        ] {
+            assert!(text.contains(needle), "{needle:?} missing from {text:?}");
+        }
+    }
+
+    fn environment_of(ctx: &ToolContext) -> String {
+        catalog(ctx)
+            .into_iter()
+            .find(|t| t.name == "run_python")
+            .unwrap()
+            .description
     }
 
     #[test]

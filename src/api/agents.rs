@@ -22,8 +22,10 @@ pub struct ToolsQuery {
 }
 
 /// The tool definitions, ready to pass as a model call's `tools`.
+/// Their descriptions name the host tools this caller's code may call (Code Mode).
 pub async fn tools(
     State(state): State<SharedState>,
+    caller: crate::auth::Caller,
     query: Result<Query<ToolsQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(q) = query.map_err(|e| {
@@ -32,8 +34,12 @@ pub async fn tools(
             e.body_text()
         ))
     })?;
-    Ok(Json(tools::render(
-        &tools::catalog(&state.tool_context),
-        q.format,
-    )))
+    let code_tools = state
+        .catalog
+        .visible_to(caller.owner())
+        .iter()
+        .map(|t| (t.spec.name.clone(), t.spec.description.clone()))
+        .collect();
+    let ctx = state.tool_context.with_code_tools(code_tools);
+    Ok(Json(tools::render(&tools::catalog(&ctx), q.format)))
 }

@@ -47,6 +47,9 @@ pub struct ExecuteRequest {
     /// `markdown`: `code` is a model's answer; its ```python blocks run, in order.
     #[serde(default)]
     pub code_format: CodeFormat,
+    /// Tools the caller declares and answers itself (Code Mode, `/v1/execute/stream`).
+    #[serde(default)]
+    pub tools: Vec<serde_json::Value>,
 }
 
 fn default_true() -> bool {
@@ -98,7 +101,9 @@ pub struct ExecuteResponse {
 impl From<RunOutcome> for ExecuteResponse {
     fn from(o: RunOutcome) -> Self {
         let mut stderr = o.stderr;
-        if o.verdict == RunVerdict::Killed {
+        if o.cancelled {
+            stderr.push_str("\nThe run was cancelled by its client; its worker was killed.");
+        } else if o.verdict == RunVerdict::Killed {
             let why = match o.signal {
                 Some(sig) => format!(
                     "\nThe worker was killed by signal {sig} ({}).",
@@ -137,7 +142,8 @@ pub async fn execute(
     request_id: Option<Extension<RequestId>>,
     ApiJson(req): ApiJson<ExecuteRequest>,
 ) -> Result<Json<ExecuteResponse>, ApiError> {
-    let prepared = prepare(&state, &caller, req).await?;
+    let mut prepared = prepare(&state, &caller, req).await?;
+    let _run = super::runs::attach_tools(&state, &caller, &mut prepared, None)?;
     let _slot = caller.execution_slot()?;
     let id = request_id_str(request_id.as_ref());
     Ok(Json(
@@ -159,28 +165,42 @@ pub async fn execute_stream(
     ApiJson(req): ApiJson<ExecuteRequest>,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    let prepared = prepare(&state, &caller, req).await?;
+    let mut prepared = prepare(&state, &caller, req).await?;
+    let (calls_tx, calls_rx) = mpsc::channel(super::runs::TOOL_CALL_BUFFER);
+    let handle = super::runs::attach_tools(&state, &caller, &mut prepared, Some(calls_tx))?;
+    let run_id = handle.entry.id.clone();
     let slot = caller.execution_slot()?;
     let id = request_id_str(request_id.as_ref());
     let (tx, rx) = mpsc::channel(super::stream::CHUNK_BUFFER);
     let run = async move {
         let _slot = slot;
+        let _run = handle;
         run_stateless(&state, &caller, prepared, Some(tx), id.as_deref()).await
     };
-    let stream = super::stream::sse(
+    let stream = super::stream::sse_with_tool_calls(
         rx,
+        Some(calls_rx),
         run,
         super::stream::OnDisconnect::Kill,
         tokio_util::sync::CancellationToken::new(),
     );
-    Ok(stream.into_response())
+    let mut response = stream.into_response();
+    if let Ok(value) = axum::http::HeaderValue::from_str(&run_id) {
+        response.headers_mut().insert(RUN_ID_HEADER, value);
+    }
+    Ok(response)
 }
+
+/// The response header that names a streamed run (for `DELETE /v1/runs/{run_id}`).
+pub const RUN_ID_HEADER: &str = "x-run-id";
 
 /// A request checked and turned into a job, before any worker is spent on it.
 pub struct Prepared {
     pub limits: RunLimits,
     pub inputs: Vec<StageInput>,
     pub job: Job,
+    /// Tools the request declared (its client answers them); see `runs::attach_tools`.
+    pub declared_tools: Vec<snakecage_worker::toolspec::ToolSpec>,
 }
 
 /// Validates a request: limits, paths, the job, and that every file id exists (for the
@@ -192,6 +212,9 @@ pub async fn prepare(
 ) -> Result<Prepared, ApiError> {
     let limits = run_limits(state, req.timeout_ms)?;
     let inputs = stage_inputs(&req.files)?;
+    let declared_tools =
+        crate::codemode::caller::parse_declared(&req.tools, state.config.tools.max_caller_tools)
+            .map_err(ApiError::Validation)?;
     let mut job = job(req, &inputs)?;
     job.max_bundle_bytes = state.config.limits.max_bundle_bytes;
     // Unknown ids are answered before a worker is spent on the request.
@@ -200,6 +223,7 @@ pub async fn prepare(
         limits,
         inputs,
         job,
+        declared_tools,
     })
 }
 
@@ -240,6 +264,7 @@ async fn run_prepared(
         limits,
         inputs,
         job,
+        ..
     } = prepared;
     let stager = StoreStager {
         store: state.store.as_ref(),
@@ -359,6 +384,7 @@ pub fn job(req: ExecuteRequest, inputs: &[StageInput]) -> Result<Job, ApiError> 
         entrypoint,
         args: req.args,
         max_bundle_bytes: 0,
+        tools: Vec::new(),
     })
 }
 
@@ -403,5 +429,6 @@ pub fn run_limits(state: &SharedState, timeout_ms: Option<u64>) -> Result<RunLim
     Ok(RunLimits {
         timeout: Duration::from_millis(timeout_ms),
         max_output_bytes: limits.max_output_bytes,
+        ..RunLimits::default()
     })
 }

@@ -7,6 +7,7 @@ mod files;
 mod health;
 mod json;
 mod metrics;
+mod runs;
 mod session_run;
 mod sessions;
 mod status;
@@ -42,6 +43,10 @@ pub struct AppState {
     pub packages: Packages,
     /// What the tool descriptions say (from the live configuration).
     pub tool_context: ToolContext,
+    /// The operator's tools for sandboxed code (Code Mode), scoped per API key.
+    pub catalog: Arc<crate::codemode::Catalog>,
+    /// Runs in progress, by id (cancel, answer a tool call).
+    pub runs: Arc<crate::runs::Runs>,
     pub metrics: Arc<Metrics>,
     /// The configured API keys (none: no authentication).
     pub keys: Arc<Keys>,
@@ -72,6 +77,12 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/status", get(status::status))
         .route("/v1/packages", get(agents::packages))
         .route("/v1/tools", get(agents::tools))
+        .route("/v1/tools/catalog", get(runs::catalog))
+        .route("/v1/runs/{run_id}", axum::routing::delete(runs::cancel_run))
+        .route(
+            "/v1/runs/{run_id}/tool_calls/{call_id}",
+            post(runs::answer_tool_call),
+        )
         .route("/v1/execute", post(execute::execute))
         .route("/v1/execute/stream", post(execute::execute_stream))
         .route("/v1/sessions", post(sessions::create).get(sessions::list))

@@ -34,7 +34,8 @@ pub async fn execute(
     UrlPath(id): UrlPath<String>,
     ApiJson(req): ApiJson<ExecuteRequest>,
 ) -> Result<Json<ExecuteResponse>, ApiError> {
-    let prepared = execute::prepare(&state, &caller, req).await?;
+    let mut prepared = execute::prepare(&state, &caller, req).await?;
+    let _run = super::runs::attach_tools(&state, &caller, &mut prepared, None)?;
     let session = state.sessions.get(&id, caller.owner())?;
     let guard = session.lock()?;
     let _slot = caller.execution_slot()?;
@@ -58,7 +59,10 @@ pub async fn execute_stream(
     ApiJson(req): ApiJson<ExecuteRequest>,
 ) -> Result<Response, ApiError> {
     // Everything that can be answered with a status is answered before the stream starts.
-    let prepared = execute::prepare(&state, &caller, req).await?;
+    let mut prepared = execute::prepare(&state, &caller, req).await?;
+    let (calls_tx, calls_rx) = mpsc::channel(super::runs::TOOL_CALL_BUFFER);
+    let handle = super::runs::attach_tools(&state, &caller, &mut prepared, Some(calls_tx))?;
+    let run_id = handle.entry.id.clone();
     let session = state.sessions.get(&id, caller.owner())?;
     let guard = session.lock()?;
     let slot = caller.execution_slot()?;
@@ -75,9 +79,16 @@ pub async fn execute_stream(
     );
     let run = async move {
         let _slot = slot;
+        let _run = handle;
         run.await
     };
-    Ok(stream::sse(rx, run, OnDisconnect::Interrupt, interrupt).into_response())
+    let mut response =
+        stream::sse_with_tool_calls(rx, Some(calls_rx), run, OnDisconnect::Interrupt, interrupt)
+            .into_response();
+    if let Ok(value) = axum::http::HeaderValue::from_str(&run_id) {
+        response.headers_mut().insert(execute::RUN_ID_HEADER, value);
+    }
+    Ok(response)
 }
 
 /// One job in a session, counted in the metrics.
@@ -123,6 +134,7 @@ async fn run_in(
         limits,
         inputs,
         job,
+        ..
     } = prepared;
     let id = session.id.clone();
     let grace = state.sessions.settings().interrupt_grace;

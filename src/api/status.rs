@@ -31,12 +31,22 @@ pub struct Status {
     pub latency: Percentiles,
     pub pool: PoolStatus,
     pub sessions_active: i64,
+    /// Code Mode: tool calls made so far, and runs waiting on a caller's answer now.
+    pub tools: ToolActivity,
     pub sandbox_layers: Vec<String>,
     /// Third-party packages user code can import (installed ones), with their versions: the
     /// same list as `GET /v1/packages`.
     pub packages: Vec<PreloadedModule>,
     /// The last failed or shed executions, newest first.
     pub recent_failures: Vec<Failure>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ToolActivity {
+    pub calls: u64,
+    pub runs_waiting: usize,
+    /// Operator tools configured (HTTP and upstream MCP).
+    pub configured: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -80,6 +90,11 @@ pub async fn status(State(state): State<SharedState>) -> Json<Status> {
         latency: metrics.recent().percentiles(),
         pool: state.pool.status(),
         sessions_active: metrics.sessions_active(),
+        tools: ToolActivity {
+            calls: metrics.tool_calls_total(),
+            runs_waiting: state.runs.waiting_on_caller(),
+            configured: state.catalog.names().len(),
+        },
         sandbox_layers: metrics.build().sandbox_layers,
         packages: state
             .packages

@@ -1,6 +1,8 @@
 //! Server-sent events for the `…/execute/stream` routes (Onyx-compatible): `output`
 //! events (`{"stream", "data"}`) as the code writes, then exactly one `result` (the same
-//! body `/v1/execute` answers) or one `error` (`{"message", "code"}`).
+//! body `/v1/execute` answers) or one `error` (`{"message", "code"}`). A run with tools
+//! the caller declared also sends `tool_call` events (`{"run_id", "call_id", "name",
+//! "arguments"}`), which the client answers with `POST /v1/runs/{run_id}/tool_calls/{call_id}`.
 //!
 //! The run goes on in a task whose output reaches the response through a channel. When the
 //! client goes away, axum drops the response stream and with it a [`DisconnectGuard`],
@@ -20,6 +22,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::execute::ExecuteResponse;
+use crate::codemode::caller::ToolCallEvent;
 use crate::error::{ApiError, ErrorCode};
 use crate::pool::run::{OutputChunk, Stream as OutputStream};
 
@@ -52,6 +55,7 @@ impl Drop for DisconnectGuard {
 
 struct StreamState {
     chunks: Option<mpsc::Receiver<OutputChunk>>,
+    tool_calls: Option<mpsc::Receiver<ToolCallEvent>>,
     run: Option<JoinHandle<Result<ExecuteResponse, ApiError>>>,
     stdout: Utf8Decoder,
     stderr: Utf8Decoder,
@@ -60,8 +64,11 @@ struct StreamState {
 
 /// Streams `run` (which sends its output to the sender of `chunks`) as SSE. `interrupt`
 /// is fired when the client disconnects (see [`OnDisconnect`]).
-pub fn sse(
+/// `tool_calls`, when given, carries the run's `tool_call` events, interleaved with its
+/// output.
+pub fn sse_with_tool_calls(
     chunks: mpsc::Receiver<OutputChunk>,
+    tool_calls: Option<mpsc::Receiver<ToolCallEvent>>,
     run: impl Future<Output = Result<ExecuteResponse, ApiError>> + Send + 'static,
     on_disconnect: OnDisconnect,
     interrupt: CancellationToken,
@@ -73,14 +80,40 @@ pub fn sse(
     };
     let state = StreamState {
         chunks: Some(chunks),
+        tool_calls,
         run: Some(run),
         stdout: Utf8Decoder::default(),
         stderr: Utf8Decoder::default(),
         _guard: guard,
     };
     let events = futures_util::stream::unfold(state, |mut st| async move {
-        while let Some(rx) = &mut st.chunks {
-            match rx.recv().await {
+        while st.chunks.is_some() || st.tool_calls.is_some() {
+            // Output first: what a program printed before a call reaches the client first.
+            let next = tokio::select! {
+                biased;
+                chunk = recv(&mut st.chunks), if st.chunks.is_some() => Next::Chunk(chunk),
+                call = recv(&mut st.tool_calls), if st.tool_calls.is_some() => Next::Call(call),
+            };
+            let chunk = match next {
+                Next::Chunk(chunk) => chunk,
+                Next::Call(Some(call)) => {
+                    let event = Event::default()
+                        .event("tool_call")
+                        .json_data(&call)
+                        .unwrap_or_else(|_| {
+                            error_event(
+                                "a tool call could not be encoded",
+                                ErrorCode::InternalError,
+                            )
+                        });
+                    return Some((Ok(event), st));
+                }
+                Next::Call(None) => {
+                    st.tool_calls = None;
+                    continue;
+                }
+            };
+            match chunk {
                 Some(chunk) => {
                     let decoder = match chunk.stream {
                         OutputStream::Stdout => &mut st.stdout,
@@ -127,6 +160,19 @@ pub fn sse(
         Some((Ok(event), st))
     });
     Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(1)))
+}
+
+enum Next {
+    Chunk(Option<OutputChunk>),
+    Call(Option<ToolCallEvent>),
+}
+
+/// The next item of an open channel; never, for a closed one.
+async fn recv<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 fn output_event(stream: OutputStream, data: String) -> Event {

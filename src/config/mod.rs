@@ -9,6 +9,7 @@
 //! - [`tiers`]: the zygote tiers and their preload profiles (`[tiers]`).
 //! - [`s3`]: the file store backend (`files.backend`) and the object store (`[s3]`).
 //! - [`cluster`]: this replica's id and its peers (`[cluster]`).
+//! - [`tools`]: Code Mode: tool call limits and the operator's tools (`[tools]`).
 //!
 //! A new area of configuration gets a file of its own here and one field in [`Config`].
 
@@ -17,6 +18,7 @@ mod python;
 mod s3;
 mod sections;
 mod tiers;
+mod tools;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -30,6 +32,7 @@ pub use self::python::{PythonConfig, PythonLayout};
 pub use self::s3::{FilesBackend, S3Config};
 pub use self::sections::*;
 pub use self::tiers::{TierProfile, TiersConfig};
+pub use self::tools::{HttpToolConfig, McpServerConfig, ToolsConfig};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -45,6 +48,7 @@ pub struct Config {
     pub workspace: WorkspaceConfig,
     pub sessions: SessionsConfig,
     pub mcp: McpConfig,
+    pub tools: ToolsConfig,
     pub auth: AuthConfig,
     pub sandbox: SandboxSettings,
     pub log: LogConfig,
@@ -65,6 +69,7 @@ impl Default for Config {
             workspace: WorkspaceConfig::default(),
             sessions: SessionsConfig::default(),
             mcp: McpConfig::default(),
+            tools: ToolsConfig::default(),
             auth: AuthConfig::default(),
             sandbox: SandboxSettings::default(),
             log: LogConfig::default(),
@@ -212,6 +217,7 @@ impl Config {
         if let Some(problem) = self.cluster.problem() {
             return Err(ConfigError::Invalid(problem));
         }
+        self.tools.validate().map_err(ConfigError::Invalid)?;
         self.tiers.validate()
     }
 

@@ -22,6 +22,7 @@ pub mod http;
 pub mod labels;
 pub mod names;
 pub mod recent;
+pub mod tools;
 
 use std::sync::OnceLock;
 
@@ -107,6 +108,9 @@ pub struct Metrics {
     files_stored: IntGauge,
     files_stored_bytes: IntGauge,
     pub(crate) http_requests: IntCounterVec,
+    pub(crate) tool_calls: IntCounterVec,
+    pub(crate) tool_call_duration: HistogramVec,
+    pub(crate) tool_names: OnceLock<std::collections::BTreeSet<String>>,
     resident_memory: IntGauge,
     health: HealthGauges,
     pub(crate) recent: Recent,
@@ -241,6 +245,18 @@ impl Metrics {
                 "HTTP requests answered, by route template and status code.",
                 &[label::ROUTE, label::STATUS],
             ),
+            tool_calls: reg.counter_vec(
+                names::TOOL_CALLS_TOTAL,
+                "Tool calls by sandboxed code, by tool (configured name, caller, unknown), provider and outcome.",
+                &[label::TOOL, label::PROVIDER, label::OUTCOME],
+            ),
+            tool_call_duration: reg.histogram_vec(
+                names::TOOL_CALL_DURATION_SECONDS,
+                "From a tool call reaching the supervisor to its answer, by provider.",
+                &[label::PROVIDER],
+                &tools::DURATION_BUCKETS,
+            ),
+            tool_names: OnceLock::new(),
             resident_memory: reg.gauge(
                 names::PROCESS_RESIDENT_MEMORY_BYTES,
                 "Resident memory of the supervisor process (workers not included).",
@@ -284,6 +300,7 @@ impl Metrics {
         for reason in KillReason::ALL {
             self.workers_killed.with_label_values(&[reason.as_str()]);
         }
+        self.prefill_tools();
     }
 
     /// Creates the per-tenant series of the configured keys at 0. Tenant labels only ever

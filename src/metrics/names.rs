@@ -111,13 +111,17 @@ pub mod label {
     pub const ROUTED: &str = "routed";
     pub const LAYER: &str = "layer";
     pub const OPERATION: &str = "operation";
+    pub const TOOL: &str = "tool";
+    pub const PROVIDER: &str = "provider";
 }
 
 /// The `route` of a request no route matched (so unknown paths cannot grow the label set).
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
 /// Every metric family name, for checks that nothing refers to a name that does not exist.
-pub const ALL: [&str; 37] = [
+pub const ALL: [&str; 39] = [
+    TOOL_CALLS_TOTAL,
+    TOOL_CALL_DURATION_SECONDS,
     EXECUTIONS_TOTAL,
     TENANT_EXECUTIONS_TOTAL,
     EXECUTION_DURATION_SECONDS,
@@ -156,3 +160,10 @@ pub const ALL: [&str; 37] = [
     SESSION_FORWARDS_TOTAL,
     SESSION_FORWARD_SECONDS,
 ];
+
+/// Tool calls made by sandboxed code (Code Mode), by `tool` (an operator tool's name, or
+/// `caller` for every tool a request declared, `unknown` for names not offered),
+/// `provider` (caller, http, mcp, none) and `outcome` (ok, or the error kind).
+pub const TOOL_CALLS_TOTAL: &str = "snakecage_tool_calls_total";
+/// From a tool call reaching the supervisor to its answer, by `provider`.
+pub const TOOL_CALL_DURATION_SECONDS: &str = "snakecage_tool_call_duration_seconds";

@@ -1,5 +1,11 @@
-//! Bounded capture of one output stream: keeps the first `max` bytes, counts and drops the
-//! rest, so a job that floods its output costs the supervisor nothing but pipe reads.
+//! Bounded capture of output: [`CappedOutput`] keeps the first `max` bytes of one stream,
+//! counts and drops the rest, so a job that floods its output costs the supervisor nothing
+//! but pipe reads; [`Capture`] holds both streams of a run and passes chunks on as they come.
+
+use tokio::sync::mpsc;
+
+use super::run::{OutputChunk, Stream};
+use super::worker::{Worker, read_pipe};
 
 /// Appended to output that was cut.
 pub const TRUNCATION_SUFFIX: &str = "\n...[truncated]";
@@ -48,6 +54,82 @@ impl CappedOutput {
             text.push_str(TRUNCATION_SUFFIX);
         }
         text
+    }
+}
+
+/// Both output streams of one run: capped, and passed on as they come when someone
+/// listens (streaming).
+pub(super) struct Capture {
+    pub(super) stdout: CappedOutput,
+    pub(super) stderr: CappedOutput,
+    pub(super) stdout_open: bool,
+    pub(super) stderr_open: bool,
+    chunks: Option<mpsc::Sender<OutputChunk>>,
+}
+
+impl Capture {
+    pub(super) fn new(max: usize, chunks: Option<mpsc::Sender<OutputChunk>>) -> Self {
+        Self {
+            stdout: CappedOutput::new(max),
+            stderr: CappedOutput::new(max),
+            stdout_open: true,
+            stderr_open: true,
+            chunks,
+        }
+    }
+
+    pub(super) async fn push(&mut self, stream: Stream, bytes: &[u8]) {
+        let out = match stream {
+            Stream::Stdout => &mut self.stdout,
+            Stream::Stderr => &mut self.stderr,
+        };
+        let kept = out.push(bytes);
+        if let (Some(tx), false) = (&self.chunks, kept.is_empty()) {
+            // A gone listener (client disconnected) is the caller's business, not ours.
+            let _ = tx
+                .send(OutputChunk {
+                    stream,
+                    data: kept.to_vec(),
+                })
+                .await;
+        }
+    }
+
+    /// Reads whatever is already in the pipes, without waiting for more.
+    pub(super) async fn drain(&mut self, worker: &Worker, buf: &mut [u8]) {
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            let (fd, open) = match stream {
+                Stream::Stdout => (&worker.stdout, self.stdout_open),
+                Stream::Stderr => (&worker.stderr, self.stderr_open),
+            };
+            if !open {
+                continue;
+            }
+            loop {
+                match read_pipe(fd, buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let chunk = buf[..n].to_vec();
+                        self.push(stream, &chunk).await;
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn truncated(&self) -> bool {
+        self.stdout.truncated() || self.stderr.truncated()
+    }
+}
+
+pub(super) trait Finish {
+    fn finish(self) -> (String, bool);
+}
+
+impl Finish for CappedOutput {
+    fn finish(self) -> (String, bool) {
+        let truncated = self.truncated();
+        (self.into_string(), truncated)
     }
 }
 

@@ -13,6 +13,7 @@
 //!   queue; `refill`: forking ahead of demand; `keeper`: starting and restarting zygotes;
 //!   `fd`: pipes and fds on the supervisor's side.
 //! - [`root`]: the workspace root this instance owns (locked), recreated if it vanishes.
+//! - [`toolcalls`]: tool calls answered while a job runs (Code Mode).
 //!
 //! **Tiers.** The pool runs one zygote per configured tier (`[tiers]`: e.g. `bare`,
 //! `scientific` with numpy and pandas, `plotting` with matplotlib too), each with its own
@@ -58,6 +59,7 @@ mod slots;
 pub mod status;
 mod tier;
 mod tiers;
+pub mod toolcalls;
 pub mod worker;
 pub mod zygote;
 

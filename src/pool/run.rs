@@ -6,12 +6,15 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use snakecage_worker::frame::FrameError;
-use snakecage_worker::protocol::{ExitStatus, Job, JobRequest, JobResult, WorkerMessage};
+use snakecage_worker::protocol::{
+    ExitStatus, Job, JobRequest, JobResult, ToolResult, WorkerMessage,
+};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::capture::CappedOutput;
+use super::capture::{Capture, Finish};
 use super::events::KillReason;
+use super::toolcalls::{self, Pending, RunTools};
 use super::worker::{Worker, read_pipe};
 
 /// How a run ended, from the user's point of view.
@@ -69,10 +72,15 @@ pub struct OutputChunk {
     pub data: Vec<u8>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct RunLimits {
     pub timeout: Duration,
     pub max_output_bytes: usize,
+    /// The tools user code may call during the run (Code Mode); `None`: none.
+    pub tools: Option<RunTools>,
+    /// Fired to cancel the run (`DELETE /v1/runs/{id}`): a stateless worker is killed at
+    /// once, a session's job is interrupted like at its deadline.
+    pub cancel: Option<CancellationToken>,
 }
 
 #[derive(Debug)]
@@ -91,6 +99,8 @@ pub struct RunOutcome {
     pub signal: Option<i32>,
     /// Why the worker was killed before it reported, when it was (for the metrics).
     pub kill: Option<KillReason>,
+    /// Cancelled by its client before it ended.
+    pub cancelled: bool,
 }
 
 /// Failures that leave no result for the user: the job never reached the worker.
@@ -121,7 +131,7 @@ pub async fn run(
     let deadline = tokio::time::Instant::from_std(started + limits.timeout);
     let mut capture = Capture::new(limits.max_output_bytes, chunks);
     let mut buf = vec![0u8; 64 << 10];
-    let ending = drive(worker, &mut capture, &mut buf, deadline, None).await;
+    let ending = drive(worker, &mut capture, &mut buf, deadline, None, limits).await;
     let duration = started.elapsed();
     worker.background();
     // One job per worker: whatever it does after its result (a daemon thread still
@@ -139,12 +149,14 @@ pub async fn run(
     }
     let reported = matches!(ending, Ending::Reported(_));
     let protocol_violation = ending == Ending::ProtocolViolation;
+    let cancelled = ending == Ending::Cancelled;
     let (result, signal, exit_code, timed_out) = match ending {
         Ending::Reported(result) => {
             let code = result.exit_code;
             (Some(result), None, Some(code), false)
         }
         Ending::Deadline => (None, None, None, true),
+        Ending::Cancelled => (None, None, None, false),
         Ending::Died | Ending::ProtocolViolation => {
             match worker.exit_status(EXIT_STATUS_WAIT).await {
                 // SIGXCPU: the CPU-time backstop, a timeout by another clock.
@@ -170,6 +182,8 @@ pub async fn run(
         Some(KillReason::Timeout)
     } else if protocol_violation {
         Some(KillReason::ProtocolViolation)
+    } else if cancelled {
+        Some(KillReason::Abandoned)
     } else {
         Some(KillReason::Crashed)
     };
@@ -187,6 +201,7 @@ pub async fn run(
         result,
         signal,
         kill,
+        cancelled,
     })
 }
 
@@ -228,7 +243,15 @@ pub async fn run_in_session(
     let deadline = tokio::time::Instant::from_std(started + limits.timeout);
     let mut capture = Capture::new(limits.max_output_bytes, chunks);
     let mut buf = vec![0u8; 64 << 10];
-    let ending = drive(worker, &mut capture, &mut buf, deadline, Some(&interrupt)).await;
+    let ending = drive(
+        worker,
+        &mut capture,
+        &mut buf,
+        deadline,
+        Some(&interrupt),
+        limits,
+    )
+    .await;
     let duration = started.elapsed();
     let overdue = tokio::time::Instant::now() >= deadline;
     let reported = matches!(ending, Ending::Reported(_));
@@ -237,7 +260,7 @@ pub async fn run_in_session(
         Ending::Reported(_) => None,
         Ending::Deadline => Some(KillReason::Timeout),
         Ending::ProtocolViolation => Some(KillReason::ProtocolViolation),
-        Ending::Died => Some(KillReason::Crashed),
+        Ending::Died | Ending::Cancelled => Some(KillReason::Crashed),
     };
     if !reported {
         worker.kill();
@@ -266,7 +289,7 @@ pub async fn run_in_session(
                 None,
             )
         }
-        Ending::Died => {
+        Ending::Died | Ending::Cancelled => {
             let signal = match worker.exit_status(EXIT_STATUS_WAIT).await {
                 Some(ExitStatus::Signal(sig)) => Some(sig),
                 _ => None,
@@ -307,6 +330,8 @@ pub async fn run_in_session(
             result,
             signal,
             kill,
+            // An interrupted job reports (KeyboardInterrupt); only a kill is news here.
+            cancelled: !reported && limits.cancel.as_ref().is_some_and(|c| c.is_cancelled()),
         },
         lost,
     })
@@ -315,17 +340,23 @@ pub async fn run_in_session(
 /// Reads the worker's output until its result, its death, or the deadline. Without
 /// `interrupt` the deadline ends the wait (the caller kills); with it, the deadline (or
 /// `interrupt.now`) sends SIGINT and the wait goes on for the grace period.
+///
+/// Tool calls are answered meanwhile (see [`toolcalls`]): the deadline keeps running
+/// while one is pending; an interrupt answers it `cancelled`, an ending drops it.
 async fn drive(
     worker: &mut Worker,
     capture: &mut Capture,
     buf: &mut [u8],
     deadline: tokio::time::Instant,
     interrupt: Option<&Interrupt<'_>>,
+    limits: &RunLimits,
 ) -> Ending {
     let mut deadline = deadline;
     let mut interrupted = false;
     let never = CancellationToken::new();
     let interrupt_now = interrupt.map_or(&never, |i| i.now);
+    let cancel = limits.cancel.as_ref().unwrap_or(&never);
+    let mut pending: Option<Pending> = None;
     loop {
         // Biased, in this order: the deadline and interrupts first, so output that never
         // stops cannot starve them; then the result; stdout before stderr, so two writes
@@ -337,20 +368,42 @@ async fn drive(
                     worker.interrupt();
                     interrupted = true;
                     deadline = tokio::time::Instant::now() + i.grace;
+                    cancel_pending(worker, &mut pending).await;
                 }
                 _ => return Ending::Deadline,
             },
-            () = interrupt_now.cancelled(), if !interrupted => {
+            () = cancel.cancelled(), if interrupt.is_none() => return Ending::Cancelled,
+            () = async { tokio::select! {
+                () = interrupt_now.cancelled() => {}
+                () = cancel.cancelled() => {}
+            } }, if !interrupted && interrupt.is_some() => {
                 let grace = interrupt.map_or(Duration::ZERO, |i| i.grace);
                 worker.interrupt();
                 interrupted = true;
                 deadline = tokio::time::Instant::now() + grace;
+                cancel_pending(worker, &mut pending).await;
             }
             () = tokio::time::sleep(INTERRUPT_REPEAT), if interrupted => worker.interrupt(),
-            msg = worker.channel.recv() => return match msg {
-                Ok(Some(WorkerMessage::Result(result))) => Ending::Reported(result),
-                Ok(Some(_)) | Err(_) => Ending::ProtocolViolation,
-                Ok(None) => Ending::Died,
+            outcome = toolcalls::answer(&mut pending) => {
+                if let Some(done) = pending.take() {
+                    let answer = JobRequest::ToolResult(ToolResult { id: done.id, outcome });
+                    // A worker gone meanwhile is noticed by the next receive.
+                    let _ = worker.channel.send(&answer).await;
+                }
+            }
+            msg = worker.channel.recv() => match msg {
+                Ok(Some(WorkerMessage::Result(result))) => return Ending::Reported(result),
+                Ok(Some(WorkerMessage::ToolCall(call))) if pending.is_none() => {
+                    if interrupted {
+                        // Past its deadline: no new work is started for it.
+                        pending = Some(toolcalls::start(None, call));
+                        cancel_pending(worker, &mut pending).await;
+                    } else {
+                        pending = Some(toolcalls::start(limits.tools.as_ref(), call));
+                    }
+                }
+                Ok(Some(_)) | Err(_) => return Ending::ProtocolViolation,
+                Ok(None) => return Ending::Died,
             },
             ready = worker.stdout.readable(), if capture.stdout_open => {
                 if let Ok(mut guard) = ready {
@@ -374,12 +427,26 @@ async fn drive(
     }
 }
 
+/// Answers the pending call, if any, `cancelled`: an interrupted job must not stay
+/// blocked on a tool.
+async fn cancel_pending(worker: &mut Worker, pending: &mut Option<Pending>) {
+    if let Some(p) = pending.take() {
+        let answer = JobRequest::ToolResult(ToolResult {
+            id: p.id,
+            outcome: toolcalls::cancelled(),
+        });
+        let _ = worker.channel.send(&answer).await;
+    }
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum Ending {
     Reported(JobResult),
     Deadline,
     Died,
     ProtocolViolation,
+    /// Cancelled by its client (stateless runs; a session's job is interrupted instead).
+    Cancelled,
 }
 
 /// Precedence: a timeout or a memory error explains everything after it; a death without
@@ -392,80 +459,6 @@ fn verdict(result: Option<&JobResult>, timed_out: bool, truncated: bool) -> RunV
         Some(_) if truncated => RunVerdict::OutputLimit,
         Some(r) if r.exit_code == 0 => RunVerdict::Ok,
         Some(_) => RunVerdict::Error,
-    }
-}
-
-struct Capture {
-    stdout: CappedOutput,
-    stderr: CappedOutput,
-    stdout_open: bool,
-    stderr_open: bool,
-    chunks: Option<mpsc::Sender<OutputChunk>>,
-}
-
-impl Capture {
-    fn new(max: usize, chunks: Option<mpsc::Sender<OutputChunk>>) -> Self {
-        Self {
-            stdout: CappedOutput::new(max),
-            stderr: CappedOutput::new(max),
-            stdout_open: true,
-            stderr_open: true,
-            chunks,
-        }
-    }
-
-    async fn push(&mut self, stream: Stream, bytes: &[u8]) {
-        let out = match stream {
-            Stream::Stdout => &mut self.stdout,
-            Stream::Stderr => &mut self.stderr,
-        };
-        let kept = out.push(bytes);
-        if let (Some(tx), false) = (&self.chunks, kept.is_empty()) {
-            // A gone listener (client disconnected) is the caller's business, not ours.
-            let _ = tx
-                .send(OutputChunk {
-                    stream,
-                    data: kept.to_vec(),
-                })
-                .await;
-        }
-    }
-
-    /// Reads whatever is already in the pipes, without waiting for more.
-    async fn drain(&mut self, worker: &Worker, buf: &mut [u8]) {
-        for stream in [Stream::Stdout, Stream::Stderr] {
-            let (fd, open) = match stream {
-                Stream::Stdout => (&worker.stdout, self.stdout_open),
-                Stream::Stderr => (&worker.stderr, self.stderr_open),
-            };
-            if !open {
-                continue;
-            }
-            loop {
-                match read_pipe(fd, buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        let chunk = buf[..n].to_vec();
-                        self.push(stream, &chunk).await;
-                    }
-                }
-            }
-        }
-    }
-
-    fn truncated(&self) -> bool {
-        self.stdout.truncated() || self.stderr.truncated()
-    }
-}
-
-trait Finish {
-    fn finish(self) -> (String, bool);
-}
-
-impl Finish for CappedOutput {
-    fn finish(self) -> (String, bool) {
-        let truncated = self.truncated();
-        (self.into_string(), truncated)
     }
 }
 

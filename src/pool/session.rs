@@ -88,6 +88,7 @@ impl SessionWorker {
             WorkerMessage::Result(_) => "result",
             WorkerMessage::ResetDone => "reset_done",
             WorkerMessage::Variables { .. } => "variables",
+            WorkerMessage::ToolCall(_) => "tool_call",
         };
         SessionWorkerError::Lost(format!("it answered with an unexpected {kind} message"))
     }

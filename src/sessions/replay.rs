@@ -84,9 +84,16 @@ impl Journal {
             + job.stdin.as_ref().map_or(0, String::len)
             + job.entrypoint.as_ref().map_or(0, String::len)
             + job.args.iter().map(String::len).sum::<usize>();
+        // A replay runs without the original run's tool channel and cancel token: they
+        // belonged to that request. Code that calls tools again gets a ToolError, so its
+        // replay fails and the session answers 410 with the reason, never a silent repeat.
         let entry = Entry::Run {
             job: job.clone(),
-            limits: limits.clone(),
+            limits: RunLimits {
+                tools: None,
+                cancel: None,
+                ..limits.clone()
+            },
         };
         self.push(entry, bytes, 1)
     }
@@ -233,6 +240,7 @@ mod tests {
             entrypoint: None,
             args: Vec::new(),
             max_bundle_bytes: 0,
+            tools: Vec::new(),
         }
     }
 
@@ -240,6 +248,7 @@ mod tests {
         RunLimits {
             timeout: Duration::from_secs(1),
             max_output_bytes: 100,
+            ..RunLimits::default()
         }
     }
 

@@ -27,3 +27,6 @@ mod sessions;
 mod stream;
 mod tiers;
 mod timeouts;
+mod tools;
+mod tools_caller;
+mod tools_mcp;

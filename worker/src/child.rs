@@ -137,6 +137,9 @@ fn serve(runner: &Runner<'_>) -> Result<(), ChildError> {
                 "a session request to a stateless worker",
             ));
         }
+        JobRequest::ToolResult(_) => {
+            return Err(ChildError::Protocol("a tool result before a job"));
+        }
     }
     Ok(())
 }
@@ -162,6 +165,9 @@ fn serve_session(runner: &Runner<'_>, sock: &mut File) -> Result<(), ChildError>
                 variables: session.variables()?,
             },
             JobRequest::StartSession => return Err(ChildError::Protocol("a second StartSession")),
+            JobRequest::ToolResult(_) => {
+                return Err(ChildError::Protocol("a tool result between jobs"));
+            }
         };
         frame::write_frame(&mut *sock, &reply)?;
     }

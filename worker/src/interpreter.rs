@@ -16,6 +16,7 @@ use snakecage_worker::protocol::{
 
 const RUNNER_SOURCE: &str = include_str!("../python/runner.py");
 const DISPLAY_SOURCE: &str = include_str!("../python/display.py");
+const TOOLS_SOURCE: &str = include_str!("../python/tools.py");
 
 /// Imported in every zygote whatever its preloads (see [`prepare`]).
 const ALWAYS_IMPORTED: &[&str] = &["ctypes"];
@@ -65,6 +66,10 @@ pub fn initialize(config: &ZygoteConfig) -> Result<(), InterpreterError> {
         cfg.install_signal_handlers = 1;
         cfg.user_site_directory = 0;
         let status = ffi::PyConfig_SetBytesString(cfg, &mut cfg.home, home.as_ptr());
+        check_status(status, cfg)?;
+        // Output is UTF-8 whatever locale the zygote was started in (an isolated config
+        // with the C locale would make it ASCII, and `print('é')` would fail).
+        let status = ffi::PyConfig_SetBytesString(cfg, &mut cfg.stdio_encoding, c"utf-8".as_ptr());
         check_status(status, cfg)?;
         let name = c"snakecage-worker";
         let status = ffi::PyConfig_SetBytesString(cfg, &mut cfg.program_name, name.as_ptr());
@@ -151,6 +156,7 @@ impl<'py> Runner<'py> {
         let display = CString::new(DISPLAY_SOURCE).expect("display.py has no NUL byte");
         PyModule::from_code(py, &display, c"snakecage/display.py", c"_snakecage_display")
             .map_err(py_err("loading display.py"))?;
+        load_tools(py).map_err(py_err("loading tools.py"))?;
         let source = CString::new(RUNNER_SOURCE).expect("runner.py has no NUL byte");
         let module = PyModule::from_code(py, &source, c"snakecage/runner.py", c"_snakecage_runner")
             .map_err(py_err("loading runner.py"))?;
@@ -240,6 +246,7 @@ impl<'py> Runner<'py> {
     /// Runs `job` through `target.run(job)`: the module (a fresh `__main__`) or a session.
     fn run_on(&self, target: &Bound<'py, PyAny>, job: &Job) -> Result<JobResult, InterpreterError> {
         let py = self.module.py();
+        crate::tools::offer(&job.tools);
         let result = (|| {
             let arg = PyDict::new(py);
             arg.set_item("code", &job.code)?;
@@ -261,6 +268,22 @@ impl<'py> Runner<'py> {
         // The only Python-level handler is SIGINT's, so the only error is that interrupt.
         let _ = self.module.py().check_signals();
     }
+}
+
+/// `from snakecage import tools`: the package `snakecage` exists only in `sys.modules`
+/// (no file on any path can stand in for it), with `tools.py` as `snakecage.tools` and its
+/// native half as `_snakecage_tools`.
+fn load_tools(py: Python<'_>) -> PyResult<()> {
+    let modules = py.import("sys")?.getattr("modules")?;
+    modules.set_item("_snakecage_tools", crate::tools::native_module(py)?)?;
+    let package = PyModule::new(py, "snakecage")?;
+    package.setattr("__path__", PyList::empty(py))?;
+    package.setattr("__doc__", "snakecage's own modules inside the sandbox.")?;
+    modules.set_item("snakecage", &package)?;
+    let source = CString::new(TOOLS_SOURCE).expect("tools.py has no NUL byte");
+    let tools = PyModule::from_code(py, &source, c"snakecage/tools.py", c"snakecage.tools")?;
+    package.setattr("tools", tools)?;
+    Ok(())
 }
 
 /// A session's namespace, living in a session worker.

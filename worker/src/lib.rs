@@ -4,6 +4,7 @@
 //! - [`protocol`]: the messages, one enum per direction.
 //! - [`fdpass`]: sending and receiving one record with file descriptors (SCM_RIGHTS) on a
 //!   SOCK_SEQPACKET socket.
+//! - [`toolspec`]: a host tool as user code sees it, and the one search over tools.
 //! - [`allowlist`]: the standard-library import allowlist (`python-stdlib-allowlist`),
 //!   embedded and parsed in this one place.
 //!
@@ -13,3 +14,4 @@ pub mod allowlist;
 pub mod fdpass;
 pub mod frame;
 pub mod protocol;
+pub mod toolspec;

@@ -7,6 +7,7 @@ mod child;
 mod hooks;
 mod interpreter;
 mod sandbox;
+mod tools;
 mod zygote;
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};

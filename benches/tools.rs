@@ -1,0 +1,156 @@
+//! Code Mode: the round trip of a tool call from sandboxed Python through the supervisor
+//! and back, measured inside one session (its worker kept, so no fork is in the timing):
+//!
+//! - `tool_calls/loop_1000_no_calls`: a session run of a 1,000-iteration Python loop that
+//!   calls nothing (the baseline: the run's own cost);
+//! - `tool_calls/loop_1000_http_noop`: the same loop calling a no-op HTTP tool served on
+//!   loopback 1,000 times (`[[tools.http]]`: the worker's frame, the supervisor's checks,
+//!   reqwest to a local axum handler and back);
+//! - `dispatch/loop_1000_refused`: on a server whose runs may make one call, the same loop
+//!   catching `ToolLimitError` 999 times: each is a full round trip (worker frame out, the
+//!   supervisor's loop and checks, the answer frame back) without a provider, i.e. the
+//!   dispatch overhead.
+//!
+//! Per call: (loop − loop_1000_no_calls) / 1000.
+//!
+//! Needs the release zygote: `cargo build --release -p snakecage-worker`, then
+//! `cargo bench --bench tools`.
+
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use serde_json::json;
+use snakecage::config::{Config, HttpToolConfig, Overrides};
+use tokio::runtime::Runtime;
+
+const CALLS: u64 = 1000;
+
+struct Bench {
+    rt: Runtime,
+    client: reqwest::Client,
+    run_url: String,
+    _stop: tokio::sync::oneshot::Sender<()>,
+    _state: tempfile::TempDir,
+}
+
+fn start(max_calls: u64) -> Bench {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // The no-op tool: a loopback HTTP endpoint answering `{}`.
+    let tool_listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let tool_url = format!("http://{}/noop", tool_listener.local_addr().unwrap());
+    rt.spawn(async move {
+        let app = axum::Router::new().route(
+            "/noop",
+            axum::routing::post(|| async { axum::Json(json!({})) }),
+        );
+        axum::serve(tool_listener, app).await.unwrap();
+    });
+    let state = tempfile::tempdir().unwrap();
+    let mut config = Config::load(None, &Overrides::default()).expect("config");
+    config.python.venv = Some(std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv"));
+    config.worker.state_dir = state.path().to_path_buf();
+    config.log.level = "warn".into();
+    config.tools.max_calls_per_run = max_calls as u32;
+    config.tools.http.push(HttpToolConfig {
+        name: "noop".into(),
+        description: "Does nothing".into(),
+        parameters: json!({"type": "object"}),
+        url: tool_url,
+        method: "POST".into(),
+        headers: Default::default(),
+        headers_from_env: Default::default(),
+        tenants: None,
+    });
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    rt.spawn(async move {
+        snakecage::server::serve(listener, config, async {
+            let _ = stopped.await;
+        })
+        .await
+        .expect("serve");
+    });
+    let client = reqwest::Client::new();
+    let run_url = rt.block_on(async {
+        for _ in 0..600 {
+            if client.get(format!("{base}/health")).send().await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let resp = client
+            .post(format!("{base}/v1/sessions"))
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+        let v: serde_json::Value = resp.json().await.unwrap();
+        format!(
+            "{base}/v1/sessions/{}/execute",
+            v["session_id"].as_str().unwrap()
+        )
+    });
+    Bench {
+        rt,
+        client,
+        run_url,
+        _stop: stop,
+        _state: state,
+    }
+}
+
+async fn run_ok(b: &Bench, body: &serde_json::Value) {
+    let resp = b.client.post(&b.run_url).json(body).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["exit_code"], 0, "{v}");
+}
+
+fn tool_calls(c: &mut Criterion) {
+    let b = start(CALLS);
+    let mut group = c.benchmark_group("tool_calls");
+    group.measurement_time(Duration::from_secs(15));
+    group.sample_size(20);
+    group.throughput(Throughput::Elements(CALLS));
+    for (name, code) in [
+        (
+            "loop_1000_no_calls",
+            "from snakecage import tools\nfor _ in range(1000):\n    pass",
+        ),
+        (
+            "loop_1000_http_noop",
+            "from snakecage import tools\nfor _ in range(1000):\n    tools.noop()",
+        ),
+    ] {
+        let body = json!({ "code": code, "timeout_ms": 60000 });
+        group.bench_function(name, |bench| {
+            bench.to_async(&b.rt).iter(|| run_ok(&b, &body))
+        });
+    }
+    group.finish();
+    drop(b);
+
+    let b = start(1);
+    let mut group = c.benchmark_group("dispatch");
+    group.measurement_time(Duration::from_secs(15));
+    group.sample_size(20);
+    group.throughput(Throughput::Elements(CALLS));
+    let code = "from snakecage import tools\nfor _ in range(1000):\n    try:\n        tools.noop()\n    except tools.ToolLimitError:\n        pass";
+    let body = json!({ "code": code, "timeout_ms": 60000 });
+    group.bench_function("loop_1000_refused", |bench| {
+        bench.to_async(&b.rt).iter(|| run_ok(&b, &body))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, tool_calls);
+criterion_main!(benches);

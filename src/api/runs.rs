@@ -1,0 +1,140 @@
+//! Code Mode over HTTP: the tools a run gets (the caller's catalog plus the tools its
+//! request declared), `POST /v1/runs/{run_id}/tool_calls/{call_id}` (the client answers a
+//! call of a declared tool), `DELETE /v1/runs/{run_id}` (cancel a run) and
+//! `GET /v1/tools/catalog?query=` (search the caller's tools).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::SharedState;
+use super::execute::Prepared;
+use crate::auth::Caller;
+use crate::codemode::caller::{CallerBridge, ToolCallEvent};
+use crate::codemode::{CallLimits, CatalogTool, Provider, Toolbox};
+use crate::error::ApiError;
+use crate::pool::toolcalls::RunTools;
+use crate::runs::{AnswerError, CallerAnswer, RunHandle};
+
+/// `tool_call` events buffered for a slow client.
+pub const TOOL_CALL_BUFFER: usize = 16;
+
+/// Registers the run and gives it its tools: the caller's catalog, and the tools its
+/// request declared when `events` can carry their calls to the client (a stream). The
+/// returned handle keeps the run reachable by id until it is dropped.
+pub fn attach_tools(
+    state: &SharedState,
+    caller: &Caller,
+    prepared: &mut Prepared,
+    events: Option<mpsc::Sender<ToolCallEvent>>,
+) -> Result<RunHandle, ApiError> {
+    let run = state.runs.register(caller.owner());
+    let mut tools = state.catalog.visible_to(caller.owner());
+    let declared = std::mem::take(&mut prepared.declared_tools);
+    if !declared.is_empty() {
+        let Some(events) = events else {
+            return Err(ApiError::Validation(
+                "this request declares tools, which its own client answers: send it to POST /v1/execute/stream, where each call arrives as a tool_call event to answer with POST /v1/runs/{run_id}/tool_calls/{call_id}".into(),
+            ));
+        };
+        let bridge = Arc::new(CallerBridge::new(run.entry.clone(), events));
+        for spec in declared {
+            if tools.iter().any(|t| t.spec.name == spec.name) {
+                return Err(ApiError::Validation(format!(
+                    "declared tool '{}' has the name of a tool the service offers; rename it",
+                    spec.name
+                )));
+            }
+            let name = spec.name.clone();
+            let tool = CatalogTool::new(spec, name, Provider::Caller(bridge.clone()), None)
+                .map_err(|e| ApiError::Validation(e.to_string()))?;
+            tools.push(Arc::new(tool));
+        }
+    }
+    let toolbox = Toolbox::new(
+        tools,
+        CallLimits::from_config(&state.config.tools),
+        state.metrics.clone(),
+    );
+    if !toolbox.is_empty() {
+        prepared.job.tools = toolbox.specs();
+        prepared.limits.tools = Some(RunTools(Arc::new(toolbox)));
+    }
+    prepared.limits.cancel = Some(run.entry.cancel.clone());
+    Ok(run)
+}
+
+/// The body of an answer: exactly one of `result` and `error`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnswerBody {
+    #[serde(default)]
+    result: Option<Value>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+pub async fn answer_tool_call(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path((run_id, call_id)): Path<(String, String)>,
+    super::json::ApiJson(body): super::json::ApiJson<AnswerBody>,
+) -> Result<StatusCode, ApiError> {
+    let answer = match (body.result, body.error) {
+        (Some(result), None) => CallerAnswer::Result(result),
+        (None, Some(error)) => CallerAnswer::Error(error),
+        _ => {
+            return Err(ApiError::Validation(
+                "give exactly one of `result` (the tool's JSON result) and `error` (a message, or {\"message\", \"data\"})".into(),
+            ));
+        }
+    };
+    match state.runs.answer(&run_id, &call_id, caller.owner(), answer) {
+        Ok(()) => Ok(StatusCode::NO_CONTENT),
+        Err(e @ AnswerError::NoRun(_)) => Err(ApiError::NotFound(e.to_string())),
+        Err(e @ AnswerError::NotPending { .. }) => Err(ApiError::Conflict(e.to_string())),
+    }
+}
+
+/// Cancels a run: a stateless run's worker is killed at once; a session's job is
+/// interrupted (and killed if it does not stop within the grace period).
+pub async fn cancel_run(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Path(run_id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if state.runs.cancel(&run_id, caller.owner()) {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::NotFound(format!(
+            "run '{run_id}' not found (it ended, or it is not yours)"
+        )))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CatalogQuery {
+    #[serde(default)]
+    query: String,
+    #[serde(default = "default_limit")]
+    limit: usize,
+}
+
+fn default_limit() -> usize {
+    20
+}
+
+/// The caller's tools matching `query`, best first (every tool for an empty query).
+pub async fn catalog(
+    State(state): State<SharedState>,
+    caller: Caller,
+    Query(q): Query<CatalogQuery>,
+) -> Json<Value> {
+    let tools = state.catalog.search(caller.owner(), &q.query, q.limit);
+    Json(json!({ "query": q.query, "tools": tools }))
+}

@@ -1,0 +1,250 @@
+//! Code Mode: sandboxed Python calls host tools (`from snakecage import tools`).
+//!
+//! - [`catalog`]: the operator's tools (HTTP and upstream MCP), scoped per API key.
+//! - [`http`]: `[[tools.http]]`, one request per call.
+//! - [`upstream`]: `[[tools.mcp]]`, upstream MCP servers as a client.
+//! - [`caller`]: tools a request declares, answered by its client over SSE.
+//!
+//! A run's [`Toolbox`] answers its worker's calls: it checks each one again (the worker is
+//! hostile: name, argument size, JSON Schema), enforces the per-run limits, dispatches
+//! to the tool's provider under the per-call timeout, caps the result and records it.
+
+pub mod caller;
+pub mod catalog;
+pub mod http;
+pub mod upstream;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use snakecage_worker::protocol::{ToolCall, ToolErrorKind, ToolOutcome};
+use snakecage_worker::toolspec::ToolSpec;
+
+use crate::config::ToolsConfig;
+use crate::metrics::Metrics;
+use crate::pool::toolcalls::{ToolFuture, ToolHost};
+
+pub use self::catalog::{Catalog, CatalogTool, Provider};
+
+/// The per-run limits on tool calls (from `[tools]`).
+#[derive(Debug, Clone, Copy)]
+pub struct CallLimits {
+    pub max_calls: u32,
+    pub call_timeout: Duration,
+    pub max_argument_bytes: usize,
+    pub max_result_bytes: usize,
+}
+
+impl CallLimits {
+    pub fn from_config(config: &ToolsConfig) -> Self {
+        Self {
+            max_calls: config.max_calls_per_run,
+            call_timeout: Duration::from_millis(config.call_timeout_ms),
+            max_argument_bytes: config.max_argument_bytes,
+            max_result_bytes: config.max_result_bytes,
+        }
+    }
+}
+
+/// Where a call goes, as the metrics label it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderKind {
+    Caller,
+    Http,
+    Mcp,
+}
+
+impl ProviderKind {
+    pub const ALL: [ProviderKind; 3] =
+        [ProviderKind::Caller, ProviderKind::Http, ProviderKind::Mcp];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Caller => "caller",
+            ProviderKind::Http => "http",
+            ProviderKind::Mcp => "mcp",
+        }
+    }
+}
+
+/// The tools of one run and the state of its calls.
+pub struct Toolbox {
+    tools: Vec<Arc<CatalogTool>>,
+    limits: CallLimits,
+    calls: AtomicU32,
+    metrics: Arc<Metrics>,
+}
+
+impl Toolbox {
+    pub fn new(tools: Vec<Arc<CatalogTool>>, limits: CallLimits, metrics: Arc<Metrics>) -> Self {
+        Self {
+            tools,
+            limits,
+            calls: AtomicU32::new(0),
+            metrics,
+        }
+    }
+
+    /// What the worker is told about the tools (`snakecage.tools.list()`).
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.tools.iter().map(|t| t.spec.clone()).collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    /// Checks `call` before it is dispatched: the per-run count, the name, the size and
+    /// the schema of the arguments.
+    fn admit(&self, call: &ToolCall) -> Result<Arc<CatalogTool>, ToolOutcome> {
+        let made = self.calls.fetch_add(1, Ordering::Relaxed);
+        if made >= self.limits.max_calls {
+            return Err(ToolOutcome::error(
+                ToolErrorKind::Limit,
+                format!(
+                    "this run has made its {} tool calls (tools.max_calls_per_run); do more work per call",
+                    self.limits.max_calls
+                ),
+            ));
+        }
+        let Some(tool) = self.tools.iter().find(|t| t.spec.name == call.name) else {
+            return Err(ToolOutcome::error(
+                ToolErrorKind::UnknownTool,
+                format!("unknown tool '{}'", call.name),
+            ));
+        };
+        let size = serde_json::to_vec(&call.arguments).map_or(usize::MAX, |v| v.len());
+        if size > self.limits.max_argument_bytes {
+            return Err(ToolOutcome::error(
+                ToolErrorKind::Limit,
+                format!(
+                    "the arguments of '{}' are {size} bytes of JSON, more than the {} allowed (tools.max_argument_bytes)",
+                    call.name, self.limits.max_argument_bytes
+                ),
+            ));
+        }
+        if let Err(problems) = tool.check(&call.arguments) {
+            return Err(ToolOutcome::error(
+                ToolErrorKind::InvalidArguments,
+                format!(
+                    "arguments of tool '{}' do not match its schema: {problems}",
+                    call.name
+                ),
+            ));
+        }
+        Ok(tool.clone())
+    }
+}
+
+impl ToolHost for Toolbox {
+    fn call(&self, call: ToolCall) -> ToolFuture {
+        let started = Instant::now();
+        let metrics = self.metrics.clone();
+        let limits = self.limits;
+        let tool = match self.admit(&call) {
+            Ok(tool) => tool,
+            Err(refused) => {
+                let label = self
+                    .tools
+                    .iter()
+                    .find(|t| t.spec.name == call.name)
+                    .map(|t| t.metric_label());
+                record(&metrics, label.as_deref(), None, &refused, started);
+                return Box::pin(async move { refused });
+            }
+        };
+        Box::pin(async move {
+            let kind = tool.provider.kind();
+            let outcome = match tokio::time::timeout(
+                limits.call_timeout,
+                tool.provider
+                    .call(&tool.upstream_name, call.arguments, limits.max_result_bytes),
+            )
+            .await
+            {
+                Ok(outcome) => cap_result(outcome, limits.max_result_bytes),
+                Err(_) => ToolOutcome::error(
+                    ToolErrorKind::Timeout,
+                    format!(
+                        "tool '{}' did not answer within {} ms (tools.call_timeout_ms)",
+                        tool.spec.name,
+                        limits.call_timeout.as_millis()
+                    ),
+                ),
+            };
+            record(
+                &metrics,
+                Some(&tool.metric_label()),
+                Some(kind),
+                &outcome,
+                started,
+            );
+            outcome
+        })
+    }
+}
+
+/// A result bigger than the limit becomes a `limit` error.
+fn cap_result(outcome: ToolOutcome, max: usize) -> ToolOutcome {
+    let size = |v: &Value| serde_json::to_vec(v).map_or(usize::MAX, |b| b.len());
+    match &outcome {
+        ToolOutcome::Ok { result } if size(result) > max => ToolOutcome::error(
+            ToolErrorKind::Limit,
+            format!(
+                "the tool's result is larger than the {max} bytes allowed (tools.max_result_bytes)"
+            ),
+        ),
+        ToolOutcome::Error { data, .. } if size(data) > max => match outcome {
+            ToolOutcome::Error { kind, message, .. } => ToolOutcome::Error {
+                kind,
+                message,
+                data: Value::Null,
+            },
+            ok => ok,
+        },
+        _ => outcome,
+    }
+}
+
+fn record(
+    metrics: &Metrics,
+    tool: Option<&str>,
+    provider: Option<ProviderKind>,
+    outcome: &ToolOutcome,
+    started: Instant,
+) {
+    let result = match outcome {
+        ToolOutcome::Ok { .. } => "ok",
+        ToolOutcome::Error { kind, .. } => kind.as_str(),
+    };
+    metrics.tool_call(
+        tool.unwrap_or(crate::metrics::tools::UNKNOWN_TOOL),
+        provider.map_or("none", ProviderKind::as_str),
+        result,
+        started.elapsed(),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn oversized_results_become_limit_errors() {
+        let big = ToolOutcome::Ok {
+            result: json!("x".repeat(100)),
+        };
+        assert!(matches!(
+            cap_result(big, 50),
+            ToolOutcome::Error {
+                kind: ToolErrorKind::Limit,
+                ..
+            }
+        ));
+        let small = ToolOutcome::Ok { result: json!(1) };
+        assert_eq!(cap_result(small.clone(), 50), small);
+    }
+}

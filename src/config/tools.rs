@@ -1,0 +1,249 @@
+//! `[tools]`: Code Mode. Per-run limits on tool calls, and the tools operators offer to
+//! sandboxed code: `[[tools.http]]` endpoints the supervisor calls, `[[tools.mcp]]`
+//! upstream MCP servers whose tools it lists and forwards. Each may be limited to some
+//! API keys (`tenants`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolsConfig {
+    /// Tool calls one run may make; the next one raises `ToolLimitError`.
+    pub max_calls_per_run: u32,
+    /// How long one call may wait for its answer; then it raises `ToolTimeoutError`.
+    pub call_timeout_ms: u64,
+    /// Largest arguments of one call (as JSON).
+    pub max_argument_bytes: usize,
+    /// Largest result of one call (as JSON; an HTTP tool's response body).
+    pub max_result_bytes: usize,
+    /// Tools declared by a caller in one request (answered by the caller over SSE).
+    pub max_caller_tools: usize,
+    /// HTTP endpoints offered as tools.
+    pub http: Vec<HttpToolConfig>,
+    /// Upstream MCP servers whose tools are offered.
+    pub mcp: Vec<McpServerConfig>,
+}
+
+impl Default for ToolsConfig {
+    fn default() -> Self {
+        Self {
+            max_calls_per_run: 1000,
+            call_timeout_ms: 30_000,
+            max_argument_bytes: 1 << 20,
+            max_result_bytes: 4 << 20,
+            max_caller_tools: 128,
+            http: Vec::new(),
+            mcp: Vec::new(),
+        }
+    }
+}
+
+/// One `[[tools.http]]` entry: a call becomes one request to `url`. GET sends the
+/// arguments as query parameters, other methods as a JSON body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HttpToolConfig {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments (an object schema).
+    #[serde(
+        alias = "schema",
+        default = "snakecage_worker::toolspec::empty_object_schema"
+    )]
+    pub parameters: Value,
+    pub url: String,
+    #[serde(default = "default_method")]
+    pub method: String,
+    /// Header values given here (not secrets).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Header name ⇒ environment variable holding its value (secrets stay out of the file).
+    #[serde(default)]
+    pub headers_from_env: BTreeMap<String, String>,
+    /// API key names (tenants) that see this tool; absent: every caller.
+    #[serde(default)]
+    pub tenants: Option<Vec<String>>,
+}
+
+fn default_method() -> String {
+    "POST".into()
+}
+
+/// One `[[tools.mcp]]` entry: exactly one of `url` (streamable HTTP) and `command` (a
+/// stdio server the supervisor starts). Its tools are offered as `<name>_<tool>`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerConfig {
+    pub name: String,
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Program and arguments, e.g. `["/usr/bin/python3", "server.py"]`.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// Environment of a stdio server (nothing else of the supervisor's is passed on).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub tenants: Option<Vec<String>>,
+}
+
+/// Whether `url` can be reached by this build (https needs the `tls` feature).
+fn check_scheme(at: &str, url: &reqwest::Url) -> Result<(), String> {
+    match url.scheme() {
+        "http" => Ok(()),
+        "https" if cfg!(feature = "tls") => Ok(()),
+        "https" => Err(format!(
+            "{at}: https:// needs a build with the `tls` feature (cargo build --features tls)"
+        )),
+        _ => Err(format!("{at}: url must be an http:// or https:// URL")),
+    }
+}
+
+impl ToolsConfig {
+    /// Checks names, URLs, methods and secrets; the message says what to fix.
+    pub fn validate(&self) -> Result<(), String> {
+        use snakecage_worker::toolspec::valid_name;
+        if self.max_calls_per_run == 0 || self.call_timeout_ms == 0 {
+            return Err(
+                "tools.max_calls_per_run and tools.call_timeout_ms must be positive".into(),
+            );
+        }
+        // A call and its answer each travel in one frame of the job socket.
+        let frame_room = snakecage_worker::frame::MAX_FRAME_LEN / 2;
+        if !(2..=frame_room).contains(&self.max_argument_bytes)
+            || !(2..=frame_room).contains(&self.max_result_bytes)
+        {
+            return Err(format!(
+                "tools.max_argument_bytes and tools.max_result_bytes must be between 2 and {frame_room}"
+            ));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for tool in &self.http {
+            let at = format!("tools.http '{}'", tool.name);
+            if !valid_name(&tool.name) {
+                return Err(format!(
+                    "{at}: a tool name is 1-64 ASCII letters, digits, '_', '-' or '.'"
+                ));
+            }
+            if !names.insert(tool.name.clone()) {
+                return Err(format!("{at}: the name is used twice"));
+            }
+            let url = reqwest::Url::parse(&tool.url).map_err(|e| format!("{at}: url: {e}"))?;
+            check_scheme(&at, &url)?;
+            if url.host_str().is_none() {
+                return Err(format!("{at}: url must name a host"));
+            }
+            if !matches!(
+                tool.method.as_str(),
+                "GET" | "POST" | "PUT" | "PATCH" | "DELETE"
+            ) {
+                return Err(format!(
+                    "{at}: method must be GET, POST, PUT, PATCH or DELETE"
+                ));
+            }
+            if !tool.parameters.is_object() {
+                return Err(format!("{at}: parameters must be a JSON Schema object"));
+            }
+            for var in tool.headers_from_env.values() {
+                if std::env::var_os(var).is_none() {
+                    return Err(format!("{at}: environment variable {var} is not set"));
+                }
+            }
+        }
+        let mut servers = std::collections::BTreeSet::new();
+        for server in &self.mcp {
+            let at = format!("tools.mcp '{}'", server.name);
+            if server.name.is_empty()
+                || !server
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            {
+                return Err(format!(
+                    "{at}: a server name is ASCII letters, digits and '_'"
+                ));
+            }
+            if !servers.insert(server.name.clone()) {
+                return Err(format!("{at}: the name is used twice"));
+            }
+            match (&server.url, &server.command) {
+                (Some(url), None) => {
+                    let url = reqwest::Url::parse(url).map_err(|e| format!("{at}: url: {e}"))?;
+                    check_scheme(&at, &url)?;
+                }
+                (None, Some(argv)) if !argv.is_empty() => {}
+                _ => return Err(format!("{at}: give exactly one of url and command")),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn http(name: &str, url: &str) -> HttpToolConfig {
+        HttpToolConfig {
+            name: name.into(),
+            description: "d".into(),
+            parameters: snakecage_worker::toolspec::empty_object_schema(),
+            url: url.into(),
+            method: "GET".into(),
+            headers: BTreeMap::new(),
+            headers_from_env: BTreeMap::new(),
+            tenants: None,
+        }
+    }
+
+    fn invalid(config: ToolsConfig) -> String {
+        config.validate().unwrap_err()
+    }
+
+    #[test]
+    fn bad_tool_configurations_say_what_to_fix() {
+        let with = |tools: Vec<HttpToolConfig>| ToolsConfig {
+            http: tools,
+            ..ToolsConfig::default()
+        };
+        assert!(
+            with(vec![http("ok", "http://127.0.0.1:9/x")])
+                .validate()
+                .is_ok()
+        );
+        assert!(invalid(with(vec![http("a b", "http://h/")])).contains("a tool name is"));
+        assert!(invalid(with(vec![http("a", "ftp://h/")])).contains("http:// or https://"));
+        assert!(
+            invalid(with(vec![http("a", "http://h/"), http("a", "http://h/")]))
+                .contains("used twice")
+        );
+        let mut secret = http("a", "http://h/");
+        secret
+            .headers_from_env
+            .insert("Authorization".into(), "SNAKECAGE_TEST_SURELY_UNSET".into());
+        assert!(invalid(with(vec![secret])).contains("SNAKECAGE_TEST_SURELY_UNSET is not set"));
+        if !cfg!(feature = "tls") {
+            assert!(invalid(with(vec![http("a", "https://h/")])).contains("--features tls"));
+        }
+        let both = McpServerConfig {
+            name: "m".into(),
+            url: Some("http://h/mcp".into()),
+            command: Some(vec!["x".into()]),
+            env: BTreeMap::new(),
+            tenants: None,
+        };
+        let config = ToolsConfig {
+            mcp: vec![both],
+            ..ToolsConfig::default()
+        };
+        assert!(invalid(config).contains("exactly one of url and command"));
+        let config = ToolsConfig {
+            max_result_bytes: usize::MAX,
+            ..ToolsConfig::default()
+        };
+        assert!(invalid(config).contains("must be between 2 and"));
+    }
+}

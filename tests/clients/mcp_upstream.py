@@ -1,0 +1,30 @@
+"""An upstream MCP server for the Code Mode tests, built on the official MCP Python SDK:
+two tools, one of which always fails.
+
+    python mcp_upstream.py                 # stdio
+    python mcp_upstream.py http PORT       # streamable HTTP on 127.0.0.1:PORT/mcp
+"""
+
+import sys
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer("upstream-fixture")
+
+
+@server.tool(description="Add two integers and say who added them")
+def add(a: int, b: int) -> dict:
+    return {"sum": a + b, "by": "upstream-fixture"}
+
+
+@server.tool(description="Always fails with the given reason")
+def explode(reason: str) -> str:
+    raise ToolError(f"exploded: {reason}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "http":
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()

@@ -1,0 +1,314 @@
+//! Code Mode with tools the caller declares and answers over SSE (`tool_call` events,
+//! `POST /v1/runs/{run_id}/tool_calls/{call_id}`): answers and errors, the per-call
+//! timeout, a deadline while a call is pending, `DELETE /v1/runs/{run_id}`.
+
+use serde_json::{Value, json};
+
+use crate::tools::server_with_tools;
+
+/// Reads SSE events (`(event, data)`) from a streamed response.
+struct Events {
+    resp: reqwest::Response,
+    buf: String,
+}
+
+impl Events {
+    fn new(resp: reqwest::Response) -> Self {
+        Self {
+            resp,
+            buf: String::new(),
+        }
+    }
+
+    async fn next(&mut self) -> Option<(String, Value)> {
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let mut event = String::new();
+                let mut data = String::new();
+                for line in block.lines() {
+                    if let Some(e) = line.strip_prefix("event: ") {
+                        event = e.to_owned();
+                    } else if let Some(d) = line.strip_prefix("data: ") {
+                        data.push_str(d);
+                    }
+                }
+                if event.is_empty() {
+                    continue; // keep-alive comment
+                }
+                return Some((event, serde_json::from_str(&data).unwrap_or(Value::Null)));
+            }
+            let chunk = self.resp.chunk().await.ok()??;
+            self.buf.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+}
+
+fn declared() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "lookup_order", "description": "An order by id",
+          "parameters": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}}},
+        {"name": "never_answered", "description": "The client never answers", "input_schema": {"type": "object"}}
+    ])
+}
+
+#[tokio::test]
+async fn caller_tools_are_answered_over_sse() {
+    let (s, _dir) = server_with_tools("").await;
+    let code = "from snakecage import tools
+total = 0
+for i in range(1, 4):
+    total += tools.lookup_order(id=i)['amount']
+print('total', total)
+try:
+    tools.lookup_order(id=99)
+except tools.ToolError as e:
+    print('error', e.message, e.data)\n";
+    let resp = s
+        .client
+        .post(format!("{}/v1/execute/stream", s.base))
+        .json(&json!({"code": code, "tools": declared()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
+    let mut events = Events::new(resp);
+    let mut result = Value::Null;
+    let mut calls = 0;
+    while let Some((event, data)) = events.next().await {
+        match event.as_str() {
+            "tool_call" => {
+                calls += 1;
+                assert_eq!(data["run_id"], run_id.as_str());
+                assert_eq!(data["name"], "lookup_order");
+                let id = data["arguments"]["id"].as_i64().unwrap();
+                let answer = if id == 99 {
+                    json!({"error": {"message": "no order 99", "data": {"id": 99}}})
+                } else {
+                    json!({"result": {"amount": id * 10}})
+                };
+                let url = format!(
+                    "/v1/runs/{run_id}/tool_calls/{}",
+                    data["call_id"].as_str().unwrap()
+                );
+                let (status, body) = s.post(&url, &answer).await;
+                assert_eq!(status, 204, "{body}");
+                if calls == 1 {
+                    // A second answer to the same call is refused (the run still waits on
+                    // later calls, so it is still there).
+                    let (status, _) = s.post(&url, &answer).await;
+                    assert_eq!(status, 409);
+                }
+            }
+            "result" => {
+                result = data;
+                break;
+            }
+            "output" => {}
+            other => panic!("unexpected event {other}: {data}"),
+        }
+    }
+    assert_eq!(calls, 4);
+    assert_eq!(
+        result["stdout"], "total 60\nerror no order 99 {'id': 99}\n",
+        "{result}"
+    );
+    let metrics = s.get("/metrics").await.2;
+    assert!(
+        metrics.contains(
+            r#"snakecage_tool_calls_total{outcome="ok",provider="caller",tool="caller"} 3"#
+        ),
+        "{metrics}"
+    );
+
+    // On plain /v1/execute nobody could answer them.
+    let (status, body) = s
+        .post("/v1/execute", &json!({"code": "1", "tools": declared()}))
+        .await;
+    assert_eq!(status, 422);
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("/v1/execute/stream"),
+        "{body}"
+    );
+    let (status, body) = s
+        .post(
+            "/v1/execute/stream",
+            &json!({"code": "1", "tools": [{"name": "bad name"}]}),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+}
+
+#[tokio::test]
+async fn an_unanswered_call_times_out_and_a_deadline_cancels_a_pending_call() {
+    let (s, _dir) = server_with_tools("").await;
+    // Per-call timeout: the program gets ToolTimeoutError and finishes.
+    let code = "from snakecage import tools
+try:
+    tools.never_answered()
+except tools.ToolTimeoutError as e:
+    print('timeout')\n";
+    let resp = s
+        .client
+        .post(format!("{}/v1/execute/stream", s.base))
+        .json(&json!({"code": code, "tools": declared()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("event: tool_call"), "{text}");
+    assert!(text.contains(r#""stdout":"timeout\n""#), "{text}");
+
+    // The run's deadline (1 s) comes before the call's timeout (1.5 s): killed at once, the
+    // pending call forgotten, the run gone.
+    let resp = s
+        .client
+        .post(format!("{}/v1/execute/stream", s.base))
+        .json(&json!({"code": "from snakecage import tools\ntools.never_answered()", "tools": declared(), "timeout_ms": 1000}))
+        .send()
+        .await
+        .unwrap();
+    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
+    let mut events = Events::new(resp);
+    let mut call_id = String::new();
+    let mut result = Value::Null;
+    while let Some((event, data)) = events.next().await {
+        match event.as_str() {
+            "tool_call" => call_id = data["call_id"].as_str().unwrap().to_owned(),
+            "result" => {
+                result = data;
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(result["timed_out"], true, "{result}");
+    assert!(!call_id.is_empty());
+    let (status, _) = s
+        .post(
+            &format!("/v1/runs/{run_id}/tool_calls/{call_id}"),
+            &json!({"result": 1}),
+        )
+        .await;
+    assert_eq!(status, 404);
+    // Nothing is left waiting: no run holds a pending call.
+    let (_, _, status) = s.get("/v1/status").await;
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["tools"]["runs_waiting"], 0, "{status}");
+}
+
+#[tokio::test]
+async fn a_streamed_run_is_cancelled_by_delete() {
+    let (s, _dir) = server_with_tools("").await;
+    let resp = s
+        .client
+        .post(format!("{}/v1/execute/stream", s.base))
+        .json(&json!({"code": "import time\nprint('started', flush=True)\ntime.sleep(60)", "timeout_ms": 60000}))
+        .send()
+        .await
+        .unwrap();
+    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
+    let mut events = Events::new(resp);
+    let (event, _) = events.next().await.unwrap();
+    assert_eq!(event, "output");
+    let del = |id: String| {
+        let client = s.client.clone();
+        let url = format!("{}/v1/runs/{id}", s.base);
+        async move { client.delete(url).send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(del("run_unknown".into()).await, 404);
+    assert_eq!(del(run_id.clone()).await, 204);
+    let mut result = Value::Null;
+    while let Some((event, data)) = events.next().await {
+        if event == "result" {
+            result = data;
+            break;
+        }
+    }
+    assert_eq!(result["verdict"], "killed", "{result}");
+    assert!(
+        result["stderr"].as_str().unwrap().contains("cancelled"),
+        "{result}"
+    );
+    assert_eq!(del(run_id).await, 404);
+}
+
+#[tokio::test]
+async fn a_session_interrupted_while_a_call_is_pending_keeps_its_state() {
+    let (s, _dir) = server_with_tools("").await;
+    let (status, session) = s.post("/v1/sessions", &json!({})).await;
+    assert_eq!(status, 201, "{session}");
+    let id = session["session_id"].as_str().unwrap();
+    let (_, first) = s
+        .post(
+            &format!("/v1/sessions/{id}/execute"),
+            &json!({"code": "from snakecage import tools\nkept = 'ja'"}),
+        )
+        .await;
+    assert_eq!(first["exit_code"], 0, "{first}");
+    // A declared tool nobody answers, past the run's 1 s deadline (the call's own timeout
+    // is 1.5 s): the job is interrupted, its pending call answered `cancelled`.
+    let resp = s
+        .client
+        .post(format!("{}/v1/sessions/{id}/execute/stream", s.base))
+        .json(&json!({"code": "tools.never_answered()", "tools": declared(), "timeout_ms": 1000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("event: tool_call"), "{text}");
+    assert!(text.contains(r#""timed_out":true"#), "{text}");
+    let (_, after) = s
+        .post(
+            &format!("/v1/sessions/{id}/execute"),
+            &json!({"code": "print(kept, tools.get_weather(city='Aarau')['temp'])"}),
+        )
+        .await;
+    assert_eq!(after["stdout"], "ja 5\n", "{after}");
+    // DELETE /v1/runs/{id} on a session's run interrupts it; the session lives on.
+    let resp = s
+        .client
+        .post(format!("{}/v1/sessions/{id}/execute/stream", s.base))
+        .json(&json!({"code": "import time\nprint('busy', flush=True)\ntime.sleep(30)", "timeout_ms": 60000}))
+        .send()
+        .await
+        .unwrap();
+    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
+    let mut events = Events::new(resp);
+    assert_eq!(events.next().await.unwrap().0, "output");
+    let status = s
+        .client
+        .delete(format!("{}/v1/runs/{run_id}", s.base))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 204);
+    let mut result = Value::Null;
+    while let Some((event, data)) = events.next().await {
+        if event == "result" {
+            result = data;
+            break;
+        }
+    }
+    assert!(
+        result["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("KeyboardInterrupt"),
+        "{result}"
+    );
+    let (_, again) = s
+        .post(
+            &format!("/v1/sessions/{id}/execute"),
+            &json!({"code": "print(kept)"}),
+        )
+        .await;
+    assert_eq!(again["stdout"], "ja\n", "{again}");
+}
