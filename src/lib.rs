@@ -9,7 +9,8 @@
 //! - [`markdown`]: the Python blocks of a model's markdown answer (`code_format: markdown`).
 //! - [`tools`], [`mcp`], [`packages`]: what agents see: tool definitions (OpenAI, Anthropic,
 //!   MCP) generated from the live configuration, the MCP server, the importable packages.
-//! - [`pool`]: the zygote, the pre-forked workers, one run of one job.
+//! - [`pool`]: the zygotes (one per tier), the pre-forked workers, one run of one job.
+//! - [`imports`]: the modules a job's code imports, read statically to pick its tier.
 //! - [`state_lock`]: the lock by which one running instance owns a state directory.
 //! - [`codemode`]: host tools sandboxed code calls (`from snakecage import tools`): the
 //!   catalog, its providers (caller over SSE, HTTP, upstream MCP), per-run limits.
@@ -31,6 +32,7 @@ pub mod codemode;
 pub mod config;
 pub mod error;
 pub mod files;
+pub mod imports;
 pub mod markdown;
 pub mod mcp;
 pub mod metrics;

@@ -31,7 +31,7 @@ use crate::files::s3::S3StoreSettings;
 use crate::files::{self, LocalStore, S3Store, SharedStore, StoreError};
 use crate::metrics::{BuildInfo, Metrics};
 use crate::packages::Packages;
-use crate::pool::{Pool, PoolError, PoolSettings};
+use crate::pool::{Pool, PoolError, PoolSettings, TierSettings};
 use crate::sessions::{SessionSettings, Sessions};
 use crate::tools::ToolContext;
 
@@ -77,11 +77,46 @@ pub fn load_keys(config: &Config, listening: SocketAddr) -> Result<Keys, ServeEr
     Ok(keys)
 }
 
-/// The pool settings a configuration implies.
+/// The pool settings a configuration implies: one zygote configuration per tier, the
+/// same but for its name, preloads and warm-up.
 pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
     let layout = config.python.layout()?;
     let state_dir = &config.worker.state_dir;
     let limits = &config.limits;
+    let zygote = ZygoteConfig {
+        python_home: layout.home,
+        site_packages: layout.site_packages,
+        tier: String::new(),
+        preload: Vec::new(),
+        warm_up: Vec::new(),
+        // Shared by every tier: the plotting zygote builds the font cache there, which a
+        // worker of another tier importing matplotlib then reads.
+        mpl_config_dir: state_dir.join("mplconfig"),
+        limits: WorkerLimits {
+            memory_limit_bytes: limits.memory_limit_mb << 20,
+            // The wall-clock kill comes first; CPU time is a backstop a little behind it.
+            cpu_seconds: limits.max_timeout_ms.div_ceil(1000) + 1,
+            max_file_bytes: limits.max_file_size_mb << 20,
+            max_open_files: limits.max_open_files,
+            max_processes: limits.max_processes,
+        },
+        sandbox: config.sandbox.zygote_config(),
+        supervisor_pid: Some(std::process::id() as i32),
+    };
+    let tiers = config
+        .tiers
+        .profile
+        .iter()
+        .map(|profile| TierSettings {
+            name: profile.name.clone(),
+            zygote: ZygoteConfig {
+                tier: profile.name.clone(),
+                preload: profile.preload.clone(),
+                warm_up: profile.warm_up(),
+                ..zygote.clone()
+            },
+        })
+        .collect();
     Ok(PoolSettings {
         size: config.pool.size,
         queue_length: config.pool.queue_length,
@@ -89,22 +124,9 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
         spawn_timeout: Duration::from_millis(config.pool.spawn_timeout_ms),
         worker_binary: config.worker_binary(),
         workspace_root: config.workspace_root(),
-        zygote: ZygoteConfig {
-            python_home: layout.home,
-            site_packages: layout.site_packages,
-            preload: config.python.preload.clone(),
-            mpl_config_dir: state_dir.join("mplconfig"),
-            limits: WorkerLimits {
-                memory_limit_bytes: limits.memory_limit_mb << 20,
-                // The wall-clock kill comes first; CPU time is a backstop a little behind it.
-                cpu_seconds: limits.max_timeout_ms.div_ceil(1000) + 1,
-                max_file_bytes: limits.max_file_size_mb << 20,
-                max_open_files: limits.max_open_files,
-                max_processes: limits.max_processes,
-            },
-            sandbox: config.sandbox.zygote_config(),
-            supervisor_pid: Some(std::process::id() as i32),
-        },
+        tiers,
+        session_tier: config.tiers.session_tier(),
+        min_idle: config.tiers.min_idle,
         require: config.sandbox.require.clone(),
     })
 }
@@ -118,9 +140,10 @@ pub async fn serve(
     let settings = pool_settings(&config)?;
     let metrics = Arc::new(Metrics::new());
     let store = open_store(&config, metrics.clone())?;
-    std::fs::create_dir_all(&settings.zygote.mpl_config_dir)?;
+    std::fs::create_dir_all(&settings.tiers[0].zygote.mpl_config_dir)?;
     metrics.set_tenants(keys.names());
     let pool = Pool::start_observed(settings, metrics.clone()).await?;
+    metrics.set_tiers(&pool.tier_names());
     let info = pool.zygote_info();
     // The zygote's hello says which Python and which sandbox layers are running.
     metrics.set_build_info(build_info(&info));

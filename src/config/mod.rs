@@ -6,6 +6,7 @@
 //!
 //! - [`sections`]: one struct per `[section]` of the file, with its defaults.
 //! - [`python`]: where the interpreter and its packages live (`[python]`, venv layout).
+//! - [`tiers`]: the zygote tiers and their preload profiles (`[tiers]`).
 //! - [`s3`]: the file store backend (`files.backend`) and the object store (`[s3]`).
 //! - [`cluster`]: this replica's id and its peers (`[cluster]`).
 //! - [`tools`]: Code Mode: tool call limits and the operator's tools (`[tools]`).
@@ -16,6 +17,7 @@ mod cluster;
 mod python;
 mod s3;
 mod sections;
+mod tiers;
 mod tools;
 
 use std::net::SocketAddr;
@@ -29,6 +31,7 @@ pub use self::cluster::{ClusterConfig, valid_replica_id};
 pub use self::python::{PythonConfig, PythonLayout};
 pub use self::s3::{FilesBackend, S3Config};
 pub use self::sections::*;
+pub use self::tiers::{TierProfile, TiersConfig};
 pub use self::tools::{HttpToolConfig, McpServerConfig, ToolsConfig};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -39,6 +42,7 @@ pub struct Config {
     pub pool: PoolConfig,
     pub limits: LimitsConfig,
     pub python: PythonConfig,
+    pub tiers: TiersConfig,
     pub worker: WorkerConfig,
     pub files: FilesConfig,
     pub workspace: WorkspaceConfig,
@@ -59,6 +63,7 @@ impl Default for Config {
             pool: PoolConfig::default(),
             limits: LimitsConfig::default(),
             python: PythonConfig::default(),
+            tiers: TiersConfig::default(),
             worker: WorkerConfig::default(),
             files: FilesConfig::default(),
             workspace: WorkspaceConfig::default(),
@@ -213,7 +218,7 @@ impl Config {
             return Err(ConfigError::Invalid(problem));
         }
         self.tools.validate().map_err(ConfigError::Invalid)?;
-        Ok(())
+        self.tiers.validate()
     }
 
     /// Where stored files live.

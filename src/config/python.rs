@@ -17,8 +17,6 @@ pub struct PythonConfig {
     pub home: Option<PathBuf>,
     /// Extra directories appended to `sys.path`.
     pub site_packages: Vec<PathBuf>,
-    /// Imported once in the zygote; those that are not installed are skipped and reported.
-    pub preload: Vec<String>,
 }
 
 impl Default for PythonConfig {
@@ -27,9 +25,6 @@ impl Default for PythonConfig {
             venv: Some(PathBuf::from(".venv")),
             home: None,
             site_packages: Vec::new(),
-            preload: ["numpy", "pandas", "matplotlib", "matplotlib.pyplot"]
-                .map(String::from)
-                .to_vec(),
         }
     }
 }

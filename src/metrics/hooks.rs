@@ -85,6 +85,10 @@ impl PoolEvents for Metrics {
     fn zygote_restarted(&self) {
         self.zygote_restarts.inc();
     }
+
+    fn checked_out(&self, tier: &str, routed: &str) {
+        self.tier_checkouts.with_label_values(&[tier, routed]).inc();
+    }
 }
 
 #[cfg(test)]

@@ -91,6 +91,10 @@ pub struct Metrics {
     pool_target: IntGauge,
     pool_queue_depth: IntGauge,
     pool_queue_capacity: IntGauge,
+    tier_idle: IntGaugeVec,
+    tier_target_idle: IntGaugeVec,
+    tier_spawning: IntGaugeVec,
+    pub(crate) tier_checkouts: IntCounterVec,
     pub(crate) spawn_duration: Histogram,
     pub(crate) spawn_failures: IntCounter,
     pub(crate) workers_killed: IntCounterVec,
@@ -180,6 +184,26 @@ impl Metrics {
             pool_queue_capacity: reg.gauge(
                 names::POOL_QUEUE_CAPACITY,
                 "Requests that may wait before new ones get 429.",
+            ),
+            tier_idle: reg.gauge_vec(
+                names::TIER_IDLE_WORKERS,
+                "Idle workers ready to take a job, by tier.",
+                &[label::TIER],
+            ),
+            tier_target_idle: reg.gauge_vec(
+                names::TIER_TARGET_IDLE_WORKERS,
+                "Idle workers each tier keeps ready now: its floor plus its share of recent demand.",
+                &[label::TIER],
+            ),
+            tier_spawning: reg.gauge_vec(
+                names::TIER_SPAWNING_WORKERS,
+                "Workers being forked and warmed up, by tier.",
+                &[label::TIER],
+            ),
+            tier_checkouts: reg.counter_vec(
+                names::TIER_CHECKOUTS_TOTAL,
+                "Workers taken for a job or session, by the tier that served and the tier the code's imports picked.",
+                &[label::TIER, label::ROUTED],
             ),
             spawn_duration: reg.histogram(
                 names::WORKER_SPAWN_DURATION_SECONDS,
@@ -290,6 +314,20 @@ impl Metrics {
         }
     }
 
+    /// Creates the per-tier series at 0. Tier labels only ever take these values: the
+    /// configured tier names.
+    pub fn set_tiers(&self, names: &[String]) {
+        for tier in names {
+            self.tier_idle.with_label_values(&[tier.as_str()]);
+            self.tier_target_idle.with_label_values(&[tier.as_str()]);
+            self.tier_spawning.with_label_values(&[tier.as_str()]);
+            for routed in names {
+                self.tier_checkouts
+                    .with_label_values(&[tier.as_str(), routed.as_str()]);
+            }
+        }
+    }
+
     /// Counts an execution of a configured key's tenant that ran.
     pub fn tenant_execution(&self, tenant: &str, kind: Kind) {
         self.tenant_executions
@@ -310,6 +348,18 @@ impl Metrics {
         self.pool_target.set(gauge_value(pool.target_size));
         self.pool_queue_depth.set(gauge_value(pool.queue_depth));
         self.pool_queue_capacity.set(gauge_value(pool.queue_length));
+        for tier in &pool.tiers {
+            let name = [tier.name.as_str()];
+            self.tier_idle
+                .with_label_values(&name)
+                .set(gauge_value(tier.idle));
+            self.tier_target_idle
+                .with_label_values(&name)
+                .set(gauge_value(tier.target_idle));
+            self.tier_spawning
+                .with_label_values(&name)
+                .set(gauge_value(tier.spawning));
+        }
         if let Some(store) = store {
             self.files_stored
                 .set(store.files.try_into().unwrap_or(i64::MAX));
@@ -430,6 +480,7 @@ mod tests {
         // per-tenant ones once keys are configured.
         m.http_request("/health", 200);
         m.set_tenants(["alice"]);
+        m.set_tiers(&["bare".to_owned(), "plotting".to_owned()]);
         let text = m.encode();
         for name in names::ALL {
             assert!(

@@ -29,6 +29,17 @@ pub const POOL_QUEUE_DEPTH: &str = "snakecage_pool_queue_depth";
 /// `pool.queue_length`: how many may wait before requests get 429.
 pub const POOL_QUEUE_CAPACITY: &str = "snakecage_pool_queue_capacity";
 
+/// Idle workers of each `tier` (the configured tier names, a closed set).
+pub const TIER_IDLE_WORKERS: &str = "snakecage_tier_idle_workers";
+/// Idle workers each `tier` keeps ready now (its floor plus its share of recent demand).
+pub const TIER_TARGET_IDLE_WORKERS: &str = "snakecage_tier_target_idle_workers";
+/// Workers of each `tier` being forked and warmed up.
+pub const TIER_SPAWNING_WORKERS: &str = "snakecage_tier_spawning_workers";
+/// Workers taken from each `tier` for a job or session, by the tier its imports picked
+/// (`routed`); the two differ when a fuller tier served because the routed one had no
+/// idle worker.
+pub const TIER_CHECKOUTS_TOTAL: &str = "snakecage_tier_checkouts_total";
+
 /// From asking the zygote for a worker to the worker saying Ready.
 pub const WORKER_SPAWN_DURATION_SECONDS: &str = "snakecage_worker_spawn_duration_seconds";
 /// Fork requests that failed before there was a worker.
@@ -96,6 +107,8 @@ pub mod label {
     pub const PYTHON_VERSION: &str = "python_version";
     pub const SANDBOX_LAYERS: &str = "sandbox_layers";
     pub const TENANT: &str = "tenant";
+    pub const TIER: &str = "tier";
+    pub const ROUTED: &str = "routed";
     pub const LAYER: &str = "layer";
     pub const OPERATION: &str = "operation";
     pub const TOOL: &str = "tool";
@@ -106,7 +119,7 @@ pub mod label {
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
 /// Every metric family name, for checks that nothing refers to a name that does not exist.
-pub const ALL: [&str; 35] = [
+pub const ALL: [&str; 39] = [
     TOOL_CALLS_TOTAL,
     TOOL_CALL_DURATION_SECONDS,
     EXECUTIONS_TOTAL,
@@ -120,6 +133,10 @@ pub const ALL: [&str; 35] = [
     POOL_TARGET_SIZE,
     POOL_QUEUE_DEPTH,
     POOL_QUEUE_CAPACITY,
+    TIER_IDLE_WORKERS,
+    TIER_TARGET_IDLE_WORKERS,
+    TIER_SPAWNING_WORKERS,
+    TIER_CHECKOUTS_TOTAL,
     WORKER_SPAWN_DURATION_SECONDS,
     WORKER_SPAWN_FAILURES_TOTAL,
     WORKERS_KILLED_TOTAL,

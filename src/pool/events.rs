@@ -21,6 +21,11 @@ pub trait PoolEvents: Send + Sync + 'static {
     fn worker_killed(&self, reason: KillReason);
     /// A dead zygote was replaced.
     fn zygote_restarted(&self);
+    /// A worker of tier `tier` was taken for a job or session routed to tier `routed`
+    /// (a fuller tier serves when the routed one has no idle worker).
+    fn checked_out(&self, tier: &str, routed: &str) {
+        let _ = (tier, routed);
+    }
 }
 
 /// Ignores every event.

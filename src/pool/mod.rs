@@ -6,16 +6,35 @@
 //! - [`capture`]: bounded output buffers.
 //! - [`session`]: a worker kept for a session (run, reset, inspect).
 //! - [`events`]: what the pool reports as it works (for the metrics).
+//! - [`checkout`]: what callers hold (a checked-out worker, a slot, a finished run).
+//! - [`status`]: counters and the snapshot `/health` and the metrics read.
+//! - `tier`: one zygote with its idle workers; `tiers`: routing jobs to tiers and the
+//!   idle targets; `idle`: one tier's idle set; `slots`: the execution slots and the FIFO
+//!   queue; `refill`: forking ahead of demand; `keeper`: starting and restarting zygotes;
+//!   `fd`: pipes and fds on the supervisor's side.
 //! - [`root`]: the workspace root this instance owns (locked), recreated if it vanishes.
 //! - [`toolcalls`]: tool calls answered while a job runs (Code Mode).
 //!
-//! `size` is both the number of jobs that run at once and the number of idle workers kept
-//! ready, so the next job after a finished one starts on a warm worker at once. A request
-//! takes a slot and an idle worker (waiting in a bounded FIFO queue when all slots are
-//! busy), runs one job and drops the worker: a worker is never reused.
-//! A background task refills the pool off the request path; another restarts the zygote
-//! when it dies. Idle workers of a dead zygote died with it and are skipped.
-//! When workers cannot be started (spawns keep failing with the zygote alive, or the zygote
+//! **Tiers.** The pool runs one zygote per configured tier (`[tiers]`: e.g. `bare`,
+//! `scientific` with numpy and pandas, `plotting` with matplotlib too), each with its own
+//! idle workers. A job goes to the lightest tier whose preloads cover the modules its code
+//! imports, read statically ([`crate::imports`]); when that tier has no idle worker a
+//! fuller tier's serves it. Any code runs correctly on any tier (a module that is not
+//! preloaded is imported when the job asks for it, just slower), so an import the scanner
+//! cannot see (`__import__`, `importlib`) only costs time. Jobs given as an entrypoint
+//! file go to the fullest tier, sessions to `tiers.session` (by default the fullest:
+//! their later runs may import anything).
+//!
+//! **`size`** is the number of jobs that run at once (over all tiers), and the number of
+//! idle workers kept ready on top of `tiers.min_idle` per tier: every tier keeps its
+//! floor, and the `size` others are split over the tiers by an EWMA of recent demand, so
+//! the next jobs of the current traffic mix start on warm workers of the right tier.
+//! A request takes a slot and an idle worker (waiting in a bounded FIFO queue when all
+//! slots are busy), runs one job and drops the worker: a worker is never reused.
+//! A background task refills the tiers off the request path (and retires idle workers a
+//! tier no longer needs); another per tier restarts its zygote when it dies. Idle workers
+//! of a dead zygote died with it and are skipped.
+//! When workers cannot be started (spawns keep failing with the zygote alive, or a zygote
 //! cannot be restarted) the pool says so ([`Pool::spawn_trouble`]) and a request waiting for
 //! a worker is refused at once ([`PoolError::NoWorkers`]) instead of waiting for nothing; the
 //! next worker that starts clears it.
@@ -27,76 +46,51 @@
 //! a slot to flow through however many sessions are busy.
 
 pub mod capture;
+pub mod checkout;
 pub mod events;
+mod fd;
+mod idle;
+mod keeper;
+mod refill;
 pub mod root;
 pub mod run;
 pub mod session;
+mod slots;
+pub mod status;
+mod tier;
+mod tiers;
 pub mod toolcalls;
 pub mod worker;
 pub mod zygote;
 
-use std::collections::VecDeque;
-use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-use snakecage_worker::protocol::{Job, Layer, LayerState, WorkerMessage, ZygoteConfig, ZygoteInfo};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
+use snakecage_worker::protocol::{Job, Layer, ZygoteInfo};
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use self::checkout::{AbandonGuard, BusyGuard};
+pub use self::checkout::{Checkout, Finished, NoStaging, SessionSlot, Stager};
 use self::events::{KillReason, NoEvents, PoolEvents, Rejection};
+use self::idle::{IdleSet, Taken};
+pub use self::keeper::check_required;
 use self::root::WorkspaceRoot;
 use self::run::{OutputChunk, RunError, RunLimits, RunOutcome};
 use self::session::SessionWorker;
-use self::worker::{JobChannel, Worker, Workspace};
-
-/// Fills a fresh worker's workspace before its job is sent (staging input files). Called
-/// again, on another worker, when the first one was lost before it took the job.
-pub trait Stager: Sync {
-    type Staged: Send;
-    type Error: From<PoolError> + Send;
-
-    fn stage(
-        &self,
-        workspace: &std::path::Path,
-    ) -> impl std::future::Future<Output = Result<Self::Staged, Self::Error>> + Send;
-}
-
-/// Stages nothing.
-pub struct NoStaging;
-
-impl Stager for NoStaging {
-    type Staged = ();
-    type Error = PoolError;
-
-    async fn stage(&self, _: &std::path::Path) -> Result<(), PoolError> {
-        Ok(())
-    }
-}
-
-/// A finished run: its outcome, what staging returned, and its workspace, which the
-/// caller may scan. The worker is dead; the execution slot stays taken and the workspace
-/// stays on disk until this is dropped.
-pub struct Finished<S> {
-    pub outcome: RunOutcome,
-    pub staged: S,
-    workspace: Option<Workspace>,
-    _slot: OwnedSemaphorePermit,
-    _busy: BusyGuard,
-}
-
-impl<S> Finished<S> {
-    pub fn workspace_path(&self) -> Option<&std::path::Path> {
-        self.workspace.as_ref().map(|w| w.path.as_path())
-    }
-}
-use self::zygote::{ZygoteError, ZygoteHandle};
+use self::slots::Slots;
+pub use self::status::{PoolCounters, PoolStatus, TierStatus, ZygoteStatus};
+use self::tier::Tier;
+pub use self::tier::TierSettings;
+use self::tiers::TierTable;
+use self::worker::Worker;
+use self::zygote::ZygoteError;
 
 #[derive(Debug, Clone)]
 pub struct PoolSettings {
+    /// Jobs that run at once; also the idle workers spread over the tiers by demand.
     pub size: usize,
     pub queue_length: usize,
     pub queue_timeout: Duration,
@@ -104,7 +98,12 @@ pub struct PoolSettings {
     pub worker_binary: PathBuf,
     /// Parent of the per-worker workspaces; created at start, removed at shutdown.
     pub workspace_root: PathBuf,
-    pub zygote: ZygoteConfig,
+    /// The tiers, lightest first; at least one.
+    pub tiers: Vec<TierSettings>,
+    /// The index in `tiers` of the tier sessions start on.
+    pub session_tier: usize,
+    /// Idle workers each tier keeps however little demand it sees.
+    pub min_idle: usize,
     /// Sandbox layers that must be active; a zygote without one of them is not used.
     pub require: Vec<Layer>,
 }
@@ -133,60 +132,8 @@ pub enum PoolError {
     },
 }
 
-#[derive(Debug, thiserror::Error)]
-enum SpawnError {
-    #[error("workspace: {0}")]
-    Io(#[from] std::io::Error),
-    #[error(transparent)]
-    Zygote(#[from] ZygoteError),
-    #[error("worker {pid} did not become ready: {reason}")]
-    NotReady { pid: i32, reason: String },
-}
-
-/// Counters kept by the pool; `/health` and the metrics read them.
-#[derive(Debug, Default)]
-pub struct PoolCounters {
-    pub workers_spawned: AtomicU64,
-    pub spawn_failures: AtomicU64,
-    pub zygote_restarts: AtomicU64,
-    pub workers_lost: AtomicU64,
-    /// Spawn failures since the last worker that started; 0 when spawning works.
-    pub consecutive_spawn_failures: AtomicU64,
-    /// Why the last spawn failed, and since when spawning has failed without a success,
-    /// until a worker starts again.
-    pub last_spawn_error: Mutex<Option<(String, Instant)>>,
-}
-
-/// The pool says it cannot start workers (`/ready` is 503, requests waiting for a worker
-/// get 503 at once) after this many spawn failures in a row with the zygote alive, and no
-/// success for [`FAILING_FOR`]: a worker killed while it started, or a workspace removed
-/// once, is not an outage.
-const FAILING_AFTER: u64 = 2;
-const FAILING_FOR: Duration = Duration::from_secs(1);
-
-#[derive(Debug, Clone, Serialize)]
-pub struct PoolStatus {
-    pub target_size: usize,
-    pub idle: usize,
-    pub busy: usize,
-    pub spawning: usize,
-    pub queue_depth: usize,
-    pub queue_length: usize,
-    pub zygote: Option<ZygoteStatus>,
-    pub workers_spawned: u64,
-    pub spawn_failures: u64,
-    pub zygote_restarts: u64,
-    /// Why workers cannot be started, while they cannot.
-    pub last_spawn_error: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ZygoteStatus {
-    pub pid: i32,
-    pub generation: u64,
-    pub alive: bool,
-    pub python_version: String,
-}
+/// Code longer than this is scanned for its imports on a blocking thread.
+const SCAN_OFF_THREAD_BYTES: usize = 256 << 10;
 
 #[derive(Clone)]
 pub struct Pool {
@@ -196,18 +143,9 @@ pub struct Pool {
 struct Inner {
     settings: PoolSettings,
     root: WorkspaceRoot,
-    zygote: RwLock<Arc<ZygoteHandle>>,
-    idle: Mutex<VecDeque<Worker>>,
-    /// One permit per concurrent execution: `size` jobs run at once, the rest queue.
-    slots: Arc<Semaphore>,
-    /// The share of `slots` session runs may hold at once: `max(1, size − 1)`.
-    session_share: Arc<Semaphore>,
-    /// One permit per idle worker (possibly more, after stale workers were purged: a taker
-    /// that finds the deque empty simply waits again).
-    available: Semaphore,
-    waiting: AtomicUsize,
-    busy: AtomicUsize,
-    spawning: AtomicUsize,
+    tiers: Vec<Tier>,
+    table: TierTable,
+    slots: Slots,
     next_worker_id: AtomicU64,
     refill: Notify,
     shutdown: CancellationToken,
@@ -216,7 +154,8 @@ struct Inner {
 }
 
 impl Pool {
-    /// Starts the zygote (waiting for it to be ready), then the refill and restart tasks.
+    /// Starts every tier's zygote (waiting for them to be ready), then the refill and
+    /// restart tasks.
     pub async fn start(settings: PoolSettings) -> Result<Self, PoolError> {
         Self::start_observed(settings, Arc::new(NoEvents)).await
     }
@@ -233,65 +172,110 @@ impl Pool {
             }
         })?;
         settings.workspace_root = root.path().to_path_buf();
-        let zygote = ZygoteHandle::start(
-            &settings.worker_binary,
-            &settings.zygote,
-            0,
-            settings.spawn_timeout * 4,
+        assert!(!settings.tiers.is_empty(), "a pool needs at least one tier");
+        let started = futures_util::future::join_all(
+            settings
+                .tiers
+                .iter()
+                .map(|tier| keeper::start_zygote(&settings, &tier.zygote, 0)),
         )
-        .await?;
-        if let Err(e) = check_required(&zygote.info, &settings.require) {
-            zygote.shutdown(Duration::from_secs(5)).await;
-            return Err(PoolError::SandboxRequired(e));
+        .await;
+        let mut zygotes = Vec::new();
+        let mut failure = None;
+        for result in started {
+            match result {
+                Ok(zygote) => zygotes.push(zygote),
+                Err(e) => failure = failure.or(Some(e)),
+            }
         }
-        let size = settings.size;
+        if let Some(e) = failure {
+            for zygote in zygotes {
+                zygote.shutdown(Duration::from_secs(5)).await;
+            }
+            return Err(e);
+        }
+        let preloads: Vec<Vec<String>> = settings
+            .tiers
+            .iter()
+            .map(|t| t.zygote.preload.clone())
+            .collect();
+        let session_tier = settings.session_tier.min(settings.tiers.len() - 1);
+        let table = TierTable::new(&preloads, session_tier, settings.min_idle, settings.size);
+        let targets = table.targets();
+        let tiers = settings
+            .tiers
+            .iter()
+            .cloned()
+            .zip(zygotes)
+            .zip(targets)
+            .map(|((tier, zygote), target)| Tier::new(tier, zygote, target))
+            .collect();
+        let shutdown = CancellationToken::new();
         let inner = Arc::new(Inner {
+            tiers,
+            table,
+            slots: Slots::new(
+                settings.size,
+                settings.queue_length,
+                settings.queue_timeout,
+                shutdown.clone(),
+            ),
             settings,
             root,
-            zygote: RwLock::new(zygote),
-            idle: Mutex::new(VecDeque::new()),
-            slots: Arc::new(Semaphore::new(size)),
-            session_share: Arc::new(Semaphore::new(size.saturating_sub(1).max(1))),
-            available: Semaphore::new(0),
-            waiting: AtomicUsize::new(0),
-            busy: AtomicUsize::new(0),
-            spawning: AtomicUsize::new(0),
             next_worker_id: AtomicU64::new(1),
             refill: Notify::new(),
-            shutdown: CancellationToken::new(),
+            shutdown,
             counters: PoolCounters::default(),
             events,
         });
-        tokio::spawn(refill_loop(inner.clone()));
-        tokio::spawn(zygote_keeper(inner.clone()));
+        tokio::spawn(refill::refill_loop(inner.clone()));
+        for index in 0..inner.tiers.len() {
+            tokio::spawn(keeper::zygote_keeper(inner.clone(), index));
+        }
         Ok(Self { inner })
     }
 
+    /// What the session tier's zygote (by default the fullest) reported at start-up.
     pub fn zygote_info(&self) -> ZygoteInfo {
-        self.inner.current_zygote().info.clone()
+        self.inner.tiers[self.inner.table.session]
+            .current_zygote()
+            .info
+            .clone()
+    }
+
+    /// The tiers' names, lightest first (the closed label set of the tier metrics).
+    pub fn tier_names(&self) -> Vec<String> {
+        self.inner.tiers.iter().map(|t| t.name.clone()).collect()
     }
 
     pub fn counters(&self) -> &PoolCounters {
         &self.inner.counters
     }
 
-    /// Takes an execution slot and an idle worker, waiting in the FIFO queue when all
-    /// `size` slots are busy (or, briefly, when the refill has not caught up).
+    /// Takes an execution slot and an idle worker of the fullest tier (the code to run is
+    /// not known), waiting in the FIFO queue when all `size` slots are busy (or, briefly,
+    /// when the refill has not caught up).
     pub async fn acquire(&self) -> Result<Checkout, PoolError> {
+        self.acquire_on(self.inner.tiers.len() - 1).await
+    }
+
+    /// [`Pool::acquire`] for a job routed to tier `routed`.
+    async fn acquire_on(&self, routed: usize) -> Result<Checkout, PoolError> {
         let started = Instant::now();
-        let result = self.checkout().await;
+        let result = self.checkout(routed).await;
         self.inner.observe_wait(started, &result);
         result
     }
 
-    async fn checkout(&self) -> Result<Checkout, PoolError> {
-        let deadline = tokio::time::Instant::now() + self.inner.settings.queue_timeout;
-        let slot = self.inner.acquire_slot(&self.inner.slots, deadline).await?;
-        let worker = self.inner.take_idle(deadline).await?;
+    async fn checkout(&self, routed: usize) -> Result<Checkout, PoolError> {
+        let inner = &self.inner;
+        let deadline = inner.slots.deadline();
+        let slot = inner.slots.acquire(&inner.slots.all, deadline).await?;
+        let worker = inner.take_idle(routed, deadline).await?;
         Ok(Checkout {
             worker,
             _slot: slot,
-            _busy: BusyGuard::new(self.inner.clone()),
+            _busy: BusyGuard::new(inner.clone()),
         })
     }
 
@@ -305,14 +289,14 @@ impl Pool {
     }
 
     async fn session_checkout(&self) -> Result<SessionSlot, PoolError> {
-        let inner = &self.inner;
-        let deadline = tokio::time::Instant::now() + inner.settings.queue_timeout;
-        let share = inner.acquire_slot(&inner.session_share, deadline).await?;
-        let slot = inner.acquire_slot(&inner.slots, deadline).await?;
+        let slots = &self.inner.slots;
+        let deadline = slots.deadline();
+        let share = slots.acquire(&slots.session_share, deadline).await?;
+        let slot = slots.acquire(&slots.all, deadline).await?;
         Ok(SessionSlot {
             _share: share,
             _slot: slot,
-            _busy: BusyGuard::new(inner.clone()),
+            _busy: BusyGuard::new(self.inner.clone()),
         })
     }
 
@@ -321,8 +305,11 @@ impl Pool {
     pub async fn start_session_worker(&self) -> Result<SessionWorker, PoolError> {
         let mut last_error = String::new();
         for _ in 0..3 {
-            let deadline = tokio::time::Instant::now() + self.inner.settings.queue_timeout;
-            let worker = self.inner.take_idle(deadline).await?;
+            let deadline = self.inner.slots.deadline();
+            let worker = self
+                .inner
+                .take_idle(self.inner.table.session, deadline)
+                .await?;
             if !worker.workspace_path().is_dir() {
                 // Its workspace was removed while it was idle: the refill replaces it.
                 self.inner.events.worker_killed(KillReason::LostIdle);
@@ -364,13 +351,22 @@ impl Pool {
         chunks: Option<mpsc::Sender<OutputChunk>>,
         stager: &S,
     ) -> Result<Finished<S::Staged>, S::Error> {
+        let routed = if job.code.len() > SCAN_OFF_THREAD_BYTES {
+            let inner = self.inner.clone();
+            let code = job.clone();
+            tokio::task::spawn_blocking(move || inner.route(&code))
+                .await
+                .unwrap_or(self.inner.tiers.len() - 1)
+        } else {
+            self.inner.route(&job)
+        };
         let mut last_error = String::new();
         for _ in 0..3 {
             let Checkout {
                 mut worker,
                 _slot,
                 _busy,
-            } = self.acquire().await?;
+            } = self.acquire_on(routed).await?;
             if !worker.workspace_path().is_dir() {
                 // Its workspace was removed while it was idle: it could not run the job.
                 self.inner
@@ -381,7 +377,7 @@ impl Pool {
                 last_error = "the worker's workspace was removed".into();
                 continue;
             }
-            let abandoned = AbandonGuard(Some(&*self.inner.events));
+            let abandoned = AbandonGuard::new(&*self.inner.events);
             // A staging failure drops the checkout: the worker is killed, no code ran.
             let staged = match stager.stage(worker.workspace_path()).await {
                 Ok(staged) => staged,
@@ -422,154 +418,111 @@ impl Pool {
 
     pub fn status(&self) -> PoolStatus {
         let inner = &self.inner;
-        let zygote = inner.current_zygote();
+        let tiers: Vec<TierStatus> = inner.tiers.iter().map(Tier::status).collect();
+        let session = &tiers[inner.table.session];
+        let zygote = session.zygote.clone().map(|z| ZygoteStatus {
+            alive: tiers
+                .iter()
+                .all(|t| t.zygote.as_ref().is_some_and(|z| z.alive)),
+            ..z
+        });
         PoolStatus {
             target_size: inner.settings.size,
-            idle: inner.idle.lock().expect("idle lock").len(),
-            busy: inner.busy.load(Ordering::Relaxed),
-            spawning: inner.spawning.load(Ordering::Relaxed),
-            queue_depth: inner.waiting.load(Ordering::Relaxed),
+            idle: tiers.iter().map(|t| t.idle).sum(),
+            busy: inner.slots.busy.load(Ordering::Relaxed),
+            spawning: tiers.iter().map(|t| t.spawning).sum(),
+            queue_depth: inner.slots.waiting.load(Ordering::Relaxed),
             queue_length: inner.settings.queue_length,
-            zygote: Some(ZygoteStatus {
-                pid: zygote.info.pid,
-                generation: zygote.generation,
-                alive: zygote.is_alive(),
-                python_version: zygote.info.python_version.clone(),
-            }),
+            zygote,
             workers_spawned: inner.counters.workers_spawned.load(Ordering::Relaxed),
             spawn_failures: inner.counters.spawn_failures.load(Ordering::Relaxed),
             zygote_restarts: inner.counters.zygote_restarts.load(Ordering::Relaxed),
-            last_spawn_error: inner.spawn_trouble(),
+            last_spawn_error: inner.counters.spawn_trouble(),
+            tiers,
         }
     }
 
     /// Why workers cannot be started now, if they cannot (see [`PoolStatus`]).
     pub fn spawn_trouble(&self) -> Option<String> {
-        self.inner.spawn_trouble()
+        self.inner.counters.spawn_trouble()
     }
 
-    /// Stops refilling, kills every idle worker, then the zygote (which kills and reaps
+    /// Stops refilling, kills every idle worker, then the zygotes (which kill and reap
     /// whatever is left), and removes the workspaces.
     pub async fn shutdown(&self) {
         let inner = &self.inner;
         inner.shutdown.cancel();
-        inner.available.close();
         inner.slots.close();
-        inner.session_share.close();
-        inner.idle.lock().expect("idle lock").clear();
-        inner
-            .current_zygote()
-            .shutdown(Duration::from_secs(5))
-            .await;
+        for tier in &inner.tiers {
+            tier.idle.close();
+            drop(tier.idle.drain());
+        }
+        let zygotes = inner.tiers.iter().map(|tier| async move {
+            tier.current_zygote().shutdown(Duration::from_secs(5)).await;
+        });
+        futures_util::future::join_all(zygotes).await;
         inner.root.remove();
     }
 }
 
 impl Inner {
-    fn current_zygote(&self) -> Arc<ZygoteHandle> {
-        self.zygote.read().expect("zygote lock").clone()
+    /// The tier a job goes to, from the modules its code imports.
+    fn route(&self, job: &Job) -> usize {
+        let code = job.entrypoint.is_none().then_some(job.code.as_str());
+        self.table.route(code)
     }
 
-    /// Records a failed attempt to start a worker (or the zygote).
-    fn spawn_failed(&self, error: String) {
-        let mut last = self
-            .counters
-            .last_spawn_error
-            .lock()
-            .expect("spawn error lock");
-        let since = last.as_ref().map_or_else(Instant::now, |(_, since)| *since);
-        *last = Some((error, since));
-        self.counters
-            .consecutive_spawn_failures
-            .fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// A worker (or the zygote) started: whatever failed before is over.
-    fn spawn_succeeded(&self) {
-        let failures = self
-            .counters
-            .consecutive_spawn_failures
-            .swap(0, Ordering::AcqRel);
-        if failures >= FAILING_AFTER {
-            tracing::info!(failures, "workers start again");
-        }
-        *self
-            .counters
-            .last_spawn_error
-            .lock()
-            .expect("spawn error lock") = None;
-    }
-
-    /// The last spawn error, once spawning has failed [`FAILING_AFTER`] times in a row.
-    fn spawn_trouble(&self) -> Option<String> {
-        let failures = self
-            .counters
-            .consecutive_spawn_failures
-            .load(Ordering::Acquire);
-        if failures < FAILING_AFTER {
-            return None;
-        }
-        let last = self
-            .counters
-            .last_spawn_error
-            .lock()
-            .expect("spawn error lock");
-        match &*last {
-            Some((error, since)) if since.elapsed() >= FAILING_FOR => Some(error.clone()),
-            _ => None,
-        }
-    }
-
-    /// A permit of `sem`, at once or after waiting in the bounded queue until `deadline`.
-    async fn acquire_slot(
+    /// An idle worker for a job routed to tier `routed`: of that tier, else of a fuller
+    /// one, waiting (until `deadline`) for the refill when none has one. Counts the demand.
+    async fn take_idle(
         &self,
-        sem: &Arc<Semaphore>,
+        routed: usize,
         deadline: tokio::time::Instant,
-    ) -> Result<OwnedSemaphorePermit, PoolError> {
-        if self.shutdown.is_cancelled() {
-            return Err(PoolError::ShuttingDown);
-        }
-        match sem.clone().try_acquire_owned() {
-            Ok(slot) => Ok(slot),
-            Err(_) => {
-                if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.settings.queue_length {
-                    self.waiting.fetch_sub(1, Ordering::AcqRel);
-                    return Err(PoolError::QueueFull);
-                }
-                let _waiting = WaitingGuard(&self.waiting);
-                self.wait(sem.clone().acquire_owned(), deadline).await
+    ) -> Result<Worker, PoolError> {
+        if let Some(targets) = self.table.record(routed) {
+            for (tier, target) in self.tiers.iter().zip(targets) {
+                tier.target.store(target, Ordering::Release);
             }
+            self.refill.notify_one();
         }
-    }
-
-    /// An idle worker of the current zygote, waiting (until `deadline`) for the refill.
-    async fn take_idle(&self, deadline: tokio::time::Instant) -> Result<Worker, PoolError> {
+        let candidates = self.table.candidates(routed);
+        let sets: Vec<&IdleSet> = candidates.iter().map(|&i| &self.tiers[i].idle).collect();
         loop {
-            let permit = match self.available.try_acquire() {
-                Ok(permit) => permit,
-                Err(_) => {
-                    self.waiting.fetch_add(1, Ordering::AcqRel);
-                    let _waiting = WaitingGuard(&self.waiting);
-                    let acquire = self.wait(self.available.acquire(), deadline);
-                    tokio::pin!(acquire);
+            let (index, taken) = match sets
+                .iter()
+                .enumerate()
+                .find_map(|(i, set)| set.try_take().map(|taken| (i, taken)))
+            {
+                Some(found) => found,
+                None => {
+                    let _waiting = self.slots.waiting();
+                    // A tier whose target is 0 still gets a worker for a job that waits.
+                    let _wanted = self.tiers[routed].want();
+                    self.refill.notify_one();
+                    let take = self.slots.wait(IdleSet::take_any(&sets), deadline);
+                    tokio::pin!(take);
                     // Waiting for a worker that cannot be started would only end in a
                     // timeout: answer at once that the service is degraded.
                     loop {
-                        if let Some(why) = self.spawn_trouble() {
+                        if let Some(why) = self.counters.spawn_trouble() {
                             return Err(PoolError::NoWorkers(why));
                         }
                         tokio::select! {
-                            got = &mut acquire => break got?,
+                            got = &mut take => break got?,
                             () = tokio::time::sleep(Duration::from_millis(100)) => {}
                         }
                     }
                 }
             };
-            permit.forget();
-            let taken = self.idle.lock().expect("idle lock").pop_front();
             self.refill.notify_one();
-            let Some(mut worker) = taken else { continue };
-            if worker.generation == self.current_zygote().generation && worker.is_alive() {
+            let Taken::Worker(mut worker) = taken else {
+                continue;
+            };
+            let tier = &self.tiers[candidates[index]];
+            if worker.generation == tier.current_zygote().generation && worker.is_alive() {
+                tier.checkouts.fetch_add(1, Ordering::Relaxed);
+                self.events
+                    .checked_out(&tier.name, &self.tiers[routed].name);
                 return Ok(worker);
             }
             // Died with its zygote while idle: skip it, the refill replaces it.
@@ -589,334 +542,5 @@ impl Inner {
             Err(PoolError::ShuttingDown) => self.events.rejected(Rejection::ShuttingDown),
             Err(_) => {}
         }
-    }
-
-    /// Awaits `fut` (a semaphore acquire) until `deadline`, or until shutdown.
-    async fn wait<P, E>(
-        &self,
-        fut: impl std::future::Future<Output = Result<P, E>>,
-        deadline: tokio::time::Instant,
-    ) -> Result<P, PoolError> {
-        tokio::select! {
-            got = tokio::time::timeout_at(deadline, fut) => match got {
-                Ok(Ok(permit)) => Ok(permit),
-                Ok(Err(_closed)) => Err(PoolError::ShuttingDown),
-                Err(_elapsed) => Err(PoolError::QueueTimeout(self.settings.queue_timeout)),
-            },
-            () = self.shutdown.cancelled() => Err(PoolError::ShuttingDown),
-        }
-    }
-}
-
-/// A worker checked out for one job, with the execution slot it occupies. Dropping it
-/// (after the run, or when the request is abandoned) kills the worker and frees the slot.
-pub struct Checkout {
-    pub worker: Worker,
-    _slot: OwnedSemaphorePermit,
-    _busy: BusyGuard,
-}
-
-/// The execution slot of one session run; dropping it frees the slot.
-pub struct SessionSlot {
-    _share: OwnedSemaphorePermit,
-    _slot: OwnedSemaphorePermit,
-    _busy: BusyGuard,
-}
-
-struct BusyGuard(Arc<Inner>);
-
-impl BusyGuard {
-    fn new(inner: Arc<Inner>) -> Self {
-        inner.busy.fetch_add(1, Ordering::Relaxed);
-        Self(inner)
-    }
-}
-
-impl Drop for BusyGuard {
-    fn drop(&mut self) {
-        self.0.busy.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Reports an abandoned job when a request is dropped (its client went away) while its
-/// worker is staged or running; the dropped checkout kills the worker.
-struct AbandonGuard<'a>(Option<&'a dyn PoolEvents>);
-
-impl AbandonGuard<'_> {
-    fn defuse(mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for AbandonGuard<'_> {
-    fn drop(&mut self) {
-        if let Some(events) = self.0 {
-            events.worker_killed(KillReason::Abandoned);
-        }
-    }
-}
-
-struct WaitingGuard<'a>(&'a AtomicUsize);
-
-impl Drop for WaitingGuard<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Keeps `idle + spawning == size`, spawning concurrently; woken whenever a worker is
-/// taken, a spawn ends or the zygote is replaced.
-async fn refill_loop(inner: Arc<Inner>) {
-    loop {
-        let zygote = inner.current_zygote();
-        if zygote.is_alive() {
-            let idle = inner.idle.lock().expect("idle lock").len();
-            let spawning = inner.spawning.load(Ordering::Acquire);
-            for _ in 0..inner.settings.size.saturating_sub(idle + spawning) {
-                inner.spawning.fetch_add(1, Ordering::AcqRel);
-                tokio::spawn(spawn_one(inner.clone(), zygote.clone()));
-            }
-        }
-        tokio::select! {
-            () = inner.refill.notified() => {}
-            () = inner.shutdown.cancelled() => return,
-        }
-    }
-}
-
-async fn spawn_one(inner: Arc<Inner>, zygote: Arc<ZygoteHandle>) {
-    let started = Instant::now();
-    let spawned = spawn_worker(&inner, &zygote).await;
-    match &spawned {
-        Ok(_) => inner.events.worker_spawned(started.elapsed()),
-        Err(SpawnError::NotReady { .. }) => inner.events.worker_killed(KillReason::NotReady),
-        Err(_) => inner.events.spawn_failed(),
-    }
-    match spawned {
-        Ok(worker) => {
-            inner
-                .counters
-                .workers_spawned
-                .fetch_add(1, Ordering::Relaxed);
-            inner.spawn_succeeded();
-            if !inner.shutdown.is_cancelled() {
-                inner.idle.lock().expect("idle lock").push_back(worker);
-                inner.available.add_permits(1);
-            }
-        }
-        Err(e) => {
-            inner
-                .counters
-                .spawn_failures
-                .fetch_add(1, Ordering::Relaxed);
-            if zygote.is_alive() && !inner.shutdown.is_cancelled() {
-                tracing::error!(error = %e, "could not start a worker");
-                // A worker of a zygote that is being replaced says nothing about the next.
-                if zygote.generation == inner.current_zygote().generation {
-                    inner.spawn_failed(e.to_string());
-                }
-                // Do not spin on a failure that repeats (a broken sandbox layer, say).
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-        }
-    }
-    inner.spawning.fetch_sub(1, Ordering::AcqRel);
-    inner.refill.notify_one();
-}
-
-async fn spawn_worker(inner: &Inner, zygote: &ZygoteHandle) -> Result<Worker, SpawnError> {
-    let id = inner.next_worker_id.fetch_add(1, Ordering::Relaxed);
-    let owner = workspace_owner(inner, zygote);
-    let root = &inner.settings.workspace_root;
-    let (workspace, workspace_fd) = match Workspace::create(root, id, owner) {
-        Ok(created) => created,
-        // The root was removed under us (by hand, by another program): recreate it.
-        Err(_) if inner.root.ensure()? => Workspace::create(root, id, owner)?,
-        Err(e) => return Err(e.into()),
-    };
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
-    ours.set_nonblocking(true)?;
-    let (stdout_r, stdout_w) = nonblocking_read_pipe()?;
-    let (stderr_r, stderr_w) = nonblocking_read_pipe()?;
-    let fds = [OwnedFd::from(theirs), stdout_w, stderr_w, workspace_fd];
-    let forked = zygote.fork(id, fds).await?;
-    let pid = forked.pid;
-    let channel = JobChannel::new(tokio::net::UnixStream::from_std(ours)?);
-    let mut worker = Worker::new(
-        id,
-        zygote.generation,
-        forked,
-        channel,
-        stdout_r,
-        stderr_r,
-        workspace,
-    )?;
-    let reason =
-        match tokio::time::timeout(inner.settings.spawn_timeout, worker.channel.recv()).await {
-            Ok(Ok(Some(WorkerMessage::Ready))) => return Ok(worker),
-            Ok(Ok(Some(other))) => format!("sent {other:?} instead of ready"),
-            Ok(Ok(None)) => {
-                let status = worker.exit_status(Duration::from_secs(1)).await;
-                format!("exited ({status:?}): {}", read_available(&worker.stderr))
-            }
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => format!("not ready after {:?}", inner.settings.spawn_timeout),
-        };
-    Err(SpawnError::NotReady { pid, reason })
-}
-
-/// A pipe whose read end (ours) is non-blocking and whose write end (the worker's) blocks.
-fn nonblocking_read_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    let flags = nix::fcntl::fcntl(&r, nix::fcntl::FcntlArg::F_GETFL)?;
-    let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
-    nix::fcntl::fcntl(&r, nix::fcntl::FcntlArg::F_SETFL(flags))?;
-    Ok((r, w))
-}
-
-/// What a dead worker left in its stderr pipe (why it failed to start), bounded.
-fn read_available(fd: &tokio::io::unix::AsyncFd<OwnedFd>) -> String {
-    let mut buf = vec![0u8; 4096];
-    let n = worker::read_pipe(fd, &mut buf).unwrap_or(0);
-    String::from_utf8_lossy(&buf[..n]).trim().to_owned()
-}
-
-/// The uid and gid a new worker's workspace belongs to: the sandbox ids when workers drop
-/// to them, else none (the workspace stays ours, which is also the workers' uid).
-fn workspace_owner(inner: &Inner, zygote: &ZygoteHandle) -> Option<(u32, u32)> {
-    let drops = zygote
-        .info
-        .sandbox
-        .iter()
-        .any(|r| r.layer == Layer::DropPrivileges && r.state == LayerState::Active);
-    let sandbox = &inner.settings.zygote.sandbox;
-    drops.then_some((sandbox.uid, sandbox.gid))
-}
-
-/// Ok when every layer in `require` is active in the zygote described by `info`.
-pub fn check_required(info: &ZygoteInfo, require: &[Layer]) -> Result<(), String> {
-    let missing: Vec<String> = require
-        .iter()
-        .filter_map(|layer| {
-            let report = info.sandbox.iter().find(|r| r.layer == *layer);
-            match report {
-                Some(r) if r.state == LayerState::Active => None,
-                Some(r) => Some(format!("{} is {:?}: {}", layer.as_str(), r.state, r.detail)),
-                None => Some(format!("{} was not reported", layer.as_str())),
-            }
-        })
-        .collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "sandbox.require names layers that are not active: {}",
-            missing.join("; ")
-        ))
-    }
-}
-
-/// Restarts the zygote whenever it dies, with backoff, and wakes the refill.
-async fn zygote_keeper(inner: Arc<Inner>) {
-    loop {
-        let current = inner.current_zygote();
-        tokio::select! {
-            () = current.died() => {}
-            () = inner.shutdown.cancelled() => return,
-        }
-        if inner.shutdown.is_cancelled() {
-            return;
-        }
-        tracing::error!(pid = current.info.pid, "the zygote died; restarting it");
-        // Its idle workers died with it.
-        let lost = std::mem::take(&mut *inner.idle.lock().expect("idle lock"));
-        for _ in &lost {
-            inner.events.worker_killed(KillReason::LostIdle);
-        }
-        drop(lost);
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            let s = &inner.settings;
-            let started = ZygoteHandle::start(
-                &s.worker_binary,
-                &s.zygote,
-                current.generation + 1,
-                s.spawn_timeout * 4,
-            );
-            tokio::select! {
-                result = started => match result {
-                    Ok(zygote) if check_required(&zygote.info, &s.require).is_err() => {
-                        let e = check_required(&zygote.info, &s.require).unwrap_err();
-                        tracing::error!(error = %e, "the restarted zygote is missing a required sandbox layer; retrying");
-                        zygote.shutdown(Duration::from_secs(5)).await;
-                    }
-                    Ok(zygote) => {
-                        *inner.zygote.write().expect("zygote lock") = zygote;
-                        inner.spawn_succeeded();
-                        inner.counters.zygote_restarts.fetch_add(1, Ordering::Relaxed);
-                        inner.events.zygote_restarted();
-                        inner.refill.notify_one();
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "restarting the zygote failed; retrying");
-                        inner.spawn_failed(format!("restarting the zygote failed: {e}"));
-                    }
-                },
-                () = inner.shutdown.cancelled() => return,
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use snakecage_worker::protocol::LayerReport;
-
-    use super::*;
-
-    fn info(layers: &[(Layer, LayerState)]) -> ZygoteInfo {
-        ZygoteInfo {
-            pid: 1,
-            python_version: "3.11.7".into(),
-            preloaded: Vec::new(),
-            preload_failures: Vec::new(),
-            sandbox: layers
-                .iter()
-                .map(|&(layer, state)| LayerReport {
-                    layer,
-                    state,
-                    detail: "why".into(),
-                })
-                .collect(),
-            packages: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn a_required_layer_that_is_not_active_fails_with_its_reason() {
-        let zygote = info(&[
-            (Layer::Seccomp, LayerState::Active),
-            (Layer::Landlock, LayerState::Unavailable),
-            (Layer::AuditHook, LayerState::Off),
-        ]);
-        assert_eq!(check_required(&zygote, &[]), Ok(()));
-        assert_eq!(check_required(&zygote, &[Layer::Seccomp]), Ok(()));
-        let err = check_required(
-            &zygote,
-            &[
-                Layer::Seccomp,
-                Layer::Landlock,
-                Layer::AuditHook,
-                Layer::NetworkNamespace,
-            ],
-        )
-        .unwrap_err();
-        assert!(err.contains("landlock is Unavailable: why"), "{err}");
-        assert!(err.contains("audit_hook is Off"), "{err}");
-        assert!(err.contains("network_namespace was not reported"), "{err}");
-        assert!(!err.contains("seccomp"), "{err}");
     }
 }

@@ -3,7 +3,7 @@
 //! never outlives its handle (no orphans; the zygote reaps it).
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use snakecage_worker::frame::{self, FrameDecoder, FrameError, MAX_FRAME_LEN};
@@ -13,6 +13,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::oneshot;
 
+use super::fd::async_fd;
+pub(super) use super::fd::read_pipe;
 use super::zygote::Forked;
 
 /// A forked, hardened, warmed-up worker.
@@ -230,19 +232,6 @@ impl Drop for Workspace {
             Err(_) => remove(),
         }
     }
-}
-
-/// Registers an fd with the tokio reactor.
-pub(super) fn async_fd(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
-    // SAFETY: an OwnedFd is a valid open fd and returns the same number for as long as it
-    // lives; the AsyncFd takes ownership of it, so it stays open while registered.
-    unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)
-}
-
-/// Non-blocking read from a pipe the supervisor owns.
-pub(super) fn read_pipe(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<usize> {
-    let n = nix::unistd::read(fd.get_ref().as_fd(), buf)?;
-    Ok(n)
 }
 
 #[cfg(test)]

@@ -123,7 +123,7 @@ impl ZygoteHandle {
         })?;
         drop(theirs);
         let stderr = child.stderr.take();
-        let sock = Arc::new(super::worker::async_fd(ours)?);
+        let sock = Arc::new(super::fd::async_fd(ours)?);
 
         // Forward the zygote's stderr (worker start-up errors, Python warnings) to our log.
         let stderr_tail = Arc::new(Mutex::new(String::new()));

@@ -591,13 +591,21 @@ fn os_layer_fixtures(bait: &HostBait, supervisor_pid: u32) -> Vec<Fixture> {
     fixtures
 }
 
+/// `tiers.profile` with one tier preloading everything the default tiers preload.
+const FULL_TIER_ONLY: &str =
+    r#"[{name = "full", preload = ["numpy", "pandas", "matplotlib", "matplotlib.pyplot"]}]"#;
+
 #[tokio::test]
 async fn hostile_programs_are_stopped_by_the_python_layer_with_exact_messages() {
     let bait = HostBait::new();
     let s = Server::start_with(
         Options::default()
             .env("SNAKECAGE_SANDBOX__REQUIRE", ALL_LAYERS)
-            .env("HOST_API_TOKEN", "supervisor-only"),
+            .env("HOST_API_TOKEN", "supervisor-only")
+            // One tier with everything preloaded: the gadgets below reach for modules
+            // (subprocess, socket, signal) that only a full zygote has in memory, so every
+            // fixture meets the most a worker can hold. A lighter tier holds a subset.
+            .env("SNAKECAGE_TIERS__PROFILE", FULL_TIER_ONLY),
     )
     .await;
     let health = s.health().await;

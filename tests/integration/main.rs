@@ -25,6 +25,7 @@ mod rich;
 mod s3_store;
 mod sessions;
 mod stream;
+mod tiers;
 mod timeouts;
 mod tools;
 mod tools_caller;

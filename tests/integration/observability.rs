@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use snakecage::metrics::names;
 
 use crate::harness::{Options, Server, repo_root};
+use crate::prom::promtool_check;
 
 const EXECUTIONS: &str = names::EXECUTIONS_TOTAL;
 
@@ -17,32 +18,6 @@ const ALL_LAYERS: &str = "audit_hook,drop_privileges,import_guard,landlock,mount
 
 fn stateless(outcome: &str) -> [(&'static str, &str); 2] {
     [("kind", "stateless"), ("outcome", outcome)]
-}
-
-/// Runs `promtool check metrics` on `text`; panics with its report when it objects.
-fn promtool_check(text: &str) {
-    use std::io::Write;
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian package prometheus; scripts/test installs it)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
-        "promtool check metrics: {:?}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[tokio::test]

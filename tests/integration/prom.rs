@@ -1,6 +1,7 @@
 //! Reads the Prometheus text format that `/metrics` serves, as a scraper would.
 
 use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
 
 use crate::harness::Server;
 
@@ -122,6 +123,32 @@ impl Server {
         );
         Scrape::parse(&resp.text().await.unwrap())
     }
+}
+
+/// Runs `promtool check metrics` on `text`; panics with its report when it objects.
+pub fn promtool_check(text: &str) {
+    use std::io::Write;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; scripts/test installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {:?}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

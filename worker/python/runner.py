@@ -2,7 +2,8 @@
 
 The Rust zygote executes this file as the module ``_snakecage_runner`` (its
 code objects are named ``snakecage/runner.py``), calls ``warm_up()`` once,
-forks, calls ``prepare_child()`` in each child and then ``run(job)``, or
+forks, calls ``warm_up_child(sources)`` and ``prepare_child()`` in each child
+and then ``run(job)``, or
 ``Session()`` and its ``run(job)``, ``reset()`` and ``variables()`` for as long
 as the session lasts.  ``display.py`` (the module ``_snakecage_display``) is
 loaded first; it owns the rich outputs every result carries.
@@ -147,18 +148,23 @@ def _warm_up_rich_outputs():
         _display.end()
 
 
-def warm_up_child():
-    """Run one small job in a fresh child, so the copy-on-write faults of the common
-    path (compile, exec, display, print, flush) are paid before the real job.
+def warm_up_child(sources):
+    """Run a tier's warm-up jobs in a fresh child, so their copy-on-write faults,
+    cold caches and first-use costs are paid before the real job.
 
-    Unlike ``warm_up`` (the zygote's, thorough, paid once), this runs per worker,
-    so it is kept to the path nearly every job takes.
+    ``sources`` are the ``warmup_*.py`` files this tier's zygote was configured
+    with, each run through ``run`` like a request. Unlike ``warm_up`` (the
+    zygote's, thorough, paid once), this runs per worker, so each job is small.
+    Output is thrown away, figures are closed by the runner after rendering, and
+    the interpreter state a job touches is put back. A failing warm-up job only
+    costs the next request its first-use costs, so it is ignored.
     """
     saved = _save_interpreter_state()
     try:
         sys.stdout = io.StringIO()
         sys.stderr = io.StringIO()
-        run(_CHILD_WARM_UP_JOB)
+        for source in sources:
+            run({"code": source, "stdin": None, "last_line_interactive": True})
     finally:
         _restore_interpreter_state(saved)
 
@@ -728,12 +734,6 @@ def _install_site_builtins():
 # --------------------------------------------------------------------------
 # Warm-up
 
-
-_CHILD_WARM_UP_JOB = {
-    "code": "total = sum(i * i for i in range(10))\nprint(total)\ntotal\n",
-    "stdin": None,
-    "last_line_interactive": True,
-}
 
 _WARM_UP_JOBS = (
     {

@@ -107,12 +107,13 @@ fn harden(
     sandbox
         .harden_worker(workspace, zygote)
         .map_err(|(layer, e)| step_named(layer, e))?;
-    // 7. Python level: fresh RNG state; then pay this child's copy-on-write faults on the
-    //    common path with one small throwaway job, so the real job does not. The audit
-    //    hook and import guard are armed last, so neither the warm-up nor the runner's
-    //    set-up trips them.
-    runner.prepare_child()?;
+    // 7. Python level: pay this child's copy-on-write faults and first-use costs with
+    //    the tier's throwaway warm-up jobs, so the real job does not; then fresh RNG
+    //    state, after the warm-up so nothing it did can show in the job's numbers. The
+    //    audit hook and import guard are armed last, so neither the warm-up nor the
+    //    runner's set-up trips them.
     runner.warm_up_child()?;
+    runner.prepare_child()?;
     hooks::arm().map_err(step("arming the Python hooks"))?;
     Ok(())
 }

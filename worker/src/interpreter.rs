@@ -10,12 +10,26 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyModule};
 use snakecage_worker::protocol::{
-    ErrorInfo, Job, JobResult, MimeBundle, PackageInfo, PreloadedModule, Variable, ZygoteConfig,
+    ErrorInfo, Job, JobResult, MimeBundle, PackageInfo, PreloadedModule, Variable, WarmUp,
+    ZygoteConfig,
 };
 
 const RUNNER_SOURCE: &str = include_str!("../python/runner.py");
 const DISPLAY_SOURCE: &str = include_str!("../python/display.py");
 const TOOLS_SOURCE: &str = include_str!("../python/tools.py");
+
+/// Imported in every zygote whatever its preloads (see [`prepare`]).
+const ALWAYS_IMPORTED: &[&str] = &["ctypes"];
+
+/// The source of one child warm-up job (`worker/python/warmup_*.py`).
+fn warm_up_source(warm_up: WarmUp) -> &'static str {
+    match warm_up {
+        WarmUp::Python => include_str!("../python/warmup_python.py"),
+        WarmUp::Numpy => include_str!("../python/warmup_numpy.py"),
+        WarmUp::Pandas => include_str!("../python/warmup_pandas.py"),
+        WarmUp::Matplotlib => include_str!("../python/warmup_matplotlib.py"),
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum InterpreterError {
@@ -128,6 +142,8 @@ unsafe fn check_status(
 /// The runner module (`worker/python/runner.py`) and the calls the worker makes into it.
 pub struct Runner<'py> {
     module: Bound<'py, PyModule>,
+    /// The sources of this tier's child warm-up jobs, in order.
+    warm_up: Vec<&'static str>,
 }
 
 fn py_err(doing: &'static str) -> impl FnOnce(PyErr) -> InterpreterError {
@@ -144,7 +160,10 @@ impl<'py> Runner<'py> {
         let source = CString::new(RUNNER_SOURCE).expect("runner.py has no NUL byte");
         let module = PyModule::from_code(py, &source, c"snakecage/runner.py", c"_snakecage_runner")
             .map_err(py_err("loading runner.py"))?;
-        Ok(Self { module })
+        Ok(Self {
+            module,
+            warm_up: Vec::new(),
+        })
     }
 
     /// Which of `names` are installed, with versions, found without importing them.
@@ -190,11 +209,15 @@ impl<'py> Runner<'py> {
         Ok(())
     }
 
-    /// In each child: one small job on the common path, paying its copy-on-write faults
-    /// before the real job instead of during it.
+    /// In each child (and once in the zygote, so lazily built state is inherited): the
+    /// tier's warm-up jobs, paying their copy-on-write faults and first-use costs before
+    /// the real job instead of during it.
     pub fn warm_up_child(&self) -> Result<(), InterpreterError> {
+        if self.warm_up.is_empty() {
+            return Ok(());
+        }
         self.module
-            .call_method0("warm_up_child")
+            .call_method1("warm_up_child", (self.warm_up.clone(),))
             .map_err(py_err("warming up the child"))?;
         Ok(())
     }
@@ -395,10 +418,21 @@ pub fn prepare<'py>(
         path.append(path_str(dir))
             .map_err(py_err("extending sys.path"))?;
     }
-    let runner = Runner::load(py)?;
+    let mut runner = Runner::load(py)?;
+    // Modules whose own import trips the audit hook in a worker (ctypes opens libraries
+    // at import): imported in every zygote, so that a worker whose tier did not preload
+    // numpy can still import it when a job asks (numpy imports ctypes). Not reported as
+    // preloads, and not importable by user code (the import guard decides that).
+    for name in ALWAYS_IMPORTED {
+        py.import(*name)
+            .map_err(py_err("importing a module every zygote needs"))?;
+    }
     let (preloaded, preload_failures) = preload(py, &config.preload);
     let packages = runner.describe_packages(&config.sandbox.allowed_packages)?;
+    runner.warm_up = warm_up_sources(py, &config.warm_up);
     runner.prepare_zygote()?;
+    // What the warm-up jobs import or build lazily is then shared by every child.
+    runner.warm_up_child()?;
     py.import("gc")
         .and_then(|gc| gc.call_method0("freeze"))
         .map_err(py_err("freezing the heap"))?;
@@ -420,6 +454,22 @@ pub struct Prepared<'py> {
 
 fn path_str(p: &Path) -> String {
     p.to_string_lossy().into_owned()
+}
+
+/// The sources of the configured warm-up jobs whose library is loaded (a warm-up for a
+/// module that failed to preload would only fail).
+fn warm_up_sources(py: Python<'_>, warm_up: &[WarmUp]) -> Vec<&'static str> {
+    let loaded = |name: &str| {
+        py.import("sys")
+            .and_then(|sys| sys.getattr("modules"))
+            .and_then(|modules| modules.contains(name))
+            .unwrap_or(false)
+    };
+    warm_up
+        .iter()
+        .filter(|w| w.needs().is_none_or(loaded))
+        .map(|&w| warm_up_source(w))
+        .collect()
 }
 
 fn preload(py: Python<'_>, names: &[String]) -> (Vec<PreloadedModule>, Vec<String>) {

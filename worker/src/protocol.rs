@@ -17,8 +17,15 @@ pub struct ZygoteConfig {
     pub python_home: Option<PathBuf>,
     /// Appended to `sys.path` after start-up (`site` is off).
     pub site_packages: Vec<PathBuf>,
+    /// The pool tier this zygote serves (its name in logs and reports).
+    #[serde(default)]
+    pub tier: String,
     /// Modules imported once in the zygote so every child has them for free.
     pub preload: Vec<String>,
+    /// The representative work each child runs before it says Ready, so a request does
+    /// not pay its first-use costs (cold caches, copy-on-write faults, font loading).
+    #[serde(default)]
+    pub warm_up: Vec<WarmUp>,
     /// Matplotlib's config and font cache; written by the zygote only.
     pub mpl_config_dir: PathBuf,
     pub limits: WorkerLimits,
@@ -30,6 +37,41 @@ pub struct ZygoteConfig {
     /// the supervisor is PID 1 of its own PID namespace (a container).
     #[serde(default)]
     pub supervisor_pid: Option<i32>,
+}
+
+/// One piece of a child's warm-up: a small job (a `.py` file under `worker/python/`) run
+/// through the runner like a request, its output thrown away.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum WarmUp {
+    /// Compile, run, print and display a small pure-Python job.
+    Python,
+    /// Array arithmetic, reductions and a matrix product.
+    Numpy,
+    /// A DataFrame built, grouped, aggregated and displayed.
+    Pandas,
+    /// A figure drawn and rendered to PNG (matplotlib clears its font cache in every
+    /// forked child: the first figure pays for loading the fonts again).
+    Matplotlib,
+}
+
+impl WarmUp {
+    pub const ALL: [WarmUp; 4] = [
+        WarmUp::Python,
+        WarmUp::Numpy,
+        WarmUp::Pandas,
+        WarmUp::Matplotlib,
+    ];
+
+    /// The module whose presence this warm-up needs (`None`: the standard library).
+    pub fn needs(self) -> Option<&'static str> {
+        match self {
+            WarmUp::Python => None,
+            WarmUp::Numpy => Some("numpy"),
+            WarmUp::Pandas => Some("pandas"),
+            WarmUp::Matplotlib => Some("matplotlib.pyplot"),
+        }
+    }
 }
 
 /// How the zygote and its workers isolate user code (see SECURITY.md).

@@ -59,6 +59,11 @@ pub fn fixed_environment(config: &ZygoteConfig) {
         ("OPENBLAS_NUM_THREADS".into(), "1".into()),
         ("OMP_NUM_THREADS".into(), "1".into()),
         ("MKL_NUM_THREADS".into(), "1".into()),
+        // numpy sets these two while it imports unless they are set (through os.environ,
+        // i.e. putenv, which the audit hook denies in a worker): set here, a worker of a
+        // tier that did not preload numpy can still import it.
+        ("OPENBLAS_MAIN_FREE".into(), "1".into()),
+        ("GOTOBLAS_MAIN_FREE".into(), "1".into()),
         ("MPLBACKEND".into(), "Agg".into()),
         (
             "MPLCONFIGDIR".into(),

@@ -1,0 +1,36 @@
+//! The supervisor's ends of a worker's pipes and sockets: registering fds with the tokio
+//! reactor, non-blocking pipes and reads. Below both `worker` and `zygote`, which use it.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+
+use tokio::io::unix::AsyncFd;
+
+/// Registers an fd with the tokio reactor.
+pub(super) fn async_fd(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: an OwnedFd is a valid open fd and returns the same number for as long as it
+    // lives; the AsyncFd takes ownership of it, so it stays open while registered.
+    unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)
+}
+
+/// Non-blocking read from a pipe the supervisor owns.
+pub(super) fn read_pipe(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<usize> {
+    let n = nix::unistd::read(fd.get_ref().as_fd(), buf)?;
+    Ok(n)
+}
+
+/// A pipe whose read end (ours) is non-blocking and whose write end (the worker's) blocks.
+pub(super) fn nonblocking_read_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let flags = nix::fcntl::fcntl(&r, nix::fcntl::FcntlArg::F_GETFL)?;
+    let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(&r, nix::fcntl::FcntlArg::F_SETFL(flags))?;
+    Ok((r, w))
+}
+
+/// What a dead worker left in its stderr pipe (why it failed to start), bounded.
+pub(super) fn read_available(fd: &AsyncFd<OwnedFd>) -> String {
+    let mut buf = vec![0u8; 4096];
+    let n = read_pipe(fd, &mut buf).unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n]).trim().to_owned()
+}

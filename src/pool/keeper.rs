@@ -1,0 +1,149 @@
+//! Starting a tier's zygote (checking the sandbox layers it must have) and restarting it,
+//! with backoff, whenever it dies.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use snakecage_worker::protocol::{Layer, LayerState, ZygoteInfo};
+
+use super::events::KillReason;
+use super::zygote::ZygoteHandle;
+use super::{Inner, PoolError, PoolSettings};
+
+/// Starts a zygote for `config`, refusing it when a required layer is not active.
+pub(super) async fn start_zygote(
+    settings: &PoolSettings,
+    config: &snakecage_worker::protocol::ZygoteConfig,
+    generation: u64,
+) -> Result<Arc<ZygoteHandle>, PoolError> {
+    let zygote = ZygoteHandle::start(
+        &settings.worker_binary,
+        config,
+        generation,
+        settings.spawn_timeout * 4,
+    )
+    .await?;
+    if let Err(e) = check_required(&zygote.info, &settings.require) {
+        zygote.shutdown(Duration::from_secs(5)).await;
+        return Err(PoolError::SandboxRequired(e));
+    }
+    Ok(zygote)
+}
+
+/// Restarts tier `index`'s zygote whenever it dies, with backoff, and wakes the refill.
+pub(super) async fn zygote_keeper(inner: Arc<Inner>, index: usize) {
+    let tier = &inner.tiers[index];
+    loop {
+        let current = tier.current_zygote();
+        tokio::select! {
+            () = current.died() => {}
+            () = inner.shutdown.cancelled() => return,
+        }
+        if inner.shutdown.is_cancelled() {
+            return;
+        }
+        tracing::error!(tier = %tier.name, pid = current.info.pid, "the zygote died; restarting it");
+        // Its idle workers died with it.
+        for _ in tier.idle.drain() {
+            inner.events.worker_killed(KillReason::LostIdle);
+        }
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let started =
+                start_zygote(&inner.settings, &tier.zygote_config, current.generation + 1);
+            tokio::select! {
+                result = started => match result {
+                    Ok(zygote) => {
+                        tier.replace_zygote(zygote);
+                        inner.counters.spawn_succeeded();
+                        inner.counters.zygote_restarts.fetch_add(1, Ordering::Relaxed);
+                        inner.events.zygote_restarted();
+                        inner.refill.notify_one();
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::error!(tier = %tier.name, error = %e, "restarting the zygote failed; retrying");
+                        inner.counters.spawn_failed(format!("restarting the zygote failed: {e}"));
+                    }
+                },
+                () = inner.shutdown.cancelled() => return,
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+/// Ok when every layer in `require` is active in the zygote described by `info`.
+pub fn check_required(info: &ZygoteInfo, require: &[Layer]) -> Result<(), String> {
+    let missing: Vec<String> = require
+        .iter()
+        .filter_map(|layer| {
+            let report = info.sandbox.iter().find(|r| r.layer == *layer);
+            match report {
+                Some(r) if r.state == LayerState::Active => None,
+                Some(r) => Some(format!("{} is {:?}: {}", layer.as_str(), r.state, r.detail)),
+                None => Some(format!("{} was not reported", layer.as_str())),
+            }
+        })
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "sandbox.require names layers that are not active: {}",
+            missing.join("; ")
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use snakecage_worker::protocol::LayerReport;
+
+    use super::*;
+
+    fn info(layers: &[(Layer, LayerState)]) -> ZygoteInfo {
+        ZygoteInfo {
+            pid: 1,
+            python_version: "3.11.7".into(),
+            preloaded: Vec::new(),
+            preload_failures: Vec::new(),
+            sandbox: layers
+                .iter()
+                .map(|&(layer, state)| LayerReport {
+                    layer,
+                    state,
+                    detail: "why".into(),
+                })
+                .collect(),
+            packages: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_required_layer_that_is_not_active_fails_with_its_reason() {
+        let zygote = info(&[
+            (Layer::Seccomp, LayerState::Active),
+            (Layer::Landlock, LayerState::Unavailable),
+            (Layer::AuditHook, LayerState::Off),
+        ]);
+        assert_eq!(check_required(&zygote, &[]), Ok(()));
+        assert_eq!(check_required(&zygote, &[Layer::Seccomp]), Ok(()));
+        let err = check_required(
+            &zygote,
+            &[
+                Layer::Seccomp,
+                Layer::Landlock,
+                Layer::AuditHook,
+                Layer::NetworkNamespace,
+            ],
+        )
+        .unwrap_err();
+        assert!(err.contains("landlock is Unavailable: why"), "{err}");
+        assert!(err.contains("audit_hook is Off"), "{err}");
+        assert!(err.contains("network_namespace was not reported"), "{err}");
+        assert!(!err.contains("seccomp"), "{err}");
+    }
+}

@@ -1,0 +1,153 @@
+//! Keeping every tier stocked: the refill task forks workers ahead of demand, off the
+//! request path, until each tier has as many idle (or starting) workers as its target;
+//! and retiring the idle workers a tier no longer needs when its target falls.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use snakecage_worker::protocol::{Layer, LayerState, WorkerMessage};
+
+use super::Inner;
+use super::events::KillReason;
+use super::fd::{nonblocking_read_pipe, read_available};
+use super::tier::Tier;
+use super::worker::{JobChannel, Worker, Workspace};
+use super::zygote::{ZygoteError, ZygoteHandle};
+
+#[derive(Debug, thiserror::Error)]
+enum SpawnError {
+    #[error("workspace: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Zygote(#[from] ZygoteError),
+    #[error("worker {pid} did not become ready: {reason}")]
+    NotReady { pid: i32, reason: String },
+}
+
+/// Keeps `idle + spawning == target` in every tier, spawning concurrently; woken whenever
+/// a worker is taken, a spawn ends, a target moves or a zygote is replaced.
+pub(super) async fn refill_loop(inner: Arc<Inner>) {
+    loop {
+        for (index, tier) in inner.tiers.iter().enumerate() {
+            let zygote = tier.current_zygote();
+            if !zygote.is_alive() {
+                continue;
+            }
+            let wanted = tier.wanted();
+            // Retire idle workers the tier no longer needs (with a margin of one, so a
+            // target that wavers does not churn forks).
+            while tier.idle.len() > wanted + 1 {
+                if tier.idle.retire_newest().is_none() {
+                    break;
+                }
+            }
+            for _ in 0..wanted.saturating_sub(tier.stocked()) {
+                tier.spawning.fetch_add(1, Ordering::AcqRel);
+                tokio::spawn(spawn_one(inner.clone(), index, zygote.clone()));
+            }
+        }
+        tokio::select! {
+            () = inner.refill.notified() => {}
+            () = inner.shutdown.cancelled() => return,
+        }
+    }
+}
+
+async fn spawn_one(inner: Arc<Inner>, index: usize, zygote: Arc<ZygoteHandle>) {
+    let tier = &inner.tiers[index];
+    let started = Instant::now();
+    let spawned = spawn_worker(&inner, tier, &zygote).await;
+    match &spawned {
+        Ok(_) => inner.events.worker_spawned(started.elapsed()),
+        Err(SpawnError::NotReady { .. }) => inner.events.worker_killed(KillReason::NotReady),
+        Err(_) => inner.events.spawn_failed(),
+    }
+    match spawned {
+        Ok(worker) => {
+            inner
+                .counters
+                .workers_spawned
+                .fetch_add(1, Ordering::Relaxed);
+            inner.counters.spawn_succeeded();
+            if !inner.shutdown.is_cancelled() {
+                tier.idle.push(worker);
+            }
+        }
+        Err(e) => {
+            inner
+                .counters
+                .spawn_failures
+                .fetch_add(1, Ordering::Relaxed);
+            if zygote.is_alive() && !inner.shutdown.is_cancelled() {
+                tracing::error!(tier = %tier.name, error = %e, "could not start a worker");
+                // A worker of a zygote that is being replaced says nothing about the next.
+                if zygote.generation == tier.current_zygote().generation {
+                    inner.counters.spawn_failed(e.to_string());
+                }
+                // Do not spin on a failure that repeats (a broken sandbox layer, say).
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    }
+    tier.spawning.fetch_sub(1, Ordering::AcqRel);
+    inner.refill.notify_one();
+}
+
+async fn spawn_worker(
+    inner: &Inner,
+    tier: &Tier,
+    zygote: &ZygoteHandle,
+) -> Result<Worker, SpawnError> {
+    let id = inner.next_worker_id.fetch_add(1, Ordering::Relaxed);
+    let owner = workspace_owner(tier, zygote);
+    let root = &inner.settings.workspace_root;
+    let (workspace, workspace_fd) = match Workspace::create(root, id, owner) {
+        Ok(created) => created,
+        // The root was removed under us (by hand, by another program): recreate it.
+        Err(_) if inner.root.ensure()? => Workspace::create(root, id, owner)?,
+        Err(e) => return Err(e.into()),
+    };
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    ours.set_nonblocking(true)?;
+    let (stdout_r, stdout_w) = nonblocking_read_pipe()?;
+    let (stderr_r, stderr_w) = nonblocking_read_pipe()?;
+    let fds = [OwnedFd::from(theirs), stdout_w, stderr_w, workspace_fd];
+    let forked = zygote.fork(id, fds).await?;
+    let pid = forked.pid;
+    let channel = JobChannel::new(tokio::net::UnixStream::from_std(ours)?);
+    let mut worker = Worker::new(
+        id,
+        zygote.generation,
+        forked,
+        channel,
+        stdout_r,
+        stderr_r,
+        workspace,
+    )?;
+    let timeout = inner.settings.spawn_timeout;
+    let reason = match tokio::time::timeout(timeout, worker.channel.recv()).await {
+        Ok(Ok(Some(WorkerMessage::Ready))) => return Ok(worker),
+        Ok(Ok(Some(other))) => format!("sent {other:?} instead of ready"),
+        Ok(Ok(None)) => {
+            let status = worker.exit_status(Duration::from_secs(1)).await;
+            format!("exited ({status:?}): {}", read_available(&worker.stderr))
+        }
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!("not ready after {timeout:?}"),
+    };
+    Err(SpawnError::NotReady { pid, reason })
+}
+
+/// The uid and gid a new worker's workspace belongs to: the sandbox ids when workers drop
+/// to them, else none (the workspace stays ours, which is also the workers' uid).
+fn workspace_owner(tier: &Tier, zygote: &ZygoteHandle) -> Option<(u32, u32)> {
+    let drops = zygote
+        .info
+        .sandbox
+        .iter()
+        .any(|r| r.layer == Layer::DropPrivileges && r.state == LayerState::Active);
+    let sandbox = &tier.zygote_config.sandbox;
+    drops.then_some((sandbox.uid, sandbox.gid))
+}

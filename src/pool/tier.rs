@@ -1,0 +1,101 @@
+//! One tier of the pool: a zygote with its preload profile, its idle workers, the workers
+//! being spawned for it, and the number of idle workers it should keep ready now.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use snakecage_worker::protocol::ZygoteConfig;
+
+use super::idle::IdleSet;
+use super::status::{TierStatus, ZygoteStatus};
+use super::zygote::ZygoteHandle;
+
+/// What configures one tier.
+#[derive(Debug, Clone)]
+pub struct TierSettings {
+    /// Its name in metrics, `/health` and the logs.
+    pub name: String,
+    /// Its zygote: preloads, warm-up, limits and sandbox.
+    pub zygote: ZygoteConfig,
+}
+
+pub(super) struct Tier {
+    pub(super) name: String,
+    pub(super) zygote_config: ZygoteConfig,
+    zygote: RwLock<Arc<ZygoteHandle>>,
+    pub(super) idle: IdleSet,
+    pub(super) spawning: AtomicUsize,
+    /// Idle workers this tier keeps ready now.
+    pub(super) target: AtomicUsize,
+    /// Jobs routed here that are waiting for an idle worker.
+    waiters: AtomicUsize,
+    /// Workers taken from this tier (jobs and sessions).
+    pub(super) checkouts: AtomicU64,
+}
+
+impl Tier {
+    pub(super) fn new(settings: TierSettings, zygote: Arc<ZygoteHandle>, target: usize) -> Self {
+        Self {
+            name: settings.name,
+            zygote_config: settings.zygote,
+            zygote: RwLock::new(zygote),
+            idle: IdleSet::default(),
+            spawning: AtomicUsize::new(0),
+            target: AtomicUsize::new(target),
+            waiters: AtomicUsize::new(0),
+            checkouts: AtomicU64::new(0),
+        }
+    }
+
+    pub(super) fn current_zygote(&self) -> Arc<ZygoteHandle> {
+        self.zygote.read().expect("zygote lock").clone()
+    }
+
+    pub(super) fn replace_zygote(&self, zygote: Arc<ZygoteHandle>) {
+        *self.zygote.write().expect("zygote lock") = zygote;
+    }
+
+    /// Idle workers plus those on their way.
+    pub(super) fn stocked(&self) -> usize {
+        self.idle.len() + self.spawning.load(Ordering::Acquire)
+    }
+
+    /// How many idle workers to keep now: the target, or more while more jobs wait.
+    pub(super) fn wanted(&self) -> usize {
+        self.target
+            .load(Ordering::Acquire)
+            .max(self.waiters.load(Ordering::Acquire))
+    }
+
+    /// Counts a job waiting for this tier until the guard is dropped.
+    pub(super) fn want(&self) -> WantGuard<'_> {
+        self.waiters.fetch_add(1, Ordering::AcqRel);
+        WantGuard(&self.waiters)
+    }
+
+    pub(super) fn status(&self) -> TierStatus {
+        let zygote = self.current_zygote();
+        TierStatus {
+            name: self.name.clone(),
+            preload: self.zygote_config.preload.clone(),
+            idle: self.idle.len(),
+            spawning: self.spawning.load(Ordering::Relaxed),
+            target_idle: self.wanted(),
+            checkouts: self.checkouts.load(Ordering::Relaxed),
+            zygote: Some(ZygoteStatus {
+                pid: zygote.info.pid,
+                generation: zygote.generation,
+                alive: zygote.is_alive(),
+                python_version: zygote.info.python_version.clone(),
+            }),
+        }
+    }
+}
+
+pub(super) struct WantGuard<'a>(&'a AtomicUsize);
+
+impl Drop for WantGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
