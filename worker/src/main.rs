@@ -6,6 +6,7 @@
 mod child;
 mod hooks;
 mod interpreter;
+mod priority;
 mod sandbox;
 mod zygote;
 

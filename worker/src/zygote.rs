@@ -20,6 +20,7 @@ use snakecage_worker::protocol::{
 use crate::child;
 use crate::hooks;
 use crate::interpreter::{self, InterpreterError, Runner};
+use crate::priority;
 use crate::sandbox;
 use crate::sandbox::layers::Sandbox;
 
@@ -39,9 +40,6 @@ pub enum ZygoteError {
 fn io_err(doing: &'static str) -> impl FnOnce(io::Error) -> ZygoteError {
     move |source| ZygoteError::Io { doing, source }
 }
-
-/// The zygote's niceness, inherited by every child until the supervisor raises it.
-const BACKGROUND_NICE: i32 = 10;
 
 /// Largest control record the zygote accepts (requests are tiny).
 const MAX_CONTROL_RECORD: usize = 64 << 10;
@@ -78,7 +76,7 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
         // Forks and everything a child does before Ready is background work: on a small
         // machine it must not take the CPU from a request in flight. The supervisor raises
         // a worker back when it gives it a job.
-        sandbox::lower_priority(BACKGROUND_NICE);
+        priority::lower_to_background();
         let info = ZygoteInfo {
             pid: std::process::id() as i32,
             python_version: interpreter::python_version(),

@@ -76,18 +76,6 @@ pub fn fixed_environment(config: &ZygoteConfig) {
     }
 }
 
-/// Lowers this process's CPU priority to `nice` (children inherit it). Failure only costs
-/// latency, so it is logged, not fatal.
-pub fn lower_priority(nice: i32) {
-    // SAFETY: setpriority on our own process (who = 0) with a plain integer.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } != 0 {
-        eprintln!(
-            "snakecage-worker: cannot lower the zygote's priority: {}",
-            io::Error::last_os_error()
-        );
-    }
-}
-
 /// Fork is only safe with one thread: a second one could hold a lock (malloc's, the
 /// GIL's) that the child would inherit locked forever.
 pub fn ensure_single_thread() -> io::Result<()> {
