@@ -73,6 +73,8 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
             packages,
         } = interpreter::prepare(py, &config)?;
         sandbox::ensure_single_thread().map_err(io_err("checking threads after preload"))?;
+        // The bulk of the seccomp policy, once: every worker forked from here inherits it.
+        sandbox.seal_zygote();
         // Forks and everything a child does before Ready is background work: on a small
         // machine it must not take the CPU from a request in flight. The supervisor raises
         // a worker back when it gives it a job.

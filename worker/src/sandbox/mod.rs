@@ -5,7 +5,8 @@
 //! - [`fds`], [`rlimits`]: each worker's descriptors and resource limits.
 //! - [`privileges`]: the uid/gid drop, no_new_privs.
 //! - [`landlock`]: filesystem, network and scope rules.
-//! - [`seccomp`]: the syscall policy from `worker/seccomp/worker.json`.
+//! - [`seccomp`]: the syscall policy from `worker/seccomp/`: its bulk installed once in the
+//!   zygote and inherited, a small part per worker.
 //! - [`layers`]: which layers are active here (probed once at start-up) and how a worker
 //!   applies them.
 
