@@ -130,6 +130,11 @@ fn main() -> Result<()> {
         for (name, dir) in &o.servers {
             let server = Server::start(dir, o.pool_size, &o.env)
                 .with_context(|| format!("starting {name} from {}", dir.display()))?;
+            eprintln!(
+                "round {round} {name}: pool of {} full {:.2} s after start",
+                o.pool_size,
+                server.started_in.as_secs_f64()
+            );
             for snippet in &o.snippets {
                 let code = SNIPPETS.iter().find(|(n, _)| n == snippet).unwrap().1;
                 let row = rt.block_on(measure(&o, &server, code))?;
@@ -173,6 +178,7 @@ async fn measure(o: &Options, server: &Server, code: &str) -> Result<stats::Row>
         server.execute(&client, &body).await?;
     }
     server.wait_until_full(&client).await?;
+    let idle_private_mib = stats::idle_private_mib(server.pid());
     let mut latency = Vec::with_capacity(o.paced);
     let mut durations = Vec::with_capacity(o.paced);
     let cpu0 = CpuSnapshot::take(server.pid());
@@ -207,6 +213,7 @@ async fn measure(o: &Options, server: &Server, code: &str) -> Result<stats::Row>
     let elapsed = started.elapsed();
     let busy_cpu = CpuSnapshot::take(server.pid()).since(&cpu0, done);
     Ok(stats::Row {
+        idle_private_mib,
         latency: Summary::of(&latency),
         durations,
         throughput: done as f64 / elapsed.as_secs_f64(),
@@ -224,11 +231,11 @@ fn table(o: &Options, rows: &[(usize, String, String, stats::Row)]) -> String {
         o.seconds,
         o.pool_size
     );
-    out += "| round | server | snippet | p50 ms | p90 ms | p99 ms | max ms | duration_ms 0/1/2/3+ | req/s | CPU ms/req tree (paced) | CPU ms/req tree (busy) | CPU ms/req machine (busy) |\n";
-    out += "|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|\n";
+    out += "| round | server | snippet | p50 ms | p90 ms | p99 ms | max ms | duration_ms 0/1/2/3+ | req/s | CPU ms/req tree (paced) | CPU ms/req tree (busy) | CPU ms/req machine (busy) | faults/req | idle worker MiB |\n";
+    out += "|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n";
     for (round, name, snippet, r) in rows {
         out += &format!(
-            "| {round} | {name} | {snippet} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {:.2} | {:.2} | {:.2} |\n",
+            "| {round} | {name} | {snippet} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.2} |\n",
             r.latency.p50,
             r.latency.p90,
             r.latency.p99,
@@ -238,6 +245,8 @@ fn table(o: &Options, rows: &[(usize, String, String, stats::Row)]) -> String {
             r.paced_cpu.tree_ms,
             r.busy_cpu.tree_ms,
             r.busy_cpu.machine_ms,
+            r.busy_cpu.tree_faults,
+            r.idle_private_mib,
         );
     }
     out

@@ -52,6 +52,7 @@ impl Summary {
 
 /// One snippet against one server.
 pub struct Row {
+    pub idle_private_mib: f64,
     pub latency: Summary,
     pub durations: Vec<u64>,
     pub throughput: f64,
@@ -71,23 +72,26 @@ impl Row {
 
     pub fn one_line(&self) -> String {
         format!(
-            "{}; duration_ms {}; {:.0} req/s; CPU/req tree {:.2} ms paced, {:.2} ms busy, machine {:.2} ms",
+            "{}; duration_ms {}; {:.0} req/s; CPU/req tree {:.2} ms paced, {:.2} ms busy, machine {:.2} ms; faults/req {:.0}",
             self.latency.describe(),
             self.duration_histogram(),
             self.throughput,
             self.paced_cpu.tree_ms,
             self.busy_cpu.tree_ms,
-            self.busy_cpu.machine_ms
+            self.busy_cpu.machine_ms,
+            self.busy_cpu.tree_faults
         )
     }
 
     pub fn to_json(&self) -> Value {
         json!({
+            "idle_worker_private_mib": self.idle_private_mib,
             "latency_ms": self.latency.to_json(),
             "duration_ms": self.durations,
             "req_per_s": self.throughput,
             "cpu_ms_per_request_paced": {"tree": self.paced_cpu.tree_ms, "machine": self.paced_cpu.machine_ms},
             "cpu_ms_per_request_busy": {"tree": self.busy_cpu.tree_ms, "machine": self.busy_cpu.machine_ms},
+            "minor_faults_per_request_busy": self.busy_cpu.tree_faults,
         })
     }
 }
@@ -95,6 +99,8 @@ impl Row {
 pub struct CpuPerRequest {
     /// The server's process tree: supervisor, zygote, workers (live and reaped).
     pub tree_ms: f64,
+    /// Minor page faults in that tree.
+    pub tree_faults: f64,
     /// Every CPU of the machine, minus this load generator's own time.
     pub machine_ms: f64,
 }
@@ -104,14 +110,17 @@ pub struct CpuSnapshot {
     machine: f64,
     this_tool: f64,
     tree: f64,
+    faults: f64,
 }
 
 impl CpuSnapshot {
     pub fn take(server: u32) -> Self {
+        let (tree, faults) = tree_cpu_ms_and_faults(server);
         Self {
             machine: machine_busy_ms(),
             this_tool: own_cpu_ms(),
-            tree: tree_cpu_ms(server),
+            tree,
+            faults,
         }
     }
 
@@ -120,6 +129,7 @@ impl CpuSnapshot {
         let tool = self.this_tool - before.this_tool;
         CpuPerRequest {
             tree_ms: (self.tree - before.tree) / n,
+            tree_faults: (self.faults - before.faults) / n,
             machine_ms: (self.machine - before.machine - tool) / n,
         }
     }
@@ -159,10 +169,12 @@ fn own_cpu_ms() -> f64 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-/// utime + stime + cutime + cstime of `pid` and every descendant: reaped workers are in
-/// their zygote's cutime/cstime, live ones are counted themselves.
-fn tree_cpu_ms(pid: u32) -> f64 {
+/// utime + stime + cutime + cstime of `pid` and every descendant (reaped workers are in
+/// their zygote's cutime/cstime, live ones are counted themselves), and the same sum of
+/// minor faults (minflt + cminflt).
+fn tree_cpu_ms_and_faults(pid: u32) -> (f64, f64) {
     let mut total = 0.0;
+    let mut faults = 0.0;
     let mut stack = vec![pid];
     while let Some(pid) = stack.pop() {
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -177,6 +189,8 @@ fn tree_cpu_ms(pid: u32) -> f64 {
         total += (11..15)
             .map(|i| f.get(i).copied().unwrap_or(0.0))
             .sum::<f64>();
+        // minflt and cminflt (fields 10 and 11).
+        faults += f.get(7).copied().unwrap_or(0.0) + f.get(8).copied().unwrap_or(0.0);
         let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
             .into_iter()
             .flatten();
@@ -190,7 +204,34 @@ fn tree_cpu_ms(pid: u32) -> f64 {
             );
         }
     }
-    total * clock_tick_ms()
+    (total * clock_tick_ms(), faults)
+}
+
+/// Median private memory (`Private_Clean + Private_Dirty`) of the idle workers below
+/// `server` (the zygote's children), in MiB.
+pub fn idle_private_mib(server: u32) -> f64 {
+    let children = |pid: u32| -> Vec<u32> {
+        let path = format!("/proc/{pid}/task/{pid}/children");
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        text.split_whitespace()
+            .filter_map(|c| c.parse().ok())
+            .collect()
+    };
+    let mut private: Vec<f64> = children(server)
+        .into_iter()
+        .flat_map(children)
+        .filter_map(|worker| {
+            let rollup = std::fs::read_to_string(format!("/proc/{worker}/smaps_rollup")).ok()?;
+            let kib: f64 = rollup
+                .lines()
+                .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+                .sum();
+            Some(kib / 1024.0)
+        })
+        .collect();
+    private.sort_by(f64::total_cmp);
+    private.get(private.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 pub fn loadavg() -> String {

@@ -9,6 +9,8 @@ use anyhow::{Context, Result, bail};
 
 pub struct Server {
     child: Child,
+    /// From spawning the process to a full pool of ready workers.
+    pub started_in: Duration,
     base: String,
     _state: tempfile::TempDir,
 }
@@ -36,9 +38,11 @@ impl Server {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        let spawned = std::time::Instant::now();
         let child = cmd.spawn().context("spawning snakecage")?;
-        let server = Self {
+        let mut server = Self {
             child,
+            started_in: Duration::ZERO,
             base: format!("http://127.0.0.1:{port}"),
             _state: state,
         };
@@ -46,6 +50,7 @@ impl Server {
             .enable_all()
             .build()?;
         rt.block_on(server.wait_until_full(&reqwest::Client::new()))?;
+        server.started_in = spawned.elapsed();
         Ok(server)
     }
 
