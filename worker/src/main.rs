@@ -5,6 +5,7 @@
 
 mod child;
 mod hooks;
+mod hugepages;
 mod interpreter;
 mod priority;
 mod sandbox;

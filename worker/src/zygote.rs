@@ -19,6 +19,7 @@ use snakecage_worker::protocol::{
 
 use crate::child;
 use crate::hooks;
+use crate::hugepages;
 use crate::interpreter::{self, InterpreterError, Runner};
 use crate::priority;
 use crate::sandbox;
@@ -75,6 +76,16 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
         sandbox::ensure_single_thread().map_err(io_err("checking threads after preload"))?;
         // The bulk of the seccomp policy, once: every worker forked from here inherits it.
         sandbox.seal_zygote();
+        // Fork and exit cost per page-table entry: the heap, complete now, in 2 MiB pages.
+        match hugepages::collapse_anonymous() {
+            Ok(c) if c.failed == 0 => {}
+            Ok(c) => eprintln!(
+                "snakecage-worker: {} MiB of the heap in huge pages, {} MiB refused",
+                c.huge_pages * 2,
+                c.failed * 2
+            ),
+            Err(e) => eprintln!("snakecage-worker: reading /proc/self/maps: {e}"),
+        }
         // Forks and everything a child does before Ready is background work: on a small
         // machine it must not take the CPU from a request in flight. The supervisor raises
         // a worker back when it gives it a job.
