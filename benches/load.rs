@@ -149,13 +149,24 @@ fn main() -> Result<()> {
     if let Some(echo) = echo {
         let wake = echo.paced_round_trips(o.paced.max(200), o.pace)?;
         let fork = stats::fork_floor(o.paced.clamp(100, 300))?;
+        let python = stats::base_python()?;
+        let spawn = stats::spawn_paced(&python, o.paced.clamp(50, 200), o.pace)?;
         println!("floors (paced {} ms):", o.pace.as_millis());
         println!(
             "  socketpair round trip between two processes: {}",
             wake.describe()
         );
         println!("  fork + exit of an interpreter with the same preloads: {fork}");
-        floors = json!({ "socketpair_round_trip_ms": wake.to_json(), "fork_exit": fork });
+        println!(
+            "for comparison, spawning {} -I -S -c 'print(1+1)' per request: {}",
+            python.display(),
+            spawn.describe()
+        );
+        floors = json!({
+            "socketpair_round_trip_ms": wake.to_json(),
+            "fork_exit": fork,
+            "spawn_python_ms": spawn.to_json(),
+        });
     }
     if let Some(path) = &o.json {
         let rows: Vec<_> = rows

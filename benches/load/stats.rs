@@ -286,6 +286,37 @@ impl EchoProcess {
     }
 }
 
+/// The base interpreter of the repository's `.venv` (from its `pyvenv.cfg`), by absolute
+/// path: never a shim.
+pub fn base_python() -> Result<std::path::PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cfg = std::fs::read_to_string(root.join(".venv/pyvenv.cfg"))?;
+    let home = cfg
+        .lines()
+        .find_map(|l| l.strip_prefix("home")?.trim_start().strip_prefix('='))
+        .context("no home in .venv/pyvenv.cfg")?
+        .trim();
+    Ok(Path::new(home).join("python3"))
+}
+
+/// `n` paced spawns of `python -I -S -c 'print(1+1)'`, each waited for: what a fresh
+/// process per request costs without any pool.
+pub fn spawn_paced(python: &Path, n: usize, pace: Duration) -> Result<Summary> {
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        std::thread::sleep(pace);
+        let t0 = Instant::now();
+        let out = std::process::Command::new(python)
+            .args(["-I", "-S", "-c", "print(1+1)"])
+            .output()?;
+        samples.push(t0.elapsed());
+        if out.stdout != b"2\n" {
+            bail!("{} printed {:?}", python.display(), out.stdout);
+        }
+    }
+    Ok(Summary::of(&samples))
+}
+
 /// Runs `benches/fork_floor.py` with the sandbox venv's interpreter; returns its summary.
 pub fn fork_floor(n: usize) -> Result<String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
