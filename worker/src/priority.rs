@@ -30,7 +30,10 @@ pub fn lower_to_background() {
     }
 }
 
-fn set_idle() -> io::Result<()> {
+/// Moves this process to `SCHED_IDLE`. Any process may lower itself; a worker does it
+/// right before it exits, so the teardown of its address space never competes with a
+/// request, whether or not the supervisor has got to it yet.
+pub fn set_idle() -> io::Result<()> {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: sched_setscheduler on ourselves (pid 0) with a valid sched_param we own.
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
