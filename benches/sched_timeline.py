@@ -8,8 +8,8 @@ requests, and follows every job through four hops:
   3. ... runs until it writes its result, which wakes a tokio thread;
   4. that tokio thread waits to get a CPU.
 
-Prints percentiles of hops 2, 3 and 4 and how many jobs lost more than 1 ms in each, with
-the CPU each hop ran on. No Python in the request path: this only reads a trace file.
+Prints percentiles of hops 2, 3 and 4, how many jobs lost more than 1 ms in each, and for
+those what the CPU was busy with while the woken task waited for it. No Python in the request path: this only reads a trace file.
 
     perf sched record -a -o sched.data -- sleep 8 &   # while: scripts/bench --load --paced 300 --seconds 0.1
     perf sched timehist -i sched.data -w > timehist.txt
@@ -32,51 +32,72 @@ def pid_of(task):
 
 
 def parse(lines):
-    jobs, order = {}, []
-    runs = collections.defaultdict(list)  # tid -> [(start, delay ms, run ms, cpu)]
+    """Per worker: every time the supervisor woke it and every time it woke the supervisor;
+    per task: every run stretch (start, scheduling delay ms, run ms, cpu)."""
+    woken = collections.defaultdict(list)  # worker pid -> [time the supervisor woke it]
+    woke = collections.defaultdict(list)  # worker pid -> [(time, supervisor tid)]
+    runs = collections.defaultdict(list)
+    by_cpu = collections.defaultdict(list)  # cpu -> [(start, end, task)]
     for line in lines:
         m = WAKE.match(line)
         if m:
-            t, cpu, waker, wakee = m.groups()
+            t, _cpu, waker, wakee = m.groups()
             t, waker_pid, wakee_pid = float(t), pid_of(waker), pid_of(wakee)
-            if waker.startswith(SUPERVISOR) and wakee.startswith(WORKER) and wakee_pid not in jobs:
-                jobs[wakee_pid] = {"sent": t, "results": []}
-                order.append(wakee_pid)
-            elif waker.startswith(WORKER) and wakee.startswith(SUPERVISOR) and waker_pid in jobs:
-                jobs[waker_pid]["results"].append((t, wakee_pid, cpu))
+            if waker.startswith(SUPERVISOR) and wakee.startswith(WORKER):
+                woken[wakee_pid].append(t)
+            elif waker.startswith(WORKER) and wakee.startswith(SUPERVISOR):
+                woke[waker_pid].append((t, wakee_pid))
             continue
         m = RUN.match(line)
         if m:
             t, cpu, task, _wait, delay, run = m.groups()
             end, run_ms = float(t), float(run)
             runs[pid_of(task)].append((end - run_ms / 1e3, float(delay), run_ms, cpu))
-    return jobs, order, runs
+            by_cpu[cpu].append((end - run_ms / 1e3, end, task))
+    return woken, woke, runs, by_cpu
 
 
-def timeline(jobs, order, runs):
+def timeline(woken, woke, runs, by_cpu):
+    """A stateless worker's job is the last time the supervisor woke it and, in the run
+    stretch that followed, it woke the supervisor back (its result). Earlier wake-ups are
+    its Ready exchange or spurious (the supervisor reading a socket wakes its peer too)."""
     out = []
-    for pid in order:
-        job = jobs[pid]
-        after = [r for r in runs[pid] if r[0] >= job["sent"] - 1e-6]
-        if not after:
+    for pid, wakes in woken.items():
+        job = None
+        for sent in wakes:
+            stretch = next((r for r in runs[pid] if r[0] >= sent - 1e-6), None)
+            if stretch is None:
+                continue
+            start, _, run_ms, cpu = stretch
+            replies = [w for w in woke[pid] if start <= w[0] <= start + run_ms / 1e3 + 1e-6]
+            if replies:
+                job = (sent, start, cpu, replies[0])
+        if job is None:
             continue
-        start, _, _, worker_cpu = after[0]
-        results = [r for r in job["results"] if r[0] >= start]
-        if not results:
-            continue
-        result_t, tid, _ = results[0]
-        tokio = [r for r in runs[tid] if r[0] >= result_t - 1e-6]
-        if not tokio:
+        sent, start, worker_cpu, (result_t, tid) = job
+        tokio = next((r for r in runs[tid] if r[0] >= result_t - 1e-6), None)
+        if tokio is None:
             continue
         out.append(
             {
-                "worker_wait": (start - job["sent"]) * 1e3,
+                "worker_wait": (start - sent) * 1e3,
                 "worker_run": (result_t - start) * 1e3,
-                "supervisor_wait": (tokio[0][0] - result_t) * 1e3,
-                "worker_cpu": worker_cpu,
-                "supervisor_cpu": tokio[0][3],
+                "supervisor_wait": (tokio[0] - result_t) * 1e3,
+                "worker_wait_on": occupants(by_cpu[worker_cpu], sent, start, pid),
+                "supervisor_wait_on": occupants(by_cpu[tokio[3]], result_t, tokio[0], pid),
             }
         )
+    return out
+
+
+def occupants(rows, since, until, worker):
+    """What ran on a CPU between `since` and `until`, in ms per task name (the job's own
+    worker named as such)."""
+    out = collections.Counter()
+    for start, end, task in rows:
+        if end > since and start < until:
+            name = "the job's own worker" if f"[{worker}]" in task else re.sub(r"\[.*", "", task)
+            out[name] += (min(end, until) - max(start, since)) * 1e3
     return out
 
 
@@ -86,8 +107,7 @@ def pct(values, p):
 
 
 def main():
-    jobs, order, runs = parse(open(sys.argv[1]))
-    hops = timeline(jobs, order, runs)
+    hops = timeline(*parse(open(sys.argv[1])))
     if not hops:
         sys.exit("no job found in the trace")
     print(f"{len(hops)} jobs")
@@ -102,6 +122,17 @@ def main():
             f"{label:46s} p50 {pct(values, 0.5):7.3f} ms  p90 {pct(values, 0.9):7.3f}  "
             f"p99 {pct(values, 0.99):7.3f}  max {max(values):7.3f}  > 1 ms: {slow}"
         )
+    for key, label in (
+        ("worker_wait", "job sent -> worker on a CPU"),
+        ("supervisor_wait", "result written -> supervisor on a CPU"),
+    ):
+        busy = collections.Counter()
+        for h in hops:
+            if h[key] > 1.0:
+                busy.update(h[key + "_on"])
+        if busy:
+            top = ", ".join(f"{name} {ms:.1f} ms" for name, ms in busy.most_common(4))
+            print(f"  {label}, waits over 1 ms, the CPU was running: {top}")
     total = [h["worker_wait"] + h["worker_run"] + h["supervisor_wait"] for h in hops]
     slow = sum(1 for v in total if v > 1.0)
     print(f"{'sum of the three':46s} p50 {pct(total, 0.5):7.3f} ms  p90 {pct(total, 0.9):7.3f}  > 1 ms: {slow}")
