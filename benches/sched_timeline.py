@@ -16,6 +16,7 @@ those what the CPU was busy with while the woken task waited for it. No Python i
     python3 benches/sched_timeline.py timehist.txt
 """
 
+import bisect
 import collections
 import re
 import sys
@@ -75,7 +76,9 @@ def timeline(woken, woke, runs, by_cpu):
         if job is None:
             continue
         sent, start, worker_cpu, (result_t, tid) = job
-        tokio = next((r for r in runs[tid] if r[0] >= result_t - 1e-6), None)
+        tokio_runs = runs[tid]
+        i = bisect.bisect_left(tokio_runs, result_t - 1e-6, key=lambda r: r[0])
+        tokio = tokio_runs[i] if i < len(tokio_runs) else None
         if tokio is None:
             continue
         out.append(
@@ -83,20 +86,32 @@ def timeline(woken, woke, runs, by_cpu):
                 "worker_wait": (start - sent) * 1e3,
                 "worker_run": (result_t - start) * 1e3,
                 "supervisor_wait": (tokio[0] - result_t) * 1e3,
-                "worker_wait_on": occupants(by_cpu[worker_cpu], sent, start, pid),
-                "supervisor_wait_on": occupants(by_cpu[tokio[3]], result_t, tokio[0], pid),
+                "worker_wait_on": occupants(by_cpu[worker_cpu], sent, start, pid, woken),
+                "supervisor_wait_on": occupants(
+                    by_cpu[tokio[3]], result_t, tokio[0], pid, woken
+                ),
             }
         )
     return out
 
 
-def occupants(rows, since, until, worker):
-    """What ran on a CPU between `since` and `until`, in ms per task name (the job's own
-    worker named as such)."""
+def occupants(rows, since, until, worker, workers):
+    """What ran on a CPU between `since` and `until`, in ms per task: the job's own worker,
+    another worker of this server (one the supervisor talked to), or a command name.
+    `rows` are in the order the trace printed them: by end time."""
     out = collections.Counter()
-    for start, end, task in rows:
-        if end > since and start < until:
-            name = "the job's own worker" if f"[{worker}]" in task else re.sub(r"\[.*", "", task)
+    first = bisect.bisect_right(rows, since, key=lambda row: row[1])
+    for start, end, task in rows[first:]:
+        if start >= until:
+            break
+        if end > since:
+            pid = pid_of(task)
+            if pid == worker:
+                name = "the job's own worker"
+            elif pid in workers:
+                name = "another worker of this server"
+            else:
+                name = re.sub(r"\[.*", "", task)
             out[name] += (min(end, until) - max(start, since)) * 1e3
     return out
 

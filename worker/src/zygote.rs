@@ -77,11 +77,12 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
         // The bulk of the seccomp policy, once: every worker forked from here inherits it.
         sandbox.seal_zygote();
         // Fork and exit cost per page-table entry: the heap, complete now, in 2 MiB pages.
+        // Mappings the kernel will not collapse (reserved, unaligned) are normal; only a
+        // heap with no huge page at all is worth a line in the log.
         match hugepages::collapse_anonymous() {
-            Ok(c) if c.failed == 0 => {}
+            Ok(c) if c.huge_pages > 0 || c.failed == 0 => {}
             Ok(c) => eprintln!(
-                "snakecage-worker: {} MiB of the heap in huge pages, {} MiB refused",
-                c.huge_pages * 2,
+                "snakecage-worker: no part of the heap could be mapped in huge pages ({} MiB refused)",
                 c.failed * 2
             ),
             Err(e) => eprintln!("snakecage-worker: reading /proc/self/maps: {e}"),
