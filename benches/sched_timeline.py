@@ -65,14 +65,15 @@ def timeline(woken, woke, runs, by_cpu):
     out = []
     for pid, wakes in woken.items():
         job = None
+        own_runs, replies = runs[pid], woke[pid]
         for sent in wakes:
-            stretch = next((r for r in runs[pid] if r[0] >= sent - 1e-6), None)
-            if stretch is None:
+            i = bisect.bisect_left(own_runs, sent - 1e-6, key=lambda r: r[0])
+            if i == len(own_runs):
                 continue
-            start, _, run_ms, cpu = stretch
-            replies = [w for w in woke[pid] if start <= w[0] <= start + run_ms / 1e3 + 1e-6]
-            if replies:
-                job = (sent, start, cpu, replies[0])
+            start, _, run_ms, cpu = own_runs[i]
+            j = bisect.bisect_left(replies, start, key=lambda w: w[0])
+            if j < len(replies) and replies[j][0] <= start + run_ms / 1e3 + 1e-6:
+                job = (sent, start, cpu, replies[j])
         if job is None:
             continue
         sent, start, worker_cpu, (result_t, tid) = job
