@@ -52,8 +52,16 @@ pub(super) async fn refill_loop(inner: Arc<Inner>) {
             () = inner.refill.notified() => {}
             () = inner.shutdown.cancelled() => return,
         }
+        // Usually a worker was just taken and its job is being sent. Forking a zygote this
+        // size holds a CPU in the kernel for a millisecond or more where nothing preempts it
+        // (PREEMPT_NONE, `SCHED_IDLE` or not), and the job's worker may be woken onto that
+        // CPU: let a short job run first.
+        tokio::time::sleep(REFILL_DELAY).await;
     }
 }
+
+/// How long the refill waits after being woken before it forks.
+const REFILL_DELAY: Duration = Duration::from_millis(2);
 
 async fn spawn_one(inner: Arc<Inner>, index: usize, zygote: Arc<ZygoteHandle>) {
     let tier = &inner.tiers[index];

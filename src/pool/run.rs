@@ -133,7 +133,11 @@ pub async fn run(
     let mut buf = vec![0u8; 64 << 10];
     let ending = drive(worker, &mut capture, &mut buf, deadline, None, limits).await;
     let duration = started.elapsed();
-    worker.background();
+    // A worker that reported exits in the background; one killed mid-job keeps its
+    // priority, as its exit is awaited below before the response.
+    if matches!(ending, Ending::Reported(_)) {
+        worker.background();
+    }
     // One job per worker: whatever it does after its result (a daemon thread still
     // writing, say), it does no more. Everything it wrote before its result (or death) is
     // already in the pipes.

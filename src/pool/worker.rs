@@ -77,26 +77,26 @@ impl Worker {
         self.signal(nix::sys::signal::Signal::SIGKILL);
     }
 
-    /// Gives the worker normal CPU priority for its job (workers start at the zygote's
-    /// background priority, so refilling never competes with a request in flight).
-    /// Raising priority needs root (CAP_SYS_NICE); without it the worker stays lowered.
+    /// Gives the worker normal CPU priority for its job: `SCHED_OTHER`, nice 0. Workers
+    /// start at the zygote's background priority (`SCHED_IDLE`, or nice 10 without
+    /// CAP_SYS_NICE), so refilling never competes with a request in flight. Raising needs
+    /// CAP_SYS_NICE (a worker cannot raise itself after its uid drop); without it the
+    /// worker stays where it was.
     pub fn foreground(&mut self) {
-        self.set_nice(0);
+        self.set_priority(libc::SCHED_OTHER, 0);
     }
 
-    /// Back to the lowest priority once the job is done, so the worker's exit (tearing
-    /// down an address space the size of the zygote's) yields to the response.
+    /// Back to `SCHED_IDLE` once its job is done and before it is killed, so its exit
+    /// (tearing down an address space the size of the zygote's) yields to every request.
     pub fn background(&mut self) {
-        self.set_nice(19);
+        self.set_priority(libc::SCHED_IDLE, 19);
     }
 
-    fn set_nice(&mut self, nice: i32) {
+    fn set_priority(&mut self, policy: libc::c_int, nice: i32) {
         if !self.is_alive() {
             return; // reaped: its pid may belong to someone else now
         }
-        // SAFETY: setpriority with a pid we forked (still unreaped, checked above) and a
-        // plain integer; failure changes nothing.
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, self.pid as libc::id_t, nice) };
+        set_priority(self.pid, policy, nice);
     }
 
     /// SIGINT: CPython raises `KeyboardInterrupt` in the worker's main thread (sessions).
@@ -149,6 +149,7 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
+        self.background();
         self.kill();
     }
 }
@@ -234,9 +235,62 @@ impl Drop for Workspace {
     }
 }
 
+/// Sets `pid`'s scheduling policy and niceness; failure (no CAP_SYS_NICE) changes nothing
+/// and is not an error: the worker runs, only at another priority.
+fn set_priority(pid: i32, policy: libc::c_int, nice: i32) -> bool {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler and setpriority with a pid, plain integers and a
+    // sched_param we own.
+    unsafe {
+        libc::sched_setscheduler(pid, policy, &param) == 0
+            && libc::setpriority(libc::PRIO_PROCESS, pid as libc::id_t, nice) == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn policy_of(pid: i32) -> libc::c_int {
+        // SAFETY: sched_getscheduler takes a pid and returns the policy or -1.
+        unsafe { libc::sched_getscheduler(pid) }
+    }
+
+    /// The design rests on this: a process put at SCHED_IDLE can be raised back to
+    /// SCHED_OTHER by the supervisor when (and only when) it holds CAP_SYS_NICE.
+    #[test]
+    fn an_idle_process_is_raised_back_with_cap_sys_nice_only() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        assert!(
+            set_priority(pid, libc::SCHED_IDLE, 19),
+            "lowering is always allowed"
+        );
+        assert_eq!(policy_of(pid), libc::SCHED_IDLE);
+        let raised = set_priority(pid, libc::SCHED_OTHER, 0);
+        let cap_sys_nice = std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .map(|hex| u64::from_str_radix(hex.trim(), 16).unwrap() & (1 << 23) != 0)
+            .unwrap();
+        // Without the capability, RLIMIT_NICE >= 20 would allow it too (nice 0).
+        let (nice_limit, _) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NICE).unwrap();
+        let capable = cap_sys_nice || nice_limit >= 20;
+        assert_eq!(raised, capable, "raised: {raised}, CAP_SYS_NICE: {capable}");
+        let want = if capable {
+            libc::SCHED_OTHER
+        } else {
+            libc::SCHED_IDLE
+        };
+        assert_eq!(policy_of(pid), want);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
 
     /// A worker whose exit was reported: asking whether it lives must not lose the status
     /// (the verdict names the signal from it, and SIGXCPU makes it a timeout).

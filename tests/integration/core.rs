@@ -460,29 +460,42 @@ async fn workspaces_live_on_dev_shm_by_default_when_it_is_a_large_tmpfs() {
     assert!(!root.exists(), "workspaces are removed at shutdown");
 }
 
-/// Forks and everything before Ready run at background priority (the zygote is niced, and
-/// its children with it), so refilling never takes the CPU from a request in flight; a
-/// worker running a job is raised to normal priority.
+/// Forks and everything before Ready run at background priority (`SCHED_IDLE` when the
+/// service holds CAP_SYS_NICE, else nice 10; children inherit it from the zygote), so
+/// refilling never takes the CPU from a request in flight; a worker given a job is raised
+/// to `SCHED_OTHER`, nice 0 (only a supervisor with CAP_SYS_NICE can raise it).
 #[tokio::test]
 async fn idle_workers_wait_at_background_priority_and_a_job_runs_at_normal_priority() {
     let s = Server::start().await;
     s.wait_for_idle(2).await;
-    let nice = |pid: u32| -> i64 {
+    // (policy, nice): fields 41 and 19 of /proc/PID/stat.
+    let priority = |pid: u32| -> (i64, i64) {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        stat[stat.rfind(')').unwrap() + 2..]
-            .split(' ')
-            .nth(16)
-            .unwrap()
-            .parse()
-            .unwrap()
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        (
+            fields[41 - 3].parse().unwrap(),
+            fields[19 - 3].parse().unwrap(),
+        )
+    };
+    let capable = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .map(|hex| u64::from_str_radix(hex.trim(), 16).unwrap() & (1 << 23) != 0)
+        .unwrap();
+    let background = if capable {
+        (libc::SCHED_IDLE as i64, 0)
+    } else {
+        (libc::SCHED_OTHER as i64, 10)
     };
     let below = descendants_of(s.pid());
     assert!(below.len() >= 3, "{below:?}");
     for pid in below {
-        assert_eq!(nice(pid), 10, "zygote or idle worker {pid}");
+        assert_eq!(priority(pid), background, "zygote or idle worker {pid}");
     }
     let r = s
-        .run("import os\nprint(os.getpriority(os.PRIO_PROCESS, 0))")
+        .run("import os\nprint(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))")
         .await;
-    assert_eq!(r["stdout"], "0\n", "{r}");
+    let expected = if capable { "0 0\n" } else { "0 10\n" };
+    assert_eq!(r["stdout"], expected, "{r}");
 }

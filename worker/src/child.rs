@@ -17,6 +17,7 @@ use snakecage_worker::protocol::{JobRequest, WorkerLimits, WorkerMessage};
 
 use crate::hooks;
 use crate::interpreter::{InterpreterError, Runner};
+use crate::priority;
 use crate::sandbox::layers::Sandbox;
 use crate::sandbox::{self, fds, rlimits};
 
@@ -180,6 +181,9 @@ fn report(e: &ChildError) {
 }
 
 fn exit(code: i32) -> ! {
+    // Tearing down an address space the size of the zygote's costs milliseconds of CPU:
+    // background work, like the fork was. Lowering oneself needs no privilege.
+    let _ = priority::set_idle();
     // SAFETY: _exit ends the process immediately; skipping destructors and CPython
     // finalisation is the point (they belong to the zygote's state).
     unsafe { libc::_exit(code) }

@@ -5,7 +5,9 @@
 
 mod child;
 mod hooks;
+mod hugepages;
 mod interpreter;
+mod priority;
 mod sandbox;
 mod tools;
 mod zygote;

@@ -19,7 +19,9 @@ use snakecage_worker::protocol::{
 
 use crate::child;
 use crate::hooks;
+use crate::hugepages;
 use crate::interpreter::{self, InterpreterError, Runner};
+use crate::priority;
 use crate::sandbox;
 use crate::sandbox::layers::Sandbox;
 
@@ -39,9 +41,6 @@ pub enum ZygoteError {
 fn io_err(doing: &'static str) -> impl FnOnce(io::Error) -> ZygoteError {
     move |source| ZygoteError::Io { doing, source }
 }
-
-/// The zygote's niceness, inherited by every child until the supervisor raises it.
-const BACKGROUND_NICE: i32 = 10;
 
 /// Largest control record the zygote accepts (requests are tiny).
 const MAX_CONTROL_RECORD: usize = 64 << 10;
@@ -76,10 +75,23 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
             packages,
         } = interpreter::prepare(py, &config)?;
         sandbox::ensure_single_thread().map_err(io_err("checking threads after preload"))?;
+        // The bulk of the seccomp policy, once: every worker forked from here inherits it.
+        sandbox.seal_zygote();
+        // Fork and exit cost per page-table entry: the heap, complete now, in 2 MiB pages.
+        // Mappings the kernel will not collapse (reserved, unaligned) are normal; only a
+        // heap with no huge page at all is worth a line in the log.
+        match hugepages::collapse_anonymous() {
+            Ok(c) if c.huge_pages > 0 || c.failed == 0 => {}
+            Ok(c) => eprintln!(
+                "snakecage-worker: no part of the heap could be mapped in huge pages ({} MiB refused)",
+                c.failed * 2
+            ),
+            Err(e) => eprintln!("snakecage-worker: reading /proc/self/maps: {e}"),
+        }
         // Forks and everything a child does before Ready is background work: on a small
         // machine it must not take the CPU from a request in flight. The supervisor raises
         // a worker back when it gives it a job.
-        sandbox::lower_priority(BACKGROUND_NICE);
+        priority::lower_to_background();
         let info = ZygoteInfo {
             pid: std::process::id() as i32,
             python_version: interpreter::python_version(),

@@ -192,6 +192,27 @@ impl Sandbox {
         Ok(())
     }
 
+    /// In the zygote, once it has preloaded and before its first fork: installs the bulk
+    /// of the seccomp policy, which every worker inherits. If that fails, workers get no
+    /// seccomp layer at all and it is reported unavailable (a `require`d layer then stops
+    /// start-up).
+    pub fn seal_zygote(&mut self) {
+        if !self.apply.contains(&Layer::Seccomp) {
+            return;
+        }
+        let Some(filters) = &self.seccomp else { return };
+        if let Err(e) = filters.install_zygote_part() {
+            self.apply.remove(&Layer::Seccomp);
+            if let Some(r) = self.reports.iter_mut().find(|r| r.layer == Layer::Seccomp) {
+                *r = report(
+                    Layer::Seccomp,
+                    LayerState::Unavailable,
+                    format!("installing the zygote's part: {e}"),
+                );
+            }
+        }
+    }
+
     /// Whether workers set their resource limits (step 3).
     pub fn applies_rlimits(&self) -> bool {
         self.config.wants(Layer::Rlimits)
@@ -207,10 +228,18 @@ impl Sandbox {
                 .map(|()| "no_new_privs, not dumpable".to_owned())
                 .map_err(text),
             Layer::Landlock => landlock::restrict(&self.read_only, workspace),
+            // The zygote's part is already in place (inherited, or installed first by the
+            // probe child); a worker adds its own small part.
             Layer::Seccomp => match &self.seccomp {
                 Some(filters) => filters
-                    .install()
-                    .map(|()| format!("{} BPF instructions, deny list", filters.instructions()))
+                    .install_worker_part()
+                    .map(|()| {
+                        format!(
+                            "deny list: {} BPF instructions installed once in the zygote and inherited, {} per worker",
+                            filters.zygote_instructions(),
+                            filters.worker_instructions()
+                        )
+                    })
                     .map_err(text),
                 None => Err("no compiled policy".into()),
             },
@@ -273,8 +302,20 @@ impl Sandbox {
 
     fn probe_child(&self, layers: &BTreeSet<Layer>, workspace: BorrowedFd<'_>) -> String {
         let mut results: Vec<(Layer, Result<String, String>)> = Vec::new();
+        // A worker inherits the zygote's part of the seccomp policy before it hardens
+        // itself: install it first here too, so the probe proves the same sequence.
+        let zygote_part = match (&self.seccomp, layers.contains(&Layer::Seccomp)) {
+            (Some(filters), true) => filters
+                .install_zygote_part()
+                .map_err(|e| format!("installing the zygote's part: {e}")),
+            _ => Ok(()),
+        };
         for &layer in layers {
-            results.push((layer, self.apply_layer(layer, workspace)));
+            let result = match (&zygote_part, layer) {
+                (Err(e), Layer::Seccomp) => Err(e.clone()),
+                _ => self.apply_layer(layer, workspace),
+            };
+            results.push((layer, result));
         }
         // Check that each layer that applied really denies.
         for (layer, result) in &mut results {
@@ -289,7 +330,7 @@ impl Sandbox {
                     Ok(_) => Err("not enforced: /etc/passwd stayed readable".to_owned()),
                     Err(e) => Err(format!("unexpected: {e}")),
                 },
-                Layer::Seccomp => {
+                Layer::Seccomp => probe_fork_denied().and_then(|()| {
                     // SAFETY: socket() takes plain integers; a returned fd is closed below.
                     let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
                     let errno = io::Error::last_os_error().raw_os_error();
@@ -302,7 +343,7 @@ impl Sandbox {
                     } else {
                         Err(format!("unexpected socket() error {errno:?}"))
                     }
-                }
+                }),
                 _ => Ok(()),
             };
             if let Err(e) = verdict {
@@ -316,6 +357,26 @@ impl Sandbox {
                 Err(e) => format!("{}\terr\t{}\n", layer.as_str(), one_line(&e)),
             })
             .collect()
+    }
+}
+
+/// The per-worker part: a fork must fail with EPERM. Should it succeed, the new process
+/// exits at once and the layer is reported as not enforced.
+fn probe_fork_denied() -> Result<(), String> {
+    // SAFETY: the probe child is single-threaded (CPython has not started); a forked
+    // process _exits immediately.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: ends the unexpected grandchild at once.
+        unsafe { libc::_exit(0) };
+    }
+    if pid > 0 {
+        let _ = nix::sys::wait::waitpid(Pid::from_raw(pid), None);
+        return Err("not enforced: fork() succeeded".to_owned());
+    }
+    match io::Error::last_os_error().raw_os_error() {
+        Some(libc::EPERM) => Ok(()),
+        errno => Err(format!("unexpected fork() error {errno:?}")),
     }
 }
 

@@ -5,7 +5,8 @@
 //! - [`fds`], [`rlimits`]: each worker's descriptors and resource limits.
 //! - [`privileges`]: the uid/gid drop, no_new_privs.
 //! - [`landlock`]: filesystem, network and scope rules.
-//! - [`seccomp`]: the syscall policy from `worker/seccomp/worker.json`.
+//! - [`seccomp`]: the syscall policy from `worker/seccomp/`: its bulk installed once in the
+//!   zygote and inherited, a small part per worker.
 //! - [`layers`]: which layers are active here (probed once at start-up) and how a worker
 //!   applies them.
 
@@ -78,18 +79,6 @@ pub fn fixed_environment(config: &ZygoteConfig) {
     for (key, value) in vars {
         // SAFETY: as above.
         unsafe { std::env::set_var(key, value) };
-    }
-}
-
-/// Lowers this process's CPU priority to `nice` (children inherit it). Failure only costs
-/// latency, so it is logged, not fatal.
-pub fn lower_priority(nice: i32) {
-    // SAFETY: setpriority on our own process (who = 0) with a plain integer.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } != 0 {
-        eprintln!(
-            "snakecage-worker: cannot lower the zygote's priority: {}",
-            io::Error::last_os_error()
-        );
     }
 }
 

@@ -1,0 +1,57 @@
+//! CPU priority of background work: the zygote, its forks, every worker until it is given
+//! a job. With CAP_SYS_NICE the zygote runs at `SCHED_IDLE`, which on this kernel yields
+//! to a woken request at once (a niced task finishes its slice first); the supervisor,
+//! holding the same capability, raises a worker to `SCHED_OTHER` before sending its job
+//! and drops it back to `SCHED_IDLE` before killing it, so its exit teardown runs idle too.
+//!
+//! Without CAP_SYS_NICE nobody could raise a worker out of `SCHED_IDLE` (an unprivileged
+//! switch back to `SCHED_OTHER` needs `RLIMIT_NICE` ≥ 20, and after the uid drop the worker
+//! could not do it itself), so the zygote only lowers its niceness then, as far as a job
+//! may still run at without hurting: nice 10.
+
+use std::io;
+
+/// Niceness of the zygote when it cannot use `SCHED_IDLE`.
+const FALLBACK_NICE: i32 = 10;
+
+/// Lowers this process (and so every child it forks) to background priority. Failure only
+/// costs latency, so it is logged, not fatal.
+pub fn lower_to_background() {
+    if has_cap_sys_nice() {
+        match set_idle() {
+            Ok(()) => return,
+            Err(e) => eprintln!("snakecage-worker: cannot switch to SCHED_IDLE: {e}"),
+        }
+    }
+    // SAFETY: setpriority on our own process (who = 0) with a plain integer.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, FALLBACK_NICE) } != 0 {
+        let e = io::Error::last_os_error();
+        eprintln!("snakecage-worker: cannot lower the zygote's priority: {e}");
+    }
+}
+
+/// Moves this process to `SCHED_IDLE`. Any process may lower itself; a worker does it
+/// right before it exits, so the teardown of its address space never competes with a
+/// request, whether or not the supervisor has got to it yet.
+pub fn set_idle() -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler on ourselves (pid 0) with a valid sched_param we own.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether CAP_SYS_NICE is in this process's effective set (the supervisor that exec'd
+/// the zygote has the same set).
+fn has_cap_sys_nice() -> bool {
+    const CAP_SYS_NICE: u32 = 23;
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_SYS_NICE) != 0)
+}
