@@ -98,8 +98,8 @@ def timeline(woken, woke, runs, by_cpu):
 
 def occupants(rows, since, until, worker, workers):
     """What ran on a CPU between `since` and `until`, in ms per task: the job's own worker,
-    another snakecage worker (one a supervisor thread woke, on any server of the machine), or a command name.
-    `rows` are in the order the trace printed them: by end time."""
+    another snakecage worker (one a supervisor thread woke: on any server of the machine),
+    or a command name. `rows` are in the order the trace printed them: by end time."""
     out = collections.Counter()
     first = bisect.bisect_right(rows, since, key=lambda row: row[1])
     for start, end, task in rows[first:]:
