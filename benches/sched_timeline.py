@@ -98,8 +98,8 @@ def timeline(woken, woke, runs, by_cpu):
 
 def occupants(rows, since, until, worker, workers):
     """What ran on a CPU between `since` and `until`, in ms per task: the job's own worker,
-    another worker of this server (one the supervisor talked to), or a command name.
-    `rows` are in the order the trace printed them: by end time."""
+    another snakecage worker (one a supervisor thread woke: on any server of the machine),
+    or a command name. `rows` are in the order the trace printed them: by end time."""
     out = collections.Counter()
     first = bisect.bisect_right(rows, since, key=lambda row: row[1])
     for start, end, task in rows[first:]:
@@ -110,7 +110,7 @@ def occupants(rows, since, until, worker, workers):
             if pid == worker:
                 name = "the job's own worker"
             elif pid in workers:
-                name = "another worker of this server"
+                name = "another snakecage worker"
             else:
                 name = re.sub(r"\[.*", "", task)
             out[name] += (min(end, until) - max(start, since)) * 1e3
