@@ -82,7 +82,8 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
             // The heap, complete and frozen now, mapped back from memfds: fork copies no
             // page table for it and exit unmaps only what a worker touched. From here on
             // the zygote runs no Python of its own, only the fork loop below (Rust, the
-            // interpreter's at-fork bookkeeping); what it writes becomes anonymous again.
+            // interpreter's at-fork bookkeeping and the preloads' at-fork hooks); what it
+            // writes becomes anonymous again.
             sandbox::ensure_single_thread()
                 .map_err(io_err("checking threads before the snapshot"))?;
             // SAFETY: this process has exactly one thread (checked just above), so nothing
