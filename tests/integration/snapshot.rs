@@ -132,6 +132,26 @@ async fn on_a_snapshotted_tier_the_os_layers_still_stop_every_escape() {
         failures.len(),
         failures.join("\n")
     );
+    // The snapshot's memfds are reachable only through /proc (map_files, maps): with the
+    // Python layer off, the OS layers still deny both.
+    for (code, denial) in [
+        (
+            "import os\nprint(os.listdir('/proc/self/map_files'))",
+            "PermissionError: [Errno 13] Permission denied: '/proc/self/map_files'",
+        ),
+        (
+            "print(open('/proc/self/maps').read())",
+            "PermissionError: [Errno 13] Permission denied: '/proc/self/maps'",
+        ),
+    ] {
+        let r = s.run(code).await;
+        let stderr = r["stderr"].as_str().unwrap_or_default();
+        assert_eq!(
+            (r["exit_code"].as_i64(), stderr.trim_end().lines().last()),
+            (Some(1), Some(denial)),
+            "{r}"
+        );
+    }
     let after = s.health().await;
     assert_eq!(after["status"], "ok", "{after}");
     assert_eq!(zygote_pid(&after), zygote, "the zygote died");
