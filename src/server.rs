@@ -89,6 +89,7 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
         tier: String::new(),
         preload: Vec::new(),
         warm_up: Vec::new(),
+        snapshot: false,
         // Shared by every tier: the plotting zygote builds the font cache there, which a
         // worker of another tier importing matplotlib then reads.
         mpl_config_dir: state_dir.join("mplconfig"),
@@ -113,6 +114,7 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
                 tier: profile.name.clone(),
                 preload: profile.preload.clone(),
                 warm_up: profile.warm_up(),
+                snapshot: profile.snapshot,
                 ..zygote.clone()
             },
         })

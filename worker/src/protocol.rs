@@ -26,6 +26,10 @@ pub struct ZygoteConfig {
     /// not pay its first-use costs (cold caches, copy-on-write faults, font loading).
     #[serde(default)]
     pub warm_up: Vec<WarmUp>,
+    /// Map the heap back from a memfd snapshot once it is built (`snapshot.rs`): cheaper
+    /// fork and exit, a page fault for each page a worker first reads.
+    #[serde(default)]
+    pub snapshot: bool,
     /// Matplotlib's config and font cache; written by the zygote only.
     pub mpl_config_dir: PathBuf,
     pub limits: WorkerLimits,
