@@ -22,6 +22,7 @@ mod prometheus;
 mod reliability;
 mod replay;
 mod rich;
+mod rollover;
 mod s3_store;
 mod sessions;
 mod stream;
