@@ -54,6 +54,11 @@ impl Server {
         Ok(server)
     }
 
+    /// `http://127.0.0.1:PORT`.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -25,6 +25,7 @@ mod rich;
 mod rollover;
 mod s3_store;
 mod sessions;
+mod starting;
 mod stream;
 mod tiers;
 mod timeouts;

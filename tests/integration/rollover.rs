@@ -13,6 +13,7 @@ use reqwest::header::AUTHORIZATION;
 use serde_json::{Value, json};
 use snakecage::metrics::names;
 
+use crate::agents::mcp_client_with;
 use crate::auth::keys_add;
 use crate::harness::{Options, Server, check_error_body, repo_root};
 
@@ -72,6 +73,15 @@ async fn allowed_packages(s: &Server) -> Vec<String> {
 
 async fn generation(s: &Server) -> u64 {
     s.health().await["generation"]["id"].as_u64().unwrap()
+}
+
+/// The `run_python` description an MCP client is given now.
+async fn mcp_description(s: &Server) -> String {
+    let base = s.base.clone();
+    let out = tokio::task::spawn_blocking(move || mcp_client_with(&base, "describe", &[]))
+        .await
+        .unwrap();
+    out["run_python_description"].as_str().unwrap().to_owned()
 }
 
 /// Counts stateless runs by outcome while it runs: `c` clients in a loop.
@@ -147,6 +157,9 @@ async fn reload_under_load_switches_generations_with_zero_failures_and_sessions_
     assert!(allowed_packages(&s).await.contains(&"openpyxl".to_owned()));
     let r = s.run("import openpyxl\nprint('ok')").await;
     assert_eq!(r["stdout"], "ok\n", "{r}");
+    let (_, tools) = s.get_json("/v1/tools").await;
+    assert!(tools.to_string().contains("openpyxl"), "{tools}");
+    assert!(mcp_description(&s).await.contains("openpyxl"));
 
     // A session holding a variable, on generation 1.
     let (status, created) = s.post("/v1/sessions", &json!({})).await;
@@ -216,6 +229,17 @@ async fn reload_under_load_switches_generations_with_zero_failures_and_sessions_
     );
     let (_, tools) = s.get_json("/v1/tools").await;
     assert!(!tools.to_string().contains("openpyxl"), "{tools}");
+    let description = mcp_description(&s).await;
+    assert!(
+        !description.contains("openpyxl") && description.contains("numpy"),
+        "{description}"
+    );
+    let (_, status) = s.get_json("/v1/status").await;
+    assert_eq!(status["generation"]["id"], 2, "{status}");
+    assert!(
+        !status["packages"].to_string().contains("openpyxl"),
+        "{status}"
+    );
 
     let scrape = s.scrape().await;
     assert_eq!(
@@ -227,6 +251,7 @@ async fn reload_under_load_switches_generations_with_zero_failures_and_sessions_
         0.0
     );
     assert_eq!(scrape.get(names::GENERATION, &[]), 2.0);
+    assert_eq!(scrape.series(names::BUILD_INFO).len(), 1);
     let count = format!("{}_count", names::ROLLOVER_DURATION_SECONDS);
     assert_eq!(scrape.sum(&count, &[]), 1.0);
 
