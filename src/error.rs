@@ -58,6 +58,15 @@ pub enum ApiError {
     NotReady(String),
     #[error("{0}")]
     InsufficientStorage(String),
+    /// A valid key that may not use this route (an admin route without the admin scope).
+    #[error("{0}")]
+    Forbidden(String),
+    /// Another rollover (reload, package change) is in progress.
+    #[error("{0}")]
+    RolloverBusy(String),
+    /// A new generation failed to start or its probe failed; the old one keeps serving.
+    #[error("{0}")]
+    RolloverFailed(String),
     #[error("internal error")]
     Internal(String),
 }
@@ -89,6 +98,9 @@ impl ApiError {
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::RolloverBusy(_) => StatusCode::CONFLICT,
+            ApiError::RolloverFailed(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -116,6 +128,9 @@ impl ApiError {
             ApiError::Unavailable(_) => ErrorCode::Unavailable,
             ApiError::NotReady(_) => ErrorCode::NotReady,
             ApiError::InsufficientStorage(_) => ErrorCode::InsufficientStorage,
+            ApiError::Forbidden(_) => ErrorCode::Forbidden,
+            ApiError::RolloverBusy(_) => ErrorCode::RolloverInProgress,
+            ApiError::RolloverFailed(_) => ErrorCode::RolloverFailed,
             ApiError::Internal(_) => ErrorCode::InternalError,
         }
     }
@@ -226,8 +241,8 @@ impl IntoResponse for ApiError {
                     .headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
             }
-            // Overloaded, degraded or stopping: worth retrying soon (or elsewhere).
-            ApiError::Unavailable(_) => {
+            // Overloaded, degraded, starting or stopping: worth retrying soon (or elsewhere).
+            ApiError::Unavailable(_) | ApiError::NotReady(_) => {
                 response
                     .headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
@@ -273,10 +288,13 @@ pub enum ErrorCode {
     Unavailable,
     NotReady,
     InsufficientStorage,
+    Forbidden,
+    RolloverInProgress,
+    RolloverFailed,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::BadRequest,
         ErrorCode::InvalidRequest,
         ErrorCode::TimeoutTooLarge,
@@ -296,6 +314,9 @@ impl ErrorCode {
         ErrorCode::Unavailable,
         ErrorCode::NotReady,
         ErrorCode::InsufficientStorage,
+        ErrorCode::Forbidden,
+        ErrorCode::RolloverInProgress,
+        ErrorCode::RolloverFailed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -319,6 +340,9 @@ impl ErrorCode {
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::NotReady => "not_ready",
             ErrorCode::InsufficientStorage => "insufficient_storage",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::RolloverInProgress => "rollover_in_progress",
+            ErrorCode::RolloverFailed => "rollover_failed",
         }
     }
 

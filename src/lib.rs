@@ -9,6 +9,8 @@
 //! - [`markdown`]: the Python blocks of a model's markdown answer (`code_format: markdown`).
 //! - [`tools`], [`mcp`], [`packages`]: what agents see: tool definitions (OpenAI, Anthropic,
 //!   MCP) generated from the live configuration, the MCP server, the importable packages.
+//! - [`generation`], [`live`]: zygote generations and zero-downtime rollover (reload,
+//!   package changes), and the live configuration and packages of the one serving now.
 //! - [`pool`]: the zygotes (one per tier), the pre-forked workers, one run of one job.
 //! - [`imports`]: the modules a job's code imports, read statically to pick its tier.
 //! - [`state_lock`]: the lock by which one running instance owns a state directory.
@@ -32,7 +34,9 @@ pub mod codemode;
 pub mod config;
 pub mod error;
 pub mod files;
+pub mod generation;
 pub mod imports;
+pub mod live;
 pub mod markdown;
 pub mod mcp;
 pub mod metrics;

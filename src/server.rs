@@ -29,6 +29,8 @@ use crate::files::local::LocalStoreSettings;
 use crate::files::observed::Observed;
 use crate::files::s3::S3StoreSettings;
 use crate::files::{self, LocalStore, S3Store, SharedStore, StoreError};
+use crate::generation::{GenerationInfo, Rollovers};
+use crate::live::{Live, LiveCell};
 use crate::metrics::{BuildInfo, Metrics};
 use crate::packages::Packages;
 use crate::pool::{Pool, PoolError, PoolSettings, TierSettings};
@@ -60,7 +62,7 @@ pub enum ServeError {
 /// The configured keys, and whether the service may listen where it does with them: beyond
 /// loopback only with keys, or when explicitly allowed (then with a loud warning).
 pub fn load_keys(config: &Config, listening: SocketAddr) -> Result<Keys, ServeError> {
-    let keys = Keys::load(&config.auth)?;
+    let keys = Keys::load(&config.auth)?.listening_on(listening);
     if keys.enabled() {
         tracing::info!(keys = keys.names().count(), "API keys required");
     } else if !listening.ip().is_loopback() {
@@ -138,19 +140,47 @@ pub async fn serve(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let local_addr = listener.local_addr()?;
     let keys = Arc::new(load_keys(&config, listener.local_addr()?)?);
     let settings = pool_settings(&config)?;
     let metrics = Arc::new(Metrics::new());
     let store = open_store(&config, metrics.clone())?;
     std::fs::create_dir_all(&settings.tiers[0].zygote.mpl_config_dir)?;
     metrics.set_tenants(keys.names());
-    let pool = Pool::start_observed(settings, metrics.clone()).await?;
+    // Answer at once while the zygotes start (503, Retry-After, what is happening); the
+    // real router takes over when the pool is ready.
+    let router_cell = api::starting::RouterCell::default();
+    let tiers: Vec<&str> = settings.tiers.iter().map(|t| t.name.as_str()).collect();
+    let what = format!(
+        "its zygotes ({}) are preloading their modules and forking the first workers",
+        tiers.join(", ")
+    );
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(listen(
+        listener,
+        api::starting::until_ready(router_cell.clone(), what, settings.size),
+        stop.clone(),
+    ));
+    let pool_started = std::time::Instant::now();
+    let pool = match Pool::start_observed(settings, metrics.clone()).await {
+        Ok(pool) => pool,
+        Err(e) => {
+            stop.cancel();
+            let _ = server.await;
+            return Err(e.into());
+        }
+    };
+    let first_generation = GenerationInfo::first(
+        pool.generation(),
+        u64::try_from(pool_started.elapsed().as_millis()).unwrap_or(u64::MAX),
+    );
+    metrics.set_generation(first_generation.id);
     metrics.set_tiers(&pool.tier_names());
     let info = pool.zygote_info();
     // The zygote's hello says which Python and which sandbox layers are running.
     metrics.set_build_info(build_info(&info));
     tracing::info!(
-        addr = %listener.local_addr()?,
+        addr = %local_addr,
         python = %info.python_version,
         preloaded = ?info.preloaded.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(),
         "snakecage is listening"
@@ -160,7 +190,6 @@ pub async fn serve(
     }
     log_sandbox(&info.sandbox);
     let grace = Duration::from_millis(config.worker.shutdown_grace_ms);
-    let stop = CancellationToken::new();
     if config.files.ttl_seconds > 0 {
         let ttl = Duration::from_secs(config.files.ttl_seconds);
         files::spawn_sweeper(store.clone(), files::sweep_interval(ttl), stop.clone());
@@ -185,13 +214,18 @@ pub async fn serve(
         .with_code_tools(catalog.public());
     let drain = Duration::from_millis(config.worker.shutdown_drain_ms);
     let stopping = CancellationToken::new();
+    let live = LiveCell::new(Live {
+        config: Arc::new(config),
+        packages: Arc::new(packages),
+        tool_context: Arc::new(tool_context),
+        generation: first_generation,
+    });
     let state = Arc::new(AppState {
-        config,
+        live: Arc::new(live),
+        rollovers: Rollovers::default(),
         pool: pool.clone(),
         store,
         sessions,
-        packages,
-        tool_context,
         catalog: Arc::new(catalog),
         runs: Arc::default(),
         metrics,
@@ -228,18 +262,9 @@ pub async fn serve(
         }
         stop_signal.cancel();
     });
-    let graceful = stop.clone();
-    // No Nagle: a streamed event (or any response written in more than one piece) must
-    // leave at once, not wait for the client's delayed ACK of the previous write.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY on a connection");
-        }
-    });
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { graceful.cancelled().await });
+    let _ = router_cell.set(app);
     tokio::select! {
-        result = server => result?,
+        result = server => result.map_err(std::io::Error::other)??,
         () = async { stop.cancelled().await; tokio::time::sleep(grace).await } => {
             tracing::warn!(?grace, "in-flight requests did not finish within the grace period; killing their workers");
         }
@@ -247,6 +272,24 @@ pub async fn serve(
     pool.shutdown().await;
     tracing::info!("snakecage stopped");
     Ok(())
+}
+
+/// Serves `app` on `listener` until `stop` fires, then lets in-flight requests finish.
+async fn listen(
+    listener: TcpListener,
+    app: axum::Router,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    // No Nagle: a streamed event (or any response written in more than one piece) must
+    // leave at once, not wait for the client's delayed ACK of the previous write.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY on a connection");
+        }
+    });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
 }
 
 /// The session rules the configuration describes.

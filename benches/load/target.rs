@@ -54,6 +54,11 @@ impl Server {
         Ok(server)
     }
 
+    /// `http://127.0.0.1:PORT`.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -104,12 +109,15 @@ impl Server {
     }
 }
 
-/// Every tier holds at least its idle target and none is starting a worker.
+/// Every tier holds at least its idle target and none is starting a worker (a service still
+/// starting reports no tiers: not full).
 fn pool_is_full(pool: &serde_json::Value) -> bool {
     let Some(tiers) = pool["tiers"].as_array() else {
-        return pool["idle"].as_u64() >= pool["target_size"].as_u64();
+        return pool["idle"].as_u64().is_some()
+            && pool["idle"].as_u64() >= pool["target_size"].as_u64();
     };
-    tiers.iter().all(|t| {
-        t["idle"].as_u64() >= t["target_idle"].as_u64() && t["spawning"].as_u64() == Some(0)
-    })
+    !tiers.is_empty()
+        && tiers.iter().all(|t| {
+            t["idle"].as_u64() >= t["target_idle"].as_u64() && t["spawning"].as_u64() == Some(0)
+        })
 }

@@ -9,12 +9,14 @@
 //! - [`tiers`]: the zygote tiers and their preload profiles (`[tiers]`).
 //! - [`s3`]: the file store backend (`files.backend`) and the object store (`[s3]`).
 //! - [`cluster`]: this replica's id and its peers (`[cluster]`).
+//! - [`reload`]: which keys a running service can take without a restart.
 //! - [`tools`]: Code Mode: tool call limits and the operator's tools (`[tools]`).
 //!
 //! A new area of configuration gets a file of its own here and one field in [`Config`].
 
 mod cluster;
 mod python;
+mod reload;
 mod s3;
 mod sections;
 mod tiers;
@@ -29,6 +31,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::cluster::{ClusterConfig, valid_replica_id};
 pub use self::python::{PythonConfig, PythonLayout};
+pub use self::reload::{RELOADABLE, unreloadable_changes};
 pub use self::s3::{FilesBackend, S3Config};
 pub use self::sections::*;
 pub use self::tiers::{TierProfile, TiersConfig};
@@ -54,6 +57,17 @@ pub struct Config {
     pub log: LogConfig,
     pub s3: S3Config,
     pub cluster: ClusterConfig,
+    /// Where this configuration was read from (not a key): a reload reads it again.
+    #[serde(skip)]
+    pub source: ConfigSource,
+}
+
+/// The sources a configuration was loaded from: the file and the command-line flags (the
+/// environment is read again as it is).
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSource {
+    pub file: Option<PathBuf>,
+    pub overrides: Overrides,
 }
 
 impl Default for Config {
@@ -75,6 +89,7 @@ impl Default for Config {
             log: LogConfig::default(),
             s3: S3Config::default(),
             cluster: ClusterConfig::default(),
+            source: ConfigSource::default(),
         }
     }
 }
@@ -145,12 +160,22 @@ impl Config {
         if overrides.allow_unauthenticated {
             fig = fig.merge(Serialized::default("auth.allow_unauthenticated", true));
         }
-        let config: Config = fig.extract().map_err(Box::new)?;
+        let mut config: Config = fig.extract().map_err(Box::new)?;
+        config.source = ConfigSource {
+            file: file.map(Path::to_path_buf),
+            overrides: overrides.clone(),
+        };
         config.validate()?;
         Ok(config)
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    /// Reads the same sources again (file, environment, flags): what a reload runs with.
+    pub fn reload(&self) -> Result<Self, ConfigError> {
+        Self::load(self.source.file.as_deref(), &self.source.overrides)
+    }
+
+    /// Checks the values together (ranges, consistency); [`Config::load`] calls it.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |msg: &str| Err(ConfigError::Invalid(msg.to_owned()));
         if self.pool.size == 0 {
             return bad("pool.size must be at least 1");
