@@ -91,6 +91,7 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
         warm_up: Vec::new(),
         // Shared by every tier: the plotting zygote builds the font cache there, which a
         // worker of another tier importing matplotlib then reads.
+        describe_packages: true,
         mpl_config_dir: state_dir.join("mplconfig"),
         limits: WorkerLimits {
             memory_limit_bytes: limits.memory_limit_mb << 20,
@@ -107,12 +108,16 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
         .tiers
         .profile
         .iter()
-        .map(|profile| TierSettings {
+        .enumerate()
+        .map(|(i, profile)| TierSettings {
             name: profile.name.clone(),
             zygote: ZygoteConfig {
                 tier: profile.name.clone(),
                 preload: profile.preload.clone(),
                 warm_up: profile.warm_up(),
+                // The lightest zygote is up first: the package scan is off the path of
+                // the fuller ones, which decide when the service is ready.
+                describe_packages: i == 0,
                 ..zygote.clone()
             },
         })

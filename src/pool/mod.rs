@@ -235,12 +235,17 @@ impl Pool {
         Ok(Self { inner })
     }
 
-    /// What the session tier's zygote (by default the fullest) reported at start-up.
+    /// What the session tier's zygote (by default the fullest) reported at start-up, with
+    /// the installed packages from the lightest tier's, which alone describes them.
     pub fn zygote_info(&self) -> ZygoteInfo {
-        self.inner.tiers[self.inner.table.session]
+        let mut info = self.inner.tiers[self.inner.table.session]
             .current_zygote()
             .info
-            .clone()
+            .clone();
+        if info.packages.is_empty() {
+            info.packages = self.inner.tiers[0].current_zygote().info.packages.clone();
+        }
+        info
     }
 
     /// The tiers' names, lightest first (the closed label set of the tier metrics).

@@ -29,7 +29,18 @@ enum SpawnError {
 /// Keeps `idle + spawning == target` in every tier, spawning concurrently; woken whenever
 /// a worker is taken, a spawn ends, a target moves or a zygote is replaced.
 pub(super) async fn refill_loop(inner: Arc<Inner>) {
+    let began = Instant::now();
     loop {
+        // At start-up, one worker per tier first: the service is ready once every tier
+        // has one, and the rest would only compete with the slowest tier's first worker
+        // for the CPUs. Bounded in time: a tier whose workers cannot start does not keep
+        // the others at one.
+        let starting = began.elapsed() < START_UP_ONE_EACH
+            && inner.tiers.iter().any(|t| {
+                t.spawned.load(Ordering::Relaxed) == 0
+                    && t.wanted() > 0
+                    && t.current_zygote().is_alive()
+            });
         for (index, tier) in inner.tiers.iter().enumerate() {
             let zygote = tier.current_zygote();
             if !zygote.is_alive() {
@@ -43,6 +54,7 @@ pub(super) async fn refill_loop(inner: Arc<Inner>) {
                     break;
                 }
             }
+            let wanted = if starting { wanted.min(1) } else { wanted };
             for _ in 0..wanted.saturating_sub(tier.stocked()) {
                 tier.spawning.fetch_add(1, Ordering::AcqRel);
                 tokio::spawn(spawn_one(inner.clone(), index, zygote.clone()));
@@ -59,6 +71,9 @@ pub(super) async fn refill_loop(inner: Arc<Inner>) {
         tokio::time::sleep(REFILL_DELAY).await;
     }
 }
+
+/// How long after start the refill gives each tier its first worker before the rest.
+const START_UP_ONE_EACH: Duration = Duration::from_secs(10);
 
 /// How long the refill waits after being woken before it forks.
 const REFILL_DELAY: Duration = Duration::from_millis(2);
@@ -78,6 +93,7 @@ async fn spawn_one(inner: Arc<Inner>, index: usize, zygote: Arc<ZygoteHandle>) {
                 .counters
                 .workers_spawned
                 .fetch_add(1, Ordering::Relaxed);
+            tier.spawned.fetch_add(1, Ordering::Relaxed);
             inner.counters.spawn_succeeded();
             if !inner.shutdown.is_cancelled() {
                 tier.idle.push(worker);

@@ -276,3 +276,26 @@ async fn matplotlib_imported_behind_the_scan_still_draws_on_a_lighter_tier() {
         "{r}"
     );
 }
+
+/// `/ready` says 200 only once no job would wait for a spawn, whatever tier its imports
+/// pick: every tier has had a worker ready (the plotting zygote starts last).
+#[tokio::test]
+async fn ready_waits_for_a_worker_in_every_tier() {
+    let s = Server::start_with(Options::default().first_worker_only()).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (status, _, body) = s.get("/ready").await;
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("is ready yet"), "{body}");
+        assert!(std::time::Instant::now() < deadline, "never ready: {body}");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let health = s.health().await;
+    for tier in health["pool"]["tiers"].as_array().unwrap() {
+        assert!(tier["workers_spawned"].as_u64() >= Some(1), "{health}");
+        assert!(tier["idle"].as_u64() >= Some(1), "{health}");
+    }
+}
