@@ -16,8 +16,9 @@ use std::time::Instant;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
-use snakecage::config::{Config, Overrides};
 use tokio::runtime::Runtime;
+
+mod common;
 
 struct Bench {
     rt: Runtime,
@@ -30,27 +31,10 @@ struct Bench {
 }
 
 fn start() -> Bench {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::runtime();
     let state = tempfile::tempdir().unwrap();
-    let mut config = Config::load(None, &Overrides::default()).expect("config");
-    config.python.venv = Some(std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv"));
-    config.worker.state_dir = state.path().to_path_buf();
-    config.log.level = "warn".into();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let url = format!("http://{}/v1/execute", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    rt.spawn(async move {
-        snakecage::server::serve(listener, config, async {
-            let _ = stopped.await;
-        })
-        .await
-        .expect("serve");
-    });
+    let (base, stop) = common::serve(&rt, common::config(state.path()));
+    let url = format!("{base}/v1/execute");
     let client = reqwest::Client::new();
     let health = url.replace("/v1/execute", "/health");
     let pool_size = rt.block_on(wait_until_full(&client, &health, Duration::from_millis(50)));

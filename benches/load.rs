@@ -29,8 +29,10 @@ use serde_json::json;
 use stats::{CpuSnapshot, Summary};
 use target::Server;
 
-const SNIPPETS: [(&str, &str); 2] = [
+const SNIPPETS: [(&str, &str); 3] = [
     ("print", "print(1+1)"),
+    // A light job on the scientific tier: its fork and exit, not its work, dominate.
+    ("numpy", "import numpy as np\nprint(np.arange(10).sum())"),
     (
         "numpy_pandas",
         "import numpy as np, pandas as pd\ndf = pd.DataFrame({'k': np.arange(1000) % 7, 'v': np.arange(1000.0)})\nprint(df.groupby('k')['v'].sum().iloc[3])",
@@ -40,7 +42,7 @@ const SNIPPETS: [(&str, &str); 2] = [
 const USAGE: &str =
     "usage: load [--server NAME=DIR]... [--rounds N] [--snippets print,numpy_pandas]
             [--paced N] [--pace-ms MS] [--concurrency C] [--seconds S] [--pool-size P]
-            [--env KEY=VALUE]... [--floors] [--json PATH]";
+            [--env KEY=VALUE]... [--server-env NAME:KEY=VALUE]... [--floors] [--json PATH]";
 
 struct Options {
     servers: Vec<(String, PathBuf)>,
@@ -52,6 +54,8 @@ struct Options {
     seconds: f64,
     pool_size: usize,
     env: Vec<(String, String)>,
+    /// Environment for one server only (after `env`): (server name, key, value).
+    server_env: Vec<(String, String, String)>,
     floors: bool,
     json: Option<PathBuf>,
 }
@@ -68,6 +72,7 @@ fn parse_args() -> Result<Options> {
         seconds: 5.0,
         pool_size: 4,
         env: Vec::new(),
+        server_env: Vec::new(),
         floors: false,
         json: None,
     };
@@ -92,6 +97,12 @@ fn parse_args() -> Result<Options> {
                 let v = value()?;
                 let (k, val) = v.split_once('=').context("--env KEY=VALUE")?;
                 o.env.push((k.into(), val.into()));
+            }
+            "--server-env" => {
+                let v = value()?;
+                let (name, kv) = v.split_once(':').context("--server-env NAME:KEY=VALUE")?;
+                let (k, val) = kv.split_once('=').context("--server-env NAME:KEY=VALUE")?;
+                o.server_env.push((name.into(), k.into(), val.into()));
             }
             "--floors" => o.floors = true,
             "--json" => o.json = Some(value()?.into()),
@@ -128,7 +139,14 @@ fn main() -> Result<()> {
     let mut rows = Vec::new();
     for round in 0..o.rounds {
         for (name, dir) in &o.servers {
-            let server = Server::start(dir, o.pool_size, &o.env)
+            let mut env = o.env.clone();
+            env.extend(
+                o.server_env
+                    .iter()
+                    .filter(|(n, _, _)| n == name)
+                    .map(|(_, k, v)| (k.clone(), v.clone())),
+            );
+            let server = Server::start(dir, o.pool_size, &env)
                 .with_context(|| format!("starting {name} from {}", dir.display()))?;
             eprintln!(
                 "round {round} {name}: pool of {} full {:.2} s after start",

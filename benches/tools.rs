@@ -20,8 +20,10 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
-use snakecage::config::{Config, HttpToolConfig, Overrides};
+use snakecage::config::HttpToolConfig;
 use tokio::runtime::Runtime;
+
+mod common;
 
 const CALLS: u64 = 1000;
 
@@ -34,10 +36,7 @@ struct Bench {
 }
 
 fn start(max_calls: u64) -> Bench {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::runtime();
     // The no-op tool: a loopback HTTP endpoint answering `{}`.
     let tool_listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -51,10 +50,7 @@ fn start(max_calls: u64) -> Bench {
         axum::serve(tool_listener, app).await.unwrap();
     });
     let state = tempfile::tempdir().unwrap();
-    let mut config = Config::load(None, &Overrides::default()).expect("config");
-    config.python.venv = Some(std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv"));
-    config.worker.state_dir = state.path().to_path_buf();
-    config.log.level = "warn".into();
+    let mut config = common::config(state.path());
     config.tools.max_calls_per_run = max_calls as u32;
     config.tools.http.push(HttpToolConfig {
         name: "noop".into(),
@@ -66,18 +62,7 @@ fn start(max_calls: u64) -> Bench {
         headers_from_env: Default::default(),
         tenants: None,
     });
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    rt.spawn(async move {
-        snakecage::server::serve(listener, config, async {
-            let _ = stopped.await;
-        })
-        .await
-        .expect("serve");
-    });
+    let (base, stop) = common::serve(&rt, config);
     let client = reqwest::Client::new();
     let run_url = rt.block_on(async {
         for _ in 0..600 {

@@ -89,6 +89,7 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
         tier: String::new(),
         preload: Vec::new(),
         warm_up: Vec::new(),
+        snapshot: false,
         // Shared by every tier: the plotting zygote builds the font cache there, which a
         // worker of another tier importing matplotlib then reads.
         describe_packages: true,
@@ -118,6 +119,7 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
                 // The lightest zygote is up first: the package scan is off the path of
                 // the fuller ones, which decide when the service is ready.
                 describe_packages: i == 0,
+                snapshot: profile.snapshot,
                 ..zygote.clone()
             },
         })

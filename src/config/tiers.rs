@@ -34,6 +34,10 @@ pub struct TierProfile {
     /// preloaded (`python` always).
     #[serde(default)]
     pub warm_up: Option<Vec<WarmUp>>,
+    /// Map the zygote's heap back from a memfd snapshot after its preloads: fork and exit
+    /// of a big interpreter get cheaper, each page a worker first reads faults once.
+    #[serde(default)]
+    pub snapshot: bool,
 }
 
 impl TierProfile {
@@ -42,6 +46,7 @@ impl TierProfile {
             name: name.to_owned(),
             preload: preload.iter().map(|s| (*s).to_owned()).collect(),
             warm_up: Some(warm_up.to_vec()),
+            snapshot: false,
         }
     }
 
@@ -183,6 +188,7 @@ mod tests {
             name: "x".into(),
             preload: vec!["numpy".into(), "matplotlib.pyplot".into()],
             warm_up: None,
+            snapshot: false,
         };
         assert_eq!(
             profile.warm_up(),

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use tokio::io::AsyncRead;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 pub use self::local::LocalStore;
@@ -194,6 +194,33 @@ pub fn spawn_sweeper(store: SharedStore, interval: Duration, stop: CancellationT
 /// comes back soon, rarely enough to cost nothing.
 pub fn sweep_interval(ttl: Duration) -> Duration {
     (ttl / 4).clamp(Duration::from_secs(1), Duration::from_secs(60))
+}
+
+/// Copies an upload from `body` into `sink` in 64 KiB chunks, answering `TooLarge` past
+/// `max_bytes`. Before each chunk is written, `admit(total, chunk)` may refuse it (a quota);
+/// `write_failed` turns a write error into the backend's error. Returns the bytes copied;
+/// `sink` is not flushed or closed.
+pub(crate) async fn copy_upload<W: AsyncWrite + Unpin + ?Sized>(
+    body: &mut (dyn AsyncRead + Send + Unpin),
+    sink: &mut W,
+    max_bytes: u64,
+    mut admit: impl FnMut(u64, u64) -> Result<(), StoreError>,
+    write_failed: impl Fn(io::Error) -> StoreError,
+) -> Result<u64, StoreError> {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut written = 0u64;
+    loop {
+        let n = body.read(&mut buf).await.map_err(StoreError::Source)?;
+        if n == 0 {
+            return Ok(written);
+        }
+        written += n as u64;
+        if written > max_bytes {
+            return Err(StoreError::TooLarge { max_bytes });
+        }
+        admit(written, n as u64)?;
+        sink.write_all(&buf[..n]).await.map_err(&write_failed)?;
+    }
 }
 
 /// The MIME type for a file name, from its extension.

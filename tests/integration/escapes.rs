@@ -20,13 +20,13 @@ use serde_json::{Value, json};
 use crate::harness::{Options, Server, descendants_of, process_exists};
 
 /// Every layer: the hostile suite refuses to run on a host where one is missing.
-const ALL_LAYERS: &str = r#"["network_namespace", "mount_namespace", "rlimits", "drop_privileges", "no_new_privs", "landlock", "seccomp", "audit_hook", "import_guard"]"#;
-const OS_LAYERS: &str = r#"["network_namespace", "mount_namespace", "rlimits", "drop_privileges", "no_new_privs", "landlock", "seccomp"]"#;
+pub(crate) const ALL_LAYERS: &str = r#"["network_namespace", "mount_namespace", "rlimits", "drop_privileges", "no_new_privs", "landlock", "seccomp", "audit_hook", "import_guard"]"#;
+pub(crate) const OS_LAYERS: &str = r#"["network_namespace", "mount_namespace", "rlimits", "drop_privileges", "no_new_privs", "landlock", "seccomp"]"#;
 /// The uid workers drop to by default.
 const WORKER_UID: u32 = 65534;
 
 /// One hostile program and what the user must see.
-struct Fixture {
+pub(crate) struct Fixture {
     name: &'static str,
     code: String,
     timeout_ms: Option<u64>,
@@ -83,7 +83,7 @@ fn eacces(path: &str) -> String {
 }
 
 /// Runs every fixture and returns one message per fixture that was not stopped as expected.
-async fn run_fixtures(s: &Server, fixtures: Vec<Fixture>) -> Vec<String> {
+pub(crate) async fn run_fixtures(s: &Server, fixtures: Vec<Fixture>) -> Vec<String> {
     let mut failures = Vec::new();
     for f in fixtures {
         let mut body = json!({ "code": f.code });
@@ -126,13 +126,13 @@ async fn run_fixtures(s: &Server, fixtures: Vec<Fixture>) -> Vec<String> {
 
 /// Things on the host that hostile code must not reach: a secret file outside any
 /// workspace (readable by every uid, so only the sandbox stops a read) and a TCP listener.
-struct HostBait {
+pub(crate) struct HostBait {
     dir: tempfile::TempDir,
     listener: TcpListener,
 }
 
 impl HostBait {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         std::fs::set_permissions(dir.path(), PermissionsExt::from_mode(0o755)).unwrap();
         let secret = dir.path().join("secret.txt");
@@ -152,7 +152,7 @@ impl HostBait {
     }
 
     /// The bait is untouched: same single file, same content, and nobody connected.
-    fn assert_untouched(&self) {
+    pub(crate) fn assert_untouched(&self) {
         let names: Vec<_> = std::fs::read_dir(self.dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())
@@ -489,7 +489,7 @@ fn python_layer_fixtures(bait: &HostBait, zygote_pid: i64) -> Vec<Fixture> {
     ]
 }
 
-fn os_layer_fixtures(bait: &HostBait, supervisor_pid: u32) -> Vec<Fixture> {
+pub(crate) fn os_layer_fixtures(bait: &HostBait, supervisor_pid: u32) -> Vec<Fixture> {
     let secret = bait.secret();
     let port = bait.port();
     let mut fixtures = vec![

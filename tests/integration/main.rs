@@ -24,6 +24,7 @@ mod replay;
 mod rich;
 mod s3_store;
 mod sessions;
+mod snapshot;
 mod stream;
 mod tiers;
 mod timeouts;

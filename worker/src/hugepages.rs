@@ -45,7 +45,7 @@ pub fn collapse_anonymous() -> io::Result<Collapsed> {
 
 /// `start-end rw-p offset dev inode [path]`: private, writable, and either without a path
 /// or the brk heap.
-fn anonymous_writable(line: &str) -> Option<(usize, usize)> {
+pub(crate) fn anonymous_writable(line: &str) -> Option<(usize, usize)> {
     let mut fields = line.split_whitespace();
     let range = fields.next()?;
     let perms = fields.next()?;

@@ -9,6 +9,7 @@ mod hugepages;
 mod interpreter;
 mod priority;
 mod sandbox;
+mod snapshot;
 mod tools;
 mod zygote;
 

@@ -31,6 +31,10 @@ pub struct ZygoteConfig {
     /// start-up; the packages are the same for every tier, so only one tier does it.
     #[serde(default = "yes")]
     pub describe_packages: bool,
+    /// Map the heap back from a memfd snapshot once it is built (`snapshot.rs`): cheaper
+    /// fork and exit, a page fault for each page a worker first reads.
+    #[serde(default)]
+    pub snapshot: bool,
     /// Matplotlib's config and font cache; written by the zygote only.
     pub mpl_config_dir: PathBuf,
     pub limits: WorkerLimits,

@@ -24,6 +24,7 @@ use crate::interpreter::{self, InterpreterError, Runner};
 use crate::priority;
 use crate::sandbox;
 use crate::sandbox::layers::Sandbox;
+use crate::snapshot;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ZygoteError {
@@ -77,16 +78,34 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
         sandbox::ensure_single_thread().map_err(io_err("checking threads after preload"))?;
         // The bulk of the seccomp policy, once: every worker forked from here inherits it.
         sandbox.seal_zygote();
-        // Fork and exit cost per page-table entry: the heap, complete now, in 2 MiB pages.
-        // Mappings the kernel will not collapse (reserved, unaligned) are normal; only a
-        // heap with no huge page at all is worth a line in the log.
-        match hugepages::collapse_anonymous() {
-            Ok(c) if c.huge_pages > 0 || c.failed == 0 => {}
-            Ok(c) => eprintln!(
-                "snakecage-worker: no part of the heap could be mapped in huge pages ({} MiB refused)",
-                c.failed * 2
-            ),
-            Err(e) => eprintln!("snakecage-worker: reading /proc/self/maps: {e}"),
+        if config.snapshot {
+            // The heap, complete and frozen now, mapped back from memfds: fork copies no
+            // page table for it and exit unmaps only what a worker touched. From here on
+            // the zygote runs no Python of its own, only the fork loop below (Rust, the
+            // interpreter's at-fork bookkeeping and the preloads' at-fork hooks); what it
+            // writes becomes anonymous again.
+            sandbox::ensure_single_thread()
+                .map_err(io_err("checking threads before the snapshot"))?;
+            // SAFETY: this process has exactly one thread (checked just above), so nothing
+            // writes to a mapping between its copy and its replacement.
+            match unsafe { snapshot::snapshot_anonymous() } {
+                Ok(_) => {}
+                // A mapping failed half way is still intact (each one is replaced whole or
+                // not at all); the zygote runs on, with that part of the heap anonymous.
+                Err(e) => eprintln!("snakecage-worker: the heap snapshot stopped: {e}"),
+            }
+        } else {
+            // Fork and exit cost per page-table entry: the heap, complete now, in 2 MiB
+            // pages. Mappings the kernel will not collapse (reserved, unaligned) are
+            // normal; only a heap with no huge page at all is worth a line in the log.
+            match hugepages::collapse_anonymous() {
+                Ok(c) if c.huge_pages > 0 || c.failed == 0 => {}
+                Ok(c) => eprintln!(
+                    "snakecage-worker: no part of the heap could be mapped in huge pages ({} MiB refused)",
+                    c.failed * 2
+                ),
+                Err(e) => eprintln!("snakecage-worker: reading /proc/self/maps: {e}"),
+            }
         }
         // Forks and everything a child does before Ready is background work: on a small
         // machine it must not take the CPU from a request in flight. The supervisor raises

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWriteExt};
 
 use self::index::State;
 use super::{
@@ -154,27 +154,21 @@ impl LocalStore {
             .open(tmp)
             .await
             .map_err(io_err("creating", tmp))?;
-        let mut buf = vec![0u8; 64 << 10];
-        let mut written = 0u64;
-        loop {
-            let n = body.read(&mut buf).await.map_err(StoreError::Source)?;
-            if n == 0 {
-                break;
-            }
-            written += n as u64;
-            if written > self.settings.max_file_bytes {
-                return Err(StoreError::TooLarge {
-                    max_bytes: self.settings.max_file_bytes,
-                });
-            }
-            let full = self.over_quota(&self.state.lock().expect("store lock"), owner, written);
-            if let Some(full) = full {
-                return Err(full);
-            }
-            file.write_all(&buf[..n])
-                .await
-                .map_err(io_err("writing", tmp))?;
-        }
+        let written = super::copy_upload(
+            body,
+            &mut file,
+            self.settings.max_file_bytes,
+            |written, _| {
+                let state = self.state.lock().expect("store lock");
+                self.over_quota(&state, owner, written).map_or(Ok(()), Err)
+            },
+            |source| StoreError::Io {
+                doing: "writing",
+                path: tmp.to_path_buf(),
+                source,
+            },
+        )
+        .await?;
         file.sync_all().await.map_err(io_err("syncing", tmp))?;
         Ok(written)
     }

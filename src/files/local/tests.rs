@@ -1,6 +1,7 @@
 //! The local store: round trips, limits, expiry, recovery at open, owners.
 
 use super::*;
+use tokio::io::AsyncReadExt;
 
 fn store(dir: &Path, max: u64, quota: Option<u64>, ttl: Option<Duration>) -> LocalStore {
     LocalStore::open(LocalStoreSettings {

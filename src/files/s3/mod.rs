@@ -25,7 +25,7 @@ use object_store::path::Path;
 use object_store::{
     Attribute, Attributes, ClientOptions, ObjectStore, ObjectStoreExt, RetryConfig,
 };
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio_util::io::StreamReader;
 
 use self::keys::Keys;
@@ -249,41 +249,33 @@ impl S3Store {
         let mut upload = self
             .usage
             .upload(quotas.iter().map(|(scope, _, _)| scope.clone()).collect());
-        let mut buf = vec![0u8; 64 << 10];
-        let mut written = 0u64;
-        loop {
-            let n = body.read(&mut buf).await.map_err(StoreError::Source)?;
-            if n == 0 {
-                break;
-            }
-            written += n as u64;
-            if written > self.settings.max_file_bytes {
-                return Err(StoreError::TooLarge {
-                    max_bytes: self.settings.max_file_bytes,
-                });
-            }
-            upload.add(n as u64);
-            for (scope, quota, listed) in quotas {
-                if self.usage.total(scope, *listed) > *quota {
-                    return Err(match scope {
-                        Scope::All => StoreError::QuotaExceeded {
-                            quota_bytes: *quota,
-                        },
-                        Scope::Owner(_) => StoreError::OwnerQuotaExceeded {
-                            owner: owner.name.unwrap_or_default().to_owned(),
-                            quota_bytes: *quota,
-                        },
-                    });
+        let written = super::copy_upload(
+            body,
+            writer,
+            self.settings.max_file_bytes,
+            |_, chunk| {
+                upload.add(chunk);
+                for (scope, quota, listed) in quotas {
+                    if self.usage.total(scope, *listed) > *quota {
+                        return Err(match scope {
+                            Scope::All => StoreError::QuotaExceeded {
+                                quota_bytes: *quota,
+                            },
+                            Scope::Owner(_) => StoreError::OwnerQuotaExceeded {
+                                owner: owner.name.unwrap_or_default().to_owned(),
+                                quota_bytes: *quota,
+                            },
+                        });
+                    }
                 }
-            }
-            writer
-                .write_all(&buf[..n])
-                .await
-                .map_err(|e| StoreError::Unavailable {
-                    doing: "uploading",
-                    detail: e.to_string(),
-                })?;
-        }
+                Ok(())
+            },
+            |e| StoreError::Unavailable {
+                doing: "uploading",
+                detail: e.to_string(),
+            },
+        )
+        .await?;
         writer
             .shutdown()
             .await
