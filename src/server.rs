@@ -94,6 +94,7 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
         snapshot: false,
         // Shared by every tier: the plotting zygote builds the font cache there, which a
         // worker of another tier importing matplotlib then reads.
+        describe_packages: true,
         mpl_config_dir: state_dir.join("mplconfig"),
         limits: WorkerLimits {
             memory_limit_bytes: limits.memory_limit_mb << 20,
@@ -110,12 +111,16 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
         .tiers
         .profile
         .iter()
-        .map(|profile| TierSettings {
+        .enumerate()
+        .map(|(i, profile)| TierSettings {
             name: profile.name.clone(),
             zygote: ZygoteConfig {
                 tier: profile.name.clone(),
                 preload: profile.preload.clone(),
                 warm_up: profile.warm_up(),
+                // The lightest zygote is up first: the package scan is off the path of
+                // the fuller ones, which decide when the service is ready.
+                describe_packages: i == 0,
                 snapshot: profile.snapshot,
                 ..zygote.clone()
             },
@@ -145,7 +150,7 @@ pub async fn serve(
     let settings = pool_settings(&config)?;
     let metrics = Arc::new(Metrics::new());
     let store = open_store(&config, metrics.clone())?;
-    std::fs::create_dir_all(&settings.tiers[0].zygote.mpl_config_dir)?;
+    prepare_mpl_config_dir(&settings.tiers[0].zygote.mpl_config_dir)?;
     metrics.set_tenants(keys.names());
     // Answer at once while the zygotes start (503, Retry-After, what is happening); the
     // real router takes over when the pool is ready.
@@ -293,6 +298,25 @@ async fn listen(
 }
 
 /// The session rules the configuration describes.
+/// matplotlib's config and cache directory, shared by every tier: the plotting zygote
+/// writes its font cache there, and a worker of any other tier that imports matplotlib
+/// (behind the import scan's back) reads it. matplotlib insists on a directory that
+/// `access(W_OK)` calls writable, and otherwise makes a temporary one and exports it with
+/// `os.putenv`, which the audit hook denies: the import would fail. So the directory is
+/// `/tmp`-like for the file permissions (mode 1777: anyone may create, nobody may replace
+/// or remove another's file, such as the root-owned font cache), while a worker can still
+/// write nothing there: Landlock grants it read access only (`access` is not a Landlock
+/// check) and the audit hook denies opening it for writing. A directory this process does
+/// not own (another instance's) keeps its mode: only such an import is then affected.
+fn prepare_mpl_config_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    if let Err(e) = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777)) {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot open matplotlib's config dir to workers");
+    }
+    Ok(())
+}
+
 pub fn session_settings(config: &Config) -> SessionSettings {
     let s = &config.sessions;
     SessionSettings {

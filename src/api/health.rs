@@ -1,8 +1,9 @@
 //! `GET /health`: Onyx's `{"status": "ok"}` plus the pool, the interpreter, the zygote
 //! generation serving (id, reason, when; sessions per generation) and the state of every
 //! sandbox layer; `"degraded"` with the reason (`last_spawn_error`) while the
-//! zygote is down or workers cannot be started. `GET /ready`: 200 once the pool has
-//! workers, 503 before that, while the zygote is down or workers cannot be started, while
+//! zygote is down or workers cannot be started. `GET /ready`: 200 once every tier that
+//! keeps idle workers has had one ready (no job then waits for a zygote or a spawn), 503
+//! before that, while the zygote is down or workers cannot be started, while
 //! the file store cannot be reached, and once shutdown has begun (for load balancers and
 //! Kubernetes probes).
 
@@ -73,10 +74,13 @@ pub(super) fn not_ready(state: &SharedState) -> Option<String> {
         Some("the zygote is not running; it is being restarted".into())
     } else if let Some(error) = pool.last_spawn_error {
         Some(format!("workers cannot be started: {error}"))
-    } else if pool.workers_spawned == 0 {
-        Some("no worker is ready yet".into())
     } else {
-        None
+        // Until every tier has had a worker, a job routed to one without would wait for
+        // its zygote and a spawn. Once it has, it never goes back: a tier drained by
+        // traffic is busy, not unready.
+        (pool.tiers.iter())
+            .find(|t| t.workers_spawned == 0 && t.target_idle > 0)
+            .map(|tier| format!("no worker of tier {:?} is ready yet", tier.name))
     }
 }
 

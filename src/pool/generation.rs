@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use snakecage_worker::protocol::ZygoteInfo;
@@ -28,6 +28,8 @@ pub(super) struct Generation {
     pub(super) table: TierTable,
     /// Cancelled when it stops being current (or is abandoned, or the pool shuts down).
     pub(super) retired: CancellationToken,
+    /// When it started (its first workers come one per tier: see `refill::stock`).
+    pub(super) began: Instant,
     /// Held by every worker forked from it: its zygotes live while one is held.
     lease: Arc<()>,
     /// Why its last worker failed to start, while it is being prepared.
@@ -104,6 +106,7 @@ impl Generation {
             tiers,
             table,
             retired: CancellationToken::new(),
+            began: Instant::now(),
             lease: Arc::new(()),
             last_spawn_error: Mutex::new(None),
         })
@@ -123,7 +126,11 @@ impl Generation {
 
     /// The session tier's zygote: what `/health` reports of the generation.
     pub(super) fn zygote_info(&self) -> ZygoteInfo {
-        self.tiers[self.table.session].current_zygote().info.clone()
+        let mut info = self.tiers[self.table.session].current_zygote().info.clone();
+        if info.packages.is_empty() {
+            info.packages = self.tiers[0].current_zygote().info.packages.clone();
+        }
+        info
     }
 
     /// Every zygote's info, tier by tier.

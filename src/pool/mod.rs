@@ -204,7 +204,8 @@ impl Pool {
     }
 
     /// What the current generation's session tier's zygote (by default the fullest)
-    /// reported when it started.
+    /// reported when it started, with the installed packages from the lightest tier's,
+    /// which alone describes them.
     pub fn zygote_info(&self) -> ZygoteInfo {
         self.inner.generations.current().zygote_info()
     }

@@ -53,6 +53,16 @@ fn stock(inner: &Arc<Inner>, generation: &Arc<Generation>) {
     if generation.retired.is_cancelled() {
         return;
     }
+    // While a generation starts (the service's first, or one a rollover prepares), one
+    // worker per tier first: it is ready once every tier has one, and the rest would only
+    // compete with the slowest tier's first worker for the CPUs. Bounded in time: a tier
+    // whose workers cannot start does not keep the others at one.
+    let starting = generation.began.elapsed() < START_UP_ONE_EACH
+        && generation.tiers.iter().any(|t| {
+            t.spawned.load(Ordering::Relaxed) == 0
+                && t.wanted() > 0
+                && t.current_zygote().is_alive()
+        });
     {
         for (index, tier) in generation.tiers.iter().enumerate() {
             let zygote = tier.current_zygote();
@@ -67,6 +77,7 @@ fn stock(inner: &Arc<Inner>, generation: &Arc<Generation>) {
                     break;
                 }
             }
+            let wanted = if starting { wanted.min(1) } else { wanted };
             for _ in 0..wanted.saturating_sub(tier.stocked()) {
                 tier.spawning.fetch_add(1, Ordering::AcqRel);
                 tokio::spawn(spawn_one(
@@ -79,6 +90,9 @@ fn stock(inner: &Arc<Inner>, generation: &Arc<Generation>) {
         }
     }
 }
+
+/// How long after start the refill gives each tier its first worker before the rest.
+const START_UP_ONE_EACH: Duration = Duration::from_secs(10);
 
 /// How long the refill waits after being woken before it forks.
 const REFILL_DELAY: Duration = Duration::from_millis(2);
@@ -103,6 +117,7 @@ async fn spawn_one(
                 .counters
                 .workers_spawned
                 .fetch_add(1, Ordering::Relaxed);
+            tier.spawned.fetch_add(1, Ordering::Relaxed);
             inner.counters.spawn_succeeded();
             *generation
                 .last_spawn_error

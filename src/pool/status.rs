@@ -96,6 +96,8 @@ pub struct TierStatus {
     pub target_idle: usize,
     /// Workers taken from it so far, for jobs and sessions.
     pub checkouts: u64,
+    /// Workers it has started so far (`/ready` waits for one in every tier).
+    pub workers_spawned: u64,
     pub zygote: Option<ZygoteStatus>,
 }
 

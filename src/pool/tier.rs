@@ -31,6 +31,8 @@ pub(super) struct Tier {
     waiters: AtomicUsize,
     /// Workers taken from this tier (jobs and sessions).
     pub(super) checkouts: AtomicU64,
+    /// Workers this tier has started (and that said Ready).
+    pub(super) spawned: AtomicU64,
 }
 
 impl Tier {
@@ -44,6 +46,7 @@ impl Tier {
             target: AtomicUsize::new(target),
             waiters: AtomicUsize::new(0),
             checkouts: AtomicU64::new(0),
+            spawned: AtomicU64::new(0),
         }
     }
 
@@ -82,6 +85,7 @@ impl Tier {
             spawning: self.spawning.load(Ordering::Relaxed),
             target_idle: self.wanted(),
             checkouts: self.checkouts.load(Ordering::Relaxed),
+            workers_spawned: self.spawned.load(Ordering::Relaxed),
             zygote: Some(ZygoteStatus {
                 pid: zygote.info.pid,
                 generation: zygote.generation,

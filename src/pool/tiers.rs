@@ -60,8 +60,8 @@ impl TierTable {
 
     /// The tier for a job: from the modules `code` imports; the fullest tier when the code
     /// is not known (an entrypoint file) or imports in ways a scan cannot read
-    /// (`__import__`, `importlib`, `exec`). Plotting methods (`df.plot()`) count as an
-    /// import of matplotlib, which pandas imports for them.
+    /// (`__import__`, `importlib`, `exec`). Plotting methods (`df.plot()`) and
+    /// `pandas.plotting` count as an import of matplotlib, which pandas imports for them.
     pub(super) fn route(&self, code: Option<&str>) -> usize {
         let fullest = self.covers.len() - 1;
         let Some(code) = code else {
@@ -71,7 +71,11 @@ impl TierTable {
         if found.dynamic {
             return fullest;
         }
-        if found.plots {
+        let pandas_plotting = |m: &String| {
+            m.strip_prefix("pandas.plotting")
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+        };
+        if found.plots || found.modules.iter().any(pandas_plotting) {
             found.modules.push("matplotlib".to_owned());
         }
         self.route_imports(&found.modules)
@@ -200,6 +204,11 @@ mod tests {
             t.route(Some("import pandas as pd\npd.Series([1]).plot()")),
             2
         );
+        assert_eq!(
+            t.route(Some("from pandas.plotting import scatter_matrix")),
+            2
+        );
+        assert_eq!(t.route(Some("import pandas.plottingx")), 1);
         // Imports a scan can notice but not read go to the fullest tier.
         assert_eq!(t.route(Some("__import__('pandas')")), 2);
         assert_eq!(t.route(Some("exec('import json')")), 2);

@@ -539,6 +539,13 @@ pub(crate) fn os_layer_fixtures(bait: &HostBait, supervisor_pid: u32) -> Vec<Fix
             "open('/tmp/snakecage-escape', 'w')",
             eacces("/tmp/snakecage-escape"),
         ),
+        // matplotlib's shared config dir passes `access(W_OK)` (mode 1777) for workers of
+        // tiers that import matplotlib late; Landlock still keeps it read-only.
+        prints(
+            "writing into matplotlib's shared config dir (Landlock)",
+            "import os\nd = os.environ['MPLCONFIGDIR']\nprint(os.access(d, os.W_OK))\nfor f in ('matplotlibrc', 'fontlist-v999.json'):\n    try:\n        open(os.path.join(d, f), 'w')\n    except OSError as e:\n        print(e.errno, e.strerror)",
+            "True\n13 Permission denied\n13 Permission denied\n",
+        ),
         denied(
             "/proc/self/mem write (Landlock)",
             "open('/proc/self/mem', 'wb')",

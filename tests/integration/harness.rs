@@ -33,6 +33,9 @@ pub struct Options {
     pub wrapper: Vec<String>,
     /// Use this state directory instead of a fresh temporary one.
     pub state_dir: Option<PathBuf>,
+    /// Return from `start` only once every tier has had a worker ready (as `/ready` does),
+    /// not as soon as one worker is idle.
+    pub wait_for_every_tier: bool,
 }
 
 impl Default for Options {
@@ -44,6 +47,7 @@ impl Default for Options {
             args: Vec::new(),
             wrapper: Vec::new(),
             state_dir: None,
+            wait_for_every_tier: true,
         }
     }
 }
@@ -70,6 +74,12 @@ impl Options {
         self
     }
 
+    /// Return from `start` as soon as one worker is idle.
+    pub fn first_worker_only(mut self) -> Self {
+        self.wait_for_every_tier = false;
+        self
+    }
+
     pub fn state_dir(mut self, dir: &std::path::Path) -> Self {
         self.state_dir = Some(dir.to_path_buf());
         self
@@ -92,6 +102,7 @@ impl Server {
     }
 
     pub async fn start_with(options: Options) -> Self {
+        let every_tier = options.wait_for_every_tier;
         let state_dir = tempfile::tempdir().expect("temp dir");
         // Workers run as an unprivileged uid: let them reach their workspace by its absolute
         // path (they still cannot list or read anything here but their own workspace).
@@ -163,7 +174,33 @@ impl Server {
             log,
         };
         server.wait_for_idle(1).await;
+        if every_tier {
+            server.wait_for_every_tier().await;
+        }
         server
+    }
+
+    /// Waits until every tier that keeps idle workers has had one ready.
+    pub async fn wait_for_every_tier(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let health = self.health().await;
+            let tiers = health["pool"]["tiers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if tiers.iter().all(|t| {
+                t["workers_spawned"].as_u64() >= Some(1) || t["target_idle"].as_u64() == Some(0)
+            }) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "some tier never had a worker: {health}\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// The supervisor's pid (as this process sees it; under a wrapper, the wrapper's child).

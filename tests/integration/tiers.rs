@@ -239,3 +239,63 @@ async fn a_bad_tier_configuration_stops_start_up_with_what_to_fix() {
         "{stderr}"
     );
 }
+
+/// matplotlib imported where no scan can see it runs on a tier that did not preload it:
+/// it must still import (its config dir passes matplotlib's writability check, so it
+/// never falls back to exporting a temporary one, which the audit hook denies) and draw.
+#[tokio::test]
+async fn matplotlib_imported_behind_the_scan_still_draws_on_a_lighter_tier() {
+    let s = Server::start().await;
+
+    let code = "imp = getattr(__builtins__, '__imp' + 'ort__')\n\
+                plt = imp('matplotlib.pyplot', fromlist=['figure'])\n\
+                fig, ax = plt.subplots()\nax.bar([1, 2, 3], [1, 4, 9])  # no .plot( for the scan to see\nax.set_title('ünï')\n\
+                print(plt.get_backend())";
+    let (r, tier, _) = run_on_some_tier(&s, code).await;
+    assert_eq!(tier, "bare");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout"], "Agg\n", "{r}");
+    assert_eq!(r["stderr"], "", "{r}");
+    let bundles = r["results"].as_array().unwrap();
+    assert!(bundles.iter().any(|b| b["image/png"].is_string()), "{r}");
+
+    let code = "import pandas as pd\ndf = pd.DataFrame({'a': [3, 1, 2]})\n\
+                getattr(df, 'pl' + 'ot')(kind='bar')";
+    let (r, tier, _) = run_on_some_tier(&s, code).await;
+    assert_eq!(tier, "scientific");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let bundles = r["results"].as_array().unwrap();
+    assert!(bundles.iter().any(|b| b["image/png"].is_string()), "{r}");
+
+    // The shared config dir stays read-only to workers.
+    let code = "import os\ntry:\n    open(os.environ['MPLCONFIGDIR'] + '/matplotlibrc', 'w')\n\
+                except PermissionError as e:\n    print(str(e).split(':')[0])";
+    let r = s.run(code).await;
+    assert_eq!(
+        r["stdout"], "'open' for writing outside the workspace is not allowed in this sandbox\n",
+        "{r}"
+    );
+}
+
+/// `/ready` says 200 only once no job would wait for a spawn, whatever tier its imports
+/// pick: every tier has had a worker ready (the plotting zygote starts last).
+#[tokio::test]
+async fn ready_waits_for_a_worker_in_every_tier() {
+    let s = Server::start_with(Options::default().first_worker_only()).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (status, _, body) = s.get("/ready").await;
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("is ready yet"), "{body}");
+        assert!(std::time::Instant::now() < deadline, "never ready: {body}");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let health = s.health().await;
+    for tier in health["pool"]["tiers"].as_array().unwrap() {
+        assert!(tier["workers_spawned"].as_u64() >= Some(1), "{health}");
+        assert!(tier["idle"].as_u64() >= Some(1), "{health}");
+    }
+}

@@ -428,7 +428,11 @@ pub fn prepare<'py>(
             .map_err(py_err("importing a module every zygote needs"))?;
     }
     let (preloaded, preload_failures) = preload(py, &config.preload);
-    let packages = runner.describe_packages(&config.sandbox.allowed_packages)?;
+    let packages = if config.describe_packages {
+        runner.describe_packages(&config.sandbox.allowed_packages)?
+    } else {
+        Vec::new()
+    };
     runner.warm_up = warm_up_sources(py, &config.warm_up);
     runner.prepare_zygote()?;
     // What the warm-up jobs import or build lazily is then shared by every child.

@@ -26,6 +26,11 @@ pub struct ZygoteConfig {
     /// not pay its first-use costs (cold caches, copy-on-write faults, font loading).
     #[serde(default)]
     pub warm_up: Vec<WarmUp>,
+    /// Whether this zygote reports which allowed packages are installed (`packages` in
+    /// its hello). The scan (importlib.metadata over the whole venv) costs ~0.1–0.2 s of
+    /// start-up; the packages are the same for every tier, so only one tier does it.
+    #[serde(default = "yes")]
+    pub describe_packages: bool,
     /// Map the heap back from a memfd snapshot once it is built (`snapshot.rs`): cheaper
     /// fork and exit, a page fault for each page a worker first reads.
     #[serde(default)]
@@ -41,6 +46,10 @@ pub struct ZygoteConfig {
     /// the supervisor is PID 1 of its own PID namespace (a container).
     #[serde(default)]
     pub supervisor_pid: Option<i32>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// One piece of a child's warm-up: a small job (a `.py` file under `worker/python/`) run
