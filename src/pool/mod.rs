@@ -142,6 +142,9 @@ pub enum PoolError {
 /// Code longer than this is scanned for its imports on a blocking thread.
 const SCAN_OFF_THREAD_BYTES: usize = 256 << 10;
 
+/// Idle workers whose workspace vanished that one job skips before it gives up.
+const MAX_UNUSABLE_IDLE: usize = 64;
+
 #[derive(Clone)]
 pub struct Pool {
     inner: Arc<Inner>,
@@ -350,7 +353,13 @@ impl Pool {
             route(&current, &job)
         };
         let mut last_error = String::new();
-        for _ in 0..3 {
+        // A worker that died before taking its job is retried a few times. One whose
+        // workspace vanished while it was idle (the workspace root was deleted) costs
+        // nothing to skip and every idle worker may be one: those are skipped until the
+        // idle workers run out, and the job then waits for a fresh spawn (or learns why
+        // none can be made), bounded in case workspaces keep vanishing.
+        let (mut lost, mut unusable) = (0, 0);
+        while lost < 3 && unusable < MAX_UNUSABLE_IDLE {
             let Checkout {
                 mut worker,
                 _slot,
@@ -364,6 +373,7 @@ impl Pool {
                     .fetch_add(1, Ordering::Relaxed);
                 self.inner.events.worker_killed(KillReason::LostIdle);
                 last_error = "the worker's workspace was removed".into();
+                unusable += 1;
                 continue;
             }
             let abandoned = AbandonGuard::new(&*self.inner.events);
@@ -399,6 +409,7 @@ impl Pool {
                     self.inner.events.worker_killed(KillReason::LostIdle);
                     tracing::warn!(error = %e, "an idle worker was gone when its job arrived; retrying");
                     last_error = e.to_string();
+                    lost += 1;
                 }
             }
         }
