@@ -7,6 +7,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::envs::EnvError;
+use crate::envs::uv::UvError;
 use crate::files::StoreError;
 use crate::files::workspace::StageError;
 use crate::pool::PoolError;
@@ -58,6 +60,16 @@ pub enum ApiError {
     NotReady(String),
     #[error("{0}")]
     InsufficientStorage(String),
+    /// The package installer could not satisfy an operator's request (it does not resolve,
+    /// a build failed): `detail` is the installer's own text.
+    #[error("{0}")]
+    InstallFailed(String),
+    /// The package index could not be reached (the installer's text).
+    #[error("{0}")]
+    IndexUnreachable(String),
+    /// Another operator change (package install, reload) is running.
+    #[error("{0}")]
+    ChangeInProgress(String),
     #[error("internal error")]
     Internal(String),
 }
@@ -89,6 +101,9 @@ impl ApiError {
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
+            ApiError::InstallFailed(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::IndexUnreachable(_) => StatusCode::BAD_GATEWAY,
+            ApiError::ChangeInProgress(_) => StatusCode::CONFLICT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -116,6 +131,9 @@ impl ApiError {
             ApiError::Unavailable(_) => ErrorCode::Unavailable,
             ApiError::NotReady(_) => ErrorCode::NotReady,
             ApiError::InsufficientStorage(_) => ErrorCode::InsufficientStorage,
+            ApiError::InstallFailed(_) => ErrorCode::InstallFailed,
+            ApiError::IndexUnreachable(_) => ErrorCode::IndexUnreachable,
+            ApiError::ChangeInProgress(_) => ErrorCode::ChangeInProgress,
             ApiError::Internal(_) => ErrorCode::InternalError,
         }
     }
@@ -191,6 +209,28 @@ impl From<StoreError> for ApiError {
             e @ StoreError::Unavailable { .. } => {
                 ApiError::Unavailable(format!("{e}; retry later"))
             }
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<EnvError> for ApiError {
+    fn from(e: EnvError) -> Self {
+        match e {
+            e @ (EnvError::Spec(_) | EnvError::Plan(_)) => ApiError::Validation(e.to_string()),
+            e @ EnvError::Busy => ApiError::ChangeInProgress(e.to_string()),
+            e @ EnvError::NoBaseVenv => ApiError::Unavailable(e.to_string()),
+            EnvError::Uv(e) => match e {
+                e @ UvError::Missing(_) => ApiError::Unavailable(e.to_string()),
+                UvError::Unresolvable(text) | UvError::Failed(text) => {
+                    ApiError::InstallFailed(text)
+                }
+                UvError::IndexUnreachable(text) => ApiError::IndexUnreachable(text),
+                e @ UvError::TimedOut(_) => ApiError::Unavailable(format!(
+                    "the install {e} (packages.install_timeout_seconds); nothing changed"
+                )),
+                e @ UvError::Spawn { .. } => ApiError::Internal(e.to_string()),
+            },
             other => ApiError::Internal(other.to_string()),
         }
     }
@@ -273,10 +313,13 @@ pub enum ErrorCode {
     Unavailable,
     NotReady,
     InsufficientStorage,
+    InstallFailed,
+    IndexUnreachable,
+    ChangeInProgress,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::BadRequest,
         ErrorCode::InvalidRequest,
         ErrorCode::TimeoutTooLarge,
@@ -296,6 +339,9 @@ impl ErrorCode {
         ErrorCode::Unavailable,
         ErrorCode::NotReady,
         ErrorCode::InsufficientStorage,
+        ErrorCode::InstallFailed,
+        ErrorCode::IndexUnreachable,
+        ErrorCode::ChangeInProgress,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -319,6 +365,9 @@ impl ErrorCode {
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::NotReady => "not_ready",
             ErrorCode::InsufficientStorage => "insufficient_storage",
+            ErrorCode::InstallFailed => "install_failed",
+            ErrorCode::IndexUnreachable => "index_unreachable",
+            ErrorCode::ChangeInProgress => "change_in_progress",
         }
     }
 

@@ -10,10 +10,12 @@
 //! - [`s3`]: the file store backend (`files.backend`) and the object store (`[s3]`).
 //! - [`cluster`]: this replica's id and its peers (`[cluster]`).
 //! - [`tools`]: Code Mode: tool call limits and the operator's tools (`[tools]`).
+//! - [`packages`]: operator package management: installer, environment generations (`[packages]`).
 //!
 //! A new area of configuration gets a file of its own here and one field in [`Config`].
 
 mod cluster;
+mod packages;
 mod python;
 mod s3;
 mod sections;
@@ -28,6 +30,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 pub use self::cluster::{ClusterConfig, valid_replica_id};
+pub use self::packages::{ImportNames, PackagesConfig, normalize_dist_name};
 pub use self::python::{PythonConfig, PythonLayout};
 pub use self::s3::{FilesBackend, S3Config};
 pub use self::sections::*;
@@ -54,6 +57,7 @@ pub struct Config {
     pub log: LogConfig,
     pub s3: S3Config,
     pub cluster: ClusterConfig,
+    pub packages: PackagesConfig,
 }
 
 impl Default for Config {
@@ -75,6 +79,7 @@ impl Default for Config {
             log: LogConfig::default(),
             s3: S3Config::default(),
             cluster: ClusterConfig::default(),
+            packages: PackagesConfig::default(),
         }
     }
 }
@@ -217,6 +222,9 @@ impl Config {
         if let Some(problem) = self.cluster.problem() {
             return Err(ConfigError::Invalid(problem));
         }
+        if let Some(problem) = self.packages.problem() {
+            return Err(ConfigError::Invalid(problem));
+        }
         self.tools.validate().map_err(ConfigError::Invalid)?;
         self.tiers.validate()
     }
@@ -227,6 +235,11 @@ impl Config {
             .dir
             .clone()
             .unwrap_or_else(|| self.worker.state_dir.join("files"))
+    }
+
+    /// Where environment generations live (`packages.envs_dir`).
+    pub fn envs_dir(&self) -> PathBuf {
+        self.packages.envs_dir(&self.worker.state_dir)
     }
 
     /// The parent of this process's workspaces.
