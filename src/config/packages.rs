@@ -16,6 +16,9 @@ pub struct PackagesConfig {
     /// Where environment generations, their manifest and uv's cache live; default
     /// `<worker.state_dir>/envs`.
     pub envs_dir: Option<PathBuf>,
+    /// uv's cache; default `<envs_dir>/uv-cache`. On the same filesystem as envs_dir,
+    /// environments are hard-linked from it (a generation costs little disk).
+    pub cache_dir: Option<PathBuf>,
     /// The package index installs come from (and no other).
     pub index_url: String,
     /// Local directories of wheels or sdists searched besides the index (`--find-links`).
@@ -34,6 +37,7 @@ impl Default for PackagesConfig {
         Self {
             uv: PathBuf::from(".venv-tools/bin/uv"),
             envs_dir: None,
+            cache_dir: None,
             index_url: DEFAULT_INDEX_URL.to_owned(),
             find_links: Vec::new(),
             constraints: None,

@@ -160,7 +160,10 @@ impl EnvManager {
         let packages = &config.packages;
         let uv = Uv {
             binary: std::path::absolute(&packages.uv).unwrap_or_else(|_| packages.uv.clone()),
-            cache_dir: envs_dir.join("uv-cache"),
+            cache_dir: packages
+                .cache_dir
+                .clone()
+                .unwrap_or_else(|| envs_dir.join("uv-cache")),
             index_url: packages.index_url.trim().to_owned(),
             find_links: packages.find_links.clone(),
             timeout: Duration::from_secs(packages.install_timeout_seconds),

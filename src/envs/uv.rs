@@ -106,8 +106,13 @@ impl Uv {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        if let Some(home) = std::env::var_os("HOME") {
-            cmd.env("HOME", home);
+        // Only what reaching the index needs passes through (proxies, the machine's CA
+        // certificates): no `UV_*` or `PIP_*` setting of the service's environment may add
+        // an index or change what is installed.
+        for (key, value) in std::env::vars_os() {
+            if key.to_str().is_some_and(passes_through) {
+                cmd.env(key, value);
+            }
         }
         cmd
     }
@@ -131,6 +136,16 @@ impl Uv {
         }
         Err(classify(stderr))
     }
+}
+
+/// The variables of the service's environment uv sees.
+fn passes_through(key: &str) -> bool {
+    matches!(
+        key,
+        "HOME" | "TMPDIR" | "SSL_CERT_FILE" | "SSL_CERT_DIR" | "NO_PROXY" | "no_proxy"
+    ) || key.eq_ignore_ascii_case("HTTP_PROXY")
+        || key.eq_ignore_ascii_case("HTTPS_PROXY")
+        || key.eq_ignore_ascii_case("ALL_PROXY")
 }
 
 /// Sorts a failure by uv's message: a request that never reached the index is the
@@ -177,6 +192,19 @@ mod tests {
             classify("error: No space left on device".into()),
             UvError::Failed(_)
         ));
+    }
+
+    #[test]
+    fn no_installer_setting_of_the_service_reaches_uv() {
+        assert!(passes_through("SSL_CERT_FILE") && passes_through("https_proxy"));
+        for key in [
+            "UV_EXTRA_INDEX_URL",
+            "UV_INDEX_URL",
+            "PIP_FIND_LINKS",
+            "PYTHONPATH",
+        ] {
+            assert!(!passes_through(key), "{key}");
+        }
     }
 
     #[tokio::test]
