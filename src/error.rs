@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::envs::EnvError;
+use crate::envs::spec::SpecError;
 use crate::envs::uv::UvError;
 use crate::files::StoreError;
 use crate::files::workspace::StageError;
@@ -60,6 +61,15 @@ pub enum ApiError {
     NotReady(String),
     #[error("{0}")]
     InsufficientStorage(String),
+    /// A valid key that may not use this route (an admin route without the admin scope).
+    #[error("{0}")]
+    Forbidden(String),
+    /// Another rollover (reload, package change) is in progress.
+    #[error("{0}")]
+    RolloverBusy(String),
+    /// A new generation failed to start or its probe failed; the old one keeps serving.
+    #[error("{0}")]
+    RolloverFailed(String),
     /// The package installer could not satisfy an operator's request (it does not resolve,
     /// a build failed): `detail` is the installer's own text.
     #[error("{0}")]
@@ -67,9 +77,6 @@ pub enum ApiError {
     /// The package index could not be reached (the installer's text).
     #[error("{0}")]
     IndexUnreachable(String),
-    /// Another operator change (package install, reload) is running.
-    #[error("{0}")]
-    ChangeInProgress(String),
     #[error("internal error")]
     Internal(String),
 }
@@ -101,9 +108,11 @@ impl ApiError {
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::RolloverBusy(_) => StatusCode::CONFLICT,
+            ApiError::RolloverFailed(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::InstallFailed(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::IndexUnreachable(_) => StatusCode::BAD_GATEWAY,
-            ApiError::ChangeInProgress(_) => StatusCode::CONFLICT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -131,9 +140,11 @@ impl ApiError {
             ApiError::Unavailable(_) => ErrorCode::Unavailable,
             ApiError::NotReady(_) => ErrorCode::NotReady,
             ApiError::InsufficientStorage(_) => ErrorCode::InsufficientStorage,
+            ApiError::Forbidden(_) => ErrorCode::Forbidden,
+            ApiError::RolloverBusy(_) => ErrorCode::RolloverInProgress,
+            ApiError::RolloverFailed(_) => ErrorCode::RolloverFailed,
             ApiError::InstallFailed(_) => ErrorCode::InstallFailed,
             ApiError::IndexUnreachable(_) => ErrorCode::IndexUnreachable,
-            ApiError::ChangeInProgress(_) => ErrorCode::ChangeInProgress,
             ApiError::Internal(_) => ErrorCode::InternalError,
         }
     }
@@ -214,11 +225,17 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl From<SpecError> for ApiError {
+    fn from(e: SpecError) -> Self {
+        ApiError::Validation(e.to_string())
+    }
+}
+
 impl From<EnvError> for ApiError {
     fn from(e: EnvError) -> Self {
         match e {
             e @ (EnvError::Spec(_) | EnvError::Plan(_)) => ApiError::Validation(e.to_string()),
-            e @ EnvError::Busy => ApiError::ChangeInProgress(e.to_string()),
+            e @ EnvError::Busy => ApiError::RolloverBusy(e.to_string()),
             e @ EnvError::NoBaseVenv => ApiError::Unavailable(e.to_string()),
             EnvError::Uv(e) => match e {
                 e @ UvError::Missing(_) => ApiError::Unavailable(e.to_string()),
@@ -313,13 +330,15 @@ pub enum ErrorCode {
     Unavailable,
     NotReady,
     InsufficientStorage,
+    Forbidden,
+    RolloverInProgress,
+    RolloverFailed,
     InstallFailed,
     IndexUnreachable,
-    ChangeInProgress,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::BadRequest,
         ErrorCode::InvalidRequest,
         ErrorCode::TimeoutTooLarge,
@@ -339,9 +358,11 @@ impl ErrorCode {
         ErrorCode::Unavailable,
         ErrorCode::NotReady,
         ErrorCode::InsufficientStorage,
+        ErrorCode::Forbidden,
+        ErrorCode::RolloverInProgress,
+        ErrorCode::RolloverFailed,
         ErrorCode::InstallFailed,
         ErrorCode::IndexUnreachable,
-        ErrorCode::ChangeInProgress,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -365,9 +386,11 @@ impl ErrorCode {
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::NotReady => "not_ready",
             ErrorCode::InsufficientStorage => "insufficient_storage",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::RolloverInProgress => "rollover_in_progress",
+            ErrorCode::RolloverFailed => "rollover_failed",
             ErrorCode::InstallFailed => "install_failed",
             ErrorCode::IndexUnreachable => "index_unreachable",
-            ErrorCode::ChangeInProgress => "change_in_progress",
         }
     }
 

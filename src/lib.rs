@@ -10,6 +10,8 @@
 //! - [`markdown`]: the Python blocks of a model's markdown answer (`code_format: markdown`).
 //! - [`tools`], [`mcp`], [`packages`]: what agents see: tool definitions (OpenAI, Anthropic,
 //!   MCP) generated from the live configuration, the MCP server, the importable packages.
+//! - [`generation`], [`live`]: zygote generations and zero-downtime rollover (reload,
+//!   package changes), and the live configuration and packages of the one serving now.
 //! - [`envs`]: operator package management: environment generations built with `uv`, the
 //!   manifest that survives a restart, old generations deleted when unused.
 //! - [`pool`]: the zygotes (one per tier), the pre-forked workers, one run of one job.
@@ -37,7 +39,9 @@ pub mod config;
 pub mod envs;
 pub mod error;
 pub mod files;
+pub mod generation;
 pub mod imports;
+pub mod live;
 pub mod markdown;
 pub mod mcp;
 pub mod metrics;

@@ -50,6 +50,12 @@ enum KeysCommand {
         /// Total size of the files this key may keep stored, in MB.
         #[arg(long)]
         max_stored_mb: Option<u64>,
+        /// Gives the key the admin scope: `/v1/admin/*` (reload, packages).
+        #[arg(long)]
+        admin: bool,
+        /// A scope to give the key (repeatable); `admin` is the only one.
+        #[arg(long = "scope", value_name = "SCOPE")]
+        scopes: Vec<String>,
     },
     /// Lists the names (tenants) in the keys file.
     List {
@@ -135,13 +141,19 @@ fn keys(command: KeysCommand, config: &Config) -> Result<(), String> {
             max_concurrent,
             max_sessions,
             max_stored_mb,
+            admin,
+            mut scopes,
         } => {
+            if admin && !scopes.iter().any(|s| s == snakecage::auth::ADMIN_SCOPE) {
+                scopes.push(snakecage::auth::ADMIN_SCOPE.to_owned());
+            }
             let path = file_of(keys_file)?;
             let mut file = KeysFile::read(&path).map_err(|e| e.to_string())?;
             let limits = KeyEntry {
                 max_concurrent,
                 max_sessions,
                 max_stored_mb,
+                scopes,
                 ..KeyEntry::default()
             };
             let key = file.add(&name, limits).map_err(|e| e.to_string())?;

@@ -22,24 +22,25 @@ use rmcp::{ErrorData as McpError, ServerHandler};
 use serde_json::Value;
 use tower::ServiceExt;
 
-use crate::tools::{self, ToolCallError, ToolContext, ToolSpec};
+use crate::tools::{self, ToolCallError, ToolContext};
 
 /// Largest API answer a tool call reads (a run's response with its rich outputs).
 const MAX_TOOL_RESPONSE: usize = 64 << 20;
+
+/// The tool descriptions' context of the generation serving now (read at each listing, so
+/// a rollover shows at once).
+pub type LiveContext = Arc<dyn Fn() -> Arc<ToolContext> + Send + Sync>;
 
 /// One MCP connection's handler; cheap to clone.
 #[derive(Clone)]
 pub struct McpServer {
     api: Router,
-    specs: Arc<Vec<ToolSpec>>,
+    context: LiveContext,
 }
 
 impl McpServer {
-    pub fn new(api: Router, ctx: &ToolContext) -> Self {
-        Self {
-            api,
-            specs: Arc::new(tools::catalog(ctx)),
-        }
+    pub fn new(api: Router, context: LiveContext) -> Self {
+        Self { api, context }
     }
 
     /// Sends the request a tool call maps to through the API; returns status and JSON body.
@@ -104,8 +105,7 @@ impl ServerHandler for McpServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let tools = self
-            .specs
+        let tools = tools::catalog(&(self.context)())
             .iter()
             .map(|spec| {
                 let schema: JsonObject = match &spec.input_schema {
@@ -245,11 +245,11 @@ pub async fn session_closed_ok(
 /// The tower service mounted at `/mcp`.
 pub fn service(
     api: Router,
-    ctx: &ToolContext,
+    context: LiveContext,
     allowed_hosts: Vec<String>,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> StreamableHttpService<McpServer, LocalSessionManager> {
-    let server = McpServer::new(api, ctx);
+    let server = McpServer::new(api, context);
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(allowed_hosts)
         .with_cancellation_token(shutdown);

@@ -29,6 +29,8 @@ use crate::files::local::LocalStoreSettings;
 use crate::files::observed::Observed;
 use crate::files::s3::S3StoreSettings;
 use crate::files::{self, LocalStore, S3Store, SharedStore, StoreError};
+use crate::generation::{GenerationInfo, Rollovers};
+use crate::live::{Live, LiveCell};
 use crate::metrics::{BuildInfo, Metrics};
 use crate::packages::Packages;
 use crate::pool::{Pool, PoolError, PoolSettings, TierSettings};
@@ -62,7 +64,7 @@ pub enum ServeError {
 /// The configured keys, and whether the service may listen where it does with them: beyond
 /// loopback only with keys, or when explicitly allowed (then with a loud warning).
 pub fn load_keys(config: &Config, listening: SocketAddr) -> Result<Keys, ServeError> {
-    let keys = Keys::load(&config.auth)?;
+    let keys = Keys::load(&config.auth)?.listening_on(listening);
     if keys.enabled() {
         tracing::info!(keys = keys.names().count(), "API keys required");
     } else if !listening.ip().is_loopback() {
@@ -146,7 +148,13 @@ pub async fn serve(
     let store = open_store(&config, metrics.clone())?;
     std::fs::create_dir_all(&settings.tiers[0].zygote.mpl_config_dir)?;
     metrics.set_tenants(keys.names());
+    let pool_started = std::time::Instant::now();
     let pool = Pool::start_observed(settings, metrics.clone()).await?;
+    let first_generation = GenerationInfo::first(
+        pool.generation(),
+        u64::try_from(pool_started.elapsed().as_millis()).unwrap_or(u64::MAX),
+    );
+    metrics.set_generation(first_generation.id);
     metrics.set_tiers(&pool.tier_names());
     let info = pool.zygote_info();
     // The zygote's hello says which Python and which sandbox layers are running.
@@ -187,13 +195,18 @@ pub async fn serve(
         .with_code_tools(catalog.public());
     let drain = Duration::from_millis(config.worker.shutdown_drain_ms);
     let stopping = CancellationToken::new();
+    let live = LiveCell::new(Live {
+        config: Arc::new(config),
+        packages: Arc::new(packages),
+        tool_context: Arc::new(tool_context),
+        generation: first_generation,
+    });
     let state = Arc::new(AppState {
-        config,
+        live: Arc::new(live),
+        rollovers: Rollovers::default(),
         pool: pool.clone(),
         store,
         sessions,
-        packages,
-        tool_context,
         catalog: Arc::new(catalog),
         runs: Arc::default(),
         metrics,

@@ -12,7 +12,7 @@ use crate::packages::Packages;
 use crate::tools::{self, ToolFormat};
 
 pub async fn packages(State(state): State<SharedState>) -> Json<Packages> {
-    Json(state.packages.clone())
+    Json((*state.packages()).clone())
 }
 
 #[derive(Debug, Deserialize)]
@@ -40,6 +40,6 @@ pub async fn tools(
         .iter()
         .map(|t| (t.spec.name.clone(), t.spec.description.clone()))
         .collect();
-    let ctx = state.tool_context.with_code_tools(code_tools);
+    let ctx = state.tool_context().with_code_tools(code_tools);
     Ok(Json(tools::render(&tools::catalog(&ctx), q.format)))
 }

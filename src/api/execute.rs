@@ -213,10 +213,10 @@ pub async fn prepare(
     let limits = run_limits(state, req.timeout_ms)?;
     let inputs = stage_inputs(&req.files)?;
     let declared_tools =
-        crate::codemode::caller::parse_declared(&req.tools, state.config.tools.max_caller_tools)
+        crate::codemode::caller::parse_declared(&req.tools, state.config().tools.max_caller_tools)
             .map_err(ApiError::Validation)?;
     let mut job = job(req, &inputs)?;
-    job.max_bundle_bytes = state.config.limits.max_bundle_bytes;
+    job.max_bundle_bytes = state.config().limits.max_bundle_bytes;
     // Unknown ids are answered before a worker is spent on the request.
     check_file_ids(state, caller, &inputs).await?;
     Ok(Prepared {
@@ -405,7 +405,8 @@ impl Stager for StoreStager<'_> {
 }
 
 pub fn collect_limits(state: &SharedState) -> CollectLimits {
-    let ws = &state.config.workspace;
+    let config = state.config();
+    let ws = &config.workspace;
     CollectLimits {
         max_entries: ws.max_entries,
         max_total_bytes: ws.max_total_mb << 20,
@@ -414,7 +415,8 @@ pub fn collect_limits(state: &SharedState) -> CollectLimits {
 
 /// Validates `timeout_ms` against the configured maximum.
 pub fn run_limits(state: &SharedState, timeout_ms: Option<u64>) -> Result<RunLimits, ApiError> {
-    let limits = &state.config.limits;
+    let config = state.config();
+    let limits = &config.limits;
     let timeout_ms = timeout_ms.unwrap_or(limits.default_timeout_ms);
     if timeout_ms == 0 {
         return Err(ApiError::Validation(

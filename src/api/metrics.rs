@@ -33,7 +33,7 @@ pub async fn observe(state: &SharedState) {
     };
     state.metrics.observe(&state.pool.status(), usage);
     let zygote = state.pool.zygote_info();
-    let quota_mb = state.config.files.quota_mb;
+    let quota_mb = state.config().files.quota_mb;
     state.metrics.observe_health(&HealthReport {
         ready: super::health::not_ready(state).is_none(),
         sandbox: &zygote.sandbox,

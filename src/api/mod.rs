@@ -1,5 +1,6 @@
 //! The HTTP surface: the router and one module per group of routes.
 
+pub mod admin;
 mod agents;
 mod code_field;
 mod execute;
@@ -27,6 +28,8 @@ use crate::auth::{self, Keys};
 use crate::cluster::{self, Cluster};
 use crate::config::Config;
 use crate::files::SharedStore;
+use crate::generation::{GenerationInfo, Rollovers};
+use crate::live::LiveCell;
 use crate::mcp;
 use crate::metrics::{self as service_metrics, Metrics};
 use crate::packages::Packages;
@@ -35,14 +38,14 @@ use crate::tools::ToolContext;
 
 /// What every handler can reach.
 pub struct AppState {
-    pub config: Config,
+    /// The generation serving now: its configuration, packages and tool descriptions
+    /// (swapped whole at a rollover; read it with [`AppState::config`] and friends).
+    pub live: Arc<LiveCell>,
+    /// The rollover in progress, if one is (one at a time).
+    pub rollovers: Rollovers,
     pub pool: Pool,
     pub store: SharedStore,
     pub sessions: Sessions,
-    /// What user code may import (read once at start-up).
-    pub packages: Packages,
-    /// What the tool descriptions say (from the live configuration).
-    pub tool_context: ToolContext,
     /// The operator's tools for sandboxed code (Code Mode), scoped per API key.
     pub catalog: Arc<crate::codemode::Catalog>,
     /// Runs in progress, by id (cancel, answer a tool call).
@@ -60,11 +63,34 @@ pub struct AppState {
 
 pub type SharedState = Arc<AppState>;
 
+impl AppState {
+    /// The configuration of the generation serving now.
+    pub fn config(&self) -> Arc<Config> {
+        self.live.load().config.clone()
+    }
+
+    /// What user code of the generation serving now may import.
+    pub fn packages(&self) -> Arc<Packages> {
+        self.live.load().packages.clone()
+    }
+
+    /// What the tool descriptions say now (without the caller's own host tools).
+    pub fn tool_context(&self) -> Arc<ToolContext> {
+        self.live.load().tool_context.clone()
+    }
+
+    /// The generation serving now.
+    pub fn generation(&self) -> GenerationInfo {
+        self.live.load().generation.clone()
+    }
+}
+
 pub fn router(state: SharedState) -> Router {
-    let body_limit = state.config.limits.max_request_bytes;
+    let config = state.config();
+    let body_limit = config.limits.max_request_bytes;
     // Uploads are bounded by the file store, which answers 413 past the maximum file size;
     // the body limit only stops other multipart fields a little after that.
-    let upload_limit = usize::try_from(state.config.files.max_file_size_mb << 20)
+    let upload_limit = usize::try_from(config.files.max_file_size_mb << 20)
         .unwrap_or(usize::MAX)
         .saturating_add(1 << 20);
     let metrics = state.metrics.clone();
@@ -112,6 +138,7 @@ pub fn router(state: SharedState) -> Router {
             "/v1/files/{file_id}",
             get(files::download).delete(files::delete),
         )
+        .nest("/v1/admin", admin::routes())
         .fallback(health::not_found)
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state.clone())
@@ -119,10 +146,11 @@ pub fn router(state: SharedState) -> Router {
         .layer(require_key.clone());
     // MCP tool calls are carried out through the routes above (and counted there), with the
     // caller's `Authorization` header: the same key, the same tenant, the same scoping.
+    let live = state.live.clone();
     let mcp = mcp::service(
         api.clone(),
-        &state.tool_context,
-        state.config.mcp.allowed_hosts.clone(),
+        Arc::new(move || live.load().tool_context.clone()),
+        config.mcp.allowed_hosts.clone(),
         state.stopping.clone(),
     );
     api.layer(middleware::from_fn(crate::error::json_errors))

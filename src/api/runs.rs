@@ -58,7 +58,7 @@ pub fn attach_tools(
     }
     let toolbox = Toolbox::new(
         tools,
-        CallLimits::from_config(&state.config.tools),
+        CallLimits::from_config(&state.config().tools),
         state.metrics.clone(),
     );
     if !toolbox.is_empty() {

@@ -194,7 +194,7 @@ async fn run_in(
         collect_limits(&state),
     )
     .await;
-    guard.baseline = workspace::snapshot(&ws, state.config.workspace.max_entries).await;
+    guard.baseline = workspace::snapshot(&ws, state.config().workspace.max_entries).await;
     let mut response = ExecuteResponse::from(ran.outcome);
     response.files = collected.files;
     response.skipped_files = collected.skipped;
@@ -354,7 +354,7 @@ pub async fn ensure_worker(
             guard.worker = Some(rebuilt.worker);
             guard.lost = None;
             // Files the replay wrote again are not news to the caller.
-            guard.baseline = workspace::snapshot(&ws, state.config.workspace.max_entries).await;
+            guard.baseline = workspace::snapshot(&ws, state.config().workspace.max_entries).await;
             tracing::info!(session = %session.id, runs = rebuilt.runs, "session rebuilt by replay");
             Ok(Some((rebuilt.runs, reason)))
         }

@@ -97,7 +97,7 @@ pub async fn status(State(state): State<SharedState>) -> Json<Status> {
         },
         sandbox_layers: metrics.build().sandbox_layers,
         packages: state
-            .packages
+            .packages()
             .installed()
             .into_iter()
             .map(|(name, version)| PreloadedModule { name, version })

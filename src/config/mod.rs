@@ -9,6 +9,7 @@
 //! - [`tiers`]: the zygote tiers and their preload profiles (`[tiers]`).
 //! - [`s3`]: the file store backend (`files.backend`) and the object store (`[s3]`).
 //! - [`cluster`]: this replica's id and its peers (`[cluster]`).
+//! - [`reload`]: which keys a running service can take without a restart.
 //! - [`tools`]: Code Mode: tool call limits and the operator's tools (`[tools]`).
 //! - [`packages`]: operator package management: installer, environment generations (`[packages]`).
 //!
@@ -17,6 +18,7 @@
 mod cluster;
 mod packages;
 mod python;
+mod reload;
 mod s3;
 mod sections;
 mod tiers;
@@ -32,6 +34,7 @@ use serde::{Deserialize, Serialize};
 pub use self::cluster::{ClusterConfig, valid_replica_id};
 pub use self::packages::{ImportNames, PackagesConfig, normalize_dist_name};
 pub use self::python::{PythonConfig, PythonLayout};
+pub use self::reload::{RELOADABLE, unreloadable_changes};
 pub use self::s3::{FilesBackend, S3Config};
 pub use self::sections::*;
 pub use self::tiers::{TierProfile, TiersConfig};
@@ -58,6 +61,17 @@ pub struct Config {
     pub s3: S3Config,
     pub cluster: ClusterConfig,
     pub packages: PackagesConfig,
+    /// Where this configuration was read from (not a key): a reload reads it again.
+    #[serde(skip)]
+    pub source: ConfigSource,
+}
+
+/// The sources a configuration was loaded from: the file and the command-line flags (the
+/// environment is read again as it is).
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSource {
+    pub file: Option<PathBuf>,
+    pub overrides: Overrides,
 }
 
 impl Default for Config {
@@ -80,6 +94,7 @@ impl Default for Config {
             s3: S3Config::default(),
             cluster: ClusterConfig::default(),
             packages: PackagesConfig::default(),
+            source: ConfigSource::default(),
         }
     }
 }
@@ -130,11 +145,11 @@ impl Config {
             }
             fig = fig.merge(Toml::file(file));
         }
-        fig = fig.merge(
-            Env::prefixed("SNAKECAGE_")
-                .split("__")
-                .ignore(&["config", "allow_unauthenticated"]),
-        );
+        fig = fig.merge(Env::prefixed("SNAKECAGE_").split("__").ignore(&[
+            "config",
+            "allow_unauthenticated",
+            "api_key",
+        ]));
         if let Some(listen) = overrides.listen {
             fig = fig.merge(Serialized::default("listen", listen));
         }
@@ -150,12 +165,22 @@ impl Config {
         if overrides.allow_unauthenticated {
             fig = fig.merge(Serialized::default("auth.allow_unauthenticated", true));
         }
-        let config: Config = fig.extract().map_err(Box::new)?;
+        let mut config: Config = fig.extract().map_err(Box::new)?;
+        config.source = ConfigSource {
+            file: file.map(Path::to_path_buf),
+            overrides: overrides.clone(),
+        };
         config.validate()?;
         Ok(config)
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    /// Reads the same sources again (file, environment, flags): what a reload runs with.
+    pub fn reload(&self) -> Result<Self, ConfigError> {
+        Self::load(self.source.file.as_deref(), &self.source.overrides)
+    }
+
+    /// Checks the values together (ranges, consistency); [`Config::load`] calls it.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |msg: &str| Err(ConfigError::Invalid(msg.to_owned()));
         if self.pool.size == 0 {
             return bad("pool.size must be at least 1");

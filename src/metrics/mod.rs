@@ -9,6 +9,7 @@
 //! - [`http`]: the middleware counting HTTP requests by route and status.
 //! - [`health`]: ready or not, each sandbox layer active or not, the file store's quota.
 //! - [`cluster`]: the file store's operations and the forwarding of session calls.
+//! - [`generation`]: rollovers by outcome and duration, the generation in use.
 //!
 //! Gauges that describe state (pool, file store, memory) are read when scraped, by
 //! [`Metrics::observe`], rather than kept up to date on every change.
@@ -16,6 +17,7 @@
 //! [`PoolEvents`]: crate::pool::events::PoolEvents
 
 pub mod cluster;
+pub mod generation;
 pub mod health;
 pub mod hooks;
 pub mod http;
@@ -78,7 +80,7 @@ impl BuildInfo {
 /// The service's metrics. Shared as `Arc<Metrics>`; every method takes `&self`.
 pub struct Metrics {
     registry: Registry,
-    build: OnceLock<BuildInfo>,
+    build: std::sync::RwLock<Option<BuildInfo>>,
     build_info: IntGaugeVec,
     pub(crate) executions: IntCounterVec,
     tenant_executions: IntCounterVec,
@@ -116,6 +118,7 @@ pub struct Metrics {
     pub(crate) recent: Recent,
     /// The file store and session forwarding.
     pub cluster: cluster::ClusterMetrics,
+    generation: generation::GenerationMetrics,
 }
 
 /// What the file store holds, read at scrape time.
@@ -264,14 +267,16 @@ impl Metrics {
             health: HealthGauges::register(&reg),
             recent: Recent::default(),
             cluster: cluster::ClusterMetrics::new(&reg),
+            generation: generation::GenerationMetrics::new(&reg),
             registry,
-            build: OnceLock::new(),
+            build: std::sync::RwLock::new(None),
         };
         metrics.prefill();
         metrics
     }
 
-    /// Says what is running (once the zygote has said hello); later calls are ignored.
+    /// Says what is running (once the zygote has said hello, and again after each
+    /// rollover: the series of the generation before is removed).
     pub fn set_build_info(&self, build: BuildInfo) {
         let layers = build.layers_label();
         let labels = [
@@ -279,10 +284,10 @@ impl Metrics {
             build.python_version.as_str(),
             layers.as_str(),
         ];
-        if self.build.get().is_none() {
-            self.build_info.with_label_values(&labels).set(1);
-        }
-        let _ = self.build.set(build);
+        let mut current = self.build.write().expect("build info lock");
+        self.build_info.reset();
+        self.build_info.with_label_values(&labels).set(1);
+        *current = Some(build);
     }
 
     /// Creates every series of the closed label sets at 0.
@@ -337,7 +342,11 @@ impl Metrics {
 
     /// What is running; empty until [`Metrics::set_build_info`].
     pub fn build(&self) -> BuildInfo {
-        self.build.get().cloned().unwrap_or_default()
+        self.build
+            .read()
+            .expect("build info lock")
+            .clone()
+            .unwrap_or_default()
     }
 
     /// Reads the state gauges: the pool, the file store, this process's memory.

@@ -96,6 +96,13 @@ pub const PROCESS_RESIDENT_MEMORY_BYTES: &str = "snakecage_process_resident_memo
 /// `sandbox_layers` (comma-separated, or `none`).
 pub const BUILD_INFO: &str = "snakecage_build_info";
 
+/// Rollovers to a new zygote generation, by `outcome` (`succeeded`, `failed`).
+pub const ROLLOVERS_TOTAL: &str = "snakecage_rollovers_total";
+/// How long a rollover took, from its start to the switch (or its failure).
+pub const ROLLOVER_DURATION_SECONDS: &str = "snakecage_rollover_duration_seconds";
+/// The zygote generation new workers come from.
+pub const GENERATION: &str = "snakecage_generation";
+
 /// Label names.
 pub mod label {
     pub const KIND: &str = "kind";
@@ -119,7 +126,7 @@ pub mod label {
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
 /// Every metric family name, for checks that nothing refers to a name that does not exist.
-pub const ALL: [&str; 39] = [
+pub const ALL: [&str; 42] = [
     TOOL_CALLS_TOTAL,
     TOOL_CALL_DURATION_SECONDS,
     EXECUTIONS_TOTAL,
@@ -159,6 +166,9 @@ pub const ALL: [&str; 39] = [
     FILE_STORE_ERRORS_TOTAL,
     SESSION_FORWARDS_TOTAL,
     SESSION_FORWARD_SECONDS,
+    ROLLOVERS_TOTAL,
+    ROLLOVER_DURATION_SECONDS,
+    GENERATION,
 ];
 
 /// Tool calls made by sandboxed code (Code Mode), by `tool` (an operator tool's name, or

@@ -16,7 +16,9 @@ pub(super) struct IdleSet {
     available: Semaphore,
 }
 
-/// What a taker found after claiming a permit.
+/// What a taker found after claiming a permit. (Moved once per take: boxing the worker
+/// would only add an allocation per job.)
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Taken {
     Worker(Worker),
     /// The permit was stale (its worker was purged with a dead zygote): look again.

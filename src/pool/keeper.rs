@@ -8,6 +8,7 @@ use std::time::Duration;
 use snakecage_worker::protocol::{Layer, LayerState, ZygoteInfo};
 
 use super::events::KillReason;
+use super::generation::Generation;
 use super::zygote::ZygoteHandle;
 use super::{Inner, PoolError, PoolSettings};
 
@@ -31,16 +32,26 @@ pub(super) async fn start_zygote(
     Ok(zygote)
 }
 
-/// Restarts tier `index`'s zygote whenever it dies, with backoff, and wakes the refill.
-pub(super) async fn zygote_keeper(inner: Arc<Inner>, index: usize) {
-    let tier = &inner.tiers[index];
+/// Starts a keeper for each tier's zygote of `generation`.
+pub(super) fn keep_zygotes(inner: &Arc<Inner>, generation: &Arc<Generation>) {
+    for index in 0..generation.tiers.len() {
+        tokio::spawn(zygote_keeper(inner.clone(), generation.clone(), index));
+    }
+}
+
+/// Restarts tier `index`'s zygote of `generation` whenever it dies, with backoff, and
+/// wakes the refill; ends when the generation is retired (its zygotes are shut down when
+/// nothing uses them) or the pool shuts down.
+async fn zygote_keeper(inner: Arc<Inner>, generation: Arc<Generation>, index: usize) {
+    let tier = &generation.tiers[index];
     loop {
         let current = tier.current_zygote();
         tokio::select! {
             () = current.died() => {}
             () = inner.shutdown.cancelled() => return,
+            () = generation.retired.cancelled() => return,
         }
-        if inner.shutdown.is_cancelled() {
+        if inner.shutdown.is_cancelled() || generation.retired.is_cancelled() {
             return;
         }
         tracing::error!(tier = %tier.name, pid = current.info.pid, "the zygote died; restarting it");
@@ -50,8 +61,11 @@ pub(super) async fn zygote_keeper(inner: Arc<Inner>, index: usize) {
         }
         let mut backoff = Duration::from_millis(100);
         loop {
-            let started =
-                start_zygote(&inner.settings, &tier.zygote_config, current.generation + 1);
+            let started = start_zygote(
+                &generation.settings,
+                &tier.zygote_config,
+                current.generation + 1,
+            );
             tokio::select! {
                 result = started => match result {
                     Ok(zygote) => {
@@ -68,6 +82,7 @@ pub(super) async fn zygote_keeper(inner: Arc<Inner>, index: usize) {
                     }
                 },
                 () = inner.shutdown.cancelled() => return,
+                () = generation.retired.cancelled() => return,
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));

@@ -14,6 +14,9 @@
 //!   `fd`: pipes and fds on the supervisor's side.
 //! - [`root`]: the workspace root this instance owns (locked), recreated if it vanishes.
 //! - [`toolcalls`]: tool calls answered while a job runs (Code Mode).
+//! - [`generation`]: the generations (one zygote per tier each), the current one, the
+//!   retired ones still in use; `rollover`: preparing the next one and switching to it;
+//!   `probe`: the sandboxed job a new generation must pass; `take`: taking an idle worker.
 //!
 //! **Tiers.** The pool runs one zygote per configured tier (`[tiers]`: e.g. `bare`,
 //! `scientific` with numpy and pandas, `plotting` with matplotlib too), each with its own
@@ -49,14 +52,18 @@ pub mod capture;
 pub mod checkout;
 pub mod events;
 mod fd;
+pub mod generation;
 mod idle;
 mod keeper;
+mod probe;
 mod refill;
+mod rollover;
 pub mod root;
 pub mod run;
 pub mod session;
 mod slots;
 pub mod status;
+mod take;
 mod tier;
 mod tiers;
 pub mod toolcalls;
@@ -75,8 +82,10 @@ use tokio_util::sync::CancellationToken;
 use self::checkout::{AbandonGuard, BusyGuard};
 pub use self::checkout::{Checkout, Finished, NoStaging, SessionSlot, Stager};
 use self::events::{KillReason, NoEvents, PoolEvents, Rejection};
-use self::idle::{IdleSet, Taken};
+use self::generation::{Generation, Generations};
+pub use self::generation::{GenerationLease, RetiredGeneration};
 pub use self::keeper::check_required;
+pub use self::rollover::{PrepareError, Prepared, RolloverStage};
 use self::root::WorkspaceRoot;
 use self::run::{OutputChunk, RunError, RunLimits, RunOutcome};
 use self::session::SessionWorker;
@@ -84,8 +93,6 @@ use self::slots::Slots;
 pub use self::status::{PoolCounters, PoolStatus, TierStatus, ZygoteStatus};
 use self::tier::Tier;
 pub use self::tier::TierSettings;
-use self::tiers::TierTable;
-use self::worker::Worker;
 use self::zygote::ZygoteError;
 
 #[derive(Debug, Clone)]
@@ -141,10 +148,11 @@ pub struct Pool {
 }
 
 struct Inner {
+    /// The settings the pool started with: its size, queue, binary and workspace root
+    /// hold for every generation; the tiers are the first generation's.
     settings: PoolSettings,
     root: WorkspaceRoot,
-    tiers: Vec<Tier>,
-    table: TierTable,
+    generations: Generations,
     slots: Slots,
     next_worker_id: AtomicU64,
     refill: Notify,
@@ -172,48 +180,10 @@ impl Pool {
             }
         })?;
         settings.workspace_root = root.path().to_path_buf();
-        assert!(!settings.tiers.is_empty(), "a pool needs at least one tier");
-        let started = futures_util::future::join_all(
-            settings
-                .tiers
-                .iter()
-                .map(|tier| keeper::start_zygote(&settings, &tier.zygote, 0)),
-        )
-        .await;
-        let mut zygotes = Vec::new();
-        let mut failure = None;
-        for result in started {
-            match result {
-                Ok(zygote) => zygotes.push(zygote),
-                Err(e) => failure = failure.or(Some(e)),
-            }
-        }
-        if let Some(e) = failure {
-            for zygote in zygotes {
-                zygote.shutdown(Duration::from_secs(5)).await;
-            }
-            return Err(e);
-        }
-        let preloads: Vec<Vec<String>> = settings
-            .tiers
-            .iter()
-            .map(|t| t.zygote.preload.clone())
-            .collect();
-        let session_tier = settings.session_tier.min(settings.tiers.len() - 1);
-        let table = TierTable::new(&preloads, session_tier, settings.min_idle, settings.size);
-        let targets = table.targets();
-        let tiers = settings
-            .tiers
-            .iter()
-            .cloned()
-            .zip(zygotes)
-            .zip(targets)
-            .map(|((tier, zygote), target)| Tier::new(tier, zygote, target))
-            .collect();
+        let first = Generation::start(settings.clone(), 1, settings.size).await?;
         let shutdown = CancellationToken::new();
         let inner = Arc::new(Inner {
-            tiers,
-            table,
+            generations: Generations::new(first),
             slots: Slots::new(
                 settings.size,
                 settings.queue_length,
@@ -229,23 +199,31 @@ impl Pool {
             events,
         });
         tokio::spawn(refill::refill_loop(inner.clone()));
-        for index in 0..inner.tiers.len() {
-            tokio::spawn(keeper::zygote_keeper(inner.clone(), index));
-        }
+        keeper::keep_zygotes(&inner, &inner.generations.current());
         Ok(Self { inner })
     }
 
-    /// What the session tier's zygote (by default the fullest) reported at start-up.
+    /// What the current generation's session tier's zygote (by default the fullest)
+    /// reported when it started.
     pub fn zygote_info(&self) -> ZygoteInfo {
-        self.inner.tiers[self.inner.table.session]
-            .current_zygote()
-            .info
-            .clone()
+        self.inner.generations.current().zygote_info()
     }
 
-    /// The tiers' names, lightest first (the closed label set of the tier metrics).
+    /// The id of the generation new workers come from (1 at start, one more per rollover).
+    pub fn generation(&self) -> u64 {
+        self.inner.generations.current().id
+    }
+
+    /// The retired generations still in use (by running jobs and sessions).
+    pub fn retired_generations(&self) -> Vec<RetiredGeneration> {
+        self.inner.generations.retired()
+    }
+
+    /// The current generation's tiers' names, lightest first (the label set of the tier
+    /// metrics).
     pub fn tier_names(&self) -> Vec<String> {
-        self.inner.tiers.iter().map(|t| t.name.clone()).collect()
+        let current = self.inner.generations.current();
+        current.tiers.iter().map(|t| t.name.clone()).collect()
     }
 
     pub fn counters(&self) -> &PoolCounters {
@@ -256,22 +234,32 @@ impl Pool {
     /// not known), waiting in the FIFO queue when all `size` slots are busy (or, briefly,
     /// when the refill has not caught up).
     pub async fn acquire(&self) -> Result<Checkout, PoolError> {
-        self.acquire_on(self.inner.tiers.len() - 1).await
+        let current = self.inner.generations.current();
+        let fullest = current.tiers.len() - 1;
+        self.acquire_on(current, fullest).await
     }
 
-    /// [`Pool::acquire`] for a job routed to tier `routed`.
-    async fn acquire_on(&self, routed: usize) -> Result<Checkout, PoolError> {
+    /// [`Pool::acquire`] for a job routed to tier `routed` of generation `generation`.
+    async fn acquire_on(
+        &self,
+        generation: Arc<Generation>,
+        routed: usize,
+    ) -> Result<Checkout, PoolError> {
         let started = Instant::now();
-        let result = self.checkout(routed).await;
+        let result = self.checkout(generation, routed).await;
         self.inner.observe_wait(started, &result);
         result
     }
 
-    async fn checkout(&self, routed: usize) -> Result<Checkout, PoolError> {
+    async fn checkout(
+        &self,
+        generation: Arc<Generation>,
+        routed: usize,
+    ) -> Result<Checkout, PoolError> {
         let inner = &self.inner;
         let deadline = inner.slots.deadline();
         let slot = inner.slots.acquire(&inner.slots.all, deadline).await?;
-        let worker = inner.take_idle(routed, deadline).await?;
+        let worker = inner.take_idle(generation, routed, deadline).await?;
         Ok(Checkout {
             worker,
             _slot: slot,
@@ -306,10 +294,9 @@ impl Pool {
         let mut last_error = String::new();
         for _ in 0..3 {
             let deadline = self.inner.slots.deadline();
-            let worker = self
-                .inner
-                .take_idle(self.inner.table.session, deadline)
-                .await?;
+            let current = self.inner.generations.current();
+            let session = current.table.session;
+            let worker = self.inner.take_idle(current, session, deadline).await?;
             if !worker.workspace_path().is_dir() {
                 // Its workspace was removed while it was idle: the refill replaces it.
                 self.inner.events.worker_killed(KillReason::LostIdle);
@@ -351,14 +338,15 @@ impl Pool {
         chunks: Option<mpsc::Sender<OutputChunk>>,
         stager: &S,
     ) -> Result<Finished<S::Staged>, S::Error> {
+        let current = self.inner.generations.current();
         let routed = if job.code.len() > SCAN_OFF_THREAD_BYTES {
-            let inner = self.inner.clone();
+            let generation = current.clone();
             let code = job.clone();
-            tokio::task::spawn_blocking(move || inner.route(&code))
+            tokio::task::spawn_blocking(move || route(&generation, &code))
                 .await
-                .unwrap_or(self.inner.tiers.len() - 1)
+                .unwrap_or(current.tiers.len() - 1)
         } else {
-            self.inner.route(&job)
+            route(&current, &job)
         };
         let mut last_error = String::new();
         for _ in 0..3 {
@@ -366,7 +354,7 @@ impl Pool {
                 mut worker,
                 _slot,
                 _busy,
-            } = self.acquire_on(routed).await?;
+            } = self.acquire_on(current.clone(), routed).await?;
             if !worker.workspace_path().is_dir() {
                 // Its workspace was removed while it was idle: it could not run the job.
                 self.inner
@@ -418,8 +406,9 @@ impl Pool {
 
     pub fn status(&self) -> PoolStatus {
         let inner = &self.inner;
-        let tiers: Vec<TierStatus> = inner.tiers.iter().map(Tier::status).collect();
-        let session = &tiers[inner.table.session];
+        let current = inner.generations.current();
+        let tiers: Vec<TierStatus> = current.tiers.iter().map(Tier::status).collect();
+        let session = &tiers[current.table.session];
         let zygote = session.zygote.clone().map(|z| ZygoteStatus {
             alive: tiers
                 .iter()
@@ -439,6 +428,8 @@ impl Pool {
             zygote_restarts: inner.counters.zygote_restarts.load(Ordering::Relaxed),
             last_spawn_error: inner.counters.spawn_trouble(),
             tiers,
+            generation: current.id,
+            retired_generations: inner.generations.retired(),
         }
     }
 
@@ -453,83 +444,26 @@ impl Pool {
         let inner = &self.inner;
         inner.shutdown.cancel();
         inner.slots.close();
-        for tier in &inner.tiers {
-            tier.idle.close();
-            drop(tier.idle.drain());
+        let generations = inner.generations.all();
+        for generation in &generations {
+            generation.retired.cancel();
+            for tier in &generation.tiers {
+                tier.idle.close();
+                drop(tier.idle.drain());
+            }
         }
-        let zygotes = inner.tiers.iter().map(|tier| async move {
-            tier.current_zygote().shutdown(Duration::from_secs(5)).await;
-        });
-        futures_util::future::join_all(zygotes).await;
+        futures_util::future::join_all(generations.iter().map(|g| g.shut_down())).await;
         inner.root.remove();
     }
 }
 
+/// The tier of `generation` a job goes to, from the modules its code imports.
+fn route(generation: &Generation, job: &Job) -> usize {
+    let code = job.entrypoint.is_none().then_some(job.code.as_str());
+    generation.table.route(code)
+}
+
 impl Inner {
-    /// The tier a job goes to, from the modules its code imports.
-    fn route(&self, job: &Job) -> usize {
-        let code = job.entrypoint.is_none().then_some(job.code.as_str());
-        self.table.route(code)
-    }
-
-    /// An idle worker for a job routed to tier `routed`: of that tier, else of a fuller
-    /// one, waiting (until `deadline`) for the refill when none has one. Counts the demand.
-    async fn take_idle(
-        &self,
-        routed: usize,
-        deadline: tokio::time::Instant,
-    ) -> Result<Worker, PoolError> {
-        if let Some(targets) = self.table.record(routed) {
-            for (tier, target) in self.tiers.iter().zip(targets) {
-                tier.target.store(target, Ordering::Release);
-            }
-            self.refill.notify_one();
-        }
-        let candidates = self.table.candidates(routed);
-        let sets: Vec<&IdleSet> = candidates.iter().map(|&i| &self.tiers[i].idle).collect();
-        loop {
-            let (index, taken) = match sets
-                .iter()
-                .enumerate()
-                .find_map(|(i, set)| set.try_take().map(|taken| (i, taken)))
-            {
-                Some(found) => found,
-                None => {
-                    let _waiting = self.slots.waiting();
-                    // A tier whose target is 0 still gets a worker for a job that waits.
-                    let _wanted = self.tiers[routed].want();
-                    self.refill.notify_one();
-                    let take = self.slots.wait(IdleSet::take_any(&sets), deadline);
-                    tokio::pin!(take);
-                    // Waiting for a worker that cannot be started would only end in a
-                    // timeout: answer at once that the service is degraded.
-                    loop {
-                        if let Some(why) = self.counters.spawn_trouble() {
-                            return Err(PoolError::NoWorkers(why));
-                        }
-                        tokio::select! {
-                            got = &mut take => break got?,
-                            () = tokio::time::sleep(Duration::from_millis(100)) => {}
-                        }
-                    }
-                }
-            };
-            self.refill.notify_one();
-            let Taken::Worker(mut worker) = taken else {
-                continue;
-            };
-            let tier = &self.tiers[candidates[index]];
-            if worker.generation == tier.current_zygote().generation && worker.is_alive() {
-                tier.checkouts.fetch_add(1, Ordering::Relaxed);
-                self.events
-                    .checked_out(&tier.name, &self.tiers[routed].name);
-                return Ok(worker);
-            }
-            // Died with its zygote while idle: skip it, the refill replaces it.
-            self.events.worker_killed(KillReason::LostIdle);
-        }
-    }
-
     /// Reports how long a checkout waited, or why it was refused.
     fn observe_wait<T>(&self, started: Instant, result: &Result<T, PoolError>) {
         match result {

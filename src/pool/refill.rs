@@ -12,6 +12,7 @@ use snakecage_worker::protocol::{Layer, LayerState, WorkerMessage};
 use super::Inner;
 use super::events::KillReason;
 use super::fd::{nonblocking_read_pipe, read_available};
+use super::generation::Generation;
 use super::tier::Tier;
 use super::worker::{JobChannel, Worker, Workspace};
 use super::zygote::{ZygoteError, ZygoteHandle};
@@ -26,11 +27,34 @@ enum SpawnError {
     NotReady { pid: i32, reason: String },
 }
 
-/// Keeps `idle + spawning == target` in every tier, spawning concurrently; woken whenever
-/// a worker is taken, a spawn ends, a target moves or a zygote is replaced.
+/// Keeps `idle + spawning == target` in every tier of the current generation (and of the
+/// one a rollover is preparing), spawning concurrently; woken whenever a worker is taken,
+/// a spawn ends, a target moves, a zygote is replaced or a generation starts.
 pub(super) async fn refill_loop(inner: Arc<Inner>) {
     loop {
-        for (index, tier) in inner.tiers.iter().enumerate() {
+        for generation in inner.generations.stocked() {
+            stock(&inner, &generation);
+        }
+        tokio::select! {
+            () = inner.refill.notified() => {}
+            () = inner.shutdown.cancelled() => return,
+        }
+        // Usually a worker was just taken and its job is being sent. Forking a zygote this
+        // size holds a CPU in the kernel for a millisecond or more where nothing preempts it
+        // (PREEMPT_NONE, `SCHED_IDLE` or not), and the job's worker may be woken onto that
+        // CPU: let a short job run first.
+        tokio::time::sleep(REFILL_DELAY).await;
+    }
+}
+
+/// One pass over `generation`'s tiers: retire the idle workers a tier no longer needs,
+/// spawn those it lacks.
+fn stock(inner: &Arc<Inner>, generation: &Arc<Generation>) {
+    if generation.retired.is_cancelled() {
+        return;
+    }
+    {
+        for (index, tier) in generation.tiers.iter().enumerate() {
             let zygote = tier.current_zygote();
             if !zygote.is_alive() {
                 continue;
@@ -45,28 +69,29 @@ pub(super) async fn refill_loop(inner: Arc<Inner>) {
             }
             for _ in 0..wanted.saturating_sub(tier.stocked()) {
                 tier.spawning.fetch_add(1, Ordering::AcqRel);
-                tokio::spawn(spawn_one(inner.clone(), index, zygote.clone()));
+                tokio::spawn(spawn_one(
+                    inner.clone(),
+                    generation.clone(),
+                    index,
+                    zygote.clone(),
+                ));
             }
         }
-        tokio::select! {
-            () = inner.refill.notified() => {}
-            () = inner.shutdown.cancelled() => return,
-        }
-        // Usually a worker was just taken and its job is being sent. Forking a zygote this
-        // size holds a CPU in the kernel for a millisecond or more where nothing preempts it
-        // (PREEMPT_NONE, `SCHED_IDLE` or not), and the job's worker may be woken onto that
-        // CPU: let a short job run first.
-        tokio::time::sleep(REFILL_DELAY).await;
     }
 }
 
 /// How long the refill waits after being woken before it forks.
 const REFILL_DELAY: Duration = Duration::from_millis(2);
 
-async fn spawn_one(inner: Arc<Inner>, index: usize, zygote: Arc<ZygoteHandle>) {
-    let tier = &inner.tiers[index];
+async fn spawn_one(
+    inner: Arc<Inner>,
+    generation: Arc<Generation>,
+    index: usize,
+    zygote: Arc<ZygoteHandle>,
+) {
+    let tier = &generation.tiers[index];
     let started = Instant::now();
-    let spawned = spawn_worker(&inner, tier, &zygote).await;
+    let spawned = spawn_worker(&inner, &generation, tier, &zygote).await;
     match &spawned {
         Ok(_) => inner.events.worker_spawned(started.elapsed()),
         Err(SpawnError::NotReady { .. }) => inner.events.worker_killed(KillReason::NotReady),
@@ -79,7 +104,12 @@ async fn spawn_one(inner: Arc<Inner>, index: usize, zygote: Arc<ZygoteHandle>) {
                 .workers_spawned
                 .fetch_add(1, Ordering::Relaxed);
             inner.counters.spawn_succeeded();
-            if !inner.shutdown.is_cancelled() {
+            *generation
+                .last_spawn_error
+                .lock()
+                .expect("spawn error lock") = None;
+            // A retired generation's new worker is dropped (killed): it would serve nobody.
+            if !inner.shutdown.is_cancelled() && !generation.retired.is_cancelled() {
                 tier.idle.push(worker);
             }
         }
@@ -88,10 +118,16 @@ async fn spawn_one(inner: Arc<Inner>, index: usize, zygote: Arc<ZygoteHandle>) {
                 .counters
                 .spawn_failures
                 .fetch_add(1, Ordering::Relaxed);
+            *generation
+                .last_spawn_error
+                .lock()
+                .expect("spawn error lock") = Some(e.to_string());
             if zygote.is_alive() && !inner.shutdown.is_cancelled() {
-                tracing::error!(tier = %tier.name, error = %e, "could not start a worker");
-                // A worker of a zygote that is being replaced says nothing about the next.
-                if zygote.generation == tier.current_zygote().generation {
+                tracing::error!(tier = %tier.name, generation = generation.id, error = %e, "could not start a worker");
+                // A worker of a zygote that is being replaced says nothing about the next;
+                // one of a generation being prepared says nothing about the one serving.
+                let serving = inner.generations.current().id == generation.id;
+                if serving && zygote.generation == tier.current_zygote().generation {
                     inner.counters.spawn_failed(e.to_string());
                 }
                 // Do not spin on a failure that repeats (a broken sandbox layer, say).
@@ -105,6 +141,7 @@ async fn spawn_one(inner: Arc<Inner>, index: usize, zygote: Arc<ZygoteHandle>) {
 
 async fn spawn_worker(
     inner: &Inner,
+    generation: &Generation,
     tier: &Tier,
     zygote: &ZygoteHandle,
 ) -> Result<Worker, SpawnError> {
@@ -128,6 +165,7 @@ async fn spawn_worker(
     let mut worker = Worker::new(
         id,
         zygote.generation,
+        generation.lease(),
         forked,
         channel,
         stdout_r,

@@ -34,6 +34,11 @@ impl SessionWorker {
         Ok(Self { worker })
     }
 
+    /// The pool generation its worker was forked from.
+    pub fn generation(&self) -> u64 {
+        self.worker.lease.id
+    }
+
     pub fn pid(&self) -> i32 {
         self.worker.pid
     }

@@ -74,9 +74,14 @@ pub struct PoolStatus {
     pub zygote_restarts: u64,
     /// Why workers cannot be started, while they cannot.
     pub last_spawn_error: Option<String>,
-    /// Each tier, lightest first. `idle` and `spawning` above are their sums; `zygote`
-    /// above is the session tier's, alive only while every tier's zygote is.
+    /// Each tier of the current generation, lightest first. `idle` and `spawning` above
+    /// are their sums; `zygote` above is the session tier's, alive only while every
+    /// tier's zygote is.
     pub tiers: Vec<TierStatus>,
+    /// The generation new workers come from.
+    pub generation: u64,
+    /// Older generations still running jobs or sessions (shut down when they end).
+    pub retired_generations: Vec<super::RetiredGeneration>,
 }
 
 /// One tier of the pool.

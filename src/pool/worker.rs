@@ -21,7 +21,10 @@ use super::zygote::Forked;
 pub struct Worker {
     pub id: u64,
     pub pid: i32,
+    /// Its zygote's restart count within its tier (not the pool generation).
     pub generation: u64,
+    /// Its pool generation; held, it keeps that generation's zygotes running.
+    pub lease: super::GenerationLease,
     pidfd: Option<OwnedFd>,
     pub(super) channel: JobChannel,
     pub(super) stdout: AsyncFd<OwnedFd>,
@@ -33,9 +36,11 @@ pub struct Worker {
 }
 
 impl Worker {
+    #[allow(clippy::too_many_arguments)] // each is one part of a forked worker
     pub(super) fn new(
         id: u64,
         generation: u64,
+        lease: super::GenerationLease,
         forked: Forked,
         channel: JobChannel,
         stdout: OwnedFd,
@@ -46,6 +51,7 @@ impl Worker {
             id,
             pid: forked.pid,
             generation,
+            lease,
             pidfd: forked.pidfd,
             channel,
             stdout: async_fd(stdout)?,
@@ -309,7 +315,17 @@ mod tests {
             exit,
         };
         let channel = JobChannel::new(UnixStream::from_std(ours).unwrap());
-        let mut worker = Worker::new(1, 0, forked, channel, out_r, err_r, workspace).unwrap();
+        let mut worker = Worker::new(
+            1,
+            0,
+            crate::pool::GenerationLease::unattached(1),
+            forked,
+            channel,
+            out_r,
+            err_r,
+            workspace,
+        )
+        .unwrap();
         assert!(worker.is_alive());
         exit_tx.send(ExitStatus::Signal(libc::SIGXCPU)).unwrap();
         assert!(!worker.is_alive());

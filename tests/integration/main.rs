@@ -17,6 +17,7 @@ mod harness;
 mod kubernetes;
 mod observability;
 mod overload;
+mod packages;
 mod packages_env;
 mod prom;
 mod prometheus;

@@ -6,8 +6,10 @@
 //! to brute-force) and checking one costs a microsecond, not an argon2 run per request.
 //! A presented key is hashed and compared with every configured hash in constant time.
 
+mod admin;
+mod keys_file;
+
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, Request, State};
@@ -15,7 +17,6 @@ use axum::http::header;
 use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -24,178 +25,11 @@ use crate::config::AuthConfig;
 use crate::error::ApiError;
 use crate::files::FileOwner;
 
-/// What every new key starts with, so it is recognisable in a secret scanner or a log.
-pub const KEY_PREFIX: &str = "sc_";
-
-/// One configured key: its tenant's name, its hash and its limits.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct KeyEntry {
-    /// The tenant: files and sessions belong to it. Unique.
-    pub name: String,
-    /// SHA-256 of the key, 64 lowercase hex digits.
-    pub sha256: String,
-    /// Executions (stateless and session runs) this key may have in progress at once.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_concurrent: Option<usize>,
-    /// Sessions this key may hold at once.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_sessions: Option<usize>,
-    /// Total size of the files this key may keep stored.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_stored_mb: Option<u64>,
-}
-
-/// A keys file: `[[keys]]` tables of [`KeyEntry`].
-#[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KeysFile {
-    #[serde(default)]
-    pub keys: Vec<KeyEntry>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum KeysError {
-    #[error("reading keys file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("keys file {path}: {source}")]
-    Parse {
-        path: PathBuf,
-        source: Box<toml::de::Error>,
-    },
-    #[error("writing keys file {path}: {source}")]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("API key {name:?}: {reason}")]
-    Invalid { name: String, reason: String },
-    #[error("an API key named {0:?} already exists; key names are unique")]
-    Duplicate(String),
-    #[error("the OS random number generator failed: {0}")]
-    Random(String),
-}
-
-impl KeysFile {
-    /// Reads `path`; a file that does not exist yet has no keys.
-    pub fn read(path: &Path) -> Result<Self, KeysError> {
-        let text = match std::fs::read_to_string(path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
-            Err(source) => {
-                return Err(KeysError::Read {
-                    path: path.to_owned(),
-                    source,
-                });
-            }
-        };
-        toml::from_str(&text).map_err(|source| KeysError::Parse {
-            path: path.to_owned(),
-            source: Box::new(source),
-        })
-    }
-
-    /// Replaces `path` atomically (a temporary file beside it, fsynced, renamed over it),
-    /// readable by its owner only.
-    pub fn write(&self, path: &Path) -> Result<(), KeysError> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let err = |source| KeysError::Write {
-            path: path.to_owned(),
-            source,
-        };
-        let text = toml::to_string(self).expect("keys serialise");
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(format!(".tmp{}", std::process::id()));
-        let tmp = PathBuf::from(tmp);
-        let written = (|| {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(text.as_bytes())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)
-        })();
-        if written.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written.map_err(err)
-    }
-
-    /// Adds a new key named `name` with `limits`; returns the key, which exists nowhere
-    /// else (only its hash is kept).
-    pub fn add(&mut self, name: &str, limits: KeyEntry) -> Result<String, KeysError> {
-        if self.keys.iter().any(|k| k.name == name) {
-            return Err(KeysError::Duplicate(name.to_owned()));
-        }
-        let key = generate_key()?;
-        let entry = KeyEntry {
-            name: name.to_owned(),
-            sha256: sha256_hex(&key),
-            ..limits
-        };
-        validate(&entry)?;
-        self.keys.push(entry);
-        Ok(key)
-    }
-}
-
-/// A new key: `sc_` and 32 random bytes in hex.
-pub fn generate_key() -> Result<String, KeysError> {
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).map_err(|e| KeysError::Random(e.to_string()))?;
-    Ok(format!("{KEY_PREFIX}{}", hex(&bytes)))
-}
-
-/// The SHA-256 of `key` as stored: 64 lowercase hex digits.
-pub fn sha256_hex(key: &str) -> String {
-    hex(&Sha256::digest(key.as_bytes()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn parse_hex32(text: &str) -> Option<[u8; 32]> {
-    if text.len() != 64 || !text.is_ascii() {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
-}
-
-fn validate(entry: &KeyEntry) -> Result<[u8; 32], KeysError> {
-    let invalid = |reason: &str| KeysError::Invalid {
-        name: entry.name.clone(),
-        reason: reason.to_owned(),
-    };
-    let name_ok = !entry.name.is_empty()
-        && entry.name.len() <= 64
-        && entry
-            .name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
-    if !name_ok {
-        return Err(invalid(
-            "a name is 1 to 64 characters of letters, digits, `-`, `_` and `.`",
-        ));
-    }
-    if entry.max_concurrent == Some(0) || entry.max_sessions == Some(0) {
-        return Err(invalid(
-            "max_concurrent and max_sessions must be at least 1 (leave them out for no limit)",
-        ));
-    }
-    parse_hex32(&entry.sha256.to_ascii_lowercase())
-        .ok_or_else(|| invalid("sha256 must be 64 hex digits (the SHA-256 of the key)"))
-}
+pub use self::admin::AdminCaller;
+use self::keys_file::validate;
+pub use self::keys_file::{
+    ADMIN_SCOPE, KEY_PREFIX, KeyEntry, KeysError, KeysFile, SCOPES, generate_key, sha256_hex,
+};
 
 /// One tenant (a configured key): its name, limits and the executions it has running.
 #[derive(Debug)]
@@ -204,11 +38,18 @@ pub struct Tenant {
     pub max_concurrent: Option<usize>,
     pub max_sessions: Option<usize>,
     pub max_stored_bytes: Option<u64>,
+    /// What the key may do beyond running code (see [`SCOPES`]).
+    pub scopes: Vec<String>,
     digest: [u8; 32],
     executions: Option<Arc<Semaphore>>,
 }
 
 impl Tenant {
+    /// Whether this key may use the admin routes.
+    pub fn is_admin(&self) -> bool {
+        self.scopes.iter().any(|s| s == ADMIN_SCOPE)
+    }
+
     /// A slot for one execution, held until the run ends; 429 when the key is at its
     /// `max_concurrent`.
     pub fn execution_slot(&self) -> Result<Option<OwnedSemaphorePermit>, ApiError> {
@@ -234,6 +75,9 @@ pub struct Keys {
     tenants: Vec<Arc<Tenant>>,
     public_metrics: bool,
     public_status: bool,
+    /// Whether the service listens on loopback only: without keys, the admin routes are
+    /// open only then.
+    loopback: bool,
 }
 
 impl Keys {
@@ -269,6 +113,7 @@ impl Keys {
                 max_concurrent: entry.max_concurrent,
                 max_sessions: entry.max_sessions,
                 max_stored_bytes: entry.max_stored_mb.map(|mb| mb << 20),
+                scopes: entry.scopes,
                 name: entry.name,
                 digest,
             }));
@@ -277,7 +122,14 @@ impl Keys {
             tenants,
             public_metrics: config.public_metrics,
             public_status: config.public_status,
+            loopback: false,
         })
+    }
+
+    /// Records where the service listens (the admin routes without keys need loopback).
+    pub fn listening_on(mut self, addr: std::net::SocketAddr) -> Self {
+        self.loopback = addr.ip().is_loopback();
+        self
     }
 
     /// Whether keys are configured (and so required).
@@ -366,6 +218,8 @@ pub async fn require_key(
     mut request: Request,
     next: Next,
 ) -> Response {
+    // The admin routes' extractor decides with the keys (see `AdminCaller`).
+    request.extensions_mut().insert(keys.clone());
     if !keys.enabled() {
         return next.run(request).await;
     }

@@ -1,0 +1,91 @@
+//! Taking an idle worker for a job or a session: of the tier it was routed to, else of a
+//! fuller one, waiting for the refill when none has one. A wait that outlives its
+//! generation (a rollover switched meanwhile) moves on to the current one, so a request
+//! in flight during a rollover is served, never failed.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::events::KillReason;
+use super::generation::Generation;
+use super::idle::{IdleSet, Taken};
+use super::worker::Worker;
+use super::{Inner, PoolError};
+
+impl Inner {
+    /// An idle worker for a job routed to tier `routed` of `generation`: of that tier, else
+    /// of a fuller one, waiting (until `deadline`) for the refill when none has one.
+    /// Counts the demand.
+    pub(super) async fn take_idle(
+        &self,
+        mut generation: Arc<Generation>,
+        mut routed: usize,
+        deadline: tokio::time::Instant,
+    ) -> Result<Worker, PoolError> {
+        if let Some(targets) = generation.table.record(routed) {
+            for (tier, target) in generation.tiers.iter().zip(targets) {
+                tier.target.store(target, Ordering::Release);
+            }
+            self.refill.notify_one();
+        }
+        loop {
+            if generation.retired.is_cancelled() && !self.shutdown.is_cancelled() {
+                // Switched while this request waited: any code runs on any tier, so the
+                // new generation's fullest serves it.
+                generation = self.generations.current();
+                routed = generation.tiers.len() - 1;
+            }
+            let candidates = generation.table.candidates(routed).to_vec();
+            let sets: Vec<&IdleSet> = candidates
+                .iter()
+                .map(|&i| &generation.tiers[i].idle)
+                .collect();
+            let (index, taken) = match sets
+                .iter()
+                .enumerate()
+                .find_map(|(i, set)| set.try_take().map(|taken| (i, taken)))
+            {
+                Some(found) => found,
+                None => {
+                    let _waiting = self.slots.waiting();
+                    // A tier whose target is 0 still gets a worker for a job that waits.
+                    let _wanted = generation.tiers[routed].want();
+                    self.refill.notify_one();
+                    let take = self.slots.wait(IdleSet::take_any(&sets), deadline);
+                    tokio::pin!(take);
+                    // Waiting for a worker that cannot be started would only end in a
+                    // timeout: answer at once that the service is degraded.
+                    let got = loop {
+                        if let Some(why) = self.counters.spawn_trouble() {
+                            return Err(PoolError::NoWorkers(why));
+                        }
+                        tokio::select! {
+                            biased;
+                            () = generation.retired.cancelled(), if !self.shutdown.is_cancelled() => break None,
+                            got = &mut take => break Some(got?),
+                            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        }
+                    };
+                    match got {
+                        Some(found) => found,
+                        None => continue,
+                    }
+                }
+            };
+            self.refill.notify_one();
+            let Taken::Worker(mut worker) = taken else {
+                continue;
+            };
+            let tier = &generation.tiers[candidates[index]];
+            if worker.generation == tier.current_zygote().generation && worker.is_alive() {
+                tier.checkouts.fetch_add(1, Ordering::Relaxed);
+                self.events
+                    .checked_out(&tier.name, &generation.tiers[routed].name);
+                return Ok(worker);
+            }
+            // Died with its zygote while idle: skip it, the refill replaces it.
+            self.events.worker_killed(KillReason::LostIdle);
+        }
+    }
+}
