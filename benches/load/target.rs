@@ -58,6 +58,12 @@ impl Server {
         self.child.id()
     }
 
+    /// `http://127.0.0.1:PORT`.
+    #[allow(dead_code)] // used by the packages bench, not the load bench
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     /// One stateless execute; returns the `duration_ms` the server reported.
     pub async fn execute(&self, client: &reqwest::Client, body: &serde_json::Value) -> Result<u64> {
         let resp = client
