@@ -3,18 +3,47 @@
 //! worker it forked) maps its preloaded extension modules from its environment and, when
 //! it runs in its own mount namespace, has that environment's site-packages mounted; either
 //! shows in `/proc/<pid>/maps` or `/proc/<pid>/mountinfo`. A directory one of them names is
-//! kept until a later sweep (the next switch, or the next start).
+//! kept until a later sweep (a few follow each switch; then the next switch, or the next
+//! start).
+//!
+//! While the service runs, only generations OLDER than the current one are candidates
+//! (names are `env-<uuid v7>`, ordered by creation): one a change is building right now is
+//! newer, and is never touched.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use super::{ENV_PREFIX, remove_env_dir};
 
-/// Removes unused generations below `envs_dir`; with `check_processes`, also keeps those a
-/// running process uses. Returns the directories removed.
-pub fn remove_unused(envs_dir: &Path, keep: &[PathBuf], check_processes: bool) -> Vec<PathBuf> {
+/// Which generations a sweep may remove.
+#[derive(Debug, Clone, Copy)]
+pub enum Sweep<'a> {
+    /// At start-up, before any zygote runs: every generation but `keep`.
+    AtStart { keep: Option<&'a Path> },
+    /// While serving: generations older than `current` that no process uses.
+    Running { current: &'a Path },
+}
+
+/// What a sweep did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    pub removed: Vec<PathBuf>,
+    /// Older generations still in use by a process.
+    pub in_use: Vec<PathBuf>,
+}
+
+/// Removes the generations below `envs_dir` that `sweep` allows.
+pub fn remove_unused(envs_dir: &Path, sweep: Sweep<'_>) -> Swept {
     let Ok(entries) = std::fs::read_dir(envs_dir) else {
-        return Vec::new();
+        return Swept::default();
+    };
+    let keep = match sweep {
+        Sweep::AtStart { keep } => keep,
+        Sweep::Running { current } => Some(current),
+    };
+    let older_than_current = |p: &PathBuf| match sweep {
+        Sweep::AtStart { .. } => true,
+        Sweep::Running { current } => p.file_name() < current.file_name(),
     };
     let candidates: Vec<PathBuf> = entries
         .filter_map(Result::ok)
@@ -25,27 +54,27 @@ pub fn remove_unused(envs_dir: &Path, keep: &[PathBuf], check_processes: bool) -
                 && e.file_type().is_ok_and(|t| t.is_dir())
         })
         .map(|e| e.path())
-        .filter(|p| !keep.contains(p))
+        .filter(|p| Some(p.as_path()) != keep && older_than_current(p))
         .collect();
+    let mut swept = Swept::default();
     if candidates.is_empty() {
-        return Vec::new();
+        return swept;
     }
-    let used = if check_processes {
-        used_by_processes(&candidates)
-    } else {
-        BTreeSet::new()
+    let used = match sweep {
+        Sweep::Running { .. } => used_by_processes(&candidates),
+        Sweep::AtStart { .. } => BTreeSet::new(),
     };
-    let mut removed = Vec::new();
     for dir in candidates {
         if used.contains(&dir) {
-            tracing::info!(environment = %dir.display(), "an old environment is still in use; kept until a later sweep");
+            tracing::debug!(environment = %dir.display(), "an old environment is still in use; kept until a later sweep");
+            swept.in_use.push(dir);
             continue;
         }
         remove_env_dir(&dir);
         tracing::info!(environment = %dir.display(), "old environment removed");
-        removed.push(dir);
+        swept.removed.push(dir);
     }
-    removed
+    swept
 }
 
 /// Which of `dirs` a process's memory maps or mounts name.
@@ -95,9 +124,14 @@ mod tests {
             std::fs::create_dir(envs.join(name)).unwrap();
         }
         std::fs::write(envs.join("manifest.json"), "{}").unwrap();
-        let mut removed = remove_unused(envs, &[envs.join("env-b")], false);
+        // While serving, a generation newer than the current one (being built) is left.
+        let keep = envs.join("env-b");
+        let swept = remove_unused(envs, Sweep::Running { current: &keep });
+        assert_eq!(swept.removed, [envs.join("env-a")]);
+        assert!(envs.join("env-c").is_dir());
+        let mut removed = remove_unused(envs, Sweep::AtStart { keep: Some(&keep) }).removed;
         removed.sort();
-        assert_eq!(removed, [envs.join("env-a"), envs.join("env-c")]);
+        assert_eq!(removed, [envs.join("env-c")]);
         assert!(envs.join("env-b").is_dir());
         assert!(envs.join("uv-cache").is_dir() && envs.join("other").is_dir());
         assert!(!envs.join("env-a").exists() && !envs.join("env-c").exists());
@@ -126,11 +160,14 @@ mod tests {
         };
         assert_ne!(addr, libc::MAP_FAILED);
         std::fs::create_dir(envs.join("env-free")).unwrap();
-        let removed = remove_unused(envs, &[], true);
-        assert_eq!(removed, [envs.join("env-free")]);
+        let current = envs.join("env-zz-current");
+        let swept = remove_unused(envs, Sweep::Running { current: &current });
+        assert_eq!(swept.removed, [envs.join("env-free")]);
+        assert_eq!(swept.in_use, [used.clone()]);
         assert!(used.is_dir());
         // SAFETY: the mapping made above, of that length.
         unsafe { libc::munmap(addr, 4096) };
-        assert_eq!(remove_unused(envs, &[], true), [used]);
+        let swept = remove_unused(envs, Sweep::Running { current: &current });
+        assert_eq!(swept.removed, [used]);
     }
 }

@@ -189,8 +189,12 @@ impl EnvManager {
                 "using the managed Python environment (packages added by the operator)"
             );
         }
-        let keep: Vec<PathBuf> = in_use.into_iter().collect();
-        gc::remove_unused(&manager.envs_dir, &keep, false);
+        gc::remove_unused(
+            &manager.envs_dir,
+            gc::Sweep::AtStart {
+                keep: in_use.as_deref(),
+            },
+        );
         Ok(manager)
     }
 
@@ -408,10 +412,28 @@ impl ChangeGuard {
         prepared.manifest.save(&m.envs_dir)?;
         prepared.committed = true;
         *m.manifest.lock().unwrap() = prepared.manifest.clone();
-        let keep = vec![prepared.dir.clone()];
-        let envs_dir = m.envs_dir.clone();
-        tokio::task::spawn_blocking(move || gc::remove_unused(&envs_dir, &keep, true));
+        tokio::spawn(sweep_after_switch(m.envs_dir.clone(), prepared.dir.clone()));
         Ok(())
+    }
+}
+
+/// Sweeps old generations after a switch: the old zygotes retire when their last job or
+/// session ends, so a generation still in use is looked at again a little later (for ten
+/// minutes; after that, at the next switch or start).
+async fn sweep_after_switch(envs_dir: PathBuf, current: PathBuf) {
+    const INTERVAL: Duration = Duration::from_secs(30);
+    const SWEEPS: usize = 20;
+    for _ in 0..SWEEPS {
+        let (dir, cur) = (envs_dir.clone(), current.clone());
+        let swept = tokio::task::spawn_blocking(move || {
+            gc::remove_unused(&dir, gc::Sweep::Running { current: &cur })
+        })
+        .await
+        .unwrap_or_default();
+        if swept.in_use.is_empty() {
+            return;
+        }
+        tokio::time::sleep(INTERVAL).await;
     }
 }
 
