@@ -14,8 +14,14 @@
 //! Several `--server NAME=DIR` (DIR holds `snakecage` and `snakecage-worker`) are measured
 //! in interleaved rounds, so an A/B comparison shares one run's machine state.
 //!
+//! With `--rollover`, instead: the cost of a zero-downtime rollover to the traffic around
+//! it (`load/rollover.rs`): the switch time, and p50/p99 of stateless requests at
+//! `--concurrency` before and during a `POST /v1/admin/reload`, for `--rounds` reloads.
+//!
 //! `cargo bench --bench load -- --help`; `scripts/bench --load` builds and runs it.
 
+#[path = "load/rollover.rs"]
+mod rollover;
 #[path = "load/stats.rs"]
 mod stats;
 #[path = "load/target.rs"]
@@ -40,7 +46,7 @@ const SNIPPETS: [(&str, &str); 2] = [
 const USAGE: &str =
     "usage: load [--server NAME=DIR]... [--rounds N] [--snippets print,numpy_pandas]
             [--paced N] [--pace-ms MS] [--concurrency C] [--seconds S] [--pool-size P]
-            [--env KEY=VALUE]... [--floors] [--json PATH]";
+            [--env KEY=VALUE]... [--floors] [--json PATH] [--rollover]";
 
 struct Options {
     servers: Vec<(String, PathBuf)>,
@@ -54,6 +60,7 @@ struct Options {
     env: Vec<(String, String)>,
     floors: bool,
     json: Option<PathBuf>,
+    rollover: bool,
 }
 
 fn parse_args() -> Result<Options> {
@@ -70,6 +77,7 @@ fn parse_args() -> Result<Options> {
         env: Vec::new(),
         floors: false,
         json: None,
+        rollover: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -94,6 +102,7 @@ fn parse_args() -> Result<Options> {
                 o.env.push((k.into(), val.into()));
             }
             "--floors" => o.floors = true,
+            "--rollover" => o.rollover = true,
             "--json" => o.json = Some(value()?.into()),
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -116,6 +125,9 @@ fn parse_args() -> Result<Options> {
 
 fn main() -> Result<()> {
     let o = parse_args()?;
+    if o.rollover {
+        return rollovers(&o);
+    }
     // Forked before any thread exists: the far end of the wake-up floor.
     let echo = if o.floors {
         Some(stats::EchoProcess::start()?)
@@ -176,6 +188,65 @@ fn main() -> Result<()> {
             })
             .collect();
         let out = json!({"rows": rows, "floors": floors, "load_at_start": stats::loadavg()});
+        std::fs::write(path, serde_json::to_vec_pretty(&out)?)?;
+    }
+    Ok(())
+}
+
+/// `--rollover`: for each server, `--rounds` reloads under load, then the table.
+fn rollovers(o: &Options) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut rows = Vec::new();
+    for (name, dir) in &o.servers {
+        let server = Server::start(dir, o.pool_size, &o.env)
+            .with_context(|| format!("starting {name} from {}", dir.display()))?;
+        for round in 0..o.rounds {
+            let row = rt.block_on(rollover::measure(&server, o.concurrency, o.seconds))?;
+            eprintln!(
+                "{name} round {round}: reload {:.0} ms (took_ms {}), p50 {:.2} → {:.2} ms, p99 {:.2} → {:.2} ms, {} failures",
+                row.reload_wall.as_secs_f64() * 1e3,
+                row.took_ms,
+                row.before.p50,
+                row.during.p50,
+                row.before.p99,
+                row.during.p99,
+                row.failures.len()
+            );
+            rows.push((name.clone(), round, row));
+        }
+        server.stop();
+    }
+    println!(
+        "\nrollover: {} clients of print(1+1), {} s before each reload; pool.size {}\n",
+        o.concurrency, o.seconds, o.pool_size
+    );
+    println!(
+        "| server | round | reload wall ms | took_ms | before p50 / p99 ms (n) | during p50 / p99 ms (n) | failed |"
+    );
+    println!("|---|---:|---:|---:|---|---|---:|");
+    for (name, round, r) in &rows {
+        println!(
+            "| {name} | {round} | {:.0} | {} | {:.2} / {:.2} ({}) | {:.2} / {:.2} ({}) | {} |",
+            r.reload_wall.as_secs_f64() * 1e3,
+            r.took_ms,
+            r.before.p50,
+            r.before.p99,
+            r.before_n,
+            r.during.p50,
+            r.during.p99,
+            r.during_n,
+            r.failures.len()
+        );
+    }
+    if let Some(path) = &o.json {
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|(name, round, r)| json!({"server": name, "round": round, "result": r.to_json()}))
+            .collect();
+        let out = json!({"rollover": rows, "load_at_start": stats::loadavg()});
         std::fs::write(path, serde_json::to_vec_pretty(&out)?)?;
     }
     Ok(())

@@ -283,8 +283,8 @@ impl IntoResponse for ApiError {
                     .headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
             }
-            // Overloaded, degraded or stopping: worth retrying soon (or elsewhere).
-            ApiError::Unavailable(_) => {
+            // Overloaded, degraded, starting or stopping: worth retrying soon (or elsewhere).
+            ApiError::Unavailable(_) | ApiError::NotReady(_) => {
                 response
                     .headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(1u64));

@@ -140,6 +140,7 @@ pub async fn serve(
     mut config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let local_addr = listener.local_addr()?;
     let keys = Arc::new(load_keys(&config, listener.local_addr()?)?);
     // A managed environment (packages the operator added) replaces python.venv.
     let envs = crate::envs::EnvManager::open(&mut config)?;
@@ -148,8 +149,29 @@ pub async fn serve(
     let store = open_store(&config, metrics.clone())?;
     std::fs::create_dir_all(&settings.tiers[0].zygote.mpl_config_dir)?;
     metrics.set_tenants(keys.names());
+    // Answer at once while the zygotes start (503, Retry-After, what is happening); the
+    // real router takes over when the pool is ready.
+    let router_cell = api::starting::RouterCell::default();
+    let tiers: Vec<&str> = settings.tiers.iter().map(|t| t.name.as_str()).collect();
+    let what = format!(
+        "its zygotes ({}) are preloading their modules and forking the first workers",
+        tiers.join(", ")
+    );
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(listen(
+        listener,
+        api::starting::until_ready(router_cell.clone(), what),
+        stop.clone(),
+    ));
     let pool_started = std::time::Instant::now();
-    let pool = Pool::start_observed(settings, metrics.clone()).await?;
+    let pool = match Pool::start_observed(settings, metrics.clone()).await {
+        Ok(pool) => pool,
+        Err(e) => {
+            stop.cancel();
+            let _ = server.await;
+            return Err(e.into());
+        }
+    };
     let first_generation = GenerationInfo::first(
         pool.generation(),
         u64::try_from(pool_started.elapsed().as_millis()).unwrap_or(u64::MAX),
@@ -160,7 +182,7 @@ pub async fn serve(
     // The zygote's hello says which Python and which sandbox layers are running.
     metrics.set_build_info(build_info(&info));
     tracing::info!(
-        addr = %listener.local_addr()?,
+        addr = %local_addr,
         python = %info.python_version,
         preloaded = ?info.preloaded.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(),
         "snakecage is listening"
@@ -170,7 +192,6 @@ pub async fn serve(
     }
     log_sandbox(&info.sandbox);
     let grace = Duration::from_millis(config.worker.shutdown_grace_ms);
-    let stop = CancellationToken::new();
     if config.files.ttl_seconds > 0 {
         let ttl = Duration::from_secs(config.files.ttl_seconds);
         files::spawn_sweeper(store.clone(), files::sweep_interval(ttl), stop.clone());
@@ -244,18 +265,9 @@ pub async fn serve(
         }
         stop_signal.cancel();
     });
-    let graceful = stop.clone();
-    // No Nagle: a streamed event (or any response written in more than one piece) must
-    // leave at once, not wait for the client's delayed ACK of the previous write.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY on a connection");
-        }
-    });
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { graceful.cancelled().await });
+    let _ = router_cell.set(app);
     tokio::select! {
-        result = server => result?,
+        result = server => result.map_err(std::io::Error::other)??,
         () = async { stop.cancelled().await; tokio::time::sleep(grace).await } => {
             tracing::warn!(?grace, "in-flight requests did not finish within the grace period; killing their workers");
         }
@@ -263,6 +275,24 @@ pub async fn serve(
     pool.shutdown().await;
     tracing::info!("snakecage stopped");
     Ok(())
+}
+
+/// Serves `app` on `listener` until `stop` fires, then lets in-flight requests finish.
+async fn listen(
+    listener: TcpListener,
+    app: axum::Router,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    // No Nagle: a streamed event (or any response written in more than one piece) must
+    // leave at once, not wait for the client's delayed ACK of the previous write.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY on a connection");
+        }
+    });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
 }
 
 /// The session rules the configuration describes.

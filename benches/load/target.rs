@@ -54,14 +54,13 @@ impl Server {
         Ok(server)
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// `http://127.0.0.1:PORT`.
-    #[allow(dead_code)] // used by the packages bench, not the load bench
     pub fn base(&self) -> &str {
         &self.base
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// One stateless execute; returns the `duration_ms` the server reported.

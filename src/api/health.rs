@@ -1,5 +1,6 @@
-//! `GET /health`: Onyx's `{"status": "ok"}` plus the pool, the interpreter and the state
-//! of every sandbox layer; `"degraded"` with the reason (`last_spawn_error`) while the
+//! `GET /health`: Onyx's `{"status": "ok"}` plus the pool, the interpreter, the zygote
+//! generation serving (id, reason, when; sessions per generation) and the state of every
+//! sandbox layer; `"degraded"` with the reason (`last_spawn_error`) while the
 //! zygote is down or workers cannot be started. `GET /ready`: 200 once the pool has
 //! workers, 503 before that, while the zygote is down or workers cannot be started, while
 //! the file store cannot be reached, and once shutdown has begun (for load balancers and
@@ -37,7 +38,10 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
         "sessions": {
             "active": state.sessions.count(),
             "max": state.sessions.settings().max_sessions,
+            // Sessions per generation (no ids: this route is public).
+            "by_generation": state.sessions.by_generation(),
         },
+        "generation": state.generation(),
         "sandbox": sandbox,
     }))
 }

@@ -11,6 +11,7 @@ mod metrics;
 mod runs;
 mod session_run;
 mod sessions;
+pub mod starting;
 mod status;
 mod stream;
 

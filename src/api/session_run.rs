@@ -351,6 +351,7 @@ pub async fn ensure_worker(
     match rebuilt {
         Ok(rebuilt) => {
             let ws = rebuilt.worker.workspace_path().to_path_buf();
+            session.set_generation(rebuilt.worker.generation());
             guard.worker = Some(rebuilt.worker);
             guard.lost = None;
             // Files the replay wrote again are not news to the caller.

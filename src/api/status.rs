@@ -26,6 +26,8 @@ pub async fn page() -> impl IntoResponse {
 pub struct Status {
     pub version: &'static str,
     pub python_version: String,
+    /// The zygote generation serving: id, why it started, when.
+    pub generation: crate::generation::GenerationInfo,
     pub executions: Executions,
     /// Over the last executions that ran (at most `latency.window`).
     pub latency: Percentiles,
@@ -80,6 +82,7 @@ pub async fn status(State(state): State<SharedState>) -> Json<Status> {
     Json(Status {
         version: env!("CARGO_PKG_VERSION"),
         python_version: zygote.python_version,
+        generation: state.generation(),
         executions: Executions {
             total,
             ok,

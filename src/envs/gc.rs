@@ -163,7 +163,7 @@ mod tests {
         let current = envs.join("env-zz-current");
         let swept = remove_unused(envs, Sweep::Running { current: &current });
         assert_eq!(swept.removed, [envs.join("env-free")]);
-        assert_eq!(swept.in_use, [used.clone()]);
+        assert_eq!(swept.in_use, std::slice::from_ref(&used));
         assert!(used.is_dir());
         // SAFETY: the mapping made above, of that length.
         unsafe { libc::munmap(addr, 4096) };

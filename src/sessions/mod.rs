@@ -213,6 +213,7 @@ impl Sessions {
                 last_used_at: Instant::now(),
                 execution_count: 0,
             }),
+            generation: std::sync::atomic::AtomicU64::new(worker.generation()),
             state: Arc::new(tokio::sync::Mutex::new(SessionState {
                 worker: Some(worker),
                 dead: None,
@@ -364,6 +365,16 @@ impl Sessions {
             .map(|s| s.info())
             .collect();
         out.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+        out
+    }
+
+    /// How many live sessions run on each zygote generation.
+    pub fn by_generation(&self) -> std::collections::BTreeMap<u64, usize> {
+        let table = self.inner.table.lock().expect("sessions lock");
+        let mut out = std::collections::BTreeMap::new();
+        for session in table.live.values() {
+            *out.entry(session.generation()).or_default() += 1;
+        }
         out
     }
 

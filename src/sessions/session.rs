@@ -1,6 +1,7 @@
 //! One session: its usage (expiry), its state behind a lock (worker, workspace baseline,
 //! replay journal), and what the API reports about it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -31,6 +32,8 @@ pub struct Session {
     pub(super) ttl: Duration,
     pub(super) usage: Mutex<Usage>,
     pub(super) state: Arc<tokio::sync::Mutex<SessionState>>,
+    /// The pool generation its worker was forked from (a rebuilt worker's, after a replay).
+    pub(super) generation: AtomicU64,
     /// Fired when the session is deleted, evicted or expires: a run in progress is killed.
     pub ended: CancellationToken,
 }
@@ -62,6 +65,9 @@ pub struct SessionInfo {
     pub status: &'static str,
     /// Whether the session was created with `replay`.
     pub replay: bool,
+    /// The zygote generation its worker runs on: the one current when it was created
+    /// (a rollover does not move a session; it keeps its generation until it ends).
+    pub generation: u64,
 }
 
 /// The session's state in one line a chat UI can show, on every session run's response.
@@ -109,7 +115,18 @@ impl Session {
             execution_count: usage.execution_count,
             status,
             replay: self.replay,
+            generation: self.generation(),
         }
+    }
+
+    /// The pool generation its worker runs on.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    /// Records the generation of a worker that replaced a lost one.
+    pub fn set_generation(&self, generation: u64) {
+        self.generation.store(generation, Ordering::Relaxed);
     }
 
     pub fn expires_at(&self) -> String {

@@ -68,6 +68,10 @@ async def foreign(s, out):
     out["mine"] = summary(await s.call_tool("run_python", {"code": "print(6 * 7)"}))
 
 
+async def describe(s, out):
+    """Only the listing main() already records (the tool descriptions)."""
+
+
 async def main(url, scenario, key):
     out = {}
     warnings = Warnings()
@@ -81,7 +85,7 @@ async def main(url, scenario, key):
                 tools = (await s.list_tools()).tools
                 out["tools"] = [t.name for t in tools]
                 out["run_python_description"] = next(t.description for t in tools if t.name == "run_python")
-                await {"stateless": stateless, "session": session, "foreign": foreign}[scenario](s, out)
+                await {"stateless": stateless, "session": session, "foreign": foreign, "describe": describe}[scenario](s, out)
     out["warnings"] = warnings.messages
     print(json.dumps(out))
 

@@ -1,0 +1,35 @@
+//! The service before its pool is ready: the listener is bound and answers at once, every
+//! request with a 503, `Retry-After` and what is happening (the zygotes are starting and
+//! preloading), instead of leaving clients hanging in the accept queue. Once the pool is
+//! ready the real router is put in place and serves every request that follows.
+
+use std::sync::{Arc, OnceLock};
+
+use axum::Router;
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use tower::ServiceExt;
+
+use crate::error::ApiError;
+
+/// Where the real router goes once the service is ready.
+pub type RouterCell = Arc<OnceLock<Router>>;
+
+/// A router answering 503 until `cell` holds the real one, then handing every request to
+/// it. `what` says what the service is doing meanwhile.
+pub fn until_ready(cell: RouterCell, what: String) -> Router {
+    Router::new().fallback_service(tower::service_fn(move |request: Request| {
+        let cell = cell.clone();
+        let what = what.clone();
+        async move {
+            let response: Response = match cell.get() {
+                Some(router) => router.clone().oneshot(request).await.into_response(),
+                None => ApiError::NotReady(format!(
+                    "the service is starting: {what}; retry in a moment"
+                ))
+                .into_response(),
+            };
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    }))
+}

@@ -1,0 +1,103 @@
+//! While its zygotes start, the service answers at once: 503 `not_ready` with
+//! `Retry-After` and what it is doing, never a hung connection; then it serves.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::harness::{check_error_body, repo_root};
+
+#[tokio::test]
+async fn requests_during_start_up_get_a_friendly_503_then_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // A tier whose preload takes seconds: the start-up window is long enough to be seen.
+    let packages = dir.path().join("packages");
+    std::fs::create_dir_all(&packages).unwrap();
+    std::fs::write(
+        packages.join("snakecage_slow_import.py"),
+        "import time\ntime.sleep(3)\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&packages, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = dir.path().join("snakecage.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[python]\nsite_packages = [{:?}]\n\n[[tiers.profile]]\nname = \"slow\"\npreload = [\"snakecage_slow_import\"]\n",
+            packages.display().to_string()
+        ),
+    )
+    .unwrap();
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--config"])
+        .arg(&config)
+        .arg("--venv")
+        .arg(repo_root().join(".venv"))
+        .env("SNAKECAGE_WORKER__STATE_DIR", &state)
+        .env("SNAKECAGE_WORKSPACE__DIR", &state)
+        .env("SNAKECAGE_POOL__SIZE", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _stopped = Stop(child);
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}/v1/execute");
+    let body = serde_json::json!({ "code": "print('ready')" });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut starting = None;
+    let served = loop {
+        assert!(Instant::now() < deadline, "the service never served a run");
+        let response = match client.post(&url).json(&body).send().await {
+            Ok(response) => response,
+            Err(_) => {
+                // Not bound yet.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let status = response.status().as_u16();
+        let retry_after = response.headers().get("retry-after").cloned();
+        let answer: Value = response.json().await.unwrap();
+        if status == 200 {
+            break answer;
+        }
+        assert_eq!(status, 503, "{answer}");
+        check_error_body(status, &answer);
+        assert_eq!(answer["code"], "not_ready", "{answer}");
+        assert!(retry_after.is_some(), "a 503 without Retry-After: {answer}");
+        starting.get_or_insert(answer);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let starting = starting.expect("no request was answered before the pool was ready");
+    let detail = starting["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("starting") && detail.contains("slow") && detail.contains("preloading"),
+        "{detail}"
+    );
+    assert_eq!(served["stdout"], "ready\n", "{served}");
+}
+
+/// Stops the service when the test ends, passed or failed.
+struct Stop(std::process::Child);
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.0.wait();
+    }
+}
