@@ -18,6 +18,7 @@ mod kubernetes;
 mod observability;
 mod overload;
 mod packages;
+mod packages_cli;
 mod packages_env;
 mod prom;
 mod prometheus;
