@@ -28,6 +28,10 @@ pub struct PackagesConfig {
     /// `"auto"` (read from the installed distribution's RECORD / top_level.txt) or an
     /// explicit table `{ distribution = ["import", "names"] }`.
     pub import_names: ImportNames,
+    /// Whether a distribution without a wheel may be built from its sdist. Off: building
+    /// runs the package's own build code on the host, as the service's user, before any
+    /// sandbox; only wheels are installed.
+    pub build_from_source: bool,
     /// The longest one install may take before it is killed.
     pub install_timeout_seconds: u64,
 }
@@ -42,6 +46,7 @@ impl Default for PackagesConfig {
             find_links: Vec::new(),
             constraints: None,
             import_names: ImportNames::default(),
+            build_from_source: false,
             install_timeout_seconds: 600,
         }
     }

@@ -166,6 +166,7 @@ impl EnvManager {
                 .unwrap_or_else(|| envs_dir.join("uv-cache")),
             index_url: packages.index_url.trim().to_owned(),
             find_links: packages.find_links.clone(),
+            only_binary: !packages.build_from_source,
             timeout: Duration::from_secs(packages.install_timeout_seconds),
         };
         let manifest = Manifest::load(&envs_dir)?;

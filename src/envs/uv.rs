@@ -19,6 +19,8 @@ pub struct Uv {
     pub cache_dir: PathBuf,
     pub index_url: String,
     pub find_links: Vec<PathBuf>,
+    /// Wheels only: no package's build code runs on the host.
+    pub only_binary: bool,
     pub timeout: Duration,
 }
 
@@ -88,6 +90,9 @@ impl Uv {
         }
         for file in &request.constraint_files {
             cmd.arg("--constraint").arg(file);
+        }
+        if self.only_binary {
+            cmd.args(["--only-binary", ":all:"]);
         }
         // `--` ends the options: no requirement can be read as one.
         cmd.arg("--").args(&request.requirements);
@@ -214,6 +219,7 @@ mod tests {
             cache_dir: std::env::temp_dir(),
             index_url: "https://pypi.org/simple".into(),
             find_links: Vec::new(),
+            only_binary: true,
             timeout: Duration::from_secs(5),
         };
         let err = uv

@@ -3,7 +3,6 @@
 //! and refuses what does not resolve or does not import, changing nothing.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -11,7 +10,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::harness::{Options, Server, check_error_body, repo_root};
-use crate::packages_env::shared_uv_cache;
+use crate::packages_env::{crashing_package, shared_uv_cache};
 
 /// Installs and rollovers take seconds (minutes with a cold cache): generous, never timed.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(600);
@@ -406,34 +405,10 @@ async fn bad_requests_and_a_spec_that_does_not_exist_change_nothing() {
     assert_eq!(list["requested"], json!([]), "{list}");
 }
 
-/// Builds the fixture package whose import raises into a wheel directory.
-fn crashing_wheel_dir(scratch: &Path) -> PathBuf {
-    let src = scratch.join("src");
-    let fixture = repo_root().join("tests/fixtures/crashing-package");
-    std::fs::create_dir_all(src.join("snakecage_crash_probe")).unwrap();
-    for file in ["pyproject.toml", "snakecage_crash_probe/__init__.py"] {
-        std::fs::copy(fixture.join(file), src.join(file)).unwrap();
-    }
-    let wheels = scratch.join("wheels");
-    let out = Command::new(repo_root().join(".venv-tools/bin/uv"))
-        .args(["build", "--no-config", "--quiet", "--wheel", "--out-dir"])
-        .arg(&wheels)
-        .arg(&src)
-        .env("UV_CACHE_DIR", shared_uv_cache())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "uv build: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    wheels
-}
-
 #[tokio::test]
 async fn a_package_whose_import_crashes_the_probe_never_serves() {
     let scratch = tempfile::tempdir().unwrap();
-    let wheels = crashing_wheel_dir(scratch.path());
+    let wheels = crashing_package(scratch.path(), "--wheel");
     let s = Server::start_with(managed(Options::default().env(
         "SNAKECAGE_PACKAGES__FIND_LINKS",
         format!("[{:?}]", wheels.display().to_string()),

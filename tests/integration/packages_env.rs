@@ -55,6 +55,31 @@ fn python_in(env: &Path, code: &str) -> (bool, String) {
     )
 }
 
+/// Builds the fixture package whose import raises (`tests/fixtures/crashing-package`) as a
+/// wheel or an sdist (`--wheel`, `--sdist`) into a directory of its own, for find_links.
+pub fn crashing_package(scratch: &Path, kind: &str) -> PathBuf {
+    let src = scratch.join(format!("src{kind}"));
+    let fixture = repo_root().join("tests/fixtures/crashing-package");
+    std::fs::create_dir_all(src.join("snakecage_crash_probe")).unwrap();
+    for file in ["pyproject.toml", "snakecage_crash_probe/__init__.py"] {
+        std::fs::copy(fixture.join(file), src.join(file)).unwrap();
+    }
+    let out_dir = scratch.join(format!("dist{kind}"));
+    let out = Command::new(repo_root().join(".venv-tools/bin/uv"))
+        .args(["build", "--no-config", "--quiet", kind, "--out-dir"])
+        .arg(&out_dir)
+        .arg(&src)
+        .env("UV_CACHE_DIR", shared_uv_cache())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "uv build: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out_dir
+}
+
 fn add(spec: &str) -> Change {
     Change::Add {
         specs: vec![Spec::parse(spec).unwrap()],
@@ -240,4 +265,34 @@ async fn an_unreachable_index_is_told_apart_and_a_missing_uv_is_named() {
         )),
         "{err}"
     );
+}
+
+#[tokio::test]
+async fn an_sdist_is_built_only_when_the_operator_allows_it() {
+    let state = tempfile::tempdir().unwrap();
+    let sdists = crashing_package(state.path(), "--sdist");
+    let mut config = env_config(state.path());
+    config.packages.find_links = vec![sdists];
+    let manager = EnvManager::open(&mut config).unwrap();
+    let guard = manager.begin().unwrap();
+    let err = guard
+        .prepare(&add("snakecage-crash-probe==1.0"), &config)
+        .await
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("has no usable wheels"), "{err}");
+    assert!(env_dirs(state.path()).is_empty());
+    drop(guard);
+
+    // Allowed: the sdist is built (its build backend from the index) and installed.
+    config.packages.build_from_source = true;
+    let manager = EnvManager::open(&mut config).unwrap();
+    let guard = manager.begin().unwrap();
+    let prepared = guard
+        .prepare(&add("snakecage-crash-probe==1.0"), &config)
+        .await
+        .unwrap();
+    assert_eq!(prepared.probe_imports, ["snakecage_crash_probe"]);
+    let (ok, out) = python_in(&prepared.dir, "import snakecage_crash_probe");
+    assert!(!ok && out.contains("refuses to be imported"), "{out}");
 }
