@@ -165,7 +165,7 @@ fn main() -> Result<()> {
         stats::loadavg()
     );
     let mut rows = Vec::new();
-    rt.block_on(async {
+    let result = rt.block_on(async {
         for round in 1..=o.rounds {
             for (what, method, body) in [
                 ("add", reqwest::Method::POST, json!({ "add": [o.spec] })),
@@ -200,12 +200,15 @@ fn main() -> Result<()> {
             }
         }
         anyhow::Ok(())
-    })?;
-    if let Some(path) = &o.json {
-        std::fs::write(path, serde_json::to_string_pretty(&rows)?)?;
-    }
+    });
+    // Stopped whatever happened: a server left running would hold the terminal's pipes.
+    drop(rt);
     Arc::try_unwrap(server)
         .map_err(|_| anyhow::anyhow!("the server is still shared"))?
         .stop();
+    result?;
+    if let Some(path) = &o.json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)?)?;
+    }
     Ok(())
 }
