@@ -160,7 +160,7 @@ pub async fn serve(
     let stop = CancellationToken::new();
     let server = tokio::spawn(listen(
         listener,
-        api::starting::until_ready(router_cell.clone(), what),
+        api::starting::until_ready(router_cell.clone(), what, settings.size),
         stop.clone(),
     ));
     let pool_started = std::time::Instant::now();

@@ -337,6 +337,23 @@ async fn a_failing_rollover_changes_nothing_and_says_why() {
     );
     assert_eq!(generation(&s).await, 1);
 
+    // An interpreter prefix that does not exist: 422 naming it, nothing changes.
+    write_config(
+        &config,
+        &["numpy"],
+        "\n[python]\nhome = \"/nonexistent-python-prefix\"\n",
+    );
+    let (status, body) = reload(&s, None).await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("/nonexistent-python-prefix"),
+        "{body}"
+    );
+    assert_eq!(generation(&s).await, 1);
+
     // A configuration that does not parse: 422, nothing changes.
     std::fs::write(&config, "[sandbox]\nallowed_packages = 7\n").unwrap();
     let (status, body) = reload(&s, None).await;

@@ -1,5 +1,6 @@
 //! While its zygotes start, the service answers at once: 503 `not_ready` with
-//! `Retry-After` and what it is doing, never a hung connection; then it serves.
+//! `Retry-After` and what it is doing, never a hung connection (`/health` 200 `starting`,
+//! for liveness probes); then it serves.
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
@@ -57,6 +58,8 @@ async fn requests_during_start_up_get_a_friendly_503_then_are_served() {
     let body = serde_json::json!({ "code": "print('ready')" });
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut starting = None;
+    let mut saw_health_starting = false;
+    let health_url = format!("http://127.0.0.1:{port}/health");
     let served = loop {
         assert!(Instant::now() < deadline, "the service never served a run");
         let response = match client.post(&url).json(&body).send().await {
@@ -78,9 +81,24 @@ async fn requests_during_start_up_get_a_friendly_503_then_are_served() {
         assert_eq!(answer["code"], "not_ready", "{answer}");
         assert!(retry_after.is_some(), "a 503 without Retry-After: {answer}");
         starting.get_or_insert(answer);
+        // The process is alive: liveness probes get 200 while it starts.
+        if let Ok(health) = client.get(&health_url).send().await {
+            let status = health.status().as_u16();
+            let health: Value = health.json().await.unwrap();
+            if health["status"] == "starting" {
+                assert_eq!(status, 200, "{health}");
+                assert_eq!(health["ready"], false, "{health}");
+                assert_eq!(health["pool"]["idle"], 0, "{health}");
+                saw_health_starting = true;
+            }
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let starting = starting.expect("no request was answered before the pool was ready");
+    assert!(
+        saw_health_starting,
+        "/health never said the service was starting"
+    );
     let detail = starting["detail"].as_str().unwrap();
     assert!(
         detail.contains("starting") && detail.contains("slow") && detail.contains("preloading"),
