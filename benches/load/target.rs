@@ -112,10 +112,6 @@ impl Server {
 /// Every tier holds at least its idle target and none is starting a worker (a service still
 /// starting reports no tiers: not full).
 fn pool_is_full(pool: &serde_json::Value) -> bool {
-    // While the service starts, /health is a 503 without a pool: not full.
-    if !pool.is_object() {
-        return false;
-    }
     let Some(tiers) = pool["tiers"].as_array() else {
         return pool["idle"].as_u64().is_some()
             && pool["idle"].as_u64() >= pool["target_size"].as_u64();
