@@ -372,13 +372,22 @@ impl ChangeGuard {
             }
             manifest.import_names.insert(dist_name.clone(), names);
         }
-        // The allowlist: the operator's own, plus what the added distributions provide.
-        let mut allowed = base.allowed.clone();
-        extend_unique(&mut allowed, manifest.added_imports().cloned());
-        prepared.config.sandbox.allowed_packages = allowed;
-        prepared.config.python.venv = Some(dir);
         prepared.manifest = manifest;
+        prepared.config = self.next_config(&prepared, live);
         Ok(prepared)
+    }
+
+    /// The configuration `prepared` rolls over to: `live` (re-read just before the switch,
+    /// so a reload that finished meanwhile is kept) on the new environment, its allowlist
+    /// the operator's own plus what the added distributions provide.
+    pub fn next_config(&self, prepared: &Prepared, live: &Config) -> Config {
+        let base = self.manager.base.lock().unwrap().clone();
+        let mut next = live.clone();
+        let mut allowed = base.allowed;
+        extend_unique(&mut allowed, prepared.manifest.added_imports().cloned());
+        next.sandbox.allowed_packages = allowed;
+        next.python.venv = Some(prepared.dir.clone());
+        next
     }
 
     async fn install(

@@ -139,8 +139,9 @@ async fn apply(state: &SharedState, change: Change) -> Result<Json<Value>, ApiEr
     let prepared = guard.prepare(&change, &live).await.inspect_err(|e| {
         tracing::warn!(change = %change.describe(), error = %e, "the package change failed; nothing switched");
     })?;
+    // The live configuration again: a reload may have finished while uv ran.
     let next = NextGeneration {
-        config: prepared.config.clone(),
+        config: guard.next_config(&prepared, &state.config()),
         probe_imports: prepared.probe_imports.clone(),
         reason: prepared.reason.clone(),
     };
