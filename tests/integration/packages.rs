@@ -279,6 +279,18 @@ async fn an_added_package_serves_after_a_switch_with_no_failed_request_and_survi
     assert_eq!(status, 200, "{removed}");
     assert_eq!(removed["removed"], json!(["tabulate"]), "{removed}");
     assert_eq!(removed["requested"], json!([]), "{removed}");
+    // The previous generation's environment goes once its zygotes have retired (a sweep
+    // follows each switch), never the one in use.
+    let now_serving = PathBuf::from(removed["environment"].as_str().unwrap());
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    while env_dirs(state.path()) != [now_serving.clone()] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old environment was never removed: {:?}",
+            env_dirs(state.path())
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     let r = s.run("import tabulate").await;
     assert!(
         r["stderr"]
