@@ -55,7 +55,8 @@ ensure_tool_venv() {
     echo "$want" > "$stamp"
 }
 
-# The MCP client and jsonschema the tests use.
+# The MCP client and jsonschema the tests use, and `uv`, the installer package management
+# runs (packages.uv defaults to .venv-tools/bin/uv).
 ensure_tools_venv() { ensure_tool_venv .venv-tools python/requirements-tools.txt; }
 
 # The cluster tests' tools: SeaweedFS (`weed`, an S3-compatible object store) and the

@@ -7,6 +7,9 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::envs::EnvError;
+use crate::envs::spec::SpecError;
+use crate::envs::uv::UvError;
 use crate::files::StoreError;
 use crate::files::workspace::StageError;
 use crate::pool::PoolError;
@@ -67,6 +70,13 @@ pub enum ApiError {
     /// A new generation failed to start or its probe failed; the old one keeps serving.
     #[error("{0}")]
     RolloverFailed(String),
+    /// The package installer could not satisfy an operator's request (it does not resolve,
+    /// a build failed): `detail` is the installer's own text.
+    #[error("{0}")]
+    InstallFailed(String),
+    /// The package index could not be reached (the installer's text).
+    #[error("{0}")]
+    IndexUnreachable(String),
     #[error("internal error")]
     Internal(String),
 }
@@ -101,6 +111,8 @@ impl ApiError {
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::RolloverBusy(_) => StatusCode::CONFLICT,
             ApiError::RolloverFailed(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::InstallFailed(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::IndexUnreachable(_) => StatusCode::BAD_GATEWAY,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -131,6 +143,8 @@ impl ApiError {
             ApiError::Forbidden(_) => ErrorCode::Forbidden,
             ApiError::RolloverBusy(_) => ErrorCode::RolloverInProgress,
             ApiError::RolloverFailed(_) => ErrorCode::RolloverFailed,
+            ApiError::InstallFailed(_) => ErrorCode::InstallFailed,
+            ApiError::IndexUnreachable(_) => ErrorCode::IndexUnreachable,
             ApiError::Internal(_) => ErrorCode::InternalError,
         }
     }
@@ -206,6 +220,34 @@ impl From<StoreError> for ApiError {
             e @ StoreError::Unavailable { .. } => {
                 ApiError::Unavailable(format!("{e}; retry later"))
             }
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<SpecError> for ApiError {
+    fn from(e: SpecError) -> Self {
+        ApiError::Validation(e.to_string())
+    }
+}
+
+impl From<EnvError> for ApiError {
+    fn from(e: EnvError) -> Self {
+        match e {
+            e @ (EnvError::Spec(_) | EnvError::Plan(_)) => ApiError::Validation(e.to_string()),
+            e @ EnvError::Busy => ApiError::RolloverBusy(e.to_string()),
+            e @ EnvError::NoBaseVenv => ApiError::Unavailable(e.to_string()),
+            EnvError::Uv(e) => match e {
+                e @ UvError::Missing(_) => ApiError::Unavailable(e.to_string()),
+                UvError::Unresolvable(text) | UvError::Failed(text) => {
+                    ApiError::InstallFailed(text)
+                }
+                UvError::IndexUnreachable(text) => ApiError::IndexUnreachable(text),
+                e @ UvError::TimedOut(_) => ApiError::Unavailable(format!(
+                    "the install {e} (packages.install_timeout_seconds); nothing changed"
+                )),
+                e @ UvError::Spawn { .. } => ApiError::Internal(e.to_string()),
+            },
             other => ApiError::Internal(other.to_string()),
         }
     }
@@ -291,10 +333,12 @@ pub enum ErrorCode {
     Forbidden,
     RolloverInProgress,
     RolloverFailed,
+    InstallFailed,
+    IndexUnreachable,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::BadRequest,
         ErrorCode::InvalidRequest,
         ErrorCode::TimeoutTooLarge,
@@ -317,6 +361,8 @@ impl ErrorCode {
         ErrorCode::Forbidden,
         ErrorCode::RolloverInProgress,
         ErrorCode::RolloverFailed,
+        ErrorCode::InstallFailed,
+        ErrorCode::IndexUnreachable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -343,6 +389,8 @@ impl ErrorCode {
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::RolloverInProgress => "rollover_in_progress",
             ErrorCode::RolloverFailed => "rollover_failed",
+            ErrorCode::InstallFailed => "install_failed",
+            ErrorCode::IndexUnreachable => "index_unreachable",
         }
     }
 

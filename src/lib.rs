@@ -5,12 +5,15 @@
 //! - [`server`]: `serve(listener, config, shutdown)`, used by `main` and by the tests.
 //! - [`api`]: the router and its handlers.
 //! - [`auth`]: API keys, tenants and their limits, the middleware that requires a key.
+//! - [`cli`]: command-line clients of a running service (`snakecage packages …`).
 //! - [`error`]: `ApiError`, the one place statuses and `detail`s are decided.
 //! - [`markdown`]: the Python blocks of a model's markdown answer (`code_format: markdown`).
 //! - [`tools`], [`mcp`], [`packages`]: what agents see: tool definitions (OpenAI, Anthropic,
 //!   MCP) generated from the live configuration, the MCP server, the importable packages.
 //! - [`generation`], [`live`]: zygote generations and zero-downtime rollover (reload,
 //!   package changes), and the live configuration and packages of the one serving now.
+//! - [`envs`]: operator package management: environment generations built with `uv`, the
+//!   manifest that survives a restart, old generations deleted when unused.
 //! - [`pool`]: the zygotes (one per tier), the pre-forked workers, one run of one job.
 //! - [`imports`]: the modules a job's code imports, read statically to pick its tier.
 //! - [`state_lock`]: the lock by which one running instance owns a state directory.
@@ -29,9 +32,11 @@
 
 pub mod api;
 pub mod auth;
+pub mod cli;
 pub mod cluster;
 pub mod codemode;
 pub mod config;
+pub mod envs;
 pub mod error;
 pub mod files;
 pub mod generation;

@@ -28,6 +28,8 @@ enum Command {
     /// Manage API keys (only their SHA-256 is stored).
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Manage the Python packages of a running service (admin API key).
+    Packages(snakecage::cli::packages::PackagesArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -72,6 +74,18 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(Command::Packages(args)) = cli.command {
+        return match snakecage::cli::packages::run(args, config.listen).await {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("snakecage: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(Command::Keys(command)) = cli.command {
         return match keys(command, &config) {
             Ok(()) => ExitCode::SUCCESS,

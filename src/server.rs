@@ -57,6 +57,8 @@ pub enum ServeError {
     Unauthenticated(SocketAddr),
     #[error("tools: {0}")]
     Tools(String),
+    #[error("package management: {0}")]
+    Packages(#[from] crate::envs::EnvError),
 }
 
 /// The configured keys, and whether the service may listen where it does with them: beyond
@@ -142,11 +144,13 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
 
 pub async fn serve(
     listener: TcpListener,
-    config: Config,
+    mut config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let local_addr = listener.local_addr()?;
     let keys = Arc::new(load_keys(&config, listener.local_addr()?)?);
+    // A managed environment (packages the operator added) replaces python.venv.
+    let envs = crate::envs::EnvManager::open(&mut config)?;
     let settings = pool_settings(&config)?;
     let metrics = Arc::new(Metrics::new());
     let store = open_store(&config, metrics.clone())?;
@@ -236,6 +240,7 @@ pub async fn serve(
         metrics,
         keys,
         cluster,
+        envs,
         stopping: stopping.clone(),
     });
     // Outermost first: the id is set, then echoed in the response, then the span made.

@@ -56,6 +56,8 @@ pub struct AppState {
     pub keys: Arc<Keys>,
     /// This replica's place in a cluster (which replica owns a session).
     pub cluster: Arc<Cluster>,
+    /// Operator package management: environment generations and their manifest.
+    pub envs: Arc<crate::envs::EnvManager>,
     /// Fires when shutdown begins: from then on `/ready` answers 503 and MCP streams end.
     pub stopping: CancellationToken,
 }

@@ -11,10 +11,12 @@
 //! - [`cluster`]: this replica's id and its peers (`[cluster]`).
 //! - [`reload`]: which keys a running service can take without a restart.
 //! - [`tools`]: Code Mode: tool call limits and the operator's tools (`[tools]`).
+//! - [`packages`]: operator package management: installer, environment generations (`[packages]`).
 //!
 //! A new area of configuration gets a file of its own here and one field in [`Config`].
 
 mod cluster;
+mod packages;
 mod python;
 mod reload;
 mod s3;
@@ -30,6 +32,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 pub use self::cluster::{ClusterConfig, valid_replica_id};
+pub use self::packages::{ImportNames, PackagesConfig, normalize_dist_name};
 pub use self::python::{PythonConfig, PythonLayout};
 pub use self::reload::{RELOADABLE, unreloadable_changes};
 pub use self::s3::{FilesBackend, S3Config};
@@ -57,6 +60,7 @@ pub struct Config {
     pub log: LogConfig,
     pub s3: S3Config,
     pub cluster: ClusterConfig,
+    pub packages: PackagesConfig,
     /// Where this configuration was read from (not a key): a reload reads it again.
     #[serde(skip)]
     pub source: ConfigSource,
@@ -89,6 +93,7 @@ impl Default for Config {
             log: LogConfig::default(),
             s3: S3Config::default(),
             cluster: ClusterConfig::default(),
+            packages: PackagesConfig::default(),
             source: ConfigSource::default(),
         }
     }
@@ -140,11 +145,11 @@ impl Config {
             }
             fig = fig.merge(Toml::file(file));
         }
-        fig = fig.merge(
-            Env::prefixed("SNAKECAGE_")
-                .split("__")
-                .ignore(&["config", "allow_unauthenticated"]),
-        );
+        fig = fig.merge(Env::prefixed("SNAKECAGE_").split("__").ignore(&[
+            "config",
+            "allow_unauthenticated",
+            "api_key",
+        ]));
         if let Some(listen) = overrides.listen {
             fig = fig.merge(Serialized::default("listen", listen));
         }
@@ -242,6 +247,9 @@ impl Config {
         if let Some(problem) = self.cluster.problem() {
             return Err(ConfigError::Invalid(problem));
         }
+        if let Some(problem) = self.packages.problem() {
+            return Err(ConfigError::Invalid(problem));
+        }
         self.tools.validate().map_err(ConfigError::Invalid)?;
         self.tiers.validate()
     }
@@ -252,6 +260,11 @@ impl Config {
             .dir
             .clone()
             .unwrap_or_else(|| self.worker.state_dir.join("files"))
+    }
+
+    /// Where environment generations live (`packages.envs_dir`).
+    pub fn envs_dir(&self) -> PathBuf {
+        self.packages.envs_dir(&self.worker.state_dir)
     }
 
     /// The parent of this process's workspaces.

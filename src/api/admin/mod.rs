@@ -3,15 +3,25 @@
 //! on loopback) reaches it.
 //!
 //! - `reload`: `POST /v1/admin/reload`, the configuration re-read and rolled over to.
+//! - `packages`: `GET/POST/DELETE /v1/admin/packages`, `POST /v1/admin/packages/sync`.
 
+mod packages;
 mod reload;
 
 use axum::Router;
-use axum::routing::post;
+use axum::routing::{get, post};
 
 use super::SharedState;
 
 /// The admin routes, nested under `/v1/admin`.
 pub fn routes() -> Router<SharedState> {
-    Router::new().route("/reload", post(reload::reload))
+    Router::new()
+        .route("/reload", post(reload::reload))
+        .route(
+            "/packages",
+            get(packages::list)
+                .post(packages::add)
+                .delete(packages::remove),
+        )
+        .route("/packages/sync", post(packages::sync))
 }

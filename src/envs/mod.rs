@@ -1,0 +1,468 @@
+//! Operator package management: environment generations on disk. A change (add, remove,
+//! sync) never touches the environment a running zygote uses: it builds a NEW environment
+//! directory with `uv` (a fresh venv on the base venv's interpreter, the base venv's exact
+//! pins plus the operator's requested set, hard-linked from uv's cache), reads the added
+//! distributions' import names, and hands the next configuration to the rollover. Only
+//! after the switch is the manifest rewritten; on any failure the new directory is deleted
+//! and nothing else has changed.
+//!
+//! - [`spec`]: requirements, names and requirements.txt bodies, checked before anything runs.
+//! - [`plan`]: what a change means: the requested set, the installer's requirements and
+//!   constraints.
+//! - [`uv`]: running the installer (argument vectors, deadline, errors sorted).
+//! - [`dists`]: installed distributions and their import names, read from the files.
+//! - [`manifest`]: the managed state that survives a restart.
+//! - [`gc`]: deleting environment directories no process uses any more.
+
+pub mod dists;
+pub mod gc;
+pub mod manifest;
+pub mod plan;
+pub mod spec;
+pub mod uv;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::OwnedMutexGuard;
+
+use self::dists::Dist;
+use self::manifest::{Manifest, ManifestError};
+use self::plan::{Change, Plan, PlanError};
+use self::spec::SpecError;
+use self::uv::{InstallRequest, Uv, UvError};
+use crate::config::Config;
+
+/// Environment directories are named `env-<uuid v7>` (ordered by creation).
+pub const ENV_PREFIX: &str = "env-";
+
+#[derive(Debug, thiserror::Error)]
+pub enum EnvError {
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("a package change is already in progress; retry when it has finished")]
+    Busy,
+    #[error(
+        "package management needs python.venv (the base environment new generations are built on)"
+    )]
+    NoBaseVenv,
+    #[error(transparent)]
+    Uv(#[from] UvError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error("{0} is not in the new environment after the install")]
+    MissingAfterInstall(String),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> EnvError + '_ {
+    move |source| EnvError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The package manager of one service.
+pub struct EnvManager {
+    envs_dir: PathBuf,
+    uv: Uv,
+    constraints: Option<PathBuf>,
+    import_names: crate::config::ImportNames,
+    /// The operator's venv and allowlist, before the managed overlay.
+    base: Mutex<Base>,
+    /// The committed state (what workers use once the last switch finished).
+    manifest: Mutex<Manifest>,
+    /// Held for the whole of one change: a second one is refused (409), never queued.
+    change: Arc<tokio::sync::Mutex<()>>,
+}
+
+#[derive(Debug, Clone)]
+struct Base {
+    venv: Option<PathBuf>,
+    allowed: Vec<String>,
+}
+
+/// One installed distribution, as the admin API lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ListedDist {
+    pub name: String,
+    pub version: String,
+    /// Added by the operator (through package management), not part of the base venv.
+    pub added: bool,
+    /// The operator's requirement, for added ones.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requirement: Option<String>,
+    /// What user code may import from it (added ones).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub import_names: Vec<String>,
+}
+
+/// What `GET /v1/admin/packages` reports of the environment.
+#[derive(Debug, Clone, Serialize)]
+pub struct Listing {
+    /// The environment directory workers use.
+    pub environment: Option<PathBuf>,
+    /// Whether it is a managed generation (false: still the operator's base venv).
+    pub managed: bool,
+    pub base_venv: Option<PathBuf>,
+    pub index_url: String,
+    pub uv: PathBuf,
+    pub uv_available: bool,
+    pub distributions: Vec<ListedDist>,
+}
+
+/// A built environment waiting for its rollover. Dropped without [`ChangeGuard::commit`],
+/// its directory is deleted.
+pub struct Prepared {
+    pub dir: PathBuf,
+    /// The live configuration with `python.venv` pointing at `dir` and the allowlist
+    /// carrying the managed import names.
+    pub config: Config,
+    /// The modules the probe must import.
+    pub probe_imports: Vec<String>,
+    pub reason: String,
+    /// The requested distributions whose import names were read, with their versions.
+    pub changed: Vec<ListedDist>,
+    pub install_time: Duration,
+    manifest: Manifest,
+    committed: bool,
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        if !self.committed {
+            remove_env_dir(&self.dir);
+        }
+    }
+}
+
+/// Holds the change lock from planning to commit.
+pub struct ChangeGuard {
+    manager: Arc<EnvManager>,
+    _lock: OwnedMutexGuard<()>,
+}
+
+impl EnvManager {
+    /// Opens the managed state for `config` (as loaded) and, when a managed environment
+    /// exists, points `config` at it (and says so in the log). Environment directories
+    /// left over from earlier runs are deleted: no zygote runs yet.
+    pub fn open(config: &mut Config) -> Result<Arc<Self>, EnvError> {
+        let envs_dir = std::path::absolute(config.envs_dir()).map_err(io(Path::new(".")))?;
+        let packages = &config.packages;
+        let uv = Uv {
+            binary: std::path::absolute(&packages.uv).unwrap_or_else(|_| packages.uv.clone()),
+            cache_dir: packages
+                .cache_dir
+                .clone()
+                .unwrap_or_else(|| envs_dir.join("uv-cache")),
+            index_url: packages.index_url.trim().to_owned(),
+            find_links: packages.find_links.clone(),
+            only_binary: !packages.build_from_source,
+            timeout: Duration::from_secs(packages.install_timeout_seconds),
+        };
+        let manifest = Manifest::load(&envs_dir)?;
+        let manager = Arc::new(Self {
+            envs_dir,
+            uv,
+            constraints: packages.constraints.clone(),
+            import_names: packages.import_names.clone(),
+            base: Mutex::new(Base {
+                venv: None,
+                allowed: Vec::new(),
+            }),
+            manifest: Mutex::new(manifest),
+            change: Arc::default(),
+        });
+        let in_use = manager.overlay(config);
+        if let Some(dir) = &in_use {
+            tracing::info!(
+                environment = %dir.display(),
+                added = ?manager.manifest().requested.values().collect::<Vec<_>>(),
+                "using the managed Python environment (packages added by the operator)"
+            );
+        }
+        gc::remove_unused(
+            &manager.envs_dir,
+            gc::Sweep::AtStart {
+                keep: in_use.as_deref(),
+            },
+        );
+        Ok(manager)
+    }
+
+    /// Applies the managed environment to a configuration loaded from the file (at start-up
+    /// and on reload): its venv and the added import names. Returns the managed
+    /// environment now in use, if any.
+    pub fn overlay(&self, config: &mut Config) -> Option<PathBuf> {
+        let base_venv = config
+            .python
+            .venv
+            .as_ref()
+            .map(|v| std::path::absolute(v).unwrap_or_else(|_| v.clone()));
+        *self.base.lock().unwrap() = Base {
+            venv: base_venv.clone(),
+            allowed: config.sandbox.allowed_packages.clone(),
+        };
+        let manifest = self.manifest();
+        let dir = manifest.current_dir(&self.envs_dir)?;
+        if manifest.base_venv != base_venv {
+            tracing::warn!(
+                built_on = ?manifest.base_venv,
+                python_venv = ?base_venv,
+                "the managed environment was built on another python.venv: not using it; \
+                 the next package change rebuilds the added packages on the configured one"
+            );
+            return None;
+        }
+        if !dir.join("pyvenv.cfg").is_file() {
+            tracing::warn!(environment = %dir.display(), "the managed environment is missing: using python.venv");
+            return None;
+        }
+        config.python.venv = Some(dir.clone());
+        extend_unique(
+            &mut config.sandbox.allowed_packages,
+            manifest.added_imports().cloned(),
+        );
+        Some(dir)
+    }
+
+    /// The committed manifest.
+    pub fn manifest(&self) -> Manifest {
+        self.manifest.lock().unwrap().clone()
+    }
+
+    pub fn envs_dir(&self) -> &Path {
+        &self.envs_dir
+    }
+
+    /// Starts a change: refused at once when another one is running.
+    pub fn begin(self: &Arc<Self>) -> Result<ChangeGuard, EnvError> {
+        let lock = self
+            .change
+            .clone()
+            .try_lock_owned()
+            .map_err(|_| EnvError::Busy)?;
+        self.uv.check()?;
+        Ok(ChangeGuard {
+            manager: self.clone(),
+            _lock: lock,
+        })
+    }
+
+    /// The environment `live` runs on, with what the operator added marked.
+    pub fn list(&self, live: &Config) -> Result<Listing, EnvError> {
+        let manifest = self.manifest();
+        let base = self.base.lock().unwrap().clone();
+        let env = live.python.venv.clone();
+        let distributions = match env.as_deref().and_then(dists::site_packages) {
+            Some(site) => dists::installed(&site).map_err(io(&site))?,
+            None => Vec::new(),
+        };
+        let managed = env
+            .as_ref()
+            .is_some_and(|e| manifest.current_dir(&self.envs_dir).as_ref() == Some(e));
+        Ok(Listing {
+            environment: env,
+            managed,
+            base_venv: base.venv,
+            index_url: self.uv.index_url.clone(),
+            uv: self.uv.binary.clone(),
+            uv_available: self.uv.check().is_ok(),
+            distributions: distributions
+                .into_iter()
+                .map(|d| ListedDist {
+                    added: manifest.requested.contains_key(&d.name),
+                    requirement: manifest.requested.get(&d.name).cloned(),
+                    import_names: manifest
+                        .import_names
+                        .get(&d.name)
+                        .cloned()
+                        .unwrap_or_default(),
+                    name: d.name,
+                    version: d.version,
+                })
+                .collect(),
+        })
+    }
+}
+
+impl ChangeGuard {
+    /// Builds the environment `change` asks for beside the one `live` runs on.
+    pub async fn prepare(&self, change: &Change, live: &Config) -> Result<Prepared, EnvError> {
+        let m = &self.manager;
+        let base = m.base.lock().unwrap().clone();
+        let base_venv = base.venv.clone().ok_or(EnvError::NoBaseVenv)?;
+        let read = |venv: &Path| -> Result<Vec<Dist>, EnvError> {
+            let site = dists::site_packages(venv).ok_or_else(|| EnvError::Io {
+                path: venv.join("lib"),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no site-packages"),
+            })?;
+            dists::installed(&site).map_err(io(&site))
+        };
+        let base_dists = read(&base_venv)?;
+        let current_dists = match &live.python.venv {
+            Some(venv) => read(venv)?,
+            None => base_dists.clone(),
+        };
+        let old = m.manifest();
+        let plan = plan::plan(change, &old.requested, &base_dists, &current_dists)?;
+
+        std::fs::create_dir_all(&m.envs_dir).map_err(io(&m.envs_dir))?;
+        let name = format!("{ENV_PREFIX}{}", uuid::Uuid::now_v7().simple());
+        let dir = m.envs_dir.join(&name);
+        let mut prepared = Prepared {
+            dir: dir.clone(),
+            config: live.clone(),
+            probe_imports: Vec::new(),
+            reason: change.describe(),
+            changed: Vec::new(),
+            install_time: Duration::ZERO,
+            manifest: old.clone(),
+            committed: false,
+        };
+        let started = Instant::now();
+        let constraints_file = m.envs_dir.join(format!(".{name}.constraints.txt"));
+        let result = self
+            .install(&dir, &base_venv, &plan, &constraints_file)
+            .await;
+        let _ = std::fs::remove_file(&constraints_file);
+        result?;
+        prepared.install_time = started.elapsed();
+
+        let new_dists = read(&dir)?;
+        let mut manifest = Manifest {
+            current: Some(name),
+            base_venv: Some(base_venv),
+            requested: plan.requested.clone(),
+            import_names: Default::default(),
+        };
+        for dist_name in plan.requested.keys() {
+            let dist = new_dists
+                .iter()
+                .find(|d| &d.name == dist_name)
+                .ok_or_else(|| EnvError::MissingAfterInstall(dist_name.clone()))?;
+            let names = match m.import_names.explicit_for(dist_name) {
+                Some(names) => names.to_vec(),
+                None if plan.probe.contains(dist_name) => dists::import_names(dist),
+                // Unchanged: what it gave before.
+                None => old
+                    .import_names
+                    .get(dist_name)
+                    .cloned()
+                    .unwrap_or_else(|| dists::import_names(dist)),
+            };
+            if plan.probe.contains(dist_name) {
+                prepared.probe_imports.extend(names.iter().cloned());
+                prepared.changed.push(ListedDist {
+                    name: dist.name.clone(),
+                    version: dist.version.clone(),
+                    added: true,
+                    requirement: plan.requested.get(dist_name).cloned(),
+                    import_names: names.clone(),
+                });
+            }
+            manifest.import_names.insert(dist_name.clone(), names);
+        }
+        prepared.manifest = manifest;
+        prepared.config = self.next_config(&prepared, live);
+        Ok(prepared)
+    }
+
+    /// The configuration `prepared` rolls over to: `live` (re-read just before the switch,
+    /// so a reload that finished meanwhile is kept) on the new environment, its allowlist
+    /// the operator's own plus what the added distributions provide.
+    pub fn next_config(&self, prepared: &Prepared, live: &Config) -> Config {
+        let base = self.manager.base.lock().unwrap().clone();
+        let mut next = live.clone();
+        let mut allowed = base.allowed;
+        extend_unique(&mut allowed, prepared.manifest.added_imports().cloned());
+        next.sandbox.allowed_packages = allowed;
+        next.python.venv = Some(prepared.dir.clone());
+        next
+    }
+
+    async fn install(
+        &self,
+        dir: &Path,
+        base_venv: &Path,
+        plan: &Plan,
+        constraints_file: &Path,
+    ) -> Result<(), EnvError> {
+        let m = &self.manager;
+        m.uv.venv(dir, &base_venv.join("bin").join("python"))
+            .await?;
+        std::fs::write(constraints_file, plan.constraints.join("\n") + "\n")
+            .map_err(io(constraints_file))?;
+        let mut constraint_files = vec![constraints_file];
+        if let Some(file) = &m.constraints {
+            constraint_files.push(file);
+        }
+        let request = InstallRequest {
+            requirements: plan.requirements.clone(),
+            constraint_files,
+        };
+        m.uv.install(&dir.join("bin").join("python"), &request)
+            .await?;
+        Ok(())
+    }
+
+    /// Records `prepared` as the current environment once workers have switched to it,
+    /// and deletes environment directories no process uses any more.
+    pub fn commit(&self, mut prepared: Prepared) -> Result<(), EnvError> {
+        let m = &self.manager;
+        prepared.manifest.save(&m.envs_dir)?;
+        prepared.committed = true;
+        *m.manifest.lock().unwrap() = prepared.manifest.clone();
+        tokio::spawn(sweep_after_switch(m.envs_dir.clone(), prepared.dir.clone()));
+        Ok(())
+    }
+}
+
+/// Sweeps old generations after a switch: the old zygotes retire when their last job or
+/// session ends, so a generation still in use is looked at again a little later (for ten
+/// minutes; after that, at the next switch or start).
+async fn sweep_after_switch(envs_dir: PathBuf, current: PathBuf) {
+    const INTERVAL: Duration = Duration::from_secs(30);
+    const SWEEPS: usize = 20;
+    for _ in 0..SWEEPS {
+        let (dir, cur) = (envs_dir.clone(), current.clone());
+        let swept = tokio::task::spawn_blocking(move || {
+            gc::remove_unused(&dir, gc::Sweep::Running { current: &cur })
+        })
+        .await
+        .unwrap_or_default();
+        if swept.in_use.is_empty() {
+            return;
+        }
+        tokio::time::sleep(INTERVAL).await;
+    }
+}
+
+fn extend_unique(list: &mut Vec<String>, more: impl Iterator<Item = String>) {
+    let mut seen: BTreeSet<String> = list.iter().cloned().collect();
+    for name in more {
+        if seen.insert(name.clone()) {
+            list.push(name);
+        }
+    }
+}
+
+/// Deletes an environment directory, logging (not failing) when it cannot.
+pub(crate) fn remove_env_dir(dir: &Path) {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => tracing::debug!(environment = %dir.display(), "environment removed"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(environment = %dir.display(), error = %e, "cannot remove an environment")
+        }
+    }
+}

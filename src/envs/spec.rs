@@ -1,0 +1,272 @@
+//! What an operator may ask to install or remove, checked before anything runs: PEP 508
+//! requirements by name and version only (no URLs, paths or installer options: installs
+//! come from the configured index), distribution names, requirements.txt bodies, and the
+//! bounds on how many at once.
+
+use std::str::FromStr;
+
+use pep508_rs::{Requirement, VersionOrUrl};
+
+use crate::config::normalize_dist_name;
+
+/// The most specs (or names, or requirements.txt lines) one change may carry.
+pub const MAX_SPECS: usize = 100;
+/// The longest one spec may be.
+pub const MAX_SPEC_LEN: usize = 512;
+
+/// A requirement the installer may be given: `name[extras] specifiers ; markers`, in its
+/// canonical spelling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spec {
+    /// The PEP 503 name of the distribution.
+    pub name: String,
+    /// The canonical text handed to the installer.
+    pub text: String,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SpecError {
+    #[error("give at least one {0}")]
+    Empty(&'static str),
+    #[error("{count} {what} in one change; at most {MAX_SPECS} are accepted")]
+    TooMany { what: &'static str, count: usize },
+    #[error("{0:?} is longer than {MAX_SPEC_LEN} characters")]
+    TooLong(String),
+    #[error(
+        "{spec:?} is not a valid requirement ({reason}); write it as `name`, `name==1.2.3` or `name>=1.0,<2`"
+    )]
+    Invalid { spec: String, reason: String },
+    #[error(
+        "{0:?} names a URL or a path; installs come only from the configured index (packages.index_url): give a name and version"
+    )]
+    NotFromIndex(String),
+    #[error("{0:?} is not a distribution name (letters, digits, `-`, `_`, `.`)")]
+    BadName(String),
+    #[error("{0:?} appears twice in one change")]
+    Duplicate(String),
+    #[error(
+        "requirements line {line}: {text:?} is an installer option; only requirements are accepted (the index and constraints come from the configuration)"
+    )]
+    Option { line: usize, text: String },
+}
+
+impl Spec {
+    pub fn parse(raw: &str) -> Result<Self, SpecError> {
+        let trimmed = raw.trim();
+        if trimmed.is_empty() {
+            return Err(SpecError::Empty("requirement (it is empty)"));
+        }
+        if trimmed.chars().count() > MAX_SPEC_LEN {
+            return Err(SpecError::TooLong(trimmed.chars().take(40).collect()));
+        }
+        if trimmed.starts_with('-') {
+            return Err(SpecError::Invalid {
+                spec: trimmed.to_owned(),
+                reason: "installer options are not accepted".into(),
+            });
+        }
+        let req = Requirement::<pep508_rs::VerbatimUrl>::from_str(trimmed).map_err(|e| {
+            SpecError::Invalid {
+                spec: trimmed.to_owned(),
+                reason: first_line(&e.to_string()),
+            }
+        })?;
+        if matches!(req.version_or_url, Some(VersionOrUrl::Url(_))) {
+            return Err(SpecError::NotFromIndex(trimmed.to_owned()));
+        }
+        Ok(Spec {
+            name: req.name.to_string(),
+            text: req.to_string(),
+        })
+    }
+
+    /// Several specs for one change: not empty, bounded, each name once.
+    pub fn parse_all(raw: &[String]) -> Result<Vec<Self>, SpecError> {
+        let specs = raw
+            .iter()
+            .map(|s| Spec::parse(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        check_set(specs.iter().map(|s| s.name.as_str()), "requirement")?;
+        Ok(specs)
+    }
+
+    /// A requirements.txt body: one requirement a line; `#` comments and blank lines are
+    /// skipped; options (`-r`, `--index-url`, `-e`) are refused.
+    pub fn parse_requirements(text: &str) -> Result<Vec<Self>, SpecError> {
+        let mut specs = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = strip_comment(line).trim();
+            if line.is_empty() {
+                continue;
+            }
+            if line.starts_with('-') {
+                return Err(SpecError::Option {
+                    line: i + 1,
+                    text: line.chars().take(60).collect(),
+                });
+            }
+            specs.push(Spec::parse(line)?);
+            if specs.len() > MAX_SPECS {
+                return Err(SpecError::TooMany {
+                    what: "requirements",
+                    count: text.lines().count(),
+                });
+            }
+        }
+        check_set(specs.iter().map(|s| s.name.as_str()), "requirement").or_else(|e| match e {
+            // An empty file is a valid sync: it removes every added package.
+            SpecError::Empty(_) => Ok(()),
+            other => Err(other),
+        })?;
+        Ok(specs)
+    }
+}
+
+/// Distribution names to remove, each normalised.
+pub fn parse_names(raw: &[String]) -> Result<Vec<String>, SpecError> {
+    let names = raw
+        .iter()
+        .map(|raw| {
+            let name = raw.trim();
+            let valid = !name.is_empty()
+                && name.len() <= MAX_SPEC_LEN
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+            if valid {
+                Ok(normalize_dist_name(name))
+            } else {
+                Err(SpecError::BadName(name.chars().take(60).collect()))
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    check_set(names.iter().map(String::as_str), "distribution name")?;
+    Ok(names)
+}
+
+fn check_set<'a>(
+    names: impl Iterator<Item = &'a str>,
+    what: &'static str,
+) -> Result<(), SpecError> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut count = 0;
+    for name in names {
+        count += 1;
+        if !seen.insert(name) {
+            return Err(SpecError::Duplicate(name.to_owned()));
+        }
+    }
+    if count == 0 {
+        return Err(SpecError::Empty(what));
+    }
+    if count > MAX_SPECS {
+        return Err(SpecError::TooMany {
+            what: "entries",
+            count,
+        });
+    }
+    Ok(())
+}
+
+/// A `#` starts a comment when it begins the line or follows whitespace (pip's rule).
+fn strip_comment(line: &str) -> &str {
+    let bytes = line.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        if b == b'#' && (i == 0 || bytes[i - 1].is_ascii_whitespace()) {
+            return &line[..i];
+        }
+    }
+    line
+}
+
+fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or_default().trim().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requirements_by_name_and_version_are_canonical() {
+        let s = Spec::parse("  Tabulate == 0.9.0 ").unwrap();
+        assert_eq!(s.name, "tabulate");
+        assert_eq!(s.text, "tabulate==0.9.0");
+        let s = Spec::parse("Requests[socks]>=2,<3; python_version >= '3.8'").unwrap();
+        assert_eq!(s.name, "requests");
+        assert!(s.text.starts_with("requests[socks]"), "{}", s.text);
+    }
+
+    #[test]
+    fn urls_paths_options_and_shell_text_are_refused() {
+        for bad in [
+            "tabulate @ https://example.com/t.whl",
+            "tabulate @ file:///tmp/x.whl",
+            "--index-url=https://evil/simple",
+            "-e .",
+            "tabulate; rm -rf /",
+            "tabulate && curl x",
+            "$(reboot)",
+            "`id`",
+            "tab ulate",
+            "tabulate==",
+            "tablé",
+            "📦",
+            "",
+            "   ",
+        ] {
+            assert!(Spec::parse(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(matches!(
+            Spec::parse("x @ https://e/x.whl"),
+            Err(SpecError::NotFromIndex(_))
+        ));
+        assert!(matches!(
+            Spec::parse(&"a".repeat(600)),
+            Err(SpecError::TooLong(_))
+        ));
+    }
+
+    #[test]
+    fn a_change_is_bounded_and_names_each_distribution_once() {
+        assert!(matches!(Spec::parse_all(&[]), Err(SpecError::Empty(_))));
+        let many: Vec<String> = (0..1000).map(|i| format!("pkg{i}")).collect();
+        assert!(matches!(
+            Spec::parse_all(&many),
+            Err(SpecError::TooMany { count: 1000, .. })
+        ));
+        let twice = ["tabulate".to_owned(), "Tabulate==0.9.0".to_owned()];
+        assert_eq!(
+            Spec::parse_all(&twice),
+            Err(SpecError::Duplicate("tabulate".into()))
+        );
+        assert_eq!(
+            parse_names(&["Foo_Bar".into(), "baz".into()]).unwrap(),
+            ["foo-bar", "baz"]
+        );
+        assert!(parse_names(&["foo;ls".into()]).is_err());
+        assert!(parse_names(&["-rf".into()]).is_err());
+        assert!(parse_names(&[]).is_err());
+    }
+
+    #[test]
+    fn requirements_files_skip_comments_and_refuse_options() {
+        let text = "# pinned\ntabulate==0.9.0  # tables\n\nsix\n";
+        let specs = Spec::parse_requirements(text).unwrap();
+        assert_eq!(
+            specs.iter().map(|s| s.text.as_str()).collect::<Vec<_>>(),
+            ["tabulate==0.9.0", "six"]
+        );
+        assert_eq!(Spec::parse_requirements("# nothing\n\n").unwrap(), []);
+        assert!(matches!(
+            Spec::parse_requirements("six\n--extra-index-url https://x\n"),
+            Err(SpecError::Option { line: 2, .. })
+        ));
+        assert!(matches!(
+            Spec::parse_requirements("-r other.txt"),
+            Err(SpecError::Option { line: 1, .. })
+        ));
+    }
+}
