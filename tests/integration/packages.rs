@@ -267,6 +267,16 @@ async fn an_added_package_serves_after_a_switch_with_no_failed_request_and_survi
     assert_eq!(r["stdout"], "0.9.0\n", "{r}");
     assert_eq!(env_dirs(state.path()), [PathBuf::from(&env)]);
 
+    // A reload re-reads the configuration; the operator's packages stay.
+    let (status, reloaded) = admin(&s, reqwest::Method::POST, "/v1/admin/reload", None, None).await;
+    assert_eq!(status, 200, "{reloaded}");
+    let r = s.run("import tabulate\nprint(tabulate.__version__)").await;
+    assert_eq!(r["stdout"], "0.9.0\n", "{r}");
+    assert_eq!(
+        listed_version(&s, "tabulate").await.as_deref(),
+        Some("0.9.0")
+    );
+
     // Remove it: new runs get the import guard's error.
     let (status, removed) = admin(
         &s,

@@ -1,7 +1,8 @@
 //! `POST /v1/admin/reload`: re-reads the configuration the service started with (the same
 //! file, environment and flags) and rolls over to it. Keys a running service cannot take
 //! (the listen address, `worker.*`, the file store ...) are refused with 422 naming each
-//! one, and nothing changes. Answers the new generation.
+//! one, and nothing changes. Packages added with `/v1/admin/packages` stay: the managed
+//! environment is laid over the re-read configuration. Answers the new generation.
 
 use axum::Json;
 use axum::extract::State;
@@ -15,10 +16,13 @@ pub async fn reload(
     State(state): State<SharedState>,
     admin: AdminCaller,
 ) -> Result<Json<GenerationInfo>, ApiError> {
-    let config = state
+    let mut config = state
         .config()
         .reload()
         .map_err(|e| ApiError::Validation(format!("{e}; nothing changed")))?;
+    // The operator's package changes live in the managed environment, not in the file:
+    // the reloaded configuration runs on it too.
+    state.envs.overlay(&mut config);
     tracing::info!(by = admin.who(), "reloading the configuration");
     let next = NextGeneration {
         config,
