@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::harness::{Options, Server, check_error_body, repo_root};
-use crate::packages_env::{crashing_package, shared_uv_cache};
+use crate::packages_env::{crashing_package, env_dirs, shared_uv_cache};
 
 /// Installs and rollovers take seconds (minutes with a cold cache): generous, never timed.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(600);
@@ -51,23 +51,6 @@ pub async fn admin(
         check_error_body(status, &body);
     }
     (status, body)
-}
-
-fn env_dirs(state_dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(state_dir.join("envs")) else {
-        return Vec::new();
-    };
-    let mut dirs: Vec<PathBuf> = entries
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("env-"))
-        })
-        .collect();
-    dirs.sort();
-    dirs
 }
 
 async fn generation(s: &Server) -> u64 {

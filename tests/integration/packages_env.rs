@@ -27,7 +27,8 @@ pub fn shared_uv_cache() -> PathBuf {
     repo_root().join("target/uv-cache-tests")
 }
 
-fn env_dirs(state_dir: &Path) -> Vec<PathBuf> {
+/// The environment directories below `state_dir`'s `envs`, sorted.
+pub fn env_dirs(state_dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(state_dir.join("envs")) else {
         return Vec::new();
     };

@@ -16,6 +16,7 @@ use snakecage::metrics::names;
 use crate::agents::mcp_client_with;
 use crate::auth::keys_add;
 use crate::harness::{Options, Server, check_error_body, repo_root};
+use crate::prom::Scrape;
 
 /// Two light tiers, so a rollover starts quickly on a shared machine.
 const TIERS: &str = r#"
@@ -147,6 +148,14 @@ impl Load {
     }
 }
 
+/// The rollover metrics: successes, failures, and the generation in use.
+fn assert_rollovers(scrape: &Scrape, succeeded: u32, failed: u32, generation: u32) {
+    let outcome = |o| scrape.get(names::ROLLOVERS_TOTAL, &[("outcome", o)]);
+    assert_eq!(outcome("succeeded"), f64::from(succeeded));
+    assert_eq!(outcome("failed"), f64::from(failed));
+    assert_eq!(scrape.get(names::GENERATION, &[]), f64::from(generation));
+}
+
 #[tokio::test]
 async fn reload_under_load_switches_generations_with_zero_failures_and_sessions_keep_theirs() {
     let dir = tempfile::tempdir().unwrap();
@@ -242,15 +251,7 @@ async fn reload_under_load_switches_generations_with_zero_failures_and_sessions_
     );
 
     let scrape = s.scrape().await;
-    assert_eq!(
-        scrape.get(names::ROLLOVERS_TOTAL, &[("outcome", "succeeded")]),
-        1.0
-    );
-    assert_eq!(
-        scrape.get(names::ROLLOVERS_TOTAL, &[("outcome", "failed")]),
-        0.0
-    );
-    assert_eq!(scrape.get(names::GENERATION, &[]), 2.0);
+    assert_rollovers(&scrape, 1, 0, 2);
     assert_eq!(scrape.series(names::BUILD_INFO).len(), 1);
     let count = format!("{}_count", names::ROLLOVER_DURATION_SECONDS);
     assert_eq!(scrape.sum(&count, &[]), 1.0);
@@ -312,15 +313,7 @@ async fn a_failing_rollover_changes_nothing_and_says_why() {
     let r = s.run("import openpyxl\nprint('still')").await;
     assert_eq!(r["stdout"], "still\n", "{r}");
     let scrape = s.scrape().await;
-    assert_eq!(
-        scrape.get(names::ROLLOVERS_TOTAL, &[("outcome", "failed")]),
-        1.0
-    );
-    assert_eq!(
-        scrape.get(names::ROLLOVERS_TOTAL, &[("outcome", "succeeded")]),
-        0.0
-    );
-    assert_eq!(scrape.get(names::GENERATION, &[]), 1.0);
+    assert_rollovers(&scrape, 0, 1, 1);
 
     // A tier preloading a module that does not exist fails the same way.
     let extra =
