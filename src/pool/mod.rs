@@ -142,9 +142,6 @@ pub enum PoolError {
 /// Code longer than this is scanned for its imports on a blocking thread.
 const SCAN_OFF_THREAD_BYTES: usize = 256 << 10;
 
-/// Idle workers whose workspace vanished that one job skips before it gives up.
-const MAX_UNUSABLE_IDLE: usize = 64;
-
 #[derive(Clone)]
 pub struct Pool {
     inner: Arc<Inner>,
@@ -301,12 +298,6 @@ impl Pool {
             let current = self.inner.generations.current();
             let session = current.table.session;
             let worker = self.inner.take_idle(current, session, deadline).await?;
-            if !worker.workspace_path().is_dir() {
-                // Its workspace was removed while it was idle: the refill replaces it.
-                self.inner.events.worker_killed(KillReason::LostIdle);
-                last_error = "the worker's workspace was removed".into();
-                continue;
-            }
             match SessionWorker::start(worker).await {
                 Ok(worker) => return Ok(worker),
                 Err(e) => {
@@ -353,29 +344,14 @@ impl Pool {
             route(&current, &job)
         };
         let mut last_error = String::new();
-        // A worker that died before taking its job is retried a few times. One whose
-        // workspace vanished while it was idle (the workspace root was deleted) costs
-        // nothing to skip and every idle worker may be one: those are skipped until the
-        // idle workers run out, and the job then waits for a fresh spawn (or learns why
-        // none can be made), bounded in case workspaces keep vanishing.
-        let (mut lost, mut unusable) = (0, 0);
-        while lost < 3 && unusable < MAX_UNUSABLE_IDLE {
+        // A worker that died before taking its job is retried a few times (one whose
+        // workspace vanished while idle is skipped by the take itself).
+        for _ in 0..3 {
             let Checkout {
                 mut worker,
                 _slot,
                 _busy,
             } = self.acquire_on(current.clone(), routed).await?;
-            if !worker.workspace_path().is_dir() {
-                // Its workspace was removed while it was idle: it could not run the job.
-                self.inner
-                    .counters
-                    .workers_lost
-                    .fetch_add(1, Ordering::Relaxed);
-                self.inner.events.worker_killed(KillReason::LostIdle);
-                last_error = "the worker's workspace was removed".into();
-                unusable += 1;
-                continue;
-            }
             let abandoned = AbandonGuard::new(&*self.inner.events);
             // A staging failure drops the checkout: the worker is killed, no code ran.
             let staged = match stager.stage(worker.workspace_path()).await {
@@ -409,7 +385,6 @@ impl Pool {
                     self.inner.events.worker_killed(KillReason::LostIdle);
                     tracing::warn!(error = %e, "an idle worker was gone when its job arrived; retrying");
                     last_error = e.to_string();
-                    lost += 1;
                 }
             }
         }

@@ -13,6 +13,9 @@ use super::idle::{IdleSet, Taken};
 use super::worker::Worker;
 use super::{Inner, PoolError};
 
+/// Idle workers whose workspace vanished that one take skips before it gives up.
+const MAX_UNUSABLE_IDLE: usize = 64;
+
 impl Inner {
     /// An idle worker for a job routed to tier `routed` of `generation`: of that tier, else
     /// of a fuller one, waiting (until `deadline`) for the refill when none has one.
@@ -29,6 +32,7 @@ impl Inner {
             }
             self.refill.notify_one();
         }
+        let mut unusable = 0;
         loop {
             if generation.retired.is_cancelled() && !self.shutdown.is_cancelled() {
                 // Switched while this request waited: any code runs on any tier, so the
@@ -78,14 +82,31 @@ impl Inner {
                 continue;
             };
             let tier = &generation.tiers[candidates[index]];
-            if worker.generation == tier.current_zygote().generation && worker.is_alive() {
-                tier.checkouts.fetch_add(1, Ordering::Relaxed);
-                self.events
-                    .checked_out(&tier.name, &generation.tiers[routed].name);
-                return Ok(worker);
+            if worker.generation != tier.current_zygote().generation || !worker.is_alive() {
+                // Died with its zygote while idle: skip it, the refill replaces it.
+                self.events.worker_killed(KillReason::LostIdle);
+                continue;
             }
-            // Died with its zygote while idle: skip it, the refill replaces it.
-            self.events.worker_killed(KillReason::LostIdle);
+            if !worker.workspace_path().is_dir() {
+                // Its workspace was removed while it was idle (the workspace root was
+                // deleted): it could not run a job. No code ran on it, so skipping costs
+                // nothing, and every idle worker may be one: skip until they run out and
+                // a fresh spawn serves (or says why none can be made), bounded in case
+                // workspaces keep vanishing.
+                self.counters.workers_lost.fetch_add(1, Ordering::Relaxed);
+                self.events.worker_killed(KillReason::LostIdle);
+                unusable += 1;
+                if unusable >= MAX_UNUSABLE_IDLE {
+                    return Err(PoolError::Unavailable(
+                        "the worker's workspace was removed".into(),
+                    ));
+                }
+                continue;
+            }
+            tier.checkouts.fetch_add(1, Ordering::Relaxed);
+            self.events
+                .checked_out(&tier.name, &generation.tiers[routed].name);
+            return Ok(worker);
         }
     }
 }
