@@ -226,6 +226,13 @@ impl Workspace {
 impl Drop for Workspace {
     fn drop(&mut self) {
         let path = std::mem::take(&mut self.path);
+        // Most jobs leave their workspace empty: one rmdir, here, saves the trip to a
+        // blocking thread and back.
+        match std::fs::remove_dir(&path) {
+            Ok(()) => return,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+            Err(_) => {}
+        }
         let remove = move || {
             if let Err(e) = std::fs::remove_dir_all(&path)
                 && e.kind() != io::ErrorKind::NotFound

@@ -326,3 +326,56 @@ async fn a_second_instance_in_another_pid_namespace_leaves_the_first_alone() {
     drop(b);
     assert_eq!(a.run("print(4)").await["stdout"], "4\n");
 }
+
+/// A finished job's workspace goes, whatever the job left in it: nothing (removed on the
+/// spot), files in nested non-ASCII directories, an empty directory, a file made and
+/// deleted again. And whatever it left is reported: an empty workspace is not mistaken for
+/// one with files, nor the other way round.
+#[tokio::test]
+async fn every_finished_jobs_workspace_is_removed_and_what_it_left_is_reported() {
+    let s = Server::start().await;
+    let root = workspace_root(&s);
+    let jobs = [
+        ("print(1)", vec![]),
+        (
+            "import os\nos.makedirs('données/日本')\nopen('données/日本/é.txt', 'w').write('✓')",
+            vec!["données", "données/日本", "données/日本/é.txt"],
+        ),
+        ("import os\nos.mkdir('vide')", vec!["vide"]),
+        (
+            "import os\nopen('tmp.txt', 'w').write('x')\nos.remove('tmp.txt')",
+            vec![],
+        ),
+    ];
+    for round in 0..5 {
+        for (code, want) in &jobs {
+            let r = s.run(code).await;
+            assert_eq!(r["verdict"], "ok", "round {round}: {r}");
+            let mut paths: Vec<&str> = r["files"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["path"].as_str().unwrap())
+                .collect();
+            paths.sort_unstable();
+            assert_eq!(&paths, want, "round {round}, {code:?}: {r}");
+        }
+    }
+    // Only the workspaces of workers not yet used remain, and those are empty.
+    eventually(10, "only unused, empty workspaces left", async || {
+        let health = s.health().await;
+        let pool = &health["pool"];
+        let unused = pool["idle"].as_u64().unwrap() + pool["spawning"].as_u64().unwrap();
+        // The root also holds the instance's lock file.
+        let left: Vec<_> = std::fs::read_dir(&root)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .collect();
+        let all_empty = left
+            .iter()
+            .all(|ws| std::fs::read_dir(ws.path()).unwrap().next().is_none());
+        all_empty && left.len() as u64 <= unused
+    })
+    .await;
+}

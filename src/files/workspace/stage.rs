@@ -160,6 +160,11 @@ pub async fn stage(
 }
 
 impl Staged {
+    /// Nothing was staged.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty() && self.dirs.is_empty()
+    }
+
     /// Adds what `other` staged (a session's later staging on top of its baseline).
     pub fn merge(&mut self, other: Staged) {
         self.files.extend(other.files);
