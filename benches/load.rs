@@ -35,8 +35,14 @@ use serde_json::json;
 use stats::{CpuSnapshot, Summary};
 use target::Server;
 
-const SNIPPETS: [(&str, &str); 3] = [
+const SNIPPETS: [(&str, &str); 4] = [
     ("print", "print(1+1)"),
+    // Pure Python of the kind agents write: a function, comprehensions, an f-string, a
+    // caught exception, the last expression displayed (bare tier).
+    (
+        "python",
+        "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\ndata = [{'name': f'item{i}', 'value': i * i} for i in range(50)]\ntotal = sum(d['value'] for d in data)\ntry:\n    int('x')\nexcept ValueError as e:\n    msg = str(e)\nprint(f'total={total} fib={fib(15)} {msg}')\nsorted(data, key=lambda d: -d['value'])[:2]",
+    ),
     // A light job on the scientific tier: its fork and exit, not its work, dominate.
     ("numpy", "import numpy as np\nprint(np.arange(10).sum())"),
     (

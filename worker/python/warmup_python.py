@@ -1,12 +1,9 @@
-# Child warm-up, every tier: the path nearly every job takes (compile, run a little
-# pure Python, print, display the last expression), so a fresh worker pays its
-# copy-on-write faults and cold caches here, before it says Ready.
+# Child warm-up, every tier: the path every job takes through the runner and no more
+# (compile, run, print, display the last expression), so a fresh worker pays that path's
+# copy-on-write faults and cold caches before it says Ready, and a job pays only for what
+# it does beyond it. A broader warm-up (comprehensions, an exception, f-strings, sorting)
+# cost every request ~0.6 ms more CPU to save ~0.25 ms on a pure-Python job that used
+# them (BENCHMARKS.md, "The child warm-up").
 # Run through the runner as a job in a throwaway __main__; its output is discarded.
-squares = {i: i * i for i in range(20)}
-words = " ".join(f"{k}={v}" for k, v in squares.items() if k % 3 == 0).split()
-try:
-    int("not a number")
-except ValueError as exc:
-    message = str(exc)
-print(len(words), sum(squares.values()), message[:10])
-sorted(words, key=len)[-1]
+print(0)
+0
