@@ -338,11 +338,11 @@ fn table(o: &Options, rows: &[(usize, String, String, stats::Row)]) -> String {
         o.seconds,
         o.pool_size
     );
-    out += "| round | server | snippet | p50 ms | p90 ms | p99 ms | max ms | duration_ms 0/1/2/3+ | req/s | CPU ms/req tree (paced) | CPU ms/req tree (busy) | CPU ms/req machine (busy) | faults/req | idle worker MiB |\n";
-    out += "|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n";
+    out += "| round | server | snippet | p50 ms | p90 ms | p99 ms | max ms | duration_ms 0/1/2/3+ | req/s | CPU ms/req tree (paced) | of which supervisor / zygotes / workers | CPU ms/req tree (busy) | CPU ms/req machine (busy) | faults/req | idle worker MiB |\n";
+    out += "|---:|---|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|\n";
     for (round, name, snippet, r) in rows {
         out += &format!(
-            "| {round} | {name} | {snippet} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.2} |\n",
+            "| {round} | {name} | {snippet} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {:.2} | {:.2} / {:.2} / {:.2} | {:.2} | {:.2} | {:.0} | {:.2} |\n",
             r.latency.p50,
             r.latency.p90,
             r.latency.p99,
@@ -350,6 +350,9 @@ fn table(o: &Options, rows: &[(usize, String, String, stats::Row)]) -> String {
             r.duration_histogram(),
             r.throughput,
             r.paced_cpu.tree_ms,
+            r.paced_cpu.split_ms.supervisor,
+            r.paced_cpu.split_ms.zygotes,
+            r.paced_cpu.split_ms.workers,
             r.busy_cpu.tree_ms,
             r.busy_cpu.machine_ms,
             r.busy_cpu.tree_faults,

@@ -89,8 +89,8 @@ impl Row {
             "latency_ms": self.latency.to_json(),
             "duration_ms": self.durations,
             "req_per_s": self.throughput,
-            "cpu_ms_per_request_paced": {"tree": self.paced_cpu.tree_ms, "machine": self.paced_cpu.machine_ms},
-            "cpu_ms_per_request_busy": {"tree": self.busy_cpu.tree_ms, "machine": self.busy_cpu.machine_ms},
+            "cpu_ms_per_request_paced": self.paced_cpu.to_json(),
+            "cpu_ms_per_request_busy": self.busy_cpu.to_json(),
             "minor_faults_per_request_busy": self.busy_cpu.tree_faults,
         })
     }
@@ -99,17 +99,55 @@ impl Row {
 pub struct CpuPerRequest {
     /// The server's process tree: supervisor, zygote, workers (live and reaped).
     pub tree_ms: f64,
+    /// That tree split: the supervisor, the zygotes themselves (the parent's side of each
+    /// fork), the workers (live ones and those the zygotes reaped).
+    pub split_ms: TreeSplit,
     /// Minor page faults in that tree.
     pub tree_faults: f64,
     /// Every CPU of the machine, minus this load generator's own time.
     pub machine_ms: f64,
 }
 
+impl CpuPerRequest {
+    fn to_json(&self) -> Value {
+        let s = self.split_ms;
+        json!({
+            "tree": self.tree_ms,
+            "supervisor": s.supervisor,
+            "zygotes": s.zygotes,
+            "workers": s.workers,
+            "machine": self.machine_ms,
+        })
+    }
+}
+
+/// CPU of the server's process tree by kind of process, in milliseconds.
+#[derive(Clone, Copy, Default)]
+pub struct TreeSplit {
+    pub supervisor: f64,
+    pub zygotes: f64,
+    pub workers: f64,
+}
+
+impl TreeSplit {
+    fn total(self) -> f64 {
+        self.supervisor + self.zygotes + self.workers
+    }
+
+    fn minus(self, before: Self, n: f64) -> Self {
+        Self {
+            supervisor: (self.supervisor - before.supervisor) / n,
+            zygotes: (self.zygotes - before.zygotes) / n,
+            workers: (self.workers - before.workers) / n,
+        }
+    }
+}
+
 /// CPU counters at one instant, in milliseconds.
 pub struct CpuSnapshot {
     machine: f64,
     this_tool: f64,
-    tree: f64,
+    tree: TreeSplit,
     faults: f64,
 }
 
@@ -128,7 +166,8 @@ impl CpuSnapshot {
         let n = requests.max(1) as f64;
         let tool = self.this_tool - before.this_tool;
         CpuPerRequest {
-            tree_ms: (self.tree - before.tree) / n,
+            tree_ms: (self.tree.total() - before.tree.total()) / n,
+            split_ms: self.tree.minus(before.tree, n),
             tree_faults: (self.faults - before.faults) / n,
             machine_ms: (self.machine - before.machine - tool) / n,
         }
@@ -170,13 +209,14 @@ fn own_cpu_ms() -> f64 {
 }
 
 /// utime + stime + cutime + cstime of `pid` and every descendant (reaped workers are in
-/// their zygote's cutime/cstime, live ones are counted themselves), and the same sum of
-/// minor faults (minflt + cminflt).
-fn tree_cpu_ms_and_faults(pid: u32) -> (f64, f64) {
-    let mut total = 0.0;
+/// their zygote's cutime/cstime, live ones are counted themselves), split by kind of
+/// process, and the same sum of minor faults (minflt + cminflt).
+fn tree_cpu_ms_and_faults(pid: u32) -> (TreeSplit, f64) {
+    let mut split = TreeSplit::default();
     let mut faults = 0.0;
-    let mut stack = vec![pid];
-    while let Some(pid) = stack.pop() {
+    // (pid, depth): 0 the supervisor, 1 a zygote, 2 and more a worker.
+    let mut stack = vec![(pid, 0u32)];
+    while let Some((pid, depth)) = stack.pop() {
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
             continue;
         };
@@ -186,9 +226,20 @@ fn tree_cpu_ms_and_faults(pid: u32) -> (f64, f64) {
             .split_whitespace()
             .map(|x| x.parse().unwrap_or(0.0))
             .collect();
-        total += (11..15)
-            .map(|i| f.get(i).copied().unwrap_or(0.0))
-            .sum::<f64>();
+        let field = |i: usize| f.get(i).copied().unwrap_or(0.0) * clock_tick_ms();
+        // utime + stime, then cutime + cstime (the reaped children's).
+        let (own, reaped) = (field(11) + field(12), field(13) + field(14));
+        match depth {
+            0 => {
+                split.supervisor += own;
+                split.zygotes += reaped;
+            }
+            1 => {
+                split.zygotes += own;
+                split.workers += reaped;
+            }
+            _ => split.workers += own + reaped,
+        }
         // minflt and cminflt (fields 10 and 11).
         faults += f.get(7).copied().unwrap_or(0.0) + f.get(8).copied().unwrap_or(0.0);
         let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -200,11 +251,12 @@ fn tree_cpu_ms_and_faults(pid: u32) -> (f64, f64) {
             stack.extend(
                 children
                     .split_whitespace()
-                    .filter_map(|c| c.parse::<u32>().ok()),
+                    .filter_map(|c| c.parse::<u32>().ok())
+                    .map(|c| (c, depth + 1)),
             );
         }
     }
-    (total * clock_tick_ms(), faults)
+    (split, faults)
 }
 
 /// Median private memory (`Private_Clean + Private_Dirty`) of the idle workers below
