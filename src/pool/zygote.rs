@@ -94,6 +94,11 @@ impl ZygoteHandle {
         cmd.arg("--control-fd").arg("3").arg("--config").arg(json);
         // The zygote's own stdout would mix with ours; its stray prints go to our stderr.
         let stderr_copy = io::stderr().as_fd().try_clone_to_owned()?;
+        // Every symbol bound when the zygote starts, once: lazily bound, each worker would
+        // resolve the libc functions CPython first calls after fork itself, writing to the
+        // shared GOT pages (~25 copy-on-write faults, ~0.1 ms of CPU per worker). The zygote
+        // clears its environment first thing, so workers never see the variable.
+        cmd.env("LD_BIND_NOW", "1");
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(stderr_copy))
             .stderr(Stdio::piped());

@@ -499,3 +499,26 @@ async fn idle_workers_wait_at_background_priority_and_a_job_runs_at_normal_prior
     let expected = if capable { "0 0\n" } else { "0 10\n" };
     assert_eq!(r["stdout"], expected, "{r}");
 }
+
+/// The zygote is started with every symbol bound at once (so workers do not each resolve
+/// them after fork), and its workers see none of that: their environment is the fixed one.
+#[tokio::test]
+async fn zygotes_bind_symbols_at_start_and_workers_see_only_the_fixed_environment() {
+    let s = Server::start().await;
+    let health = s.health().await;
+    for tier in health["pool"]["tiers"].as_array().unwrap() {
+        let pid = tier["zygote"]["pid"].as_u64().unwrap();
+        // The environment the zygote was executed with (what the dynamic loader read).
+        let initial = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        assert!(
+            initial.split(|&b| b == 0).any(|v| v == b"LD_BIND_NOW=1"),
+            "tier {}: {}",
+            tier["name"],
+            String::from_utf8_lossy(&initial)
+        );
+    }
+    let r = s
+        .run("import os\nprint(sorted(k for k in os.environ if k.startswith('LD_')))")
+        .await;
+    assert_eq!(r["stdout"], "[]\n", "{r}");
+}
