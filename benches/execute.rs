@@ -65,11 +65,7 @@ async fn wait_until_full(client: &reqwest::Client, health: &str, interval: Durat
 }
 
 async fn execute_ok(b: &Bench, body: &serde_json::Value) -> serde_json::Value {
-    let resp = b.client.post(&b.url).json(body).send().await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let v: serde_json::Value = resp.json().await.unwrap();
-    assert_eq!(v["exit_code"], 0, "{v}");
-    v
+    common::execute_ok(&b.client, &b.url, body).await
 }
 
 fn execute(c: &mut Criterion) {
@@ -98,39 +94,19 @@ fn execute(c: &mut Criterion) {
 
 /// One session (its worker kept), then `x += 1` runs in it: globals persist, no fork.
 fn session_execute(c: &mut Criterion, b: &Bench) {
-    let sessions_url = b.url.replace("/v1/execute", "/v1/sessions");
+    let base = b.url.trim_end_matches("/v1/execute");
     let run_url = b.rt.block_on(async {
-        let resp = b
-            .client
-            .post(&sessions_url)
-            .json(&json!({}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 201);
-        let v: serde_json::Value = resp.json().await.unwrap();
-        let id = v["session_id"].as_str().unwrap().to_owned();
-        let url = format!("{sessions_url}/{id}/execute");
-        let resp = b
-            .client
-            .post(&url)
-            .json(&json!({"code": "x = 0"}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
+        let url = common::new_session(&b.client, base).await;
+        common::execute_ok(&b.client, &url, &json!({"code": "x = 0"})).await;
         url
     });
     let body = json!({ "code": "x += 1" });
     let mut group = c.benchmark_group("session");
     group.measurement_time(Duration::from_secs(10));
     group.bench_function("execute_in_session", |bench| {
-        bench.to_async(&b.rt).iter(|| async {
-            let resp = b.client.post(&run_url).json(&body).send().await.unwrap();
-            assert_eq!(resp.status(), 200);
-            let v: serde_json::Value = resp.json().await.unwrap();
-            assert_eq!(v["exit_code"], 0, "{v}");
-        })
+        bench
+            .to_async(&b.rt)
+            .iter(|| common::execute_ok(&b.client, &run_url, &body))
     });
     group.finish();
 }

@@ -1,5 +1,6 @@
 //! What the in-process criterion benches share: a runtime, the default configuration with
-//! the checkout's `.venv`, and the service on a loopback port until its stop sender drops.
+//! the checkout's `.venv`, the service on a loopback port until its stop sender drops, and
+//! the client calls they time (a run that must succeed, a new session).
 
 use std::path::Path;
 
@@ -39,4 +40,33 @@ pub fn serve(rt: &Runtime, config: Config) -> (String, oneshot::Sender<()>) {
         .expect("serve");
     });
     (base, stop)
+}
+
+/// `POST` of `body` to a run URL (`/v1/execute` or a session's `/execute`), which must
+/// answer 200 with exit code 0; returns the response.
+pub async fn execute_ok(
+    client: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    let resp = client.post(url).json(body).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["exit_code"], 0, "{v}");
+    v
+}
+
+/// Creates a session on the service at `base`; returns the URL its runs are posted to
+/// (`{base}/v1/sessions/{id}/execute`).
+pub async fn new_session(client: &reqwest::Client, base: &str) -> String {
+    let resp = client
+        .post(format!("{base}/v1/sessions"))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    let id = v["session_id"].as_str().unwrap();
+    format!("{base}/v1/sessions/{id}/execute")
 }
