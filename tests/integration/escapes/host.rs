@@ -7,7 +7,10 @@ use std::net::TcpListener;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use serde_json::Value;
+
 use super::fixture::WORKER_UID;
+use crate::harness::Server;
 
 /// Things on the host that hostile code must not reach: a secret file outside any
 /// workspace (readable by every uid, so only the sandbox stops a read) and a TCP listener.
@@ -57,6 +60,20 @@ impl HostBait {
             other => panic!("a worker reached the host's TCP listener: {other:?}"),
         }
     }
+}
+
+/// After a hostile suite: the service is healthy on the zygote it started with, the bait
+/// is untouched and nothing was written where the fixtures tried to. Returns the health.
+pub(super) async fn assert_unharmed(s: &Server, zygote_pid: &Value, bait: &HostBait) -> Value {
+    let after = s.health().await;
+    assert_eq!(after["status"], "ok", "{after}");
+    assert_eq!(
+        &after["pool"]["zygote"]["pid"], zygote_pid,
+        "the zygote died"
+    );
+    bait.assert_untouched();
+    assert!(!Path::new("/tmp/snakecage-escape").exists());
+    after
 }
 
 /// Writes `secret.txt` into every other worker's workspace that exists right now.

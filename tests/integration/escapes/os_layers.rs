@@ -1,10 +1,8 @@
 //! The hostile suite with the Python layer switched off: the same attacks meet the OS
 //! layers (seccomp, Landlock, namespaces, rlimits, the uid drop), the real boundary.
 
-use std::path::Path;
-
 use super::fixture::{OS_LAYERS, run_fixtures};
-use super::host::HostBait;
+use super::host::{HostBait, assert_unharmed};
 use super::os_layer_fixtures;
 use crate::harness::{Options, Server};
 
@@ -36,12 +34,5 @@ async fn with_the_python_layer_off_the_os_layers_still_stop_every_escape() {
         failures.join("\n")
     );
 
-    let after = s.health().await;
-    assert_eq!(after["status"], "ok", "{after}");
-    assert_eq!(
-        after["pool"]["zygote"]["pid"], zygote_pid,
-        "the zygote died"
-    );
-    bait.assert_untouched();
-    assert!(!Path::new("/tmp/snakecage-escape").exists());
+    assert_unharmed(&s, &zygote_pid, &bait).await;
 }
