@@ -37,7 +37,11 @@ fn start() -> Bench {
     let url = format!("{base}/v1/execute");
     let client = reqwest::Client::new();
     let health = url.replace("/v1/execute", "/health");
-    let pool_size = rt.block_on(wait_until_full(&client, &health, Duration::from_millis(50)));
+    let pool_size = rt.block_on(common::wait_until_full(
+        &client,
+        &health,
+        Duration::from_millis(50),
+    ));
     Bench {
         rt,
         client,
@@ -47,21 +51,6 @@ fn start() -> Bench {
         _stop: stop,
         _state: state,
     }
-}
-
-/// Polls `/health` every `interval` until the pool has at least `pool.size` idle workers (the
-/// tiers keep a few more); returns `pool.size`.
-async fn wait_until_full(client: &reqwest::Client, health: &str, interval: Duration) -> u64 {
-    for _ in 0..(60_000 / interval.as_millis().max(1)) {
-        if let Ok(resp) = client.get(health).send().await {
-            let v: serde_json::Value = resp.json().await.unwrap();
-            if v["pool"]["idle"].as_u64() >= v["pool"]["target_size"].as_u64() {
-                return v["pool"]["target_size"].as_u64().unwrap();
-            }
-        }
-        tokio::time::sleep(interval).await;
-    }
-    panic!("pool never filled");
 }
 
 async fn execute_ok(b: &Bench, body: &serde_json::Value) -> serde_json::Value {
@@ -197,7 +186,7 @@ fn pool_refill(c: &mut Criterion, b: &Bench) {
                 let t0 = Instant::now();
                 let burst = (0..b.pool_size).map(|_| execute_ok(b, body));
                 futures_util::future::join_all(burst).await;
-                wait_until_full(&b.client, &b.health, Duration::from_micros(200)).await;
+                common::wait_until_full(&b.client, &b.health, Duration::from_micros(200)).await;
                 total += t0.elapsed();
             }
             total

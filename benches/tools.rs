@@ -65,12 +65,13 @@ fn start(max_calls: u64) -> Bench {
     let (base, stop) = common::serve(&rt, config);
     let client = reqwest::Client::new();
     let run_url = rt.block_on(async {
-        for _ in 0..600 {
-            if client.get(format!("{base}/health")).send().await.is_ok() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        // Sessions answer 503 until the zygotes have forked their first workers.
+        common::wait_until_full(
+            &client,
+            &format!("{base}/health"),
+            Duration::from_millis(100),
+        )
+        .await;
         common::new_session(&client, &base).await
     });
     Bench {

@@ -3,6 +3,7 @@
 //! the client calls they time (a run that must succeed, a new session).
 
 use std::path::Path;
+use std::time::Duration;
 
 use snakecage::config::{Config, Overrides};
 use tokio::runtime::Runtime;
@@ -65,8 +66,24 @@ pub async fn new_session(client: &reqwest::Client, base: &str) -> String {
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.status(), 201);
+    let status = resp.status();
     let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(status, 201, "{v}");
     let id = v["session_id"].as_str().unwrap();
     format!("{base}/v1/sessions/{id}/execute")
+}
+
+/// Polls `/health` every `interval` until the pool has at least `pool.size` idle workers (the
+/// tiers keep a few more); returns `pool.size`.
+pub async fn wait_until_full(client: &reqwest::Client, health: &str, interval: Duration) -> u64 {
+    for _ in 0..(60_000 / interval.as_millis().max(1)) {
+        if let Ok(resp) = client.get(health).send().await {
+            let v: serde_json::Value = resp.json().await.unwrap();
+            if v["pool"]["idle"].as_u64() >= v["pool"]["target_size"].as_u64() {
+                return v["pool"]["target_size"].as_u64().unwrap();
+            }
+        }
+        tokio::time::sleep(interval).await;
+    }
+    panic!("pool never filled");
 }
