@@ -37,7 +37,11 @@ fn start() -> Bench {
     let url = format!("{base}/v1/execute");
     let client = reqwest::Client::new();
     let health = url.replace("/v1/execute", "/health");
-    let pool_size = rt.block_on(wait_until_full(&client, &health, Duration::from_millis(50)));
+    let pool_size = rt.block_on(common::wait_until_full(
+        &client,
+        &health,
+        Duration::from_millis(50),
+    ));
     Bench {
         rt,
         client,
@@ -49,27 +53,8 @@ fn start() -> Bench {
     }
 }
 
-/// Polls `/health` every `interval` until the pool has at least `pool.size` idle workers (the
-/// tiers keep a few more); returns `pool.size`.
-async fn wait_until_full(client: &reqwest::Client, health: &str, interval: Duration) -> u64 {
-    for _ in 0..(60_000 / interval.as_millis().max(1)) {
-        if let Ok(resp) = client.get(health).send().await {
-            let v: serde_json::Value = resp.json().await.unwrap();
-            if v["pool"]["idle"].as_u64() >= v["pool"]["target_size"].as_u64() {
-                return v["pool"]["target_size"].as_u64().unwrap();
-            }
-        }
-        tokio::time::sleep(interval).await;
-    }
-    panic!("pool never filled");
-}
-
 async fn execute_ok(b: &Bench, body: &serde_json::Value) -> serde_json::Value {
-    let resp = b.client.post(&b.url).json(body).send().await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let v: serde_json::Value = resp.json().await.unwrap();
-    assert_eq!(v["exit_code"], 0, "{v}");
-    v
+    common::execute_ok(&b.client, &b.url, body).await
 }
 
 fn execute(c: &mut Criterion) {
@@ -98,39 +83,19 @@ fn execute(c: &mut Criterion) {
 
 /// One session (its worker kept), then `x += 1` runs in it: globals persist, no fork.
 fn session_execute(c: &mut Criterion, b: &Bench) {
-    let sessions_url = b.url.replace("/v1/execute", "/v1/sessions");
+    let base = b.url.trim_end_matches("/v1/execute");
     let run_url = b.rt.block_on(async {
-        let resp = b
-            .client
-            .post(&sessions_url)
-            .json(&json!({}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 201);
-        let v: serde_json::Value = resp.json().await.unwrap();
-        let id = v["session_id"].as_str().unwrap().to_owned();
-        let url = format!("{sessions_url}/{id}/execute");
-        let resp = b
-            .client
-            .post(&url)
-            .json(&json!({"code": "x = 0"}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
+        let url = common::new_session(&b.client, base).await;
+        common::execute_ok(&b.client, &url, &json!({"code": "x = 0"})).await;
         url
     });
     let body = json!({ "code": "x += 1" });
     let mut group = c.benchmark_group("session");
     group.measurement_time(Duration::from_secs(10));
     group.bench_function("execute_in_session", |bench| {
-        bench.to_async(&b.rt).iter(|| async {
-            let resp = b.client.post(&run_url).json(&body).send().await.unwrap();
-            assert_eq!(resp.status(), 200);
-            let v: serde_json::Value = resp.json().await.unwrap();
-            assert_eq!(v["exit_code"], 0, "{v}");
-        })
+        bench
+            .to_async(&b.rt)
+            .iter(|| common::execute_ok(&b.client, &run_url, &body))
     });
     group.finish();
 }
@@ -221,7 +186,7 @@ fn pool_refill(c: &mut Criterion, b: &Bench) {
                 let t0 = Instant::now();
                 let burst = (0..b.pool_size).map(|_| execute_ok(b, body));
                 futures_util::future::join_all(burst).await;
-                wait_until_full(&b.client, &b.health, Duration::from_micros(200)).await;
+                common::wait_until_full(&b.client, &b.health, Duration::from_micros(200)).await;
                 total += t0.elapsed();
             }
             total

@@ -65,24 +65,14 @@ fn start(max_calls: u64) -> Bench {
     let (base, stop) = common::serve(&rt, config);
     let client = reqwest::Client::new();
     let run_url = rt.block_on(async {
-        for _ in 0..600 {
-            if client.get(format!("{base}/health")).send().await.is_ok() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let resp = client
-            .post(format!("{base}/v1/sessions"))
-            .json(&json!({}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 201);
-        let v: serde_json::Value = resp.json().await.unwrap();
-        format!(
-            "{base}/v1/sessions/{}/execute",
-            v["session_id"].as_str().unwrap()
+        // Sessions answer 503 until the zygotes have forked their first workers.
+        common::wait_until_full(
+            &client,
+            &format!("{base}/health"),
+            Duration::from_millis(100),
         )
+        .await;
+        common::new_session(&client, &base).await
     });
     Bench {
         rt,
@@ -94,10 +84,7 @@ fn start(max_calls: u64) -> Bench {
 }
 
 async fn run_ok(b: &Bench, body: &serde_json::Value) {
-    let resp = b.client.post(&b.run_url).json(body).send().await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let v: serde_json::Value = resp.json().await.unwrap();
-    assert_eq!(v["exit_code"], 0, "{v}");
+    common::execute_ok(&b.client, &b.run_url, body).await;
 }
 
 fn tool_calls(c: &mut Criterion) {

@@ -11,6 +11,7 @@ use snakecage_worker::toolspec::{self, ToolSpec};
 use super::ProviderKind;
 use super::caller::CallerBridge;
 use super::http::HttpTool;
+use super::tls::TrustRoots;
 use super::upstream::Upstream;
 use crate::config::ToolsConfig;
 
@@ -146,6 +147,8 @@ pub enum CatalogError {
     Http { name: String, reason: String },
     #[error("tools.mcp '{name}': {reason}")]
     Mcp { name: String, reason: String },
+    #[error("{0}")]
+    CaFile(String),
     #[error("tool name '{0}' is offered twice (an HTTP tool and an MCP tool, or two MCP tools)")]
     Duplicate(String),
 }
@@ -154,9 +157,10 @@ impl Catalog {
     /// Builds the catalog: HTTP tools from the configuration, then each MCP server's
     /// tools (connecting to it and listing them).
     pub async fn start(config: &ToolsConfig) -> Result<Self, CatalogError> {
+        let roots = TrustRoots::load(config.ca_file.as_deref()).map_err(CatalogError::CaFile)?;
         let mut tools = Vec::new();
         for http in &config.http {
-            let tool = HttpTool::new(http).map_err(|reason| CatalogError::Http {
+            let tool = HttpTool::new(http, &roots).map_err(|reason| CatalogError::Http {
                 name: http.name.clone(),
                 reason,
             })?;
@@ -177,7 +181,7 @@ impl Catalog {
                 name: server.name.clone(),
                 reason,
             };
-            let (upstream, listed) = Upstream::connect(server).await.map_err(fail)?;
+            let (upstream, listed) = Upstream::connect(server, &roots).await.map_err(fail)?;
             let upstream = Arc::new(upstream);
             for (name, spec) in listed {
                 tools.push(Arc::new(CatalogTool::new(

@@ -12,6 +12,7 @@ use serde_json::Value;
 use snakecage_worker::protocol::{ToolErrorKind, ToolOutcome};
 
 use super::catalog::failed;
+use super::tls::TrustRoots;
 use crate::config::HttpToolConfig;
 
 /// How many redirects (to the same origin) one call follows.
@@ -26,7 +27,7 @@ pub struct HttpTool {
 
 impl HttpTool {
     /// Reads the secrets from the environment now: a missing one fails start-up.
-    pub fn new(config: &HttpToolConfig) -> Result<Self, String> {
+    pub fn new(config: &HttpToolConfig, roots: &TrustRoots) -> Result<Self, String> {
         let url = reqwest::Url::parse(&config.url).map_err(|e| format!("url: {e}"))?;
         let method = reqwest::Method::from_bytes(config.method.as_bytes())
             .map_err(|_| format!("method {:?} is not an HTTP method", config.method))?;
@@ -48,7 +49,8 @@ impl HttpTool {
                 .map_err(|_| format!("environment variable {var} (header {name}) is not set"))?;
             add(name, value)?;
         }
-        let client = reqwest::Client::builder()
+        let client = roots
+            .apply(reqwest::Client::builder())
             .default_headers(headers)
             .redirect(Policy::custom(same_origin_only))
             .connect_timeout(Duration::from_secs(10))

@@ -4,6 +4,7 @@
 //! - [`http`]: `[[tools.http]]`, one request per call.
 //! - [`upstream`]: `[[tools.mcp]]`, upstream MCP servers as a client.
 //! - [`caller`]: tools a request declares, answered by its client over SSE.
+//! - [`tls`]: the CA certificates HTTPS tools and MCP servers are checked against.
 //!
 //! A run's [`Toolbox`] answers its worker's calls: it checks each one again (the worker is
 //! hostile: name, argument size, JSON Schema), enforces the per-run limits, dispatches
@@ -12,6 +13,7 @@
 pub mod caller;
 pub mod catalog;
 pub mod http;
+pub mod tls;
 pub mod upstream;
 
 use std::sync::Arc;

@@ -7,12 +7,14 @@
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::{RoleClient, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::Value;
 use snakecage_worker::protocol::{ToolErrorKind, ToolOutcome};
 use snakecage_worker::toolspec::{ToolSpec, valid_name};
 
 use super::catalog::failed;
+use super::tls::TrustRoots;
 use crate::config::McpServerConfig;
 
 pub struct Upstream {
@@ -24,10 +26,15 @@ impl Upstream {
     /// Connects, initialises and lists the server's tools: `(its name, the spec offered)`.
     pub async fn connect(
         config: &McpServerConfig,
+        roots: &TrustRoots,
     ) -> Result<(Self, Vec<(String, ToolSpec)>), String> {
         let client = match (&config.url, &config.command) {
             (Some(url), _) => {
-                ().serve(StreamableHttpClientTransport::from_uri(url.as_str()))
+                let transport = StreamableHttpClientTransport::with_client(
+                    http_client(roots)?,
+                    StreamableHttpClientTransportConfig::with_uri(url.as_str()),
+                );
+                ().serve(transport)
                     .await
                     .map_err(|e| format!("connecting to {url}: {e}"))?
             }
@@ -102,4 +109,36 @@ impl Upstream {
         };
         ToolOutcome::Ok { result: value }
     }
+}
+
+/// How many redirects one request to an upstream follows.
+const MAX_REDIRECTS: usize = 10;
+
+/// The client of a streamable HTTP upstream: what rmcp's default client is (no idle
+/// connections kept; only same-origin 307 and 308 redirects, which keep the JSON-RPC body,
+/// followed), trusting `roots`.
+fn http_client(roots: &TrustRoots) -> Result<reqwest::Client, String> {
+    let redirects = reqwest::redirect::Policy::custom(|attempt| {
+        let keeps_body = matches!(
+            attempt.status(),
+            reqwest::StatusCode::TEMPORARY_REDIRECT | reqwest::StatusCode::PERMANENT_REDIRECT
+        );
+        let same_origin = attempt
+            .previous()
+            .first()
+            .is_some_and(|first| first.origin() == attempt.url().origin());
+        if !keeps_body || !same_origin {
+            attempt.stop()
+        } else if attempt.previous().len() > MAX_REDIRECTS {
+            attempt.error(format!("more than {MAX_REDIRECTS} redirects"))
+        } else {
+            attempt.follow()
+        }
+    });
+    roots
+        .apply(reqwest::Client::builder())
+        .pool_max_idle_per_host(0)
+        .redirect(redirects)
+        .build()
+        .map_err(|e| format!("HTTP client: {e}"))
 }

@@ -38,7 +38,7 @@ pub use self::reload::{RELOADABLE, unreloadable_changes};
 pub use self::s3::{FilesBackend, S3Config};
 pub use self::sections::*;
 pub use self::tiers::{TierProfile, TiersConfig};
-pub use self::tools::{HttpToolConfig, McpServerConfig, ToolsConfig};
+pub use self::tools::{HttpToolConfig, McpServerConfig, ToolsConfig, needs_tls};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

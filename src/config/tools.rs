@@ -4,6 +4,7 @@
 //! API keys (`tenants`).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -25,6 +26,9 @@ pub struct ToolsConfig {
     pub http: Vec<HttpToolConfig>,
     /// Upstream MCP servers whose tools are offered.
     pub mcp: Vec<McpServerConfig>,
+    /// CA certificates (PEM) trusted for https:// tools and MCP servers, on top of the
+    /// system's roots (`tls` builds only).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for ToolsConfig {
@@ -37,6 +41,7 @@ impl Default for ToolsConfig {
             max_caller_tools: 128,
             http: Vec::new(),
             mcp: Vec::new(),
+            ca_file: None,
         }
     }
 }
@@ -90,14 +95,17 @@ pub struct McpServerConfig {
     pub tenants: Option<Vec<String>>,
 }
 
+/// The error for `what` (https://, a CA file) in a build without the `tls` feature.
+pub fn needs_tls(what: &str) -> String {
+    format!("{what} needs a build with the `tls` feature (cargo build --features tls)")
+}
+
 /// Whether `url` can be reached by this build (https needs the `tls` feature).
 fn check_scheme(at: &str, url: &reqwest::Url) -> Result<(), String> {
     match url.scheme() {
         "http" => Ok(()),
         "https" if cfg!(feature = "tls") => Ok(()),
-        "https" => Err(format!(
-            "{at}: https:// needs a build with the `tls` feature (cargo build --features tls)"
-        )),
+        "https" => Err(needs_tls(&format!("{at}: https://"))),
         _ => Err(format!("{at}: url must be an http:// or https:// URL")),
     }
 }
@@ -119,6 +127,9 @@ impl ToolsConfig {
             return Err(format!(
                 "tools.max_argument_bytes and tools.max_result_bytes must be between 2 and {frame_room}"
             ));
+        }
+        if self.ca_file.is_some() && !cfg!(feature = "tls") {
+            return Err(needs_tls("tools.ca_file"));
         }
         let mut names = std::collections::BTreeSet::new();
         for tool in &self.http {

@@ -3,6 +3,7 @@ two tools, one of which always fails.
 
     python mcp_upstream.py                 # stdio
     python mcp_upstream.py http PORT       # streamable HTTP on 127.0.0.1:PORT/mcp
+    python mcp_upstream.py https PORT CERT KEY   # the same over HTTPS (PEM files)
 """
 
 import sys
@@ -26,5 +27,16 @@ def explode(reason: str) -> str:
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    elif len(sys.argv) > 4 and sys.argv[1] == "https":
+        import uvicorn
+
+        uvicorn.run(
+            server.streamable_http_app(host="127.0.0.1"),
+            host="127.0.0.1",
+            port=int(sys.argv[2]),
+            ssl_certfile=sys.argv[3],
+            ssl_keyfile=sys.argv[4],
+            log_level="warning",
+        )
     else:
         server.run()

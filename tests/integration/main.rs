@@ -33,6 +33,7 @@ mod starting;
 mod stream;
 mod tiers;
 mod timeouts;
+mod tls;
 mod tools;
 mod tools_caller;
 mod tools_mcp;

@@ -12,9 +12,10 @@ use serde_json::{Value, json};
 
 use crate::harness::{Options, Server};
 
-/// A loopback service behind the operator's HTTP tools.
-pub async fn tool_service() -> String {
-    let app = axum::Router::new()
+/// The routes of the loopback service behind the operator's HTTP tools; the state is the
+/// port it listens on.
+pub fn tool_routes() -> axum::Router<u16> {
+    axum::Router::new()
         .route(
             "/weather",
             get(
@@ -56,10 +57,14 @@ pub async fn tool_service() -> String {
                 tokio::time::sleep(Duration::from_secs(600)).await;
                 "late"
             }),
-        );
+        )
+}
+
+/// A loopback service behind the operator's HTTP tools.
+pub async fn tool_service() -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = app.with_state(addr.port());
+    let app = tool_routes().with_state(addr.port());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     format!("http://{addr}")
 }

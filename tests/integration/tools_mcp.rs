@@ -49,7 +49,7 @@ async fn run(client: &reqwest::Client, base: &str, code: &str) -> Value {
 }
 
 /// The fixture server's process, killed when dropped (a failing test leaves nothing).
-struct Upstream(std::process::Child);
+pub struct Upstream(std::process::Child);
 
 impl Drop for Upstream {
     fn drop(&mut self) {
@@ -58,8 +58,9 @@ impl Drop for Upstream {
     }
 }
 
-/// Starts the fixture server over streamable HTTP and waits until it listens.
-fn http_upstream() -> (Upstream, u16) {
+/// Starts the fixture server over streamable HTTP and waits until it listens; with
+/// `tls` (a certificate and its key, PEM files), over HTTPS.
+pub fn http_upstream(tls: Option<(&Path, &Path)>) -> (Upstream, u16) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -67,7 +68,15 @@ fn http_upstream() -> (Upstream, u16) {
         .port();
     let child = Command::new(repo_root().join(".venv-tools/bin/python"))
         .arg(repo_root().join("tests/clients/mcp_upstream.py"))
-        .args(["http", &port.to_string()])
+        .args(match tls {
+            None => vec!["http".into(), port.to_string()],
+            Some((cert, key)) => vec![
+                "https".into(),
+                port.to_string(),
+                cert.display().to_string(),
+                key.display().to_string(),
+            ],
+        })
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -87,7 +96,7 @@ async fn upstream_mcp_tools_are_python_functions_scoped_per_key() {
     let keys = dir.path().join("keys.toml");
     let alice = keys_add(&keys, "alice");
     let bob = keys_add(&keys, "bob");
-    let (_upstream, port) = http_upstream();
+    let (_upstream, port) = http_upstream(None);
     let python = repo_root().join(".venv-tools/bin/python");
     let script = repo_root().join("tests/clients/mcp_upstream.py");
     let config = format!(

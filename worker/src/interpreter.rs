@@ -1,5 +1,5 @@
 //! CPython inside the zygote: isolated PyConfig start-up with `site` off, `sys.path`, the
-//! runner module (and the display module it imports), preloads, the warm-up job and
+//! runner modules (`worker/python/`), preloads, the warm-up job and
 //! `gc.freeze()`; then the calls a worker makes into the runner, for one job or a session.
 
 use std::ffi::{CString, c_char};
@@ -14,9 +14,19 @@ use snakecage_worker::protocol::{
     ZygoteConfig,
 };
 
-const RUNNER_SOURCE: &str = include_str!("../python/runner.py");
-const DISPLAY_SOURCE: &str = include_str!("../python/display.py");
 const TOOLS_SOURCE: &str = include_str!("../python/tools.py");
+
+/// The runner (`worker/python/runner.py`) and the modules it imports, in load order: each
+/// imports only those before it. `(name, source)`: executed as the module
+/// `_snakecage_<name>`, its code objects named `snakecage/<name>.py`. Executing a code
+/// module registers it in `sys.modules`, where the next ones import it.
+const RUNNER_MODULES: [(&str, &str); 5] = [
+    ("display", include_str!("../python/display.py")),
+    ("report", include_str!("../python/report.py")),
+    ("program", include_str!("../python/program.py")),
+    ("state", include_str!("../python/state.py")),
+    ("runner", include_str!("../python/runner.py")),
+];
 
 /// Imported in every zygote whatever its preloads (see [`prepare`]).
 const ALWAYS_IMPORTED: &[&str] = &["ctypes"];
@@ -152,16 +162,14 @@ fn py_err(doing: &'static str) -> impl FnOnce(PyErr) -> InterpreterError {
 
 impl<'py> Runner<'py> {
     pub fn load(py: Python<'py>) -> Result<Self, InterpreterError> {
-        // Executing a code module registers it in sys.modules, where runner.py imports it.
-        let display = CString::new(DISPLAY_SOURCE).expect("display.py has no NUL byte");
-        PyModule::from_code(py, &display, c"snakecage/display.py", c"_snakecage_display")
-            .map_err(py_err("loading display.py"))?;
         load_tools(py).map_err(py_err("loading tools.py"))?;
-        let source = CString::new(RUNNER_SOURCE).expect("runner.py has no NUL byte");
-        let module = PyModule::from_code(py, &source, c"snakecage/runner.py", c"_snakecage_runner")
-            .map_err(py_err("loading runner.py"))?;
+        let mut module = None;
+        for (name, source) in RUNNER_MODULES {
+            module =
+                Some(load_runner_module(py, name, source).map_err(py_err("loading the runner"))?);
+        }
         Ok(Self {
-            module,
+            module: module.expect("the runner is the last of RUNNER_MODULES"),
             warm_up: Vec::new(),
         })
     }
@@ -268,6 +276,18 @@ impl<'py> Runner<'py> {
         // The only Python-level handler is SIGINT's, so the only error is that interrupt.
         let _ = self.module.py().check_signals();
     }
+}
+
+/// Executes one of [`RUNNER_MODULES`] into `sys.modules` as `_snakecage_<name>`.
+fn load_runner_module<'py>(
+    py: Python<'py>,
+    name: &str,
+    source: &str,
+) -> PyResult<Bound<'py, PyModule>> {
+    let code = CString::new(source).expect("the runner's sources have no NUL byte");
+    let filename = CString::new(format!("snakecage/{name}.py")).expect("no NUL byte");
+    let module = CString::new(format!("_snakecage_{name}")).expect("no NUL byte");
+    PyModule::from_code(py, &code, &filename, &module)
 }
 
 /// `from snakecage import tools`: the package `snakecage` exists only in `sys.modules`

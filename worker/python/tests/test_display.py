@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from test_runner import OK, job, load_runner
+from runner_modules import load_runner
+from test_runner import OK, job
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -7,27 +7,19 @@ message for a file that is not there.
 
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-RUNNER_PATH = REPO_ROOT / "worker" / "python" / "runner.py"
+from runner_modules import load_runner
+
 PYENV_PYTHON = Path("/root/.pyenv/versions/3.11.7/bin/python3.11")
 CPYTHON = str(PYENV_PYTHON) if PYENV_PYTHON.exists() else sys.executable
 
 
 @pytest.fixture(scope="module")
 def runner():
-    display = types.ModuleType("_snakecage_display")
-    display_source = (RUNNER_PATH.parent / "display.py").read_text(encoding="utf-8")
-    exec(compile(display_source, "snakecage/display.py", "exec"), display.__dict__)
-    sys.modules["_snakecage_display"] = display
-    module = types.ModuleType("_snakecage_runner")
-    source = RUNNER_PATH.read_text(encoding="utf-8")
-    exec(compile(source, "snakecage/runner.py", "exec"), module.__dict__)
-    return module
+    return load_runner()
 
 
 @pytest.fixture

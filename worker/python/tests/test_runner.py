@@ -1,8 +1,8 @@
 """Tests for worker/python/runner.py and the stdlib allowlist it is paired with.
 
-The runner is loaded the way the Rust worker loads it: its source compiled
-under the name ``snakecage/runner.py`` and executed into a fresh module named
-``_snakecage_runner``.  Behaviour that only shows in a forked child with
+The runner is loaded the way the Rust worker loads it (see ``runner_modules.py``):
+``runner.py`` compiled under the name ``snakecage/runner.py`` and executed into a
+fresh module named ``_snakecage_runner``, after the modules it imports.  Behaviour that only shows in a forked child with
 ``site`` disabled runs in a ``python -S`` subprocess.
 """
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from runner_modules import CHILD_LOADER, RUNNER_FILES, load_runner
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
-RUNNER_PATH = REPO_ROOT / "worker" / "python" / "runner.py"
-DISPLAY_PATH = REPO_ROOT / "worker" / "python" / "display.py"
 ALLOWLIST_PATH = REPO_ROOT / "python-stdlib-allowlist"
 PYENV_PYTHON = Path("/root/.pyenv/versions/3.11.7/bin/python3.11")
 # The service's CPython; the venv's interpreter is the same build.
@@ -32,27 +32,14 @@ SITE_PACKAGES = next(Path(p) for p in sys.path if p.endswith("site-packages"))
 OK = {"exit_code": 0, "memory_error": False, "error": None, "results": []}
 
 
-def load_display():
-    """``display.py`` as the zygote loads it: the module ``_snakecage_display``, registered
-    in ``sys.modules`` so the runner's import finds it."""
-    module = types.ModuleType("_snakecage_display")
-    source = DISPLAY_PATH.read_text(encoding="utf-8")
-    exec(compile(source, "snakecage/display.py", "exec"), module.__dict__)
-    sys.modules["_snakecage_display"] = module
-    return module
-
-
-def load_runner():
-    load_display()
-    source = RUNNER_PATH.read_text(encoding="utf-8")
-    module = types.ModuleType("_snakecage_runner")
-    exec(compile(source, "snakecage/runner.py", "exec"), module.__dict__)
-    return module
-
-
 @pytest.fixture(scope="module")
 def runner():
     return load_runner()
+
+
+def runner_frames_in(text):
+    """Names of the runner's files that a traceback in ``text`` shows frames of."""
+    return [path.name for path in RUNNER_FILES if path.name in text]
 
 
 def job(code, stdin=None, interactive=False):
@@ -152,7 +139,7 @@ def test_exception_gives_exit_code_1_and_trimmed_traceback(runner, capsys):
     assert result == error("ZeroDivisionError", "division by zero")
     out, err = capsys.readouterr()
     assert out == ""
-    assert "runner.py" not in err
+    assert not runner_frames_in(err)
     assert err == (
         "Traceback (most recent call last):\n"
         '  File "__main__.py", line 4, in <module>\n'
@@ -175,7 +162,7 @@ def test_chained_exceptions_are_all_printed(runner, capsys):
     )
     assert runner.run(job(code)) == error("ValueError", "bad key")
     err = capsys.readouterr().err
-    assert "runner.py" not in err
+    assert not runner_frames_in(err)
     assert err.count("Traceback (most recent call last):") == 2
     assert "KeyError: 'missing'\n" in err
     assert "\nThe above exception was the direct cause of the following exception:\n\n" in err
@@ -187,7 +174,7 @@ def test_frames_inside_libraries_stay_in_the_traceback(runner, capsys):
     err = capsys.readouterr().err
     assert 'File "__main__.py", line 2, in <module>' in err
     assert re.search(r'File ".*json[/\\]decoder\.py", line \d+, in raw_decode', err)
-    assert "runner.py" not in err
+    assert not runner_frames_in(err)
 
 
 def test_user_defined_exception_is_named_without_module(runner, capsys):
@@ -445,7 +432,7 @@ def test_failure_while_formatting_falls_back_to_one_line(runner, capsys, monkeyp
         raise MemoryError
 
     broken = types.SimpleNamespace(TracebackException=no_memory, clear_frames=lambda tb: None)
-    monkeypatch.setattr(runner, "traceback", broken)
+    monkeypatch.setattr(runner._report, "traceback", broken)
     result = runner.run(job("data = bytearray(2**62)"))
     assert result["memory_error"] is True
     assert capsys.readouterr().err == "MemoryError\n"
@@ -521,15 +508,9 @@ def test_warm_up_leaves_no_trace(runner, capfd, monkeypatch, had_entries):
 # --------------------------------------------------------------------------
 # The forked child, as the embedded interpreter sees it (site disabled)
 
-CHILD_PRELUDE = textwrap.dedent(
+CHILD_PRELUDE = CHILD_LOADER + textwrap.dedent(
     """\
-    import json, sys, types
-    display = types.ModuleType("_snakecage_display")
-    exec(compile(open(sys.argv[2], encoding="utf-8").read(), "snakecage/display.py", "exec"), display.__dict__)
-    sys.modules["_snakecage_display"] = display
-    source = open(sys.argv[1], encoding="utf-8").read()
-    runner = types.ModuleType("_snakecage_runner")
-    exec(compile(source, "snakecage/runner.py", "exec"), runner.__dict__)
+    import json
 
     def report(value):
         sys.__stdout__.write("RESULT " + json.dumps(value) + "\\n")
@@ -542,7 +523,7 @@ def run_child(body):
     """Run ``body`` after loading the runner in a ``python -S`` process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     return subprocess.run(
-        [CPYTHON, "-S", "-c", CHILD_PRELUDE + textwrap.dedent(body), str(RUNNER_PATH), str(DISPLAY_PATH)],
+        [CPYTHON, "-S", "-c", CHILD_PRELUDE + textwrap.dedent(body), *map(str, RUNNER_FILES)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

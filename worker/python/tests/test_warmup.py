@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test_runner import load_runner
+from runner_modules import load_runner
 
 PYTHON_DIR = Path(__file__).resolve().parents[1]
 WARM_UPS = ("python", "numpy", "pandas", "matplotlib")

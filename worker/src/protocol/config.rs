@@ -1,0 +1,102 @@
+//! The zygote's start-up configuration: what it preloads, how its children warm up, the
+//! limits every worker applies to itself.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::SandboxConfig;
+
+/// Everything the zygote needs before it initialises CPython; passed as JSON on its
+/// command line by the supervisor.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ZygoteConfig {
+    /// CPython's prefix (`sys.base_prefix`); `None`: the one the zygote was built against.
+    pub python_home: Option<PathBuf>,
+    /// Appended to `sys.path` after start-up (`site` is off).
+    pub site_packages: Vec<PathBuf>,
+    /// The pool tier this zygote serves (its name in logs and reports).
+    #[serde(default)]
+    pub tier: String,
+    /// Modules imported once in the zygote so every child has them for free.
+    pub preload: Vec<String>,
+    /// The representative work each child runs before it says Ready, so a request does
+    /// not pay its first-use costs (cold caches, copy-on-write faults, font loading).
+    #[serde(default)]
+    pub warm_up: Vec<WarmUp>,
+    /// Whether this zygote reports which allowed packages are installed (`packages` in
+    /// its hello). The scan (importlib.metadata over the whole venv) costs ~0.1–0.2 s of
+    /// start-up; the packages are the same for every tier, so only one tier does it.
+    #[serde(default = "yes")]
+    pub describe_packages: bool,
+    /// Map the heap back from a memfd snapshot once it is built (`snapshot.rs`): cheaper
+    /// fork and exit, a page fault for each page a worker first reads.
+    #[serde(default)]
+    pub snapshot: bool,
+    /// Matplotlib's config and font cache; written by the zygote only.
+    pub mpl_config_dir: PathBuf,
+    pub limits: WorkerLimits,
+    /// The isolation layers and the Python-level policy.
+    #[serde(default)]
+    pub sandbox: SandboxConfig,
+    /// The supervisor's pid: after PR_SET_PDEATHSIG the zygote checks its parent is still
+    /// this process. Without it a parent of 1 is taken for "orphaned", which is wrong when
+    /// the supervisor is PID 1 of its own PID namespace (a container).
+    #[serde(default)]
+    pub supervisor_pid: Option<i32>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One piece of a child's warm-up: a small job (a `.py` file under `worker/python/`) run
+/// through the runner like a request, its output thrown away.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum WarmUp {
+    /// Compile, run, print and display a small pure-Python job.
+    Python,
+    /// Array arithmetic, reductions and a matrix product.
+    Numpy,
+    /// A DataFrame built, grouped, aggregated and displayed.
+    Pandas,
+    /// A figure drawn and rendered to PNG (matplotlib clears its font cache in every
+    /// forked child: the first figure pays for loading the fonts again).
+    Matplotlib,
+}
+
+impl WarmUp {
+    pub const ALL: [WarmUp; 4] = [
+        WarmUp::Python,
+        WarmUp::Numpy,
+        WarmUp::Pandas,
+        WarmUp::Matplotlib,
+    ];
+
+    /// The module whose presence this warm-up needs (`None`: the standard library).
+    pub fn needs(self) -> Option<&'static str> {
+        match self {
+            WarmUp::Python => None,
+            WarmUp::Numpy => Some("numpy"),
+            WarmUp::Pandas => Some("pandas"),
+            WarmUp::Matplotlib => Some("matplotlib.pyplot"),
+        }
+    }
+}
+
+/// Resource limits every worker applies to itself before it says Ready.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WorkerLimits {
+    /// Added to the zygote's data segment to make RLIMIT_DATA.
+    pub memory_limit_bytes: u64,
+    /// RLIMIT_CPU: a backstop behind the supervisor's wall-clock kill.
+    pub cpu_seconds: u64,
+    /// RLIMIT_FSIZE: the largest file a job may write.
+    pub max_file_bytes: u64,
+    /// RLIMIT_NOFILE.
+    pub max_open_files: u64,
+    /// RLIMIT_NPROC: processes and threads of the workers' uid, all workers together
+    /// (only enforced once a worker has dropped root).
+    pub max_processes: u64,
+}

@@ -1,0 +1,141 @@
+//! The job socket: supervisor → worker [`JobRequest`], worker → supervisor
+//! [`WorkerMessage`], and what a job is and what it came to.
+
+use serde::{Deserialize, Serialize};
+
+use super::{ToolCall, ToolResult};
+
+/// supervisor → worker.
+///
+/// A stateless worker takes one `Run` and exits. A worker whose first request is
+/// `StartSession` keeps one `__main__` namespace and serves `Run`, `Reset` and `Inspect`
+/// one at a time until its job socket closes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum JobRequest {
+    Run(Job),
+    /// Become a session worker (no reply).
+    StartSession,
+    /// Session only: forget every user global (reply: [`WorkerMessage::ResetDone`]).
+    Reset,
+    /// Session only: describe the user globals (reply: [`WorkerMessage::Variables`]).
+    Inspect,
+    /// The answer to the [`WorkerMessage::ToolCall`] the running job is blocked on.
+    ToolResult(ToolResult),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Job {
+    /// The source to run as `__main__.py`; empty when `entrypoint` is set.
+    pub code: String,
+    pub stdin: Option<String>,
+    pub last_line_interactive: bool,
+    /// A file in the workspace (relative path) to run as `__main__` instead of `code`,
+    /// like `python <entrypoint> <args>`.
+    #[serde(default)]
+    pub entrypoint: Option<String>,
+    /// `sys.argv[1:]` for an `entrypoint`.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// The largest rich-output bundle (all its MIME entries together) the runner reports;
+    /// a bigger one is replaced by a note. 0: the runner's default.
+    #[serde(default)]
+    pub max_bundle_bytes: u64,
+    /// The tools `snakecage.tools` offers this job (Code Mode); empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<crate::toolspec::ToolSpec>,
+}
+
+/// worker → supervisor.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WorkerMessage {
+    /// Hardened, warmed up, waiting for its job.
+    Ready,
+    /// The job ran to an end the worker could report (any exit code).
+    Result(JobResult),
+    /// A session's globals were cleared.
+    ResetDone,
+    /// A session's user globals.
+    Variables { variables: Vec<Variable> },
+    /// The running job calls a host tool and blocks until [`JobRequest::ToolResult`].
+    ToolCall(ToolCall),
+}
+
+/// One rich output, like a Jupyter `display_data`: MIME type ⇒ content (text, or base64
+/// for binary types such as `image/png`).
+pub type MimeBundle = std::collections::BTreeMap<String, String>;
+
+/// A session global as `GET /v1/sessions/{id}` lists it: bounded, never the value itself.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Variable {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A short repr, cut to a fixed length.
+    pub repr: String,
+    /// For arrays and DataFrames.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Vec<u64>>,
+}
+
+/// What the runner reports about one job; output is not in here (it went to fd 1/2).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct JobResult {
+    pub exit_code: i32,
+    /// An uncaught `MemoryError`: the job hit its memory limit.
+    pub memory_error: bool,
+    pub error: Option<ErrorInfo>,
+    /// Rich outputs in the order produced: `display()` calls, the last expression's value,
+    /// then matplotlib figures left open.
+    #[serde(default)]
+    pub results: Vec<MimeBundle>,
+}
+
+/// The uncaught exception of a job.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ErrorInfo {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_without_entrypoint_fields_still_decodes() {
+        let job: Job =
+            serde_json::from_str(r#"{"code":"1","stdin":null,"last_line_interactive":true}"#)
+                .unwrap();
+        assert_eq!((job.entrypoint, job.args.len()), (None, 0));
+    }
+
+    #[test]
+    fn session_requests_and_replies_have_a_stable_wire_form() {
+        let json = serde_json::to_value(JobRequest::StartSession).unwrap();
+        assert_eq!(json, serde_json::json!({"type": "start_session"}));
+        let msg: WorkerMessage = serde_json::from_str(
+            r#"{"type":"variables","variables":[{"name":"x","type":"int","repr":"42"}]}"#,
+        )
+        .unwrap();
+        let WorkerMessage::Variables { variables } = msg else {
+            panic!("not variables")
+        };
+        assert_eq!(
+            (variables[0].kind.as_str(), variables[0].shape.clone()),
+            ("int", None)
+        );
+        // Results without rich outputs (an older worker) still decode.
+        let r: JobResult =
+            serde_json::from_str(r#"{"exit_code":0,"memory_error":false,"error":null}"#).unwrap();
+        assert!(r.results.is_empty());
+    }
+
+    #[test]
+    fn an_unknown_message_type_is_rejected() {
+        let err = serde_json::from_str::<WorkerMessage>(r#"{"type":"root_shell"}"#);
+        assert!(err.is_err());
+    }
+}
