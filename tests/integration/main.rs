@@ -26,6 +26,8 @@ mod reliability;
 mod replay;
 mod rich;
 mod rollover;
+mod rollover_failures;
+mod rollover_unchanged;
 mod s3_store;
 mod sessions;
 mod snapshot;
