@@ -55,18 +55,21 @@ impl GenerationLease {
 
 impl Generation {
     /// Starts one zygote per tier of `settings` (waiting until each is ready, with the
-    /// required sandbox layers); on any failure, shuts down those that started.
+    /// required sandbox layers); on any failure, shuts down those that started. With
+    /// `background` (a rollover's generation), the zygotes start at idle priority (for
+    /// that long at most: see `ZygoteHandle::start`).
     pub(super) async fn start(
         settings: PoolSettings,
         id: u64,
         size: usize,
+        background: Option<Duration>,
     ) -> Result<Self, PoolError> {
         assert!(!settings.tiers.is_empty(), "a pool needs at least one tier");
         let started = futures_util::future::join_all(
             settings
                 .tiers
                 .iter()
-                .map(|tier| keeper::start_zygote(&settings, &tier.zygote, 0)),
+                .map(|tier| keeper::start_zygote(&settings, &tier.zygote, 0, background)),
         )
         .await;
         let mut zygotes = Vec::new();

@@ -27,6 +27,7 @@ mod replay;
 mod rich;
 mod rollover;
 mod rollover_failures;
+mod rollover_priority;
 mod rollover_unchanged;
 mod s3_store;
 mod sessions;

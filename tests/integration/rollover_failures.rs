@@ -202,6 +202,7 @@ async fn a_probe_import_that_raises_fails_the_generation_with_its_traceback() {
         max_output_bytes: 1 << 20,
         tools: None,
         cancel: None,
+        background: None,
     };
     let outcome = pool.execute(job.clone(), &limits, None).await.unwrap();
     assert_eq!(outcome.stdout, "still 1\n");
