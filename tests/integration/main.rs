@@ -39,3 +39,4 @@ mod timeouts;
 mod tools;
 mod tools_caller;
 mod tools_mcp;
+mod tools_mcp_reconnect;

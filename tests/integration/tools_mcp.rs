@@ -49,7 +49,7 @@ async fn run(client: &reqwest::Client, base: &str, code: &str) -> Value {
 }
 
 /// The fixture server's process, killed when dropped (a failing test leaves nothing).
-struct Upstream(std::process::Child);
+pub struct Upstream(std::process::Child);
 
 impl Drop for Upstream {
     fn drop(&mut self) {
@@ -65,6 +65,11 @@ fn http_upstream() -> (Upstream, u16) {
         .local_addr()
         .unwrap()
         .port();
+    (http_upstream_on(port), port)
+}
+
+/// Starts the fixture server over streamable HTTP on `port` and waits until it listens.
+pub fn http_upstream_on(port: u16) -> Upstream {
     let child = Command::new(repo_root().join(".venv-tools/bin/python"))
         .arg(repo_root().join("tests/clients/mcp_upstream.py"))
         .args(["http", &port.to_string()])
@@ -78,7 +83,7 @@ fn http_upstream() -> (Upstream, u16) {
         assert!(Instant::now() < deadline, "the MCP fixture did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
-    (child, port)
+    child
 }
 
 #[tokio::test]
