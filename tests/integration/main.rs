@@ -15,6 +15,7 @@ mod files;
 mod grafana;
 mod harness;
 mod kubernetes;
+mod load;
 mod observability;
 mod overload;
 mod packages;

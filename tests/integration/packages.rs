@@ -3,14 +3,13 @@
 //! and refuses what does not resolve or does not import, changing nothing.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use snakecage::metrics::names;
 
 use crate::harness::{Options, Server, check_error_body, repo_root};
+use crate::load::Load;
 use crate::packages_env::{crashing_package, env_dirs, shared_uv_cache};
 
 /// Installs and rollovers take seconds (minutes with a cold cache): generous, never timed.
@@ -77,67 +76,6 @@ async fn listed_version(s: &Server, name: &str) -> Option<String> {
         .iter()
         .find(|p| p["name"] == name && p["installed"] == true)
         .map(|p| p["version"].as_str().unwrap_or_default().to_owned())
-}
-
-/// Stateless requests in a loop on `c` connections until stopped: (succeeded, failures).
-struct Load {
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicU64>,
-    tasks: Vec<tokio::task::JoinHandle<Vec<String>>>,
-}
-
-impl Load {
-    fn start(s: &Server, c: usize) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let ok = Arc::new(AtomicU64::new(0));
-        let tasks = (0..c)
-            .map(|i| {
-                let (stop, ok) = (stop.clone(), ok.clone());
-                let (client, base) = (s.client.clone(), s.base.clone());
-                tokio::spawn(async move {
-                    let mut failures = Vec::new();
-                    let mut n = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        n += 1;
-                        let code = format!("print('λ', {i} * 1000 + {n} % 1000)");
-                        let want = format!("λ {}\n", i as u64 * 1000 + n % 1000);
-                        let result = client
-                            .post(format!("{base}/v1/execute"))
-                            .json(&json!({ "code": code, "timeout_ms": 30000 }))
-                            .send()
-                            .await;
-                        match result {
-                            Ok(resp) if resp.status() == 200 => {
-                                let body: Value = resp.json().await.unwrap_or_default();
-                                if body["stdout"] == want.as_str() && body["exit_code"] == 0 {
-                                    ok.fetch_add(1, Ordering::Relaxed);
-                                } else {
-                                    failures.push(body.to_string());
-                                }
-                            }
-                            Ok(resp) => failures.push(format!(
-                                "{}: {}",
-                                resp.status(),
-                                resp.text().await.unwrap_or_default()
-                            )),
-                            Err(e) => failures.push(e.to_string()),
-                        }
-                    }
-                    failures
-                })
-            })
-            .collect();
-        Self { stop, ok, tasks }
-    }
-
-    async fn finish(self) -> (u64, Vec<String>) {
-        self.stop.store(true, Ordering::Relaxed);
-        let mut failures = Vec::new();
-        for task in self.tasks {
-            failures.extend(task.await.unwrap());
-        }
-        (self.ok.load(Ordering::Relaxed), failures)
-    }
 }
 
 async fn session(s: &Server) -> String {

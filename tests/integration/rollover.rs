@@ -5,8 +5,6 @@
 //! `rollover_failures`, reloads that change nothing in `rollover_unchanged`.
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use reqwest::header::AUTHORIZATION;
@@ -16,6 +14,7 @@ use snakecage::metrics::names;
 use crate::agents::mcp_client_with;
 use crate::auth::keys_add;
 use crate::harness::{Options, Server, check_error_body};
+use crate::load::Load;
 use crate::prom::Scrape;
 
 /// Two light tiers, so a rollover starts quickly on a shared machine.
@@ -98,69 +97,6 @@ async fn mcp_description(s: &Server) -> String {
         .await
         .unwrap();
     out["run_python_description"].as_str().unwrap().to_owned()
-}
-
-/// Counts stateless runs by outcome while it runs: `c` clients in a loop.
-struct Load {
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicU64>,
-    failed: Arc<std::sync::Mutex<Vec<String>>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(s: &Server, c: usize) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let ok = Arc::new(AtomicU64::new(0));
-        let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let tasks = (0..c)
-            .map(|i| {
-                let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
-                let client = s.client.clone();
-                let url = format!("{}/v1/execute", s.base);
-                tokio::spawn(async move {
-                    while !stop.load(Ordering::Relaxed) {
-                        let body = json!({ "code": format!("print('é', {i} * 7)") });
-                        let outcome = match client.post(&url).json(&body).send().await {
-                            Ok(r) => {
-                                let status = r.status();
-                                let body: Value = r.json().await.unwrap_or(Value::Null);
-                                if status == 200 && body["stdout"] == format!("é {}\n", i * 7) {
-                                    Ok(())
-                                } else {
-                                    Err(format!("{status}: {body}"))
-                                }
-                            }
-                            Err(e) => Err(e.to_string()),
-                        };
-                        match outcome {
-                            Ok(()) => ok.fetch_add(1, Ordering::Relaxed),
-                            Err(e) => {
-                                failed.lock().unwrap().push(e);
-                                0
-                            }
-                        };
-                    }
-                })
-            })
-            .collect();
-        Self {
-            stop,
-            ok,
-            failed,
-            tasks,
-        }
-    }
-
-    /// Stops the clients; returns (succeeded, failures).
-    async fn finish(self) -> (u64, Vec<String>) {
-        self.stop.store(true, Ordering::Relaxed);
-        for task in self.tasks {
-            task.await.unwrap();
-        }
-        let failed = self.failed.lock().unwrap().clone();
-        (self.ok.load(Ordering::Relaxed), failed)
-    }
 }
 
 /// The rollover metrics: successes, failures, and the generation in use.
