@@ -30,6 +30,9 @@ type Client = RunningService<RoleClient, ()>;
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
+/// How long one reconnect attempt (start or connect, initialise) may take.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+
 pub struct Upstream {
     name: String,
     config: McpServerConfig,
@@ -245,7 +248,14 @@ async fn reconnect(upstream: Weak<Upstream>) {
         let Some(config) = upstream.upgrade().map(|u| u.config.clone()) else {
             return;
         };
-        let result = open(&config).await;
+        let result = tokio::time::timeout(ATTEMPT_TIMEOUT, open(&config))
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "no answer to the MCP handshake within {} s",
+                    ATTEMPT_TIMEOUT.as_secs()
+                ))
+            });
         match upstream.upgrade() {
             Some(upstream) if !upstream.record(result, backoff) => {}
             _ => return,
