@@ -6,6 +6,7 @@ use std::sync::{Arc, RwLock};
 
 use crate::config::Config;
 use crate::generation::GenerationInfo;
+use crate::generation::stamp::EnvStamp;
 use crate::packages::Packages;
 use crate::tools::ToolContext;
 
@@ -17,6 +18,9 @@ pub struct Live {
     /// The tool descriptions' context (without the caller's own host tools).
     pub tool_context: Arc<ToolContext>,
     pub generation: GenerationInfo,
+    /// The files of its environment when it started (`None`: unreadable), against which a
+    /// rollover tells whether anything changed.
+    pub environment: Option<EnvStamp>,
 }
 
 /// The swappable cell holding the current [`Live`].

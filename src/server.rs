@@ -171,6 +171,7 @@ pub async fn serve(
         stop.clone(),
     ));
     let pool_started = std::time::Instant::now();
+    let environment = crate::generation::stamp::EnvStamp::read_off_thread(&config).await;
     let pool = match Pool::start_observed(settings, metrics.clone()).await {
         Ok(pool) => pool,
         Err(e) => {
@@ -228,6 +229,7 @@ pub async fn serve(
         packages: Arc::new(packages),
         tool_context: Arc::new(tool_context),
         generation: first_generation,
+        environment,
     });
     let state = Arc::new(AppState {
         live: Arc::new(live),

@@ -1,6 +1,7 @@
 //! `--rollover`: what a rollover costs the traffic around it. For each round, `c` clients
 //! run `print(1+1)` back to back; first for `seconds` with nothing else happening (before),
-//! then while `POST /v1/admin/reload` starts, stocks and probes a new generation and
+//! then while `POST /v1/admin/reload?force=true` (the configuration is unchanged: forced,
+//! it rolls over all the same) starts, stocks and probes a new generation and
 //! switches to it (during). Reports the switch time (the reload's wall time and the
 //! `took_ms` it answers), p50/p99 of the requests started before and during it, and every
 //! failed request (there should be none).
@@ -107,7 +108,7 @@ pub async fn measure(server: &Server, concurrency: usize, seconds: f64) -> Resul
     tokio::time::sleep(Duration::from_millis(500)).await;
     let t0 = Instant::now();
     let resp = reqwest::Client::new()
-        .post(format!("{base}/v1/admin/reload"))
+        .post(format!("{base}/v1/admin/reload?force=true"))
         .send()
         .await?;
     let status = resp.status();

@@ -201,9 +201,27 @@ pub fn render_listing(body: &Value) -> String {
     out
 }
 
-/// `add`, `remove`, `sync`: what changed and the generation now serving.
+/// `add`, `remove`, `sync`: what changed and the generation now serving (or, for a change
+/// that changed nothing, that and why).
 pub fn render_change(body: &Value) -> String {
     let mut out = String::new();
+    if body["rolled_over"] == false {
+        out.push_str(body["message"].as_str().unwrap_or("nothing changed"));
+        out.push('\n');
+        let requested: Vec<&str> = body["requested"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "added by the operator: {}\n",
+            if requested.is_empty() {
+                "(none)".to_owned()
+            } else {
+                requested.join(" ")
+            }
+        ));
+        return out;
+    }
     for d in body["changed"].as_array().into_iter().flatten() {
         let imports: Vec<&str> = d["import_names"]
             .as_array()
@@ -311,5 +329,21 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("generation 4 on /srv/envs/env-2"), "{text}");
+        let text = render_change(&json!({
+            "rolled_over": false,
+            "message": "nothing changed: tabulate==0.9.0 already installed as requested; generation 4 keeps serving",
+            "changed": [], "removed": [], "requested": ["tabulate==0.9.0"],
+            "generation": {"id": 4}, "environment": "/srv/envs/env-2", "install_ms": 0, "rollover_ms": 0
+        }));
+        assert!(
+            text.starts_with("nothing changed: tabulate==0.9.0"),
+            "{text}"
+        );
+        assert!(text.contains("generation 4 keeps serving"), "{text}");
+        assert!(
+            text.contains("added by the operator: tabulate==0.9.0"),
+            "{text}"
+        );
+        assert!(!text.contains("now serving"), "{text}");
     }
 }

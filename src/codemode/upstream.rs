@@ -3,10 +3,19 @@
 //! catalog as `<server>_<tool>`, and each call is forwarded as `tools/call`. A result's
 //! structured content is the Python value; otherwise its text (parsed as JSON when it is
 //! JSON). `isError` results raise `ToolError` with the text as message.
+//!
+//! An upstream that goes away (its process died, its connection broke, an HTTP server
+//! restarted and forgot the session) is reconnected in the background with backoff
+//! (a stdio command is started again). Meanwhile each call fails at once with an
+//! `unavailable` `ToolError` that says the server is unreachable, why, and when the next
+//! attempt is; a call the server itself refuses (a JSON-RPC error) is not a lost link.
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
-use rmcp::service::{RoleClient, RunningService};
+use rmcp::service::{RoleClient, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::Value;
@@ -17,9 +26,59 @@ use super::catalog::failed;
 use super::tls::TrustRoots;
 use crate::config::McpServerConfig;
 
+type Client = RunningService<RoleClient, ()>;
+
+/// The first wait before reconnecting, doubled after each failed attempt up to the last.
+const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// How long one reconnect attempt (start or connect, initialise) may take.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+
 pub struct Upstream {
     name: String,
-    client: RunningService<RoleClient, ()>,
+    config: McpServerConfig,
+    /// The CA certificates trusted for an HTTPS upstream, kept for reconnects.
+    roots: TrustRoots,
+    link: Mutex<Link>,
+}
+
+/// The connection to the server, as calls find it.
+enum Link {
+    Up(Arc<Client>),
+    /// Lost: a reconnect task is running.
+    Down {
+        error: String,
+        since: Instant,
+        attempts: u32,
+        next_at: Instant,
+    },
+}
+
+/// Starts the server (a command) or connects to it (a URL, trusting `roots` for HTTPS), and
+/// initialises the session.
+async fn open(config: &McpServerConfig, roots: &TrustRoots) -> Result<Client, String> {
+    match (&config.url, &config.command) {
+        (Some(url), _) => {
+            let transport = StreamableHttpClientTransport::with_client(
+                http_client(roots)?,
+                StreamableHttpClientTransportConfig::with_uri(url.as_str()),
+            );
+            ().serve(transport)
+                .await
+                .map_err(|e| format!("connecting to {url}: {e}"))
+        }
+        (None, Some(argv)) if !argv.is_empty() => {
+            let mut command = tokio::process::Command::new(&argv[0]);
+            command.args(&argv[1..]).env_clear().envs(&config.env);
+            let transport = TokioChildProcess::new(command)
+                .map_err(|e| format!("starting {:?}: {e}", argv[0]))?;
+            ().serve(transport)
+                .await
+                .map_err(|e| format!("initialising {:?}: {e}", argv[0]))
+        }
+        _ => Err("give exactly one of url and command".into()),
+    }
 }
 
 impl Upstream {
@@ -28,27 +87,7 @@ impl Upstream {
         config: &McpServerConfig,
         roots: &TrustRoots,
     ) -> Result<(Self, Vec<(String, ToolSpec)>), String> {
-        let client = match (&config.url, &config.command) {
-            (Some(url), _) => {
-                let transport = StreamableHttpClientTransport::with_client(
-                    http_client(roots)?,
-                    StreamableHttpClientTransportConfig::with_uri(url.as_str()),
-                );
-                ().serve(transport)
-                    .await
-                    .map_err(|e| format!("connecting to {url}: {e}"))?
-            }
-            (None, Some(argv)) if !argv.is_empty() => {
-                let mut command = tokio::process::Command::new(&argv[0]);
-                command.args(&argv[1..]).env_clear().envs(&config.env);
-                let transport = TokioChildProcess::new(command)
-                    .map_err(|e| format!("starting {:?}: {e}", argv[0]))?;
-                ().serve(transport)
-                    .await
-                    .map_err(|e| format!("initialising {:?}: {e}", argv[0]))?
-            }
-            _ => return Err("give exactly one of url and command".into()),
-        };
+        let client = open(config, roots).await?;
         let listed = client
             .list_all_tools()
             .await
@@ -73,25 +112,33 @@ impl Upstream {
         Ok((
             Self {
                 name: config.name.clone(),
-                client,
+                config: config.clone(),
+                roots: roots.clone(),
+                link: Mutex::new(Link::Up(Arc::new(client))),
             },
             tools,
         ))
     }
 
-    pub async fn call(&self, tool: &str, arguments: Value) -> ToolOutcome {
+    pub async fn call(self: &Arc<Self>, tool: &str, arguments: Value) -> ToolOutcome {
+        let client = match self.client() {
+            Ok(client) => client,
+            Err(down) => return down,
+        };
         let mut params = CallToolRequestParams::new(tool.to_owned());
         if let Value::Object(arguments) = arguments {
             params = params.with_arguments(arguments);
         }
-        let result = match self.client.call_tool(params).await {
+        let result = match client.call_tool(params).await {
             Ok(result) => result,
-            Err(e) => {
+            // The server answered, refusing the call: the link is fine.
+            Err(ServiceError::McpError(e)) => {
                 return ToolOutcome::error(
                     ToolErrorKind::Unavailable,
                     format!("MCP server '{}': {e}", self.name),
                 );
             }
+            Err(e) => return self.lost(&client, e.to_string()),
         };
         let text: Vec<&str> = result
             .content
@@ -108,6 +155,127 @@ impl Upstream {
             None => serde_json::from_str(&text).unwrap_or(Value::String(text)),
         };
         ToolOutcome::Ok { result: value }
+    }
+
+    /// The live client, or the error a call gets while the server is unreachable. A
+    /// client whose transport has ended (a stdio server that exited) is lost here.
+    fn client(self: &Arc<Self>) -> Result<Arc<Client>, ToolOutcome> {
+        let client = match &*self.link.lock().expect("mcp link lock") {
+            Link::Up(client) => client.clone(),
+            down @ Link::Down { .. } => return Err(self.unavailable(down)),
+        };
+        if client.is_transport_closed() {
+            return Err(self.lost(&client, "the connection is closed".into()));
+        }
+        Ok(client)
+    }
+
+    /// Marks `client` lost (unless a reconnect already replaced it), starts reconnecting,
+    /// and answers the call that found it so.
+    fn lost(self: &Arc<Self>, client: &Arc<Client>, error: String) -> ToolOutcome {
+        let mut link = self.link.lock().expect("mcp link lock");
+        if let Link::Up(current) = &*link
+            && Arc::ptr_eq(current, client)
+        {
+            tracing::warn!(server = %self.name, %error, "lost the upstream MCP server; reconnecting");
+            *link = Link::Down {
+                error,
+                since: Instant::now(),
+                attempts: 0,
+                next_at: Instant::now(),
+            };
+            tokio::spawn(reconnect(Arc::downgrade(self)));
+        }
+        match &*link {
+            down @ Link::Down { .. } => self.unavailable(down),
+            Link::Up(_) => ToolOutcome::error(
+                ToolErrorKind::Unavailable,
+                format!(
+                    "MCP server '{}': the connection broke during the call and was remade; call again",
+                    self.name
+                ),
+            ),
+        }
+    }
+
+    fn unavailable(&self, down: &Link) -> ToolOutcome {
+        let Link::Down {
+            error,
+            since,
+            attempts,
+            next_at,
+        } = down
+        else {
+            unreachable!("called for a lost link only");
+        };
+        let next = next_at.saturating_duration_since(Instant::now());
+        ToolOutcome::error(
+            ToolErrorKind::Unavailable,
+            format!(
+                "MCP server '{}' is unreachable ({error}) since {:.1} s; reconnecting in the \
+                 background ({attempts} attempts so far, the next in {:.1} s): call again later",
+                self.name,
+                since.elapsed().as_secs_f64(),
+                next.as_secs_f64(),
+            ),
+        )
+    }
+}
+
+impl Upstream {
+    /// Records a reconnect attempt; true when the link is up again.
+    fn record(&self, result: Result<Client, String>, backoff: Duration) -> bool {
+        let mut link = self.link.lock().expect("mcp link lock");
+        match result {
+            Ok(client) => {
+                tracing::info!(server = %self.name, "upstream MCP server reconnected");
+                *link = Link::Up(Arc::new(client));
+                true
+            }
+            Err(e) => {
+                if let Link::Down {
+                    error,
+                    attempts,
+                    next_at,
+                    ..
+                } = &mut *link
+                {
+                    *error = e;
+                    *attempts += 1;
+                    *next_at = Instant::now() + backoff;
+                    tracing::warn!(server = %self.name, error = %error, attempts = *attempts, "reconnecting the upstream MCP server failed; retrying");
+                }
+                false
+            }
+        }
+    }
+}
+
+/// Reconnects with backoff until it succeeds or the upstream is dropped (the service
+/// stopped).
+async fn reconnect(upstream: Weak<Upstream>) {
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let Some((config, roots)) = upstream
+            .upgrade()
+            .map(|u| (u.config.clone(), u.roots.clone()))
+        else {
+            return;
+        };
+        let result = tokio::time::timeout(ATTEMPT_TIMEOUT, open(&config, &roots))
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "no answer to the MCP handshake within {} s",
+                    ATTEMPT_TIMEOUT.as_secs()
+                ))
+            });
+        match upstream.upgrade() {
+            Some(upstream) if !upstream.record(result, backoff) => {}
+            _ => return,
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 

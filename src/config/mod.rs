@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 pub use self::cluster::{ClusterConfig, valid_replica_id};
 pub use self::packages::{ImportNames, PackagesConfig, normalize_dist_name};
 pub use self::python::{PythonConfig, PythonLayout};
-pub use self::reload::{RELOADABLE, unreloadable_changes};
+pub use self::reload::{RELOADABLE, same_settings, unreloadable_changes};
 pub use self::s3::{FilesBackend, S3Config};
 pub use self::sections::*;
 pub use self::tiers::{TierProfile, TiersConfig};

@@ -1,6 +1,6 @@
 //! Which configuration keys a running service can take without a restart (a new zygote
-//! generation picks them up: the interpreter, the allowlist, the tiers, the limits), and
-//! which changed keys are not among them.
+//! generation picks them up: the interpreter, the allowlist, the tiers, the limits), which
+//! changed keys are not among them, and whether two configurations differ at all.
 
 use serde_json::Value;
 
@@ -30,6 +30,13 @@ pub fn unreloadable_changes(old: &Config, new: &Config) -> Vec<String> {
     changed.sort();
     changed.dedup();
     changed
+}
+
+/// Whether `a` and `b` set every key alike (compared as data, as a reload reads them).
+pub fn same_settings(a: &Config, b: &Config) -> bool {
+    let a = serde_json::to_value(a).unwrap_or(Value::Null);
+    let b = serde_json::to_value(b).unwrap_or(Value::Null);
+    !a.is_null() && a == b
 }
 
 /// Collects the dotted paths where `a` and `b` differ (a table's keys one by one; any
@@ -68,6 +75,8 @@ mod tests {
         new.sandbox.allowed_packages.push("tabulate".into());
         new.limits.memory_limit_mb += 1;
         assert!(unreloadable_changes(&old, &new).is_empty());
+        assert!(same_settings(&old, &old.clone()));
+        assert!(!same_settings(&old, &new));
         new.listen = "127.0.0.1:9999".parse().unwrap();
         new.worker.state_dir = "/elsewhere".into();
         new.limits.max_request_bytes += 1;

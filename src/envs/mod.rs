@@ -6,19 +6,31 @@
 //! after the switch is the manifest rewritten; on any failure the new directory is deleted
 //! and nothing else has changed.
 //!
+//! A change that changes nothing builds nothing and rolls nothing over ([`Prepare::Unchanged`]):
+//! when the requested set after it is the one the serving environment was built from
+//! (the same requirement texts: an add of what is already there, a sync of the same
+//! requirements, a remove of what is installed nowhere), nothing runs at all; when the
+//! texts differ but the installer resolves them to exactly the distributions (names and
+//! versions) the serving environment has, and the allowlist comes out the same, the new
+//! directory is deleted, the new texts are recorded, and the serving generation stays.
+//!
 //! - [`spec`]: requirements, names and requirements.txt bodies, checked before anything runs.
 //! - [`plan`]: what a change means: the requested set, the installer's requirements and
 //!   constraints.
 //! - [`uv`]: running the installer (argument vectors, deadline, errors sorted).
 //! - [`dists`]: installed distributions and their import names, read from the files.
 //! - [`manifest`]: the managed state that survives a restart.
+//! - `listing`: what `GET /v1/admin/packages` reports of the serving environment.
 //! - [`gc`]: deleting environment directories no process uses any more.
+//! - `unchanged`: what a change that changes nothing finds, and why it says so.
 
 pub mod dists;
 pub mod gc;
+mod listing;
 pub mod manifest;
 pub mod plan;
 pub mod spec;
+mod unchanged;
 pub mod uv;
 
 use std::collections::BTreeSet;
@@ -26,13 +38,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use tokio::sync::OwnedMutexGuard;
 
 use self::dists::Dist;
+pub use self::listing::{ListedDist, Listing};
 use self::manifest::{Manifest, ManifestError};
 use self::plan::{Change, Plan, PlanError};
 use self::spec::SpecError;
+pub use self::unchanged::{Prepare, Unchanged};
 use self::uv::{InstallRequest, Uv, UvError};
 use crate::config::Config;
 
@@ -89,35 +102,6 @@ pub struct EnvManager {
 struct Base {
     venv: Option<PathBuf>,
     allowed: Vec<String>,
-}
-
-/// One installed distribution, as the admin API lists it.
-#[derive(Debug, Clone, Serialize)]
-pub struct ListedDist {
-    pub name: String,
-    pub version: String,
-    /// Added by the operator (through package management), not part of the base venv.
-    pub added: bool,
-    /// The operator's requirement, for added ones.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub requirement: Option<String>,
-    /// What user code may import from it (added ones).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub import_names: Vec<String>,
-}
-
-/// What `GET /v1/admin/packages` reports of the environment.
-#[derive(Debug, Clone, Serialize)]
-pub struct Listing {
-    /// The environment directory workers use.
-    pub environment: Option<PathBuf>,
-    /// Whether it is a managed generation (false: still the operator's base venv).
-    pub managed: bool,
-    pub base_venv: Option<PathBuf>,
-    pub index_url: String,
-    pub uv: PathBuf,
-    pub uv_available: bool,
-    pub distributions: Vec<ListedDist>,
 }
 
 /// A built environment waiting for its rollover. Dropped without [`ChangeGuard::commit`],
@@ -235,6 +219,20 @@ impl EnvManager {
         Some(dir)
     }
 
+    /// Whether the environment `live` runs on is the one `manifest` records (the managed
+    /// one, built on the configured base venv; or the base venv itself, nothing added).
+    fn serves(&self, manifest: &Manifest, base: &Base, live: &Config) -> bool {
+        let live_venv = live
+            .python
+            .venv
+            .as_ref()
+            .map(|v| std::path::absolute(v).unwrap_or_else(|_| v.clone()));
+        match manifest.current_dir(&self.envs_dir) {
+            Some(dir) => manifest.base_venv == base.venv && live_venv == Some(dir),
+            None => manifest.requested.is_empty() && live_venv == base.venv,
+        }
+    }
+
     /// The committed manifest.
     pub fn manifest(&self) -> Manifest {
         self.manifest.lock().unwrap().clone()
@@ -257,47 +255,12 @@ impl EnvManager {
             _lock: lock,
         })
     }
-
-    /// The environment `live` runs on, with what the operator added marked.
-    pub fn list(&self, live: &Config) -> Result<Listing, EnvError> {
-        let manifest = self.manifest();
-        let base = self.base.lock().unwrap().clone();
-        let env = live.python.venv.clone();
-        let distributions = match env.as_deref().and_then(dists::site_packages) {
-            Some(site) => dists::installed(&site).map_err(io(&site))?,
-            None => Vec::new(),
-        };
-        let managed = env
-            .as_ref()
-            .is_some_and(|e| manifest.current_dir(&self.envs_dir).as_ref() == Some(e));
-        Ok(Listing {
-            environment: env,
-            managed,
-            base_venv: base.venv,
-            index_url: self.uv.index_url.clone(),
-            uv: self.uv.binary.clone(),
-            uv_available: self.uv.check().is_ok(),
-            distributions: distributions
-                .into_iter()
-                .map(|d| ListedDist {
-                    added: manifest.requested.contains_key(&d.name),
-                    requirement: manifest.requested.get(&d.name).cloned(),
-                    import_names: manifest
-                        .import_names
-                        .get(&d.name)
-                        .cloned()
-                        .unwrap_or_default(),
-                    name: d.name,
-                    version: d.version,
-                })
-                .collect(),
-        })
-    }
 }
 
 impl ChangeGuard {
-    /// Builds the environment `change` asks for beside the one `live` runs on.
-    pub async fn prepare(&self, change: &Change, live: &Config) -> Result<Prepared, EnvError> {
+    /// Builds the environment `change` asks for beside the one `live` runs on, unless the
+    /// one `live` runs on already is that (see the module docs).
+    pub async fn prepare(&self, change: &Change, live: &Config) -> Result<Prepare, EnvError> {
         let m = &self.manager;
         let base = m.base.lock().unwrap().clone();
         let base_venv = base.venv.clone().ok_or(EnvError::NoBaseVenv)?;
@@ -315,6 +278,14 @@ impl ChangeGuard {
         };
         let old = m.manifest();
         let plan = plan::plan(change, &old.requested, &base_dists, &current_dists)?;
+        let serves_manifest = m.serves(&old, &base, live);
+        if serves_manifest && plan.requested == old.requested {
+            return Ok(Prepare::Unchanged(Unchanged {
+                why: unchanged::already(change, &plan),
+                install_time: Duration::ZERO,
+                manifest: None,
+            }));
+        }
 
         std::fs::create_dir_all(&m.envs_dir).map_err(io(&m.envs_dir))?;
         let name = format!("{ENV_PREFIX}{}", uuid::Uuid::now_v7().simple());
@@ -374,7 +345,40 @@ impl ChangeGuard {
         }
         prepared.manifest = manifest;
         prepared.config = self.next_config(&prepared, live);
-        Ok(prepared)
+        let mut as_serving = prepared.config.clone();
+        as_serving.python.venv = live.python.venv.clone();
+        if serves_manifest
+            && unchanged::same_dists(&new_dists, &current_dists)
+            && crate::config::same_settings(&as_serving, live)
+        {
+            // `prepared` is dropped: its directory goes.
+            let manifest = Manifest {
+                current: old.current.clone(),
+                base_venv: old.base_venv.clone(),
+                requested: prepared.manifest.requested.clone(),
+                import_names: prepared.manifest.import_names.clone(),
+            };
+            return Ok(Prepare::Unchanged(Unchanged {
+                why: format!(
+                    "the requirements resolve to the {} distributions already installed, at                      the same versions",
+                    new_dists.len()
+                ),
+                install_time: prepared.install_time,
+                manifest: (manifest != old).then_some(manifest),
+            }));
+        }
+        Ok(Prepare::Built(Box::new(prepared)))
+    }
+
+    /// Records a change that left the environment as it was (new requirement texts, if
+    /// any); the serving generation stays.
+    pub fn keep(&self, unchanged: Unchanged) -> Result<(), EnvError> {
+        let m = &self.manager;
+        if let Some(manifest) = unchanged.manifest {
+            manifest.save(&m.envs_dir)?;
+            *m.manifest.lock().unwrap() = manifest;
+        }
+        Ok(())
     }
 
     /// The configuration `prepared` rolls over to: `live` (re-read just before the switch,

@@ -18,7 +18,7 @@ pub enum Change {
         specs: Vec<Spec>,
         constraints: Vec<Spec>,
     },
-    /// Remove these requested distributions.
+    /// Remove these requested distributions (one installed nowhere is already gone).
     Remove { names: Vec<String> },
     /// Make the requested set exactly this (a requirements.txt).
     Sync { specs: Vec<Spec> },
@@ -61,6 +61,8 @@ pub struct Plan {
     pub requested: BTreeMap<String, String>,
     /// The distributions whose import names must be (re)read and probed.
     pub probe: Vec<String>,
+    /// Names a removal gave that are installed nowhere (nothing to do for them).
+    pub absent: Vec<String>,
     pub requirements: Vec<String>,
     pub constraints: Vec<String>,
 }
@@ -78,6 +80,7 @@ pub fn plan(
     let mut moving: BTreeSet<String> = BTreeSet::new();
     let mut probe = Vec::new();
     let mut extra_constraints = Vec::new();
+    let mut absent = Vec::new();
     match change {
         Change::Add { specs, constraints } => {
             for spec in specs {
@@ -91,6 +94,11 @@ pub fn plan(
             for name in names {
                 if next.remove(name).is_none() {
                     let in_base = base.iter().any(|d| &d.name == name);
+                    if !in_base && !current.iter().any(|d| &d.name == name) {
+                        // Installed nowhere: already gone, as a DELETE of it should find.
+                        absent.push(name.clone());
+                        continue;
+                    }
                     return Err(PlanError::NotAdded {
                         name: name.clone(),
                         added: if requested.is_empty() {
@@ -135,6 +143,7 @@ pub fn plan(
     Ok(Plan {
         requested: next,
         probe,
+        absent,
         requirements,
         constraints,
     })
@@ -236,6 +245,30 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("added: tabulate"), "{err}");
+        // A dependency that is installed but was not asked for cannot be removed either.
+        let current = [dist("numpy", "2.4.6"), dist("wcwidth", "0.2.13")];
+        let err = plan(
+            &Change::Remove {
+                names: vec!["wcwidth".into()],
+            },
+            &requested,
+            &base,
+            &current,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("wcwidth was not added"), "{err}");
+        // One installed nowhere is already gone: nothing to do for it.
+        let p = plan(
+            &Change::Remove {
+                names: vec!["no-such-dist".into()],
+            },
+            &requested,
+            &base,
+            &current,
+        )
+        .unwrap();
+        assert_eq!(p.absent, ["no-such-dist"]);
+        assert_eq!(p.requested, requested);
     }
 
     #[test]

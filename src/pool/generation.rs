@@ -5,7 +5,6 @@
 //! idle workers are dropped, workers still running (jobs, sessions) keep it alive through
 //! their lease, and its zygotes are shut down once the last lease is gone.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -56,18 +55,21 @@ impl GenerationLease {
 
 impl Generation {
     /// Starts one zygote per tier of `settings` (waiting until each is ready, with the
-    /// required sandbox layers); on any failure, shuts down those that started.
+    /// required sandbox layers); on any failure, shuts down those that started. With
+    /// `background` (a rollover's generation), the zygotes start at idle priority (for
+    /// that long at most: see `ZygoteHandle::start`).
     pub(super) async fn start(
         settings: PoolSettings,
         id: u64,
         size: usize,
+        background: Option<Duration>,
     ) -> Result<Self, PoolError> {
         assert!(!settings.tiers.is_empty(), "a pool needs at least one tier");
         let started = futures_util::future::join_all(
             settings
                 .tiers
                 .iter()
-                .map(|tier| keeper::start_zygote(&settings, &tier.zygote, 0)),
+                .map(|tier| keeper::start_zygote(&settings, &tier.zygote, 0, background)),
         )
         .await;
         let mut zygotes = Vec::new();
@@ -164,7 +166,6 @@ pub(super) struct Generations {
     current: RwLock<Arc<Generation>>,
     warming: Mutex<Option<Arc<Generation>>>,
     retired: Mutex<Vec<Arc<Generation>>>,
-    next_id: AtomicU64,
 }
 
 /// A retired generation, as `/health` reports it.
@@ -177,12 +178,10 @@ pub struct RetiredGeneration {
 
 impl Generations {
     pub(super) fn new(first: Generation) -> Self {
-        let next = first.id + 1;
         Self {
             current: RwLock::new(Arc::new(first)),
             warming: Mutex::new(None),
             retired: Mutex::new(Vec::new()),
-            next_id: AtomicU64::new(next),
         }
     }
 
@@ -190,9 +189,19 @@ impl Generations {
         self.current.read().expect("generation lock").clone()
     }
 
-    /// The id the next prepared generation gets.
+    /// The id the next prepared generation gets: one more than the current one's. Ids
+    /// count the generations that served: one that fails (or is dropped unswitched) leaves
+    /// no gap, and the next attempt is made under the same id. Nothing outlives a failed
+    /// attempt under its id (its zygotes are shut down, nothing is keyed by it), and one
+    /// generation is prepared at a time (the rollover slot).
     pub(super) fn next_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
+        self.current().id + 1
+    }
+
+    /// Whether `generation` is the one serving (by identity: a failed attempt may have
+    /// carried the same id).
+    pub(super) fn is_current(&self, generation: &Arc<Generation>) -> bool {
+        Arc::ptr_eq(&self.current(), generation)
     }
 
     /// The generations the refill keeps stocked: the current one and the one warming up.

@@ -12,17 +12,20 @@ use super::generation::Generation;
 use super::zygote::ZygoteHandle;
 use super::{Inner, PoolError, PoolSettings};
 
-/// Starts a zygote for `config`, refusing it when a required layer is not active.
+/// Starts a zygote for `config`, refusing it when a required layer is not active; with
+/// `background`, at idle priority for that long at most (see [`ZygoteHandle::start`]).
 pub(super) async fn start_zygote(
     settings: &PoolSettings,
     config: &snakecage_worker::protocol::ZygoteConfig,
     generation: u64,
+    background: Option<Duration>,
 ) -> Result<Arc<ZygoteHandle>, PoolError> {
     let zygote = ZygoteHandle::start(
         &settings.worker_binary,
         config,
         generation,
         settings.spawn_timeout * 4,
+        background,
     )
     .await?;
     if let Err(e) = check_required(&zygote.info, &settings.require) {
@@ -65,6 +68,7 @@ async fn zygote_keeper(inner: Arc<Inner>, generation: Arc<Generation>, index: us
                 &generation.settings,
                 &tier.zygote_config,
                 current.generation + 1,
+                None,
             );
             tokio::select! {
                 result = started => match result {

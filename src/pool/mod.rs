@@ -180,7 +180,7 @@ impl Pool {
             }
         })?;
         settings.workspace_root = root.path().to_path_buf();
-        let first = Generation::start(settings.clone(), 1, settings.size).await?;
+        let first = Generation::start(settings.clone(), 1, settings.size, None).await?;
         let shutdown = CancellationToken::new();
         let inner = Arc::new(Inner {
             generations: Generations::new(first),

@@ -1,6 +1,8 @@
 //! The probe a new generation must pass before the pool switches to it: a real worker of
 //! each tier, forked and hardened like any other, runs `probe.py` as a job, which imports
 //! every module the rollover names. A failed import fails the probe with its traceback.
+//! It is background work: it keeps the worker's `SCHED_IDLE` priority (live requests come
+//! first) and is raised to normal only if it still runs after [`PROBE_PATIENCE`].
 
 use std::time::Duration;
 
@@ -14,6 +16,10 @@ const PROBE_PY: &str = include_str!("../../worker/python/probe.py");
 
 /// How long a probe job may take (imports of big packages take seconds on a busy host).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long the probe runs at idle priority before it is raised (on a host so busy that
+/// idle work barely runs, the rollover must still finish).
+pub(super) const PROBE_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Runs the probe on `worker` (which dies after it, like after any job). The error is the
 /// traceback's last line and the tail of what the worker wrote to stderr.
@@ -32,6 +38,7 @@ pub(super) async fn probe(mut worker: Worker, imports: &[String]) -> Result<(), 
         max_output_bytes: 64 << 10,
         tools: None,
         cancel: None,
+        background: Some(PROBE_PATIENCE),
     };
     let outcome = run::run(&mut worker, job, &limits, None)
         .await

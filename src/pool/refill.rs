@@ -141,7 +141,7 @@ async fn spawn_one(
                 tracing::error!(tier = %tier.name, generation = generation.id, error = %e, "could not start a worker");
                 // A worker of a zygote that is being replaced says nothing about the next;
                 // one of a generation being prepared says nothing about the one serving.
-                let serving = inner.generations.current().id == generation.id;
+                let serving = inner.generations.is_current(&generation);
                 if serving && zygote.generation == tier.current_zygote().generation {
                     inner.counters.spawn_failed(e.to_string());
                 }

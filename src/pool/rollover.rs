@@ -4,6 +4,11 @@
 //! [`Pool::switch`] makes it current at once and retires the old one, whose zygotes are
 //! shut down when nothing uses them any more. A failure at any step leaves the current
 //! generation serving as if nothing happened.
+//!
+//! All of it is background work: the new zygotes start, preload and warm up at
+//! `SCHED_IDLE` (raised after [`ZYGOTE_PATIENCE`] if still starting), their workers are
+//! forked and warmed up at `SCHED_IDLE` like every refill, and the probe job keeps that
+//! priority (raised after `probe::PROBE_PATIENCE`), so live requests come first.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -86,6 +91,10 @@ fn abandon(inner: &Inner, generation: &Generation) {
     generation.retire();
 }
 
+/// How long a new generation's zygotes start at idle priority before they are raised: live
+/// requests come first, but a host too busy to leave idle time must still switch.
+const ZYGOTE_PATIENCE: Duration = Duration::from_secs(10);
+
 /// How long each step may take before the rollover gives up on it.
 fn step_timeout(settings: &PoolSettings) -> Duration {
     settings.spawn_timeout * 4
@@ -106,12 +115,13 @@ impl Pool {
         settings.spawn_timeout = inner.settings.spawn_timeout;
         let id = inner.generations.next_id();
         tracing::info!(generation = id, %reason, "starting a new generation");
-        let generation = Generation::start(settings, id, inner.settings.size)
-            .await
-            .map_err(|e| PrepareError {
-                stage: RolloverStage::Start,
-                detail: e.to_string(),
-            })?;
+        let generation =
+            Generation::start(settings, id, inner.settings.size, Some(ZYGOTE_PATIENCE))
+                .await
+                .map_err(|e| PrepareError {
+                    stage: RolloverStage::Start,
+                    detail: e.to_string(),
+                })?;
         let generation = Arc::new(generation);
         let prepared = Prepared {
             generation: Some(generation.clone()),

@@ -81,6 +81,10 @@ pub struct RunLimits {
     /// Fired to cancel the run (`DELETE /v1/runs/{id}`): a stateless worker is killed at
     /// once, a session's job is interrupted like at its deadline.
     pub cancel: Option<CancellationToken>,
+    /// Background work (a rollover's probe): the job keeps the worker's background
+    /// priority (`SCHED_IDLE`), and is raised to normal only if it still runs after this
+    /// long, so a saturated host cannot starve it. `None`: a request's job, raised at once.
+    pub background: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -122,7 +126,9 @@ pub async fn run(
     chunks: Option<mpsc::Sender<OutputChunk>>,
 ) -> Result<RunOutcome, RunError> {
     let started = Instant::now();
-    worker.foreground();
+    if limits.background.is_none() {
+        worker.foreground();
+    }
     worker
         .channel
         .send(&JobRequest::Run(job))
@@ -361,6 +367,11 @@ async fn drive(
     let interrupt_now = interrupt.map_or(&never, |i| i.now);
     let cancel = limits.cancel.as_ref().unwrap_or(&never);
     let mut pending: Option<Pending> = None;
+    // Background work still running after its patience gets normal priority.
+    let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+    let mut raise_at = limits
+        .background
+        .map_or(far, |patience| tokio::time::Instant::now() + patience);
     loop {
         // Biased, in this order: the deadline and interrupts first, so output that never
         // stops cannot starve them; then the result; stdout before stderr, so two writes
@@ -377,6 +388,11 @@ async fn drive(
                 _ => return Ending::Deadline,
             },
             () = cancel.cancelled(), if interrupt.is_none() => return Ending::Cancelled,
+            () = tokio::time::sleep_until(raise_at), if raise_at < far => {
+                tracing::info!(worker = worker.id, "background job still running: raised to normal priority");
+                worker.foreground();
+                raise_at = far;
+            }
             () = async { tokio::select! {
                 () = interrupt_now.cancelled() => {}
                 () = cancel.cancelled() => {}

@@ -248,6 +248,29 @@ impl Drop for Workspace {
     }
 }
 
+/// Whether this process may raise a process out of `SCHED_IDLE` (CAP_SYS_NICE, or an
+/// `RLIMIT_NICE` that allows nice 0): without it, background work must not be put there
+/// by us, as nothing could bring it back.
+pub(super) fn can_raise_priority() -> bool {
+    const CAP_SYS_NICE: u64 = 1 << 23;
+    let cap = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & CAP_SYS_NICE != 0);
+    cap || nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NICE)
+        .is_ok_and(|(soft, _)| soft >= 20)
+}
+
+/// Gives `pid` (a zygote still starting) normal priority: `SCHED_OTHER`, nice 0.
+pub(super) fn raise_priority(pid: i32) -> bool {
+    set_priority(pid, libc::SCHED_OTHER, 0)
+}
+
 /// Sets `pid`'s scheduling policy and niceness; failure (no CAP_SYS_NICE) changes nothing
 /// and is not an error: the worker runs, only at another priority.
 fn set_priority(pid: i32, policy: libc::c_int, nice: i32) -> bool {

@@ -72,13 +72,19 @@ pub struct ZygoteHandle {
 }
 
 impl ZygoteHandle {
-    /// Execs the zygote and waits for its Hello.
+    /// Execs the zygote and waits for its Hello. With `background` (a rollover's zygote,
+    /// started while the current generation serves), it runs at `SCHED_IDLE` from its first
+    /// instruction (interpreter start-up, preloads, warm-up all yield to live requests), and
+    /// is raised to normal priority if it has not said Hello after that long; without
+    /// CAP_SYS_NICE (which raising needs) it starts at normal priority, as before.
     pub async fn start(
         binary: &std::path::Path,
         config: &ZygoteConfig,
         generation: u64,
         startup_timeout: Duration,
+        background: Option<Duration>,
     ) -> Result<Arc<Self>, ZygoteError> {
+        let background = background.filter(|_| super::worker::can_raise_priority());
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -107,10 +113,16 @@ impl ZygoteHandle {
         // reach only the supervisor, which then shuts down in order, not interrupt jobs.
         cmd.process_group(0);
         let theirs_raw = theirs.as_raw_fd();
-        // SAFETY: runs in the forked child before exec; dup2 and fcntl are async-signal-safe
-        // and touch only fds of that child.
+        let idle = background.is_some();
+        // SAFETY: runs in the forked child before exec; dup2, fcntl and sched_setscheduler
+        // are async-signal-safe and touch only that child (its fds, its own policy).
         unsafe {
             cmd.pre_exec(move || {
+                if idle {
+                    let param = libc::sched_param { sched_priority: 0 };
+                    // Failure only costs latency: the zygote starts at normal priority.
+                    libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
+                }
                 if theirs_raw == 3 {
                     let flags = libc::fcntl(3, libc::F_GETFD);
                     if flags < 0 || libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
@@ -138,6 +150,26 @@ impl ZygoteHandle {
 
         let mut buf = vec![0u8; MAX_REPLY];
         let hello = tokio::time::timeout(startup_timeout, recv(&sock, &mut buf));
+        let hello = async {
+            tokio::pin!(hello);
+            let Some(patience) = background else {
+                return hello.await;
+            };
+            tokio::select! {
+                reply = &mut hello => return reply,
+                () = tokio::time::sleep(patience) => {}
+            }
+            // Not reaped before `child` is waited on below: the pid is still this zygote's.
+            if let Some(pid) = child.id() {
+                tracing::info!(
+                    pid,
+                    ?patience,
+                    "a new zygote is still starting at idle priority: raised to normal"
+                );
+                super::worker::raise_priority(pid as i32);
+            }
+            hello.await
+        };
         let info = match hello.await {
             Err(_) => return Err(ZygoteError::StartupTimeout(startup_timeout)),
             Ok(Ok(Some((ControlReply::Hello(info), _)))) => info,

@@ -92,6 +92,7 @@ impl Journal {
             limits: RunLimits {
                 tools: None,
                 cancel: None,
+                background: None,
                 ..limits.clone()
             },
         };

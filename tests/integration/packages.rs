@@ -3,13 +3,13 @@
 //! and refuses what does not resolve or does not import, changing nothing.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use snakecage::metrics::names;
 
 use crate::harness::{Options, Server, check_error_body, repo_root};
+use crate::load::Load;
 use crate::packages_env::{crashing_package, env_dirs, shared_uv_cache};
 
 /// Installs and rollovers take seconds (minutes with a cold cache): generous, never timed.
@@ -59,6 +59,13 @@ async fn generation(s: &Server) -> u64 {
     list["generation"]["id"].as_u64().unwrap()
 }
 
+/// Rollovers counted so far that succeeded.
+async fn rollovers(s: &Server) -> f64 {
+    s.scrape()
+        .await
+        .get(names::ROLLOVERS_TOTAL, &[("outcome", "succeeded")])
+}
+
 /// The version `/v1/packages` reports for the import name `name`, if it lists it.
 async fn listed_version(s: &Server, name: &str) -> Option<String> {
     let (status, packages) = s.get_json("/v1/packages").await;
@@ -69,67 +76,6 @@ async fn listed_version(s: &Server, name: &str) -> Option<String> {
         .iter()
         .find(|p| p["name"] == name && p["installed"] == true)
         .map(|p| p["version"].as_str().unwrap_or_default().to_owned())
-}
-
-/// Stateless requests in a loop on `c` connections until stopped: (succeeded, failures).
-struct Load {
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicU64>,
-    tasks: Vec<tokio::task::JoinHandle<Vec<String>>>,
-}
-
-impl Load {
-    fn start(s: &Server, c: usize) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let ok = Arc::new(AtomicU64::new(0));
-        let tasks = (0..c)
-            .map(|i| {
-                let (stop, ok) = (stop.clone(), ok.clone());
-                let (client, base) = (s.client.clone(), s.base.clone());
-                tokio::spawn(async move {
-                    let mut failures = Vec::new();
-                    let mut n = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        n += 1;
-                        let code = format!("print('λ', {i} * 1000 + {n} % 1000)");
-                        let want = format!("λ {}\n", i as u64 * 1000 + n % 1000);
-                        let result = client
-                            .post(format!("{base}/v1/execute"))
-                            .json(&json!({ "code": code, "timeout_ms": 30000 }))
-                            .send()
-                            .await;
-                        match result {
-                            Ok(resp) if resp.status() == 200 => {
-                                let body: Value = resp.json().await.unwrap_or_default();
-                                if body["stdout"] == want.as_str() && body["exit_code"] == 0 {
-                                    ok.fetch_add(1, Ordering::Relaxed);
-                                } else {
-                                    failures.push(body.to_string());
-                                }
-                            }
-                            Ok(resp) => failures.push(format!(
-                                "{}: {}",
-                                resp.status(),
-                                resp.text().await.unwrap_or_default()
-                            )),
-                            Err(e) => failures.push(e.to_string()),
-                        }
-                    }
-                    failures
-                })
-            })
-            .collect();
-        Self { stop, ok, tasks }
-    }
-
-    async fn finish(self) -> (u64, Vec<String>) {
-        self.stop.store(true, Ordering::Relaxed);
-        let mut failures = Vec::new();
-        for task in self.tasks {
-            failures.extend(task.await.unwrap());
-        }
-        (self.ok.load(Ordering::Relaxed), failures)
-    }
 }
 
 async fn session(s: &Server) -> String {
@@ -194,14 +140,57 @@ async fn an_added_package_serves_after_a_switch_with_no_failed_request_and_survi
     assert_eq!(added["changed"][0]["version"], "0.9.0", "{added}");
     assert_eq!(added["changed"][0]["import_names"], json!(["tabulate"]));
     assert_eq!(added["requested"], json!(["tabulate==0.9.0"]));
-    assert!(
-        added["generation"]["id"].as_u64().unwrap() > before,
+    assert_eq!(added["rolled_over"], true, "{added}");
+    assert_eq!(
+        added["generation"]["id"].as_u64(),
+        Some(before + 1),
         "{added}"
     );
     assert_eq!(
         generation(&s).await,
         added["generation"]["id"].as_u64().unwrap()
     );
+
+    // The same add again, and a sync of the same requirements: nothing to do, no rollover.
+    let counted = rollovers(&s).await;
+    assert_eq!(counted, 1.0);
+    let (status, again) = admin(
+        &s,
+        reqwest::Method::POST,
+        "/v1/admin/packages",
+        None,
+        Some(json!({ "add": ["Tabulate==0.9.0"] })),
+    )
+    .await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["rolled_over"], false, "{again}");
+    assert_eq!(
+        again["generation"]["id"], added["generation"]["id"],
+        "{again}"
+    );
+    assert_eq!(again["environment"], added["environment"], "{again}");
+    assert_eq!(again["changed"], json!([]), "{again}");
+    assert_eq!(again["requested"], json!(["tabulate==0.9.0"]), "{again}");
+    let message = again["message"].as_str().unwrap();
+    assert!(
+        message.contains("tabulate==0.9.0 already installed as requested"),
+        "{message}"
+    );
+    let synced = s
+        .client
+        .post(format!("{}/v1/admin/packages/sync", s.base))
+        .header("content-type", "text/plain")
+        .body("# the same set\ntabulate==0.9.0\n")
+        .timeout(CHANGE_TIMEOUT)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(synced.status(), 200);
+    let synced: Value = synced.json().await.unwrap();
+    assert_eq!(synced["rolled_over"], false, "{synced}");
+    assert_eq!(synced["generation"]["id"], added["generation"]["id"]);
+    assert_eq!(rollovers(&s).await, counted);
+    assert_eq!(generation(&s).await, before + 1);
 
     // The session kept its variables (it stays on its generation until it ends).
     let r = session_run(&s, &sid, "print(x + 1, ''.join(names))").await;
@@ -293,7 +282,9 @@ async fn an_added_package_serves_after_a_switch_with_no_failed_request_and_survi
         "{r}"
     );
     assert_eq!(listed_version(&s, "tabulate").await, None);
-    // Removing it again: it is not added any more.
+    // Removing it again: it is gone already, nothing rolls over.
+    let serving = generation(&s).await;
+    let counted = rollovers(&s).await;
     let (status, body) = admin(
         &s,
         reqwest::Method::DELETE,
@@ -302,9 +293,33 @@ async fn an_added_package_serves_after_a_switch_with_no_failed_request_and_survi
         Some(json!({ "remove": ["tabulate"] })),
     )
     .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["rolled_over"], false, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("tabulate installed nowhere"),
+        "{body}"
+    );
+    assert_eq!(body["generation"]["id"].as_u64(), Some(serving), "{body}");
+    assert_eq!(generation(&s).await, serving);
+    assert_eq!(rollovers(&s).await, counted);
+    // A base package is not the operator's to remove: refused, naming why.
+    let (status, body) = admin(
+        &s,
+        reqwest::Method::DELETE,
+        "/v1/admin/packages?name=numpy",
+        None,
+        None,
+    )
+    .await;
     assert_eq!(status, 422, "{body}");
     assert!(
-        body["detail"].as_str().unwrap().contains("was not added"),
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("part of the base environment"),
         "{body}"
     );
 }

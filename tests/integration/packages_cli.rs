@@ -103,8 +103,17 @@ async fn only_admin_keys_manage_packages_and_the_cli_works_end_to_end() {
     let (ok, out, _) = cli(&s.base, &root, &["list"]);
     assert!(ok && !out.contains("tabulate"), "{out}");
 
-    // remove of what is not added: the detail, a failed exit.
-    let (ok, _, err) = cli(&s.base, &root, &["remove", "tabulate"]);
+    // The same sync again: nothing changed, said so.
+    let (ok, out, err) = cli(&s.base, &root, &["sync", reqs.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("nothing changed: "), "{out}");
+    assert!(out.contains("keeps serving"), "{out}");
+    // remove of what is installed nowhere: nothing to do.
+    let (ok, out, err) = cli(&s.base, &root, &["remove", "tabulate"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("tabulate installed nowhere"), "{out}");
+    // remove of a base package: the detail, a failed exit.
+    let (ok, _, err) = cli(&s.base, &root, &["remove", "numpy"]);
     assert!(!ok && err.contains("was not added"), "{err}");
     // A service that is not there.
     let (ok, _, err) = cli("http://127.0.0.1:9", &root, &["list"]);

@@ -8,7 +8,7 @@ use std::process::Command;
 use snakecage::config::Config;
 use snakecage::envs::plan::Change;
 use snakecage::envs::spec::Spec;
-use snakecage::envs::{EnvError, EnvManager};
+use snakecage::envs::{EnvError, EnvManager, Prepare, Prepared};
 
 use crate::harness::repo_root;
 
@@ -81,6 +81,22 @@ pub fn crashing_package(scratch: &Path, kind: &str) -> PathBuf {
     out_dir
 }
 
+/// The environment a change built (it must have built one).
+fn built(prepare: Prepare) -> Prepared {
+    match prepare {
+        Prepare::Built(prepared) => *prepared,
+        Prepare::Unchanged(u) => panic!("nothing was built: {}", u.why),
+    }
+}
+
+/// Why a change left the environment as it was (it must have).
+fn unchanged(prepare: Prepare) -> snakecage::envs::Unchanged {
+    match prepare {
+        Prepare::Unchanged(u) => u,
+        Prepare::Built(p) => panic!("a new environment was built: {}", p.dir.display()),
+    }
+}
+
 fn add(spec: &str) -> Change {
     Change::Add {
         specs: vec![Spec::parse(spec).unwrap()],
@@ -99,10 +115,12 @@ async fn an_add_builds_a_new_generation_beside_the_running_one_and_survives_a_re
     let guard = manager.begin().unwrap();
     // A second change while one runs is refused at once.
     assert!(matches!(manager.begin(), Err(EnvError::Busy)));
-    let prepared = guard
-        .prepare(&add("Tabulate==0.9.0"), &config)
-        .await
-        .unwrap();
+    let prepared = built(
+        guard
+            .prepare(&add("Tabulate==0.9.0"), &config)
+            .await
+            .unwrap(),
+    );
     let dir = prepared.dir.clone();
     assert!(
         dir.starts_with(state.path().join("envs")),
@@ -162,18 +180,74 @@ async fn an_add_builds_a_new_generation_beside_the_running_one_and_survives_a_re
             .any(|d| d.name == "pandas" && !d.added)
     );
 
+    // The same requirement again: nothing to build, nothing runs.
+    let guard = manager.begin().unwrap();
+    let same = unchanged(
+        guard
+            .prepare(&add("tabulate==0.9.0"), &restarted)
+            .await
+            .unwrap(),
+    );
+    assert!(
+        same.why.contains("already installed as requested"),
+        "{}",
+        same.why
+    );
+    assert_eq!(same.install_time, std::time::Duration::ZERO);
+    guard.keep(same).unwrap();
+    // Another text that resolves to the same distributions: the installer runs, its
+    // directory goes, the new text is recorded, the environment stays.
+    let resolved = unchanged(
+        guard
+            .prepare(&add("tabulate>=0.9,<0.10"), &restarted)
+            .await
+            .unwrap(),
+    );
+    assert!(resolved.why.contains("same versions"), "{}", resolved.why);
+    assert!(resolved.install_time > std::time::Duration::ZERO);
+    guard.keep(resolved).unwrap();
+    assert_eq!(env_dirs(state.path()), std::slice::from_ref(&dir));
+    let manifest = manager.manifest();
+    let texts: Vec<&String> = manifest.requested.values().collect();
+    assert!(
+        texts.len() == 1 && texts[0].contains(">=0.9") && texts[0].contains("<0.10"),
+        "{texts:?}"
+    );
+    assert_eq!(manifest.current_dir(manager.envs_dir()), Some(dir.clone()));
+    // Removing what is installed nowhere: already gone.
+    let gone = unchanged(
+        guard
+            .prepare(
+                &Change::Remove {
+                    names: vec!["snakecage-never-installed".into()],
+                },
+                &restarted,
+            )
+            .await
+            .unwrap(),
+    );
+    assert!(
+        gone.why
+            .contains("snakecage-never-installed installed nowhere"),
+        "{}",
+        gone.why
+    );
+    drop(guard);
+
     // Remove it: the next generation lacks it and the allowlist loses it. A rollover that
     // fails (the prepared generation dropped uncommitted) leaves no directory behind.
     let guard = manager.begin().unwrap();
-    let prepared = guard
-        .prepare(
-            &Change::Remove {
-                names: vec!["tabulate".into()],
-            },
-            &restarted,
-        )
-        .await
-        .unwrap();
+    let prepared = built(
+        guard
+            .prepare(
+                &Change::Remove {
+                    names: vec!["tabulate".into()],
+                },
+                &restarted,
+            )
+            .await
+            .unwrap(),
+    );
     let next = prepared.dir.clone();
     assert!(
         !prepared
@@ -289,10 +363,12 @@ async fn an_sdist_is_built_only_when_the_operator_allows_it() {
     config.packages.build_from_source = true;
     let manager = EnvManager::open(&mut config).unwrap();
     let guard = manager.begin().unwrap();
-    let prepared = guard
-        .prepare(&add("snakecage-crash-probe==1.0"), &config)
-        .await
-        .unwrap();
+    let prepared = built(
+        guard
+            .prepare(&add("snakecage-crash-probe==1.0"), &config)
+            .await
+            .unwrap(),
+    );
     assert_eq!(prepared.probe_imports, ["snakecage_crash_probe"]);
     let (ok, out) = python_in(&prepared.dir, "import snakecage_crash_probe");
     assert!(!ok && out.contains("refuses to be imported"), "{out}");

@@ -66,6 +66,12 @@ pub fn http_upstream(tls: Option<(&Path, &Path)>) -> (Upstream, u16) {
         .local_addr()
         .unwrap()
         .port();
+    (http_upstream_on(port, tls), port)
+}
+
+/// Starts the fixture server over streamable HTTP (with `tls`, HTTPS) on `port` and waits
+/// until it listens.
+pub fn http_upstream_on(port: u16, tls: Option<(&Path, &Path)>) -> Upstream {
     let child = Command::new(repo_root().join(".venv-tools/bin/python"))
         .arg(repo_root().join("tests/clients/mcp_upstream.py"))
         .args(match tls {
@@ -87,7 +93,7 @@ pub fn http_upstream(tls: Option<(&Path, &Path)>) -> (Upstream, u16) {
         assert!(Instant::now() < deadline, "the MCP fixture did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
-    (child, port)
+    child
 }
 
 #[tokio::test]

@@ -1,7 +1,9 @@
 //! `/v1/admin/packages`: list, add, remove and sync the operator's Python packages. A change
 //! builds a new environment generation (`crate::envs`), then rolls the pool over to it
 //! (`crate::generation::roll_over`); any failure leaves the serving generation as it was and
-//! answers with the installer's (or the probe's) own words. Admin keys only.
+//! answers with the installer's (or the probe's) own words. A change that changes nothing
+//! (`crate::envs::Prepare::Unchanged`) rolls nothing over and answers `"rolled_over":
+//! false` with the serving generation. Admin keys only.
 
 use std::time::Instant;
 
@@ -15,10 +17,11 @@ use serde_json::{Value, json};
 use crate::api::SharedState;
 use crate::api::json::ApiJson;
 use crate::auth::AdminCaller;
+use crate::envs::Prepare;
 use crate::envs::plan::Change;
 use crate::envs::spec::{Spec, parse_names};
 use crate::error::ApiError;
-use crate::generation::{NextGeneration, roll_over};
+use crate::generation::{NextGeneration, Outcome, roll_over};
 
 /// `GET /v1/admin/packages`: the distributions of the serving environment.
 pub async fn list(
@@ -139,18 +142,41 @@ async fn apply(state: &SharedState, change: Change) -> Result<Json<Value>, ApiEr
     let prepared = guard.prepare(&change, &live).await.inspect_err(|e| {
         tracing::warn!(change = %change.describe(), error = %e, "the package change failed; nothing switched");
     })?;
+    let prepared = match prepared {
+        Prepare::Built(prepared) => *prepared,
+        Prepare::Unchanged(unchanged) => {
+            let why = unchanged.why.clone();
+            let install_ms = unchanged.install_time.as_millis() as u64;
+            guard.keep(unchanged)?;
+            return Ok(Json(unchanged_answer(state, &why, install_ms)));
+        }
+    };
     // The live configuration again: a reload may have finished while uv ran.
     let next = NextGeneration {
         config: guard.next_config(&prepared, &state.config()),
         probe_imports: prepared.probe_imports.clone(),
         reason: prepared.reason.clone(),
+        force: false,
     };
     let started = Instant::now();
     // On failure `prepared` is dropped here, which deletes its directory.
-    let generation = roll_over(state, next).await.map_err(|e| {
-        tracing::warn!(change = %change.describe(), error = %e, "the new generation was refused; nothing switched");
-        e.into_api()
-    })?;
+    let generation = match roll_over(state, next).await {
+        Ok(Outcome::RolledOver(generation)) => generation,
+        // Not reached (a new environment directory is a new configuration), but if it
+        // were: nothing switched, and the new directory goes with `prepared`.
+        Ok(Outcome::Unchanged(_)) => {
+            let install_ms = prepared.install_time.as_millis() as u64;
+            return Ok(Json(unchanged_answer(
+                state,
+                "the new environment is the serving one",
+                install_ms,
+            )));
+        }
+        Err(e) => {
+            tracing::warn!(change = %change.describe(), error = %e, "the new generation was refused; nothing switched");
+            return Err(e.into_api());
+        }
+    };
     let rollover_ms = started.elapsed().as_millis() as u64;
     let install_ms = prepared.install_time.as_millis() as u64;
     let environment = prepared.dir.clone();
@@ -170,6 +196,7 @@ async fn apply(state: &SharedState, change: Change) -> Result<Json<Value>, ApiEr
         "package change done: workers use the new environment"
     );
     Ok(Json(json!({
+        "rolled_over": true,
         "generation": generation,
         "environment": environment,
         "changed": changed,
@@ -178,4 +205,27 @@ async fn apply(state: &SharedState, change: Change) -> Result<Json<Value>, ApiEr
         "install_ms": install_ms,
         "rollover_ms": rollover_ms,
     })))
+}
+
+/// The answer to a change that changed nothing: the same fields as a change's, empty where
+/// nothing happened, with the serving generation and why nothing was done.
+fn unchanged_answer(state: &SharedState, why: &str, install_ms: u64) -> Value {
+    let live = state.config();
+    let generation = state.generation();
+    tracing::info!(
+        why,
+        generation = generation.id,
+        "package change: nothing changed, no rollover"
+    );
+    json!({
+        "rolled_over": false,
+        "message": format!("nothing changed: {why}; generation {} keeps serving", generation.id),
+        "generation": generation,
+        "environment": live.python.venv,
+        "changed": [],
+        "removed": [],
+        "requested": state.envs.manifest().requested.values().collect::<Vec<_>>(),
+        "install_ms": install_ms,
+        "rollover_ms": 0,
+    })
 }

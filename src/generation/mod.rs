@@ -10,7 +10,16 @@
 //! shut down once nothing uses them. If anything fails nothing switches: the old generation
 //! keeps serving and the caller gets the real error. One rollover at a time.
 //!
+//! A rollover to what is already serving starts nothing: when the next configuration is
+//! the current one (every key, compared as data) and the files of its environment are
+//! those the current generation started on ([`stamp`]), the answer is
+//! [`Outcome::Unchanged`] at once, with no new zygote, no metric and no id used, unless
+//! the caller forces it. Generation ids count the generations that served: a failed
+//! attempt leaves no gap.
+//!
 //! Callers: `POST /v1/admin/reload` (the configuration re-read) and the package admin.
+
+pub mod stamp;
 
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime};
@@ -18,12 +27,14 @@ use std::time::{Instant, SystemTime};
 use serde::Serialize;
 
 use crate::api::AppState;
-use crate::config::{Config, unreloadable_changes};
+use crate::config::{Config, same_settings, unreloadable_changes};
 use crate::error::ApiError;
 use crate::live::Live;
 use crate::packages::Packages;
 use crate::pool::RolloverStage;
 use crate::tools::ToolContext;
+
+use self::stamp::EnvStamp;
 
 /// What the next generation runs with.
 pub struct NextGeneration {
@@ -35,12 +46,37 @@ pub struct NextGeneration {
     pub probe_imports: Vec<String>,
     /// Why, for /health, logs and metrics: "reload", "packages: add tabulate".
     pub reason: String,
+    /// Roll over even when nothing changed (a file the environment stamp cannot see).
+    pub force: bool,
+}
+
+/// How a rollover ended when it did not fail.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// A new generation serves.
+    RolledOver(GenerationInfo),
+    /// Nothing changed: the current generation keeps serving, nothing was started.
+    Unchanged(GenerationInfo),
+}
+
+impl Outcome {
+    /// The generation serving now.
+    pub fn generation(&self) -> &GenerationInfo {
+        match self {
+            Outcome::RolledOver(info) | Outcome::Unchanged(info) => info,
+        }
+    }
+
+    pub fn rolled_over(&self) -> bool {
+        matches!(self, Outcome::RolledOver(_))
+    }
 }
 
 /// One generation as `/health`, the status page and the admin API report it.
 #[derive(Debug, Clone, Serialize)]
 pub struct GenerationInfo {
-    /// 1 for the generation the service started with, then one more per rollover.
+    /// 1 for the generation the service started with, then one more per rollover that
+    /// switched (a failed attempt leaves no gap).
     pub id: u64,
     pub reason: String,
     /// When its rollover began (when the service started, for the first).
@@ -140,17 +176,21 @@ impl Rollovers {
     }
 }
 
-/// Rolls the service over to `next`: see the module docs. Answers the new generation.
-pub async fn roll_over(
-    state: &AppState,
-    next: NextGeneration,
-) -> Result<GenerationInfo, RolloverError> {
+/// Rolls the service over to `next`: see the module docs. Answers the generation serving
+/// afterwards.
+pub async fn roll_over(state: &AppState, next: NextGeneration) -> Result<Outcome, RolloverError> {
     let _running = state.rollovers.begin(&next.reason)?;
     let started = Instant::now();
     let result = attempt(state, next, started).await;
     let elapsed = started.elapsed();
     match &result {
-        Ok(info) => {
+        Ok(Outcome::Unchanged(info)) => {
+            tracing::info!(
+                generation = info.id,
+                "nothing changed: no new generation started"
+            );
+        }
+        Ok(Outcome::RolledOver(info)) => {
             state
                 .metrics
                 .rollover_finished("succeeded", elapsed, info.id);
@@ -172,7 +212,7 @@ async fn attempt(
     state: &AppState,
     next: NextGeneration,
     started: Instant,
-) -> Result<GenerationInfo, RolloverError> {
+) -> Result<Outcome, RolloverError> {
     let began_at = SystemTime::now();
     if state.stopping.is_cancelled() {
         return Err(RolloverError::ShuttingDown);
@@ -190,6 +230,14 @@ async fn attempt(
     }
     let settings = crate::server::pool_settings(&next.config)
         .map_err(|e| RolloverError::Invalid(e.to_string()))?;
+    let environment = EnvStamp::read_off_thread(&next.config).await;
+    if !next.force
+        && environment.is_some()
+        && environment == current.environment
+        && same_settings(&current.config, &next.config)
+    {
+        return Ok(Outcome::Unchanged(current.generation.clone()));
+    }
     let serving = state.pool.generation();
     let prepared = state
         .pool
@@ -221,6 +269,7 @@ async fn attempt(
         packages: std::sync::Arc::new(packages),
         tool_context: std::sync::Arc::new(tool_context),
         generation: generation.clone(),
+        environment,
     };
     // The pool and the live view switch together: no await in between.
     state.pool.switch(prepared);
@@ -229,5 +278,5 @@ async fn attempt(
         .metrics
         .set_build_info(crate::server::build_info(&info));
     state.metrics.set_tiers(&state.pool.tier_names());
-    Ok(generation)
+    Ok(Outcome::RolledOver(generation))
 }

@@ -1,0 +1,90 @@
+//! A reload that changes nothing starts nothing: the same generation answers at once, no
+//! zygote starts, no rollover is counted. A file rewritten in the environment the
+//! generation imports from is a change (its new contents serve after the reload), and
+//! `?force=true` rolls over whatever changed.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::harness::{Options, Server};
+use crate::rollover::{
+    assert_rollovers, generation, reload, reload_at, start, write_config, zygote_pids,
+};
+
+/// Writes the module `snakecage_stamped` (`VALUE = value`) into `dir`, readable by the
+/// workers' unprivileged uid.
+fn write_module(dir: &Path, value: &str) {
+    let file = dir.join("snakecage_stamped.py");
+    std::fs::write(&file, format!("VALUE = {value:?}\n")).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
+async fn value(s: &Server) -> Value {
+    s.run("import snakecage_stamped\nprint(snakecage_stamped.VALUE)")
+        .await["stdout"]
+        .clone()
+}
+
+#[tokio::test]
+async fn a_reload_that_changes_nothing_starts_nothing_and_a_rewritten_module_rolls_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let packages = dir.path().join("site");
+    std::fs::create_dir_all(&packages).unwrap();
+    for path in [dir.path(), &packages] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    write_module(&packages, "première");
+    let config = dir.path().join("snakecage.toml");
+    let extra = format!(
+        "\n[python]\nsite_packages = [{:?}]\n",
+        packages.display().to_string()
+    );
+    write_config(&config, &["numpy", "snakecage_stamped"], &extra);
+    let s = start(&config, Options::default()).await;
+    assert_eq!(value(&s).await, "première\n");
+    let zygotes = zygote_pids(&s).await;
+
+    // Nothing edited: the same generation, no zygote started, no rollover counted.
+    let (status, info) = reload(&s, None).await;
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["rolled_over"], false, "{info}");
+    assert_eq!(info["id"], 1, "{info}");
+    assert_eq!(info["reason"], "start", "{info}");
+    let message = info["message"].as_str().unwrap();
+    assert!(message.starts_with("nothing changed"), "{message}");
+    assert!(message.contains("generation 1"), "{message}");
+    assert_eq!(zygote_pids(&s).await, zygotes);
+    assert_rollovers(&s.scrape().await, 0, 0, 1);
+
+    // The file rewritten (same configuration): a change, and the new contents serve.
+    write_module(&packages, "deuxième");
+    let (status, info) = reload(&s, None).await;
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["rolled_over"], true, "{info}");
+    assert_eq!(info["id"], 2, "{info}");
+    assert_eq!(value(&s).await, "deuxième\n");
+    assert_rollovers(&s.scrape().await, 1, 0, 2);
+    let zygotes = zygote_pids(&s).await;
+    let (status, info) = reload(&s, None).await;
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["rolled_over"], false, "{info}");
+    assert_eq!(info["id"], 2, "{info}");
+    assert_eq!(zygote_pids(&s).await, zygotes);
+
+    // A bad query is told what to write; forced, it rolls over all the same.
+    let (status, body) = reload_at(&s, "/v1/admin/reload?force=maybe", None).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("`force`"),
+        "{body}"
+    );
+    let (status, info) = reload_at(&s, "/v1/admin/reload?force=true", None).await;
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["rolled_over"], true, "{info}");
+    assert_eq!(info["id"], 3, "{info}");
+    assert_rollovers(&s.scrape().await, 2, 0, 3);
+    assert_eq!(generation(&s).await, 3);
+    assert_eq!(value(&s).await, "deuxième\n");
+}
