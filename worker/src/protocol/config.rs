@@ -55,7 +55,7 @@ fn yes() -> bool {
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
 #[serde(rename_all = "snake_case")]
 pub enum WarmUp {
-    /// Compile, run, print and display a small pure-Python job.
+    /// The runner's own path: compile, run, print, display the last expression.
     Python,
     /// Array arithmetic, reductions and a matrix product.
     Numpy,
