@@ -4,11 +4,11 @@
 //! rollover's patience (10 s) is raised to normal priority, so a busy host still switches.
 
 use std::collections::BTreeSet;
-use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 use crate::harness::{Options, Server, children_of};
 use crate::rollover::{reload_at, start, write_config, zygote_pids};
+use crate::starting::slow_tier;
 
 /// `SCHED_IDLE` in `sched_setscheduler(2)`.
 const SCHED_IDLE: u64 = 5;
@@ -69,23 +69,15 @@ async fn watch_forced_reload(
 #[tokio::test]
 async fn a_new_zygote_still_starting_after_the_patience_is_raised_to_normal_priority() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     // Its preload is quick at start-up, and takes 13 s once the flag file exists.
-    let packages = dir.path().join("site");
-    std::fs::create_dir_all(&packages).unwrap();
     let flag = dir.path().join("slow-now");
-    std::fs::write(
-        packages.join("snakecage_slow_later.py"),
-        format!(
-            "import os, time\nif os.path.exists({:?}):\n    time.sleep(13)\n",
-            flag.display().to_string()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&packages, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let source = format!(
+        "import os, time\nif os.path.exists({:?}):\n    time.sleep(13)\n",
+        flag.display().to_string()
+    );
     let extra = format!(
-        "\n[python]\nsite_packages = [{:?}]\n\n[[tiers.profile]]\nname = \"slow\"\npreload = [\"snakecage_slow_later\"]\n",
-        packages.display().to_string()
+        "\n{}",
+        slow_tier(dir.path(), "snakecage_slow_later", &source)
     );
     write_config(&dir.path().join("snakecage.toml"), &["numpy"], &extra);
     let s = start(&dir.path().join("snakecage.toml"), Options::default()).await;
@@ -124,20 +116,13 @@ async fn a_new_zygote_still_starting_after_the_patience_is_raised_to_normal_prio
 #[tokio::test]
 async fn a_rollovers_new_zygotes_preload_at_idle_priority() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     // A tier whose preload takes seconds: the new zygote is seen while it starts.
-    let packages = dir.path().join("site");
-    std::fs::create_dir_all(&packages).unwrap();
-    std::fs::write(
-        packages.join("snakecage_slow_import.py"),
+    let tier = slow_tier(
+        dir.path(),
+        "snakecage_slow_import",
         "import time\ntime.sleep(3)\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&packages, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let extra = format!(
-        "\n[python]\nsite_packages = [{:?}]\n\n[[tiers.profile]]\nname = \"slow\"\npreload = [\"snakecage_slow_import\"]\n",
-        packages.display().to_string()
     );
+    let extra = format!("\n{tier}");
     write_config(&dir.path().join("snakecage.toml"), &["numpy"], &extra);
     let s = start(&dir.path().join("snakecage.toml"), Options::default()).await;
     let old: BTreeSet<u32> = zygote_pids(&s)

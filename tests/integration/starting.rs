@@ -3,6 +3,7 @@
 //! for liveness probes); then it serves.
 
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -10,28 +11,32 @@ use serde_json::Value;
 
 use crate::harness::{check_error_body, repo_root};
 
+/// Makes `dir` (and a site-packages directory in it holding module `name` with `source`)
+/// readable by the workers' uid, and returns the configuration of a tier `slow` that
+/// preloads that module: a zygote whose start-up takes as long as `source` wants.
+pub fn slow_tier(dir: &Path, name: &str, source: &str) -> String {
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let packages = dir.join("site");
+    std::fs::create_dir_all(&packages).unwrap();
+    std::fs::write(packages.join(format!("{name}.py")), source).unwrap();
+    std::fs::set_permissions(&packages, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!(
+        "[python]\nsite_packages = [{:?}]\n\n[[tiers.profile]]\nname = \"slow\"\npreload = [{name:?}]\n",
+        packages.display().to_string()
+    )
+}
+
 #[tokio::test]
 async fn requests_during_start_up_get_a_friendly_503_then_are_served() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     // A tier whose preload takes seconds: the start-up window is long enough to be seen.
-    let packages = dir.path().join("packages");
-    std::fs::create_dir_all(&packages).unwrap();
-    std::fs::write(
-        packages.join("snakecage_slow_import.py"),
-        "import time\ntime.sleep(3)\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&packages, std::fs::Permissions::from_mode(0o755)).unwrap();
     let config = dir.path().join("snakecage.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[python]\nsite_packages = [{:?}]\n\n[[tiers.profile]]\nname = \"slow\"\npreload = [\"snakecage_slow_import\"]\n",
-            packages.display().to_string()
-        ),
-    )
-    .unwrap();
+    let tier = slow_tier(
+        dir.path(),
+        "snakecage_slow_import",
+        "import time\ntime.sleep(3)\n",
+    );
+    std::fs::write(&config, tier).unwrap();
     let port = {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         probe.local_addr().unwrap().port()
