@@ -248,24 +248,6 @@ impl Drop for Workspace {
     }
 }
 
-/// Whether this process may raise a process out of `SCHED_IDLE` (CAP_SYS_NICE, or an
-/// `RLIMIT_NICE` that allows nice 0): without it, background work must not be put there
-/// by us, as nothing could bring it back.
-pub(super) fn can_raise_priority() -> bool {
-    const CAP_SYS_NICE: u64 = 1 << 23;
-    let cap = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        })
-        .is_some_and(|caps| caps & CAP_SYS_NICE != 0);
-    cap || nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NICE)
-        .is_ok_and(|(soft, _)| soft >= 20)
-}
-
 /// Gives `pid` (a zygote still starting) normal priority: `SCHED_OTHER`, nice 0.
 pub(super) fn raise_priority(pid: i32) -> bool {
     set_priority(pid, libc::SCHED_OTHER, 0)
@@ -307,17 +289,9 @@ mod tests {
         );
         assert_eq!(policy_of(pid), libc::SCHED_IDLE);
         let raised = set_priority(pid, libc::SCHED_OTHER, 0);
-        let cap_sys_nice = std::fs::read_to_string("/proc/self/status")
-            .unwrap()
-            .lines()
-            .find_map(|l| l.strip_prefix("CapEff:"))
-            .map(|hex| u64::from_str_radix(hex.trim(), 16).unwrap() & (1 << 23) != 0)
-            .unwrap();
-        // Without the capability, RLIMIT_NICE >= 20 would allow it too (nice 0).
-        let (nice_limit, _) =
-            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NICE).unwrap();
-        let capable = cap_sys_nice || nice_limit >= 20;
-        assert_eq!(raised, capable, "raised: {raised}, CAP_SYS_NICE: {capable}");
+        // CAP_SYS_NICE, or without it an RLIMIT_NICE of 20 or more (nice 0).
+        let capable = snakecage_worker::capability::can_raise_priority();
+        assert_eq!(raised, capable, "raised: {raised}, may raise: {capable}");
         let want = if capable {
             libc::SCHED_OTHER
         } else {

@@ -84,7 +84,8 @@ impl ZygoteHandle {
         startup_timeout: Duration,
         background: Option<Duration>,
     ) -> Result<Arc<Self>, ZygoteError> {
-        let background = background.filter(|_| super::worker::can_raise_priority());
+        // Idle only if it can be raised again: nothing else could bring it back.
+        let background = background.filter(|_| snakecage_worker::capability::can_raise_priority());
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,

@@ -7,10 +7,12 @@
 //! - [`toolspec`]: a host tool as user code sees it, and the one search over tools.
 //! - [`allowlist`]: the standard-library import allowlist (`python-stdlib-allowlist`),
 //!   embedded and parsed in this one place.
+//! - [`capability`]: whether this process may raise another out of `SCHED_IDLE`.
 //!
 //! The zygote binary (`src/main.rs`, feature `zygote`) adds CPython and the sandbox layers.
 
 pub mod allowlist;
+pub mod capability;
 pub mod fdpass;
 pub mod frame;
 pub mod protocol;

@@ -11,12 +11,15 @@
 
 use std::io;
 
+use snakecage_worker::capability::has_cap_sys_nice;
+
 /// Niceness of the zygote when it cannot use `SCHED_IDLE`.
 const FALLBACK_NICE: i32 = 10;
 
 /// Lowers this process (and so every child it forks) to background priority. Failure only
 /// costs latency, so it is logged, not fatal.
 pub fn lower_to_background() {
+    // The supervisor that exec'd the zygote has the same capabilities.
     if has_cap_sys_nice() {
         match set_idle() {
             Ok(()) => return,
@@ -40,18 +43,4 @@ pub fn set_idle() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// Whether CAP_SYS_NICE is in this process's effective set (the supervisor that exec'd
-/// the zygote has the same set).
-fn has_cap_sys_nice() -> bool {
-    const CAP_SYS_NICE: u32 = 23;
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << CAP_SYS_NICE) != 0)
 }
