@@ -171,8 +171,13 @@ pub async fn serve(
         stop.clone(),
     ));
     let pool_started = std::time::Instant::now();
-    let environment = crate::generation::stamp::EnvStamp::read_off_thread(&config).await;
-    let pool = match Pool::start_observed(settings, metrics.clone()).await {
+    // The environment's stamp (tens of milliseconds of directory reads) is taken while the
+    // zygotes start, not before: it is off the path to ready.
+    let (environment, started) = tokio::join!(
+        crate::generation::stamp::EnvStamp::read_off_thread(&config),
+        Pool::start_observed(settings, metrics.clone()),
+    );
+    let pool = match started {
         Ok(pool) => pool,
         Err(e) => {
             stop.cancel();
@@ -304,7 +309,6 @@ async fn listen(
         .await
 }
 
-/// The session rules the configuration describes.
 /// matplotlib's config and cache directory, shared by every tier: the plotting zygote
 /// writes its font cache there, and a worker of any other tier that imports matplotlib
 /// (behind the import scan's back) reads it. matplotlib insists on a directory that
@@ -324,6 +328,7 @@ fn prepare_mpl_config_dir(dir: &std::path::Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The session rules the configuration describes.
 pub fn session_settings(config: &Config) -> SessionSettings {
     let s = &config.sessions;
     SessionSettings {
