@@ -368,10 +368,9 @@ async fn drive(
     let cancel = limits.cancel.as_ref().unwrap_or(&never);
     let mut pending: Option<Pending> = None;
     // Background work still running after its patience gets normal priority.
-    let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
     let mut raise_at = limits
         .background
-        .map_or(far, |patience| tokio::time::Instant::now() + patience);
+        .map(|patience| tokio::time::Instant::now() + patience);
     loop {
         // Biased, in this order: the deadline and interrupts first, so output that never
         // stops cannot starve them; then the result; stdout before stderr, so two writes
@@ -388,10 +387,11 @@ async fn drive(
                 _ => return Ending::Deadline,
             },
             () = cancel.cancelled(), if interrupt.is_none() => return Ending::Cancelled,
-            () = tokio::time::sleep_until(raise_at), if raise_at < far => {
+            // (Disabled without a time; the expression is built either way.)
+            () = tokio::time::sleep_until(raise_at.unwrap_or(deadline)), if raise_at.is_some() => {
                 tracing::info!(worker = worker.id, "background job still running: raised to normal priority");
                 worker.foreground();
-                raise_at = far;
+                raise_at = None;
             }
             () = async { tokio::select! {
                 () = interrupt_now.cancelled() => {}
