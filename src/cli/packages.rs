@@ -177,10 +177,7 @@ pub fn render_listing(body: &Value) -> String {
         "NAME", "VERSION", "ADDED"
     ));
     for d in &dists {
-        let imports: Vec<&str> = d["import_names"]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
+        let imports = strings(&d["import_names"]);
         out.push_str(&format!(
             "{:width$}  {:12}  {:5}  {}\n",
             d["name"].as_str().unwrap_or_default(),
@@ -201,6 +198,23 @@ pub fn render_listing(body: &Value) -> String {
     out
 }
 
+/// The strings of a JSON array (none when it is not one).
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// The requirements the operator added, as the answer lists them, or "(none)".
+fn requested(body: &Value) -> String {
+    let requested = strings(&body["requested"]);
+    if requested.is_empty() {
+        "(none)".to_owned()
+    } else {
+        requested.join(" ")
+    }
+}
+
 /// `add`, `remove`, `sync`: what changed and the generation now serving (or, for a change
 /// that changed nothing, that and why).
 pub fn render_change(body: &Value) -> String {
@@ -208,25 +222,11 @@ pub fn render_change(body: &Value) -> String {
     if body["rolled_over"] == false {
         out.push_str(body["message"].as_str().unwrap_or("nothing changed"));
         out.push('\n');
-        let requested: Vec<&str> = body["requested"]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
-        out.push_str(&format!(
-            "added by the operator: {}\n",
-            if requested.is_empty() {
-                "(none)".to_owned()
-            } else {
-                requested.join(" ")
-            }
-        ));
+        out.push_str(&format!("added by the operator: {}\n", requested(body)));
         return out;
     }
     for d in body["changed"].as_array().into_iter().flatten() {
-        let imports: Vec<&str> = d["import_names"]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
+        let imports = strings(&d["import_names"]);
         out.push_str(&format!(
             "installed {} {}{}\n",
             d["name"].as_str().unwrap_or_default(),
@@ -241,18 +241,7 @@ pub fn render_change(body: &Value) -> String {
     for name in body["removed"].as_array().into_iter().flatten() {
         out.push_str(&format!("removed {}\n", name.as_str().unwrap_or_default()));
     }
-    let requested: Vec<&str> = body["requested"]
-        .as_array()
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    out.push_str(&format!(
-        "added by the operator now: {}\n",
-        if requested.is_empty() {
-            "(none)".to_owned()
-        } else {
-            requested.join(" ")
-        }
-    ));
+    out.push_str(&format!("added by the operator now: {}\n", requested(body)));
     let generation =
         generation_label(&body["generation"]).unwrap_or_else(|| "(unknown)".to_owned());
     out.push_str(&format!(
