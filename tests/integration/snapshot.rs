@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::escapes::{ALL_LAYERS, HostBait, OS_LAYERS, os_layer_fixtures, run_fixtures};
+use crate::escapes::{ALL_LAYERS, HostBait, assert_os_layers_stop_every_escape, python_layer_off};
 use crate::harness::{Options, Server, children_of};
 
 /// One tier preloading what the default tiers preload, snapshotted.
@@ -109,29 +109,15 @@ async fn a_snapshotted_tier_forks_from_memfd_memory_and_its_workers_stay_correct
 #[tokio::test]
 async fn on_a_snapshotted_tier_the_os_layers_still_stop_every_escape() {
     let bait = HostBait::new();
-    let s = Server::start_with(
-        Options::default()
-            .env("SNAKECAGE_SANDBOX__REQUIRE", OS_LAYERS)
-            .env(
-                "SNAKECAGE_SANDBOX__LAYERS_OFF",
-                r#"["audit_hook", "import_guard"]"#,
-            )
-            .env("SNAKECAGE_TIERS__PROFILE", SNAPSHOT_TIER),
-    )
-    .await;
+    let s =
+        Server::start_with(python_layer_off().env("SNAKECAGE_TIERS__PROFILE", SNAPSHOT_TIER)).await;
     let zygote = zygote_pid(&s.health().await);
     assert!(
         snapshot_mappings(zygote).0 > 0,
         "the tier is not snapshotted"
     );
 
-    let failures = run_fixtures(&s, os_layer_fixtures(&bait, s.pid())).await;
-    assert!(
-        failures.is_empty(),
-        "{} fixture(s) escaped the OS layers or were stopped differently:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert_os_layers_stop_every_escape(&s, &bait).await;
     // The snapshot's memfds are reachable only through /proc (map_files, maps): with the
     // Python layer off, the OS layers still deny both.
     for (code, denial) in [

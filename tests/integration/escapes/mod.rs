@@ -57,3 +57,29 @@ pub(crate) fn os_layer_fixtures(bait: &HostBait, supervisor_pid: u32) -> Vec<Fix
     .flatten()
     .collect()
 }
+
+/// A server with the Python layer (audit hook, import guard) switched off and every OS
+/// layer required: what the OS-layer fixtures run against.
+pub(crate) fn python_layer_off() -> crate::harness::Options {
+    crate::harness::Options::default()
+        .env("SNAKECAGE_SANDBOX__REQUIRE", OS_LAYERS)
+        .env(
+            "SNAKECAGE_SANDBOX__LAYERS_OFF",
+            r#"["audit_hook", "import_guard"]"#,
+        )
+}
+
+/// Runs every OS-layer fixture against `s`; fails naming each one that escaped or was
+/// stopped differently.
+pub(crate) async fn assert_os_layers_stop_every_escape(
+    s: &crate::harness::Server,
+    bait: &HostBait,
+) {
+    let failures = run_fixtures(s, os_layer_fixtures(bait, s.pid())).await;
+    assert!(
+        failures.is_empty(),
+        "{} fixture(s) escaped the OS layers or were stopped differently:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
