@@ -299,3 +299,55 @@ async fn ready_waits_for_a_worker_in_every_tier() {
         assert!(tier["idle"].as_u64() >= Some(1), "{health}");
     }
 }
+
+#[tokio::test]
+async fn the_lightest_tier_holds_only_its_runner_yet_the_package_list_is_complete() {
+    let s = Server::start().await;
+    // The package scan imports `importlib.metadata`, which brings `email`, `zipfile`,
+    // `tempfile`, `threading`, `random`… It runs in a throwaway child: in the zygote, every
+    // worker would copy those modules' pages and run `threading`'s and `random`'s at-fork
+    // hooks, for jobs that never asked for them.
+    let code = "import sys\nprint([m for m in ('importlib.metadata', 'email', 'zipfile', \
+                'tempfile', 'threading', 'random') if m in sys.modules])";
+    let (r, tier, _) = run_on_some_tier(&s, code).await;
+    assert_eq!(tier, "bare");
+    assert_eq!(r["stdout"], "[]\n", "{r}");
+
+    // They still import there when a job asks, and each worker's `random` is its own.
+    let code = "import random, threading, zipfile\nprint(threading.active_count(), random.getrandbits(64))";
+    let (first, tier, _) = run_on_some_tier(&s, code).await;
+    assert_eq!(tier, "bare");
+    let (second, _, _) = run_on_some_tier(&s, code).await;
+    let (a, b) = (
+        first["stdout"].as_str().unwrap(),
+        second["stdout"].as_str().unwrap(),
+    );
+    assert!(
+        a.starts_with("1 ") && b.starts_with("1 "),
+        "{first} {second}"
+    );
+    assert_ne!(a, b, "two workers drew the same random numbers");
+
+    // The scan still found every allowed package with the version its metadata gives.
+    let (status, packages) = s.get_json("/v1/packages").await;
+    assert_eq!(status, 200, "{packages}");
+    let listed = |name: &str| {
+        packages["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} is not listed: {packages}"))
+    };
+    let (r, _, _) = run_on_some_tier(
+        &s,
+        "import numpy, pandas\nprint(numpy.__version__, pandas.__version__)",
+    )
+    .await;
+    let stdout = r["stdout"].as_str().unwrap().trim().to_owned();
+    let (numpy, pandas) = stdout.split_once(' ').unwrap();
+    assert_eq!(listed("numpy")["version"], numpy, "{packages}");
+    assert_eq!(listed("pandas")["version"], pandas, "{packages}");
+    assert_eq!(listed("numpy")["installed"], true);
+}

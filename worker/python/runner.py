@@ -167,7 +167,9 @@ def warm_up_child(sources):
 
 def describe_packages(names):
     """For each allowed top-level package: installed or not, and the version of the
-    distribution that provides it, found without importing it (start-up only)."""
+    distribution that provides it, found without importing it (start-up only, in a
+    throwaway child of the zygote: ``importlib.metadata`` and what it imports never
+    enter the heap the workers share)."""
     import importlib.metadata
     import importlib.util
 

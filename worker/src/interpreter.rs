@@ -51,6 +51,8 @@ pub enum InterpreterError {
     Init(String),
     #[error("python error while {doing}: {source}")]
     Python { doing: &'static str, source: PyErr },
+    #[error("the package scan failed: {0}")]
+    PackageScan(String),
 }
 
 /// Initialises CPython: UTF-8 mode (PEP 540), isolated mode (no environment variables, no
@@ -449,7 +451,7 @@ pub fn prepare<'py>(
     }
     let (preloaded, preload_failures) = preload(py, &config.preload);
     let packages = if config.describe_packages {
-        runner.describe_packages(&config.sandbox.allowed_packages)?
+        crate::packages::describe_in_child(&runner, &config.sandbox.allowed_packages)?
     } else {
         Vec::new()
     };

@@ -7,6 +7,7 @@ mod child;
 mod hooks;
 mod hugepages;
 mod interpreter;
+mod packages;
 mod priority;
 mod sandbox;
 mod snapshot;
