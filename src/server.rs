@@ -149,6 +149,9 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let local_addr = listener.local_addr()?;
     let keys = Arc::new(load_keys(&config, listener.local_addr()?)?);
+    // A CA file that cannot be read is the operator's to fix: said before any zygote starts.
+    let trust_roots = crate::codemode::tls::TrustRoots::load(config.tools.ca_file.as_deref())
+        .map_err(ServeError::Tools)?;
     // A managed environment (packages the operator added) replaces python.venv.
     let envs = crate::envs::EnvManager::open(&mut config)?;
     let settings = pool_settings(&config)?;
@@ -218,7 +221,7 @@ pub async fn serve(
         metrics.clone(),
         stop.clone(),
     );
-    let catalog = crate::codemode::Catalog::start(&config.tools)
+    let catalog = crate::codemode::Catalog::start(&config.tools, trust_roots)
         .await
         .map_err(|e| ServeError::Tools(e.to_string()))?;
     metrics.set_tool_names(catalog.names());

@@ -147,17 +147,15 @@ pub enum CatalogError {
     Http { name: String, reason: String },
     #[error("tools.mcp '{name}': {reason}")]
     Mcp { name: String, reason: String },
-    #[error("{0}")]
-    CaFile(String),
     #[error("tool name '{0}' is offered twice (an HTTP tool and an MCP tool, or two MCP tools)")]
     Duplicate(String),
 }
 
 impl Catalog {
     /// Builds the catalog: HTTP tools from the configuration, then each MCP server's
-    /// tools (connecting to it and listing them).
-    pub async fn start(config: &ToolsConfig) -> Result<Self, CatalogError> {
-        let roots = TrustRoots::load(config.ca_file.as_deref()).map_err(CatalogError::CaFile)?;
+    /// tools (connecting to it and listing them), trusting `roots` for HTTPS
+    /// ([`TrustRoots::load`] of `tools.ca_file`, read before anything else starts).
+    pub async fn start(config: &ToolsConfig, roots: TrustRoots) -> Result<Self, CatalogError> {
         let mut tools = Vec::new();
         for http in &config.http {
             let tool = HttpTool::new(http, &roots).map_err(|reason| CatalogError::Http {

@@ -5,6 +5,11 @@
 
 /// Starts the service with `config` as its configuration file; it must refuse to start.
 fn refused_start_up(config: &str) -> String {
+    refused_start_up_with(config, &[])
+}
+
+/// [`refused_start_up`] with more environment variables.
+fn refused_start_up_with(config: &str, env: &[(&str, &str)]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("snakecage.toml");
     std::fs::write(&path, config).unwrap();
@@ -13,6 +18,7 @@ fn refused_start_up(config: &str) -> String {
         .arg(crate::harness::repo_root().join(".venv"))
         .env("SNAKECAGE_CONFIG", &path)
         .env("SNAKECAGE_WORKER__STATE_DIR", dir.path())
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     assert!(!out.status.success(), "started with {config}");
@@ -148,8 +154,15 @@ fn a_ca_file_that_is_missing_or_holds_no_certificate_stops_start_up() {
         (garbage, "no PEM certificate in it"),
     ] {
         let config = format!("[tools]\nca_file = {:?}\n", file.display().to_string());
-        let stderr = refused_start_up(&config);
+        // Said before any zygote starts: with no worker binary at all, the CA file is
+        // still what start-up names.
+        let no_worker = dir.path().join("no such worker");
+        let stderr = refused_start_up_with(
+            &config,
+            &[("SNAKECAGE_WORKER__BINARY", no_worker.to_str().unwrap())],
+        );
         let expected = format!("tools.ca_file {}: {says}", file.display());
         assert!(stderr.contains(&expected), "{stderr}");
+        assert!(!stderr.contains("no such worker"), "{stderr}");
     }
 }
