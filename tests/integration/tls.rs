@@ -3,13 +3,9 @@
 //! whose certificate is not in it is refused. Without the feature, start-up refuses an
 //! https:// URL and a `ca_file` with a message that names the feature.
 
-/// Starts the service with `config` as its configuration file; it must refuse to start.
-fn refused_start_up(config: &str) -> String {
-    refused_start_up_with(config, &[])
-}
-
-/// [`refused_start_up`] with more environment variables.
-fn refused_start_up_with(config: &str, env: &[(&str, &str)]) -> String {
+/// Starts the service with `config` as its configuration file and `env` added to its
+/// environment; it must refuse to start.
+fn refused_start_up(config: &str, env: &[(&str, &str)]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("snakecage.toml");
     std::fs::write(&path, config).unwrap();
@@ -136,7 +132,7 @@ mod without_tls {
             ),
         ];
         for (config, says) in cases {
-            let stderr = refused_start_up(config);
+            let stderr = refused_start_up(config, &[]);
             assert!(stderr.contains(says), "{config}: {stderr}");
         }
     }
@@ -157,7 +153,7 @@ fn a_ca_file_that_is_missing_or_holds_no_certificate_stops_start_up() {
         // Said before any zygote starts: with no worker binary at all, the CA file is
         // still what start-up names.
         let no_worker = dir.path().join("no such worker");
-        let stderr = refused_start_up_with(
+        let stderr = refused_start_up(
             &config,
             &[("SNAKECAGE_WORKER__BINARY", no_worker.to_str().unwrap())],
         );
