@@ -3,7 +3,7 @@
 The same snippets (print(1+1), a numpy/pandas aggregation, a matplotlib PNG) run through
   * snakecage         POST /v1/execute over loopback HTTP, one keep-alive connection per
                       client; the release server is started here (or --url for a running one);
-  * spawn             a fresh `python3.11 -I -S -c CODE` per request; for the snippets that
+  * spawn             a fresh `python3.12 -I -S -c CODE` per request; for the snippets that
                       import numpy/pandas/matplotlib, the sandbox venv's `python -I -c CODE`;
   * bwrap             the same spawn inside `bwrap --unshare-all` (only when bwrap is on PATH);
   * jupyter           a warm Jupyter kernel per client (jupyter_client), execute + wait for idle;

@@ -1,4 +1,4 @@
-# Sourced by the other scripts: finds CPython 3.11 by absolute path (never a shim) and
+# Sourced by the other scripts: finds CPython 3.12 by absolute path (never a shim) and
 # makes sure ./.venv holds the pinned packages. Idempotent and quick when nothing changed.
 set -euo pipefail
 
@@ -9,30 +9,31 @@ find_python() {
     if [[ -n "${SNAKECAGE_PYTHON:-}" ]]; then echo "$SNAKECAGE_PYTHON"; return; fi
     if command -v pyenv >/dev/null 2>&1; then
         local prefix
-        if prefix="$(pyenv prefix 3.11.7 2>/dev/null)" && [[ -x "$prefix/bin/python3.11" ]]; then
-            echo "$prefix/bin/python3.11"; return
+        if prefix="$(pyenv prefix 3.12.1 2>/dev/null)" && [[ -x "$prefix/bin/python3.12" ]]; then
+            echo "$prefix/bin/python3.12"; return
         fi
     fi
-    for candidate in /usr/local/bin/python3.11 /usr/bin/python3.11; do
+    for candidate in /usr/local/bin/python3.12 /usr/bin/python3.12; do
         if [[ -x "$candidate" ]]; then echo "$candidate"; return; fi
     done
-    echo "snakecage: no CPython 3.11 found; set SNAKECAGE_PYTHON to its absolute path" >&2
+    echo "snakecage: no CPython 3.12 found; set SNAKECAGE_PYTHON to its absolute path" >&2
     exit 1
 }
 
 BASE_PYTHON="$(find_python)"
 export PYO3_PYTHON="$BASE_PYTHON"
 
-# (Re)build the venv when it is missing or the requirement files changed.
+# (Re)build the venv when it is missing or the interpreter or the requirement files changed.
 ensure_venv() {
     local stamp=".venv/.snakecage-requirements"
     local want
-    want="$(cat python/requirements.txt python/requirements-dev.txt | sha256sum | cut -d' ' -f1)"
+    want="$({ echo "$BASE_PYTHON"; cat python/requirements.txt python/requirements-dev.txt; } | sha256sum | cut -d' ' -f1)"
     if [[ -x .venv/bin/python && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
         return
     fi
     echo "snakecage: preparing .venv with $BASE_PYTHON" >&2
-    "$BASE_PYTHON" -m venv .venv
+    # --clear: a venv of another interpreter version is rebuilt, not patched over.
+    "$BASE_PYTHON" -m venv --clear .venv
     .venv/bin/python -m pip install --quiet --disable-pip-version-check \
         -r python/requirements.txt -r python/requirements-dev.txt
     echo "$want" > "$stamp"
@@ -45,12 +46,12 @@ ensure_tool_venv() {
     local dir="$1" requirements="$2"
     local stamp="$dir/.snakecage-requirements"
     local want
-    want="$(sha256sum "$requirements" | cut -d' ' -f1)"
+    want="$({ echo "$BASE_PYTHON"; cat "$requirements"; } | sha256sum | cut -d' ' -f1)"
     if [[ -x "$dir/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
         return
     fi
     echo "snakecage: preparing $dir with $BASE_PYTHON" >&2
-    "$BASE_PYTHON" -m venv "$dir"
+    "$BASE_PYTHON" -m venv --clear "$dir"
     "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
     echo "$want" > "$stamp"
 }

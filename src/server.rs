@@ -94,6 +94,7 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
         preload: Vec::new(),
         warm_up: Vec::new(),
         snapshot: false,
+        immortal: true,
         // Shared by every tier: the plotting zygote builds the font cache there, which a
         // worker of another tier importing matplotlib then reads.
         describe_packages: true,
@@ -124,6 +125,7 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
                 // the fuller ones, which decide when the service is ready.
                 describe_packages: i == 0,
                 snapshot: profile.snapshot,
+                immortal: profile.immortal,
                 ..zygote.clone()
             },
         })

@@ -357,7 +357,7 @@ mod tests {
     fn ctx() -> ToolContext {
         ToolContext::new(
             &Config::default(),
-            "3.11.7".into(),
+            "3.12.1".into(),
             vec![
                 ("numpy".into(), Some("2.4.6".into())),
                 ("pandas".into(), None),
@@ -372,7 +372,7 @@ mod tests {
         config.limits.max_timeout_ms = 4567;
         let ctx = ToolContext::new(
             &config,
-            "3.11.7".into(),
+            "3.12.1".into(),
             vec![("numpy".into(), Some("2.4.6".into()))],
         );
         let run = catalog(&ctx)
@@ -384,7 +384,7 @@ mod tests {
             "4567 ms",
             "numpy 2.4.6",
             "no network",
-            "Python 3.11.7",
+            "Python 3.12.1",
             "stdout",
         ] {
             assert!(

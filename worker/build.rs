@@ -1,5 +1,5 @@
-//! Links the zygote against libpython with an rpath, and records the build interpreter's
-//! prefix as the default Python home.
+//! Links the zygote against libpython (CPython 3.12) with an rpath, and records the build
+//! interpreter's prefix as the default Python home.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -9,6 +9,14 @@ fn main() {
     }
     pyo3_build_config::add_libpython_rpath_link_args();
     let config = pyo3_build_config::get();
+    // One interpreter version: `immortal.rs` writes 3.12's immortal reference count, whose
+    // encoding changes between versions.
+    let version = config.version();
+    if (version.major, version.minor) != (3, 12) {
+        panic!(
+            "snakecage-worker builds against CPython 3.12, not {version}: set PYO3_PYTHON (source scripts/env.sh)"
+        );
+    }
     if let Some(lib_dir) = config.lib_dir() {
         let prefix = std::path::Path::new(lib_dir)
             .parent()

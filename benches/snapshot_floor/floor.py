@@ -8,7 +8,7 @@ parent; each child runs --code (nothing by default) and _exits. Prints one line:
 of the parent, then per child the wall time, CPU (parent + child, getrusage) and minor
 faults. No sandbox, no job protocol: the floor under a stateless request on that tier.
 
-    gcc -O2 -shared -fPIC $(python3.11-config --includes) benches/snapshot_floor/floor.c \\
+    gcc -O2 -shared -fPIC $(python3.12-config --includes) benches/snapshot_floor/floor.c \\
         -o /tmp/snapshot_floor.so
     .venv/bin/python -I benches/snapshot_floor/floor.py --lib /tmp/snapshot_floor.so \\
         --preload numpy,pandas --memory snapshot --code 'print(1+1)'

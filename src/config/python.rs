@@ -97,8 +97,8 @@ mod tests {
 
     #[test]
     fn pyvenv_home_is_the_prefix_above_bin() {
-        let cfg = "home = /opt/py/3.11.7/bin\ninclude-system-site-packages = false\n";
-        assert_eq!(venv_home(cfg), Some(PathBuf::from("/opt/py/3.11.7")));
-        assert_eq!(venv_home("version = 3.11\n"), None);
+        let cfg = "home = /opt/py/3.12.1/bin\ninclude-system-site-packages = false\n";
+        assert_eq!(venv_home(cfg), Some(PathBuf::from("/opt/py/3.12.1")));
+        assert_eq!(venv_home("version = 3.12\n"), None);
     }
 }

@@ -38,6 +38,14 @@ pub struct TierProfile {
     /// of a big interpreter get cheaper, each page a worker first reads faults once.
     #[serde(default)]
     pub snapshot: bool,
+    /// Give the zygote's whole heap CPython's immortal reference count before it forks:
+    /// workers copy fewer of its pages.
+    #[serde(default = "yes")]
+    pub immortal: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl TierProfile {
@@ -47,6 +55,7 @@ impl TierProfile {
             preload: preload.iter().map(|s| (*s).to_owned()).collect(),
             warm_up: Some(warm_up.to_vec()),
             snapshot: false,
+            immortal: true,
         }
     }
 
@@ -189,6 +198,7 @@ mod tests {
             preload: vec!["numpy".into(), "matplotlib.pyplot".into()],
             warm_up: None,
             snapshot: false,
+            immortal: true,
         };
         assert_eq!(
             profile.warm_up(),

@@ -201,7 +201,7 @@ mod tests {
     fn a_venv_names_its_site_packages() {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(site_packages(dir.path()), None);
-        let site = dir.path().join("lib/python3.11/site-packages");
+        let site = dir.path().join("lib/python3.12/site-packages");
         std::fs::create_dir_all(&site).unwrap();
         assert_eq!(site_packages(dir.path()), Some(site));
     }

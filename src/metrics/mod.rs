@@ -476,7 +476,7 @@ mod tests {
         let m = Metrics::new();
         m.set_build_info(BuildInfo {
             version: "1.2.3".into(),
-            python_version: "3.11.7".into(),
+            python_version: "3.12.1".into(),
             sandbox_layers: Vec::new(),
         });
         m
@@ -501,7 +501,7 @@ mod tests {
             text.contains("snakecage_executions_total{kind=\"stateless\",outcome=\"rejected\"} 0")
         );
         assert!(text.contains(
-            "snakecage_build_info{python_version=\"3.11.7\",sandbox_layers=\"none\",version=\"1.2.3\"} 1"
+            "snakecage_build_info{python_version=\"3.12.1\",sandbox_layers=\"none\",version=\"1.2.3\"} 1"
         ));
     }
 

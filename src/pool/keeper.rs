@@ -126,7 +126,7 @@ mod tests {
     fn info(layers: &[(Layer, LayerState)]) -> ZygoteInfo {
         ZygoteInfo {
             pid: 1,
-            python_version: "3.11.7".into(),
+            python_version: "3.12.1".into(),
             preloaded: Vec::new(),
             preload_failures: Vec::new(),
             sandbox: layers

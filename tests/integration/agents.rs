@@ -216,7 +216,7 @@ async fn the_package_list_matches_what_imports_succeed_and_fail() {
         .json()
         .await
         .unwrap();
-    assert_eq!(packages["python_version"], "3.11.7");
+    assert_eq!(packages["python_version"], "3.12.1");
     let stdlib: Vec<String> = packages["stdlib"]
         .as_array()
         .unwrap()

@@ -393,7 +393,7 @@ async fn health_reports_the_pool_and_the_interpreter() {
     let h = s.health().await;
     assert_eq!(h["status"], "ok");
     assert_eq!(h["version"], env!("CARGO_PKG_VERSION"));
-    assert_eq!(h["python_version"], "3.11.7");
+    assert_eq!(h["python_version"], "3.12.1");
     assert_eq!(h["pool"]["target_size"], 2);
     let names: Vec<&str> = h["preloaded"]
         .as_array()

@@ -14,6 +14,7 @@ mod file_store;
 mod files;
 mod grafana;
 mod harness;
+mod immortal;
 mod kubernetes;
 mod load;
 mod observability;

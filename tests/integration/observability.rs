@@ -32,7 +32,7 @@ async fn metrics_pass_promtool_and_count_what_was_served() {
     let build = before.series(names::BUILD_INFO);
     assert_eq!(build.len(), 1, "{build:?}");
     assert_eq!(build[0].0["version"], env!("CARGO_PKG_VERSION"));
-    assert_eq!(build[0].0["python_version"], "3.11.7");
+    assert_eq!(build[0].0["python_version"], "3.12.1");
     // Every layer the zygote's probe found active on this host, by name.
     assert_eq!(build[0].0["sandbox_layers"], ALL_LAYERS);
     assert_eq!(build[0].1, 1.0);

@@ -137,7 +137,7 @@ def _chained_summaries(summary):
 
 
 def _format_syntax_error_like_c(summary, stype):
-    """Lines for a SyntaxError as 3.11's C printer (pythonrun.c) writes them.
+    """Lines for a SyntaxError as CPython's C printer (pythonrun.c) writes them.
 
     ``python __main__.py`` reports through that printer, whose caret line
     differs from the traceback module's: subclasses such as IndentationError

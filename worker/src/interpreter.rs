@@ -14,6 +14,8 @@ use snakecage_worker::protocol::{
     ZygoteConfig,
 };
 
+use crate::immortal;
+
 const TOOLS_SOURCE: &str = include_str!("../python/tools.py");
 
 /// The runner (`worker/python/runner.py`) and the modules it imports, in load order: each
@@ -459,8 +461,15 @@ pub fn prepare<'py>(
     runner.prepare_zygote()?;
     // What the warm-up jobs import or build lazily is then shared by every child.
     runner.warm_up_child()?;
-    py.import("gc")
-        .and_then(|gc| gc.call_method0("freeze"))
+    let gc = py.import("gc").map_err(py_err("importing gc"))?;
+    if config.immortal {
+        // Garbage first, so that only what the heap really holds is kept forever; then
+        // before the freeze, because 3.12 does not list the permanent generation.
+        gc.call_method0("collect")
+            .map_err(py_err("collecting before making the heap immortal"))?;
+        immortal::immortalize_heap(py).map_err(py_err("making the heap immortal"))?;
+    }
+    gc.call_method0("freeze")
         .map_err(py_err("freezing the heap"))?;
     Ok(Prepared {
         runner,

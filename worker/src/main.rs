@@ -6,6 +6,7 @@
 mod child;
 mod hooks;
 mod hugepages;
+mod immortal;
 mod interpreter;
 mod packages;
 mod priority;

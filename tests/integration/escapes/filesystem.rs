@@ -77,7 +77,7 @@ pub(super) fn os_layers(secret: &str) -> Vec<Fixture> {
         ),
         prints(
             "writing into the Python prefix",
-            "import sys\ntry:\n    open(sys.base_prefix + '/lib/python3.11/os.py', 'a')\nexcept OSError as e:\n    print(e.errno, e.strerror)",
+            "import sys\ntry:\n    open(sys.base_prefix + '/lib/python3.12/os.py', 'a')\nexcept OSError as e:\n    print(e.errno, e.strerror)",
             "13 Permission denied\n",
         ),
         denied(

@@ -13,7 +13,7 @@ import pytest
 
 from runner_modules import load_runner
 
-PYENV_PYTHON = Path("/root/.pyenv/versions/3.11.7/bin/python3.11")
+PYENV_PYTHON = Path("/root/.pyenv/versions/3.12.1/bin/python3.12")
 CPYTHON = str(PYENV_PYTHON) if PYENV_PYTHON.exists() else sys.executable
 
 

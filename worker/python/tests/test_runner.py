@@ -23,7 +23,7 @@ from runner_modules import CHILD_LOADER, RUNNER_FILES, load_runner
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 ALLOWLIST_PATH = REPO_ROOT / "python-stdlib-allowlist"
-PYENV_PYTHON = Path("/root/.pyenv/versions/3.11.7/bin/python3.11")
+PYENV_PYTHON = Path("/root/.pyenv/versions/3.12.1/bin/python3.12")
 # The service's CPython; the venv's interpreter is the same build.
 CPYTHON = str(PYENV_PYTHON) if PYENV_PYTHON.exists() else sys.executable
 # The venv's site-packages, for the tests that need numpy (this process runs in the venv).
@@ -663,7 +663,7 @@ def test_output_matches_python_running_main_py(runner, capsys, tmp_path, code):
     real = subprocess.run(
         [CPYTHON, "__main__.py"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60
     )
-    # CPython 3.11 shows the script's absolute path; the runner shows __main__.py.
+    # CPython shows the script's absolute path; the runner shows __main__.py.
     real_err = real.stderr.replace(str(tmp_path / "__main__.py"), "__main__.py")
     (tmp_path / "__main__.py").unlink()
 

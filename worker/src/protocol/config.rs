@@ -33,6 +33,11 @@ pub struct ZygoteConfig {
     /// fork and exit, a page fault for each page a worker first reads.
     #[serde(default)]
     pub snapshot: bool,
+    /// Give every object of the heap CPython's immortal reference count before the
+    /// freeze (`immortal.rs`): a worker's reference counting then writes nothing to the
+    /// zygote's pages, which stay shared instead of being copied.
+    #[serde(default = "yes")]
+    pub immortal: bool,
     /// Matplotlib's config and font cache; written by the zygote only.
     pub mpl_config_dir: PathBuf,
     pub limits: WorkerLimits,
