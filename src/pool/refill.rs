@@ -110,7 +110,7 @@ async fn spawn_one(
         Err(SpawnError::NotReady { .. }) => inner.events.worker_killed(KillReason::NotReady),
         Err(_) => inner.events.spawn_failed(),
     }
-    let spawned_ok = spawned.as_ref().ok().map(|_| ());
+    let failed = spawned.is_err();
     match spawned {
         Ok(worker) => {
             inner
@@ -154,7 +154,6 @@ async fn spawn_one(
     // more idle): the refill is only needed after a failure, or when a tier's first worker
     // may let the others start theirs (`stock` gives each tier one first at start-up).
     let first = tier.spawned.load(Ordering::Relaxed) == 1;
-    let failed = spawned_ok.is_none();
     tier.spawning.fetch_sub(1, Ordering::AcqRel);
     if failed || first {
         inner.refill.notify_one();
