@@ -104,6 +104,9 @@ pub struct CpuPerRequest {
     pub split_ms: TreeSplit,
     /// Minor page faults in that tree.
     pub tree_faults: f64,
+    /// Context switches (voluntary and not, every thread) of the supervisor and of the
+    /// zygotes: each one is a wake-up.
+    pub switches: Switches,
     /// Every CPU of the machine, minus this load generator's own time.
     pub machine_ms: f64,
 }
@@ -117,6 +120,10 @@ impl CpuPerRequest {
             "zygotes": s.zygotes,
             "workers": s.workers,
             "machine": self.machine_ms,
+            "switches_supervisor": self.switches.supervisor,
+            "switches_zygotes": self.switches.zygotes,
+            "schedstat_supervisor": self.switches.supervisor_cpu_ms,
+            "schedstat_zygotes": self.switches.zygotes_cpu_ms,
         })
     }
 }
@@ -143,22 +150,35 @@ impl TreeSplit {
     }
 }
 
+/// Context switches of the supervisor's threads and of the zygotes' (live threads only),
+/// and their CPU time to the nanosecond (`schedstat`; the tick-sampled `stat` times above
+/// are too coarse for a fraction of a millisecond per request).
+#[derive(Clone, Copy, Default)]
+pub struct Switches {
+    pub supervisor: f64,
+    pub zygotes: f64,
+    pub supervisor_cpu_ms: f64,
+    pub zygotes_cpu_ms: f64,
+}
+
 /// CPU counters at one instant, in milliseconds.
 pub struct CpuSnapshot {
     machine: f64,
     this_tool: f64,
     tree: TreeSplit,
     faults: f64,
+    switches: Switches,
 }
 
 impl CpuSnapshot {
     pub fn take(server: u32) -> Self {
-        let (tree, faults) = tree_cpu_ms_and_faults(server);
+        let (tree, faults, switches) = tree_cpu_ms_and_faults(server);
         Self {
             machine: machine_busy_ms(),
             this_tool: own_cpu_ms(),
             tree,
             faults,
+            switches,
         }
     }
 
@@ -169,6 +189,14 @@ impl CpuSnapshot {
             tree_ms: (self.tree.total() - before.tree.total()) / n,
             split_ms: self.tree.minus(before.tree, n),
             tree_faults: (self.faults - before.faults) / n,
+            switches: Switches {
+                supervisor: (self.switches.supervisor - before.switches.supervisor) / n,
+                zygotes: (self.switches.zygotes - before.switches.zygotes) / n,
+                supervisor_cpu_ms: (self.switches.supervisor_cpu_ms
+                    - before.switches.supervisor_cpu_ms)
+                    / n,
+                zygotes_cpu_ms: (self.switches.zygotes_cpu_ms - before.switches.zygotes_cpu_ms) / n,
+            },
             machine_ms: (self.machine - before.machine - tool) / n,
         }
     }
@@ -210,10 +238,12 @@ fn own_cpu_ms() -> f64 {
 
 /// utime + stime + cutime + cstime of `pid` and every descendant (reaped workers are in
 /// their zygote's cutime/cstime, live ones are counted themselves), split by kind of
-/// process, and the same sum of minor faults (minflt + cminflt).
-fn tree_cpu_ms_and_faults(pid: u32) -> (TreeSplit, f64) {
+/// process, the same sum of minor faults (minflt + cminflt), and the context switches of
+/// the supervisor's and the zygotes' threads.
+fn tree_cpu_ms_and_faults(pid: u32) -> (TreeSplit, f64, Switches) {
     let mut split = TreeSplit::default();
     let mut faults = 0.0;
+    let mut switches = Switches::default();
     // (pid, depth): 0 the supervisor, 1 a zygote, 2 and more a worker.
     let mut stack = vec![(pid, 0u32)];
     while let Some((pid, depth)) = stack.pop() {
@@ -246,6 +276,20 @@ fn tree_cpu_ms_and_faults(pid: u32) -> (TreeSplit, f64) {
             .into_iter()
             .flatten();
         for task in tasks.flatten() {
+            if depth < 2 {
+                let n = context_switches(&task.path());
+                let cpu = run_time_ms(&task.path());
+                match depth {
+                    0 => {
+                        switches.supervisor += n;
+                        switches.supervisor_cpu_ms += cpu;
+                    }
+                    _ => {
+                        switches.zygotes += n;
+                        switches.zygotes_cpu_ms += cpu;
+                    }
+                }
+            }
             let children =
                 std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
             stack.extend(
@@ -256,7 +300,28 @@ fn tree_cpu_ms_and_faults(pid: u32) -> (TreeSplit, f64) {
             );
         }
     }
-    (split, faults)
+    (split, faults, switches)
+}
+
+/// The CPU time one thread has run, in milliseconds (`/proc/PID/task/TID/schedstat`).
+fn run_time_ms(task: &Path) -> f64 {
+    let stat = std::fs::read_to_string(task.join("schedstat")).unwrap_or_default();
+    let ns: f64 = stat
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0.0);
+    ns / 1e6
+}
+
+/// Voluntary and involuntary context switches of one thread (`/proc/PID/task/TID/status`).
+fn context_switches(task: &Path) -> f64 {
+    let status = std::fs::read_to_string(task.join("status")).unwrap_or_default();
+    status
+        .lines()
+        .filter(|l| l.starts_with("voluntary_ctxt") || l.starts_with("nonvoluntary_ctxt"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .sum()
 }
 
 /// Median private memory (`Private_Clean + Private_Dirty`) of the idle workers below

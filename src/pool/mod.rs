@@ -156,6 +156,8 @@ struct Inner {
     slots: Slots,
     next_worker_id: AtomicU64,
     refill: Notify,
+    /// Held by one pass of [`refill::stock`] at a time.
+    stocking: std::sync::Mutex<()>,
     shutdown: CancellationToken,
     counters: PoolCounters,
     events: Arc<dyn PoolEvents>,
@@ -194,6 +196,7 @@ impl Pool {
             root,
             next_worker_id: AtomicU64::new(1),
             refill: Notify::new(),
+            stocking: std::sync::Mutex::new(()),
             shutdown,
             counters: PoolCounters::default(),
             events,

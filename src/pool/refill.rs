@@ -1,6 +1,8 @@
-//! Keeping every tier stocked: the refill task forks workers ahead of demand, off the
-//! request path, until each tier has as many idle (or starting) workers as its target;
-//! and retiring the idle workers a tier no longer needs when its target falls.
+//! Keeping every tier stocked: workers are forked ahead of demand, off the request path,
+//! until each tier has as many idle (or starting) workers as its target; and the idle
+//! workers a tier no longer needs are retired when its target falls. A take asks for its
+//! replacement itself ([`stock`], from the task that is awake anyway); the refill task
+//! does the rest (start-up, failed spawns, new targets, zygote restarts, rollovers).
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -28,8 +30,11 @@ enum SpawnError {
 }
 
 /// Keeps `idle + spawning == target` in every tier of the current generation (and of the
-/// one a rollover is preparing), spawning concurrently; woken whenever a worker is taken,
-/// a spawn ends, a target moves, a zygote is replaced or a generation starts.
+/// one a rollover is preparing), spawning concurrently; woken when a spawn fails, a tier's
+/// first worker starts, a target moves, a zygote is replaced or a generation starts.
+///
+/// It does not wait before it asks: the zygote itself holds a fork request back until the
+/// job just sent has had the CPU (`FORK_DELAY` in the worker's `zygote.rs`).
 pub(super) async fn refill_loop(inner: Arc<Inner>) {
     loop {
         for generation in inner.generations.stocked() {
@@ -39,20 +44,17 @@ pub(super) async fn refill_loop(inner: Arc<Inner>) {
             () = inner.refill.notified() => {}
             () = inner.shutdown.cancelled() => return,
         }
-        // Usually a worker was just taken and its job is being sent. Forking a zygote this
-        // size holds a CPU in the kernel for a millisecond or more where nothing preempts it
-        // (PREEMPT_NONE, `SCHED_IDLE` or not), and the job's worker may be woken onto that
-        // CPU: let a short job run first.
-        tokio::time::sleep(REFILL_DELAY).await;
     }
 }
 
 /// One pass over `generation`'s tiers: retire the idle workers a tier no longer needs,
-/// spawn those it lacks.
-fn stock(inner: &Arc<Inner>, generation: &Arc<Generation>) {
+/// spawn those it lacks. Called by the refill task and by each take; one pass at a time,
+/// so two that run together do not both spawn the same missing worker.
+pub(super) fn stock(inner: &Arc<Inner>, generation: &Arc<Generation>) {
     if generation.retired.is_cancelled() {
         return;
     }
+    let _one_at_a_time = inner.stocking.lock().expect("stocking lock");
     // While a generation starts (the service's first, or one a rollover prepares), one
     // worker per tier first: it is ready once every tier has one, and the rest would only
     // compete with the slowest tier's first worker for the CPUs. Bounded in time: a tier
@@ -94,9 +96,6 @@ fn stock(inner: &Arc<Inner>, generation: &Arc<Generation>) {
 /// How long after start the refill gives each tier its first worker before the rest.
 const START_UP_ONE_EACH: Duration = Duration::from_secs(10);
 
-/// How long the refill waits after being woken before it forks.
-const REFILL_DELAY: Duration = Duration::from_millis(2);
-
 async fn spawn_one(
     inner: Arc<Inner>,
     generation: Arc<Generation>,
@@ -111,6 +110,7 @@ async fn spawn_one(
         Err(SpawnError::NotReady { .. }) => inner.events.worker_killed(KillReason::NotReady),
         Err(_) => inner.events.spawn_failed(),
     }
+    let failed = spawned.is_err();
     match spawned {
         Ok(worker) => {
             inner
@@ -150,8 +150,14 @@ async fn spawn_one(
             }
         }
     }
+    // A worker that started leaves the tier as stocked as before (one less spawning, one
+    // more idle): the refill is only needed after a failure, or when a tier's first worker
+    // may let the others start theirs (`stock` gives each tier one first at start-up).
+    let first = tier.spawned.load(Ordering::Relaxed) == 1;
     tier.spawning.fetch_sub(1, Ordering::AcqRel);
-    inner.refill.notify_one();
+    if failed || first {
+        inner.refill.notify_one();
+    }
 }
 
 async fn spawn_worker(

@@ -21,7 +21,7 @@ impl Inner {
     /// of a fuller one, waiting (until `deadline`) for the refill when none has one.
     /// Counts the demand.
     pub(super) async fn take_idle(
-        &self,
+        self: &Arc<Self>,
         mut generation: Arc<Generation>,
         mut routed: usize,
         deadline: tokio::time::Instant,
@@ -77,7 +77,10 @@ impl Inner {
                     }
                 }
             };
-            self.refill.notify_one();
+            // Its replacement is asked for now, by this task, which is awake anyway (waking
+            // the refill task for it would cost a wake-up per request, often on the other
+            // thread); the zygote makes it once this job has had the CPU.
+            super::refill::stock(self, &generation);
             let Taken::Worker(mut worker) = taken else {
                 continue;
             };

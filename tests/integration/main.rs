@@ -24,6 +24,7 @@ mod packages_cli;
 mod packages_env;
 mod prom;
 mod prometheus;
+mod refill;
 mod reliability;
 mod replay;
 mod rich;

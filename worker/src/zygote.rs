@@ -1,9 +1,11 @@
 //! The fork server: a single-threaded loop over the control socket and SIGCHLD. It forks
-//! workers on request, reaps every child and reports each exit status.
+//! workers on request (a little later: see [`FORK_DELAY`]), reaps every child and reports
+//! each exit status.
 
 use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal, kill};
@@ -45,6 +47,25 @@ fn io_err(doing: &'static str) -> impl FnOnce(io::Error) -> ZygoteError {
 
 /// Largest control record the zygote accepts (requests are tiny).
 const MAX_CONTROL_RECORD: usize = 64 << 10;
+
+/// How long a fork request may wait for a child's exit before it is served anyway.
+///
+/// The supervisor asks for a replacement as soon as it takes a worker, that is just before
+/// it sends that worker its job. Forking an interpreter this size holds a CPU in the kernel
+/// for a millisecond or more where nothing preempts it (`SCHED_IDLE` or not), and the
+/// job's worker may be woken onto that CPU: so a request waits until a child exits (the
+/// job's worker, usually: the CPU it held is free again) or this long has passed, whichever
+/// comes first. Waiting here, and not in the supervisor, costs no wake-up of its own: the
+/// zygote is woken by that exit anyway, and reports it with the fork reply.
+const FORK_DELAY: Duration = Duration::from_millis(2);
+
+/// A fork the supervisor asked for, not made yet.
+struct PendingFork {
+    worker_id: u64,
+    fds: Vec<OwnedFd>,
+    /// When it is made even if no child has exited by then.
+    due: Instant,
+}
 
 pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
     // The zygote dies with the supervisor; its workers die with it in turn.
@@ -124,6 +145,8 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
             control,
             sigchld,
             children: HashSet::new(),
+            pending: Vec::new(),
+            exited: Vec::new(),
             config: &config,
             sandbox: &sandbox,
         };
@@ -137,6 +160,10 @@ struct Zygote<'py, 'c> {
     control: OwnedFd,
     sigchld: SignalFd,
     children: HashSet<i32>,
+    /// Forks asked for and not made yet, oldest first.
+    pending: Vec<PendingFork>,
+    /// Children reaped and not reported yet.
+    exited: Vec<(i32, ExitStatus)>,
     config: &'c ZygoteConfig,
     sandbox: &'c Sandbox,
 }
@@ -145,12 +172,21 @@ impl Zygote<'_, '_> {
     fn serve(&mut self) -> Result<(), ZygoteError> {
         let mut buf = vec![0u8; MAX_CONTROL_RECORD];
         loop {
+            let timeout = match self.pending.first() {
+                None => PollTimeout::NONE,
+                Some(first) => {
+                    let wait = first.due.saturating_duration_since(Instant::now());
+                    // Rounded up: woken a little early, the fork would wait another round.
+                    let ms = wait.as_micros().div_ceil(1000);
+                    PollTimeout::from(ms.min(60_000) as u16)
+                }
+            };
             let (control_ready, child_exited) = {
                 let mut fds = [
                     PollFd::new(self.control.as_fd(), PollFlags::POLLIN),
                     PollFd::new(self.sigchld.as_fd(), PollFlags::POLLIN),
                 ];
-                match poll(&mut fds, PollTimeout::NONE) {
+                match poll(&mut fds, timeout) {
                     Ok(_) => {}
                     Err(nix::errno::Errno::EINTR) => continue,
                     Err(e) => return Err(io_err("polling")(e.into())),
@@ -158,10 +194,6 @@ impl Zygote<'_, '_> {
                 let ready = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
                 (ready(&fds[0]), ready(&fds[1]))
             };
-            if child_exited {
-                while let Ok(Some(_)) = self.sigchld.read_signal() {}
-                self.reap()?;
-            }
             if control_ready {
                 let rec = recv_record(self.control.as_fd(), &mut buf)
                     .map_err(io_err("reading the control socket"))?;
@@ -171,9 +203,33 @@ impl Zygote<'_, '_> {
                 let request: ControlRequest = frame::decode_exact(&buf[..rec.bytes], MAX_FRAME_LEN)
                     .map_err(|e| ZygoteError::Protocol(e.to_string()))?;
                 match request {
-                    ControlRequest::Fork { worker_id } => self.fork(worker_id, rec.fds)?,
+                    ControlRequest::Fork { worker_id } => self.pending.push(PendingFork {
+                        worker_id,
+                        fds: rec.fds,
+                        due: Instant::now() + FORK_DELAY,
+                    }),
                     ControlRequest::Shutdown => return self.shutdown(),
                 }
+            }
+            if child_exited {
+                while let Ok(Some(_)) = self.sigchld.read_signal() {}
+                self.reap()?;
+            }
+            // A child's exit frees the CPU it held: every waiting fork is made now (also
+            // those asked for later, which would otherwise cost a wake-up of their own).
+            let due = self
+                .pending
+                .first()
+                .is_some_and(|first| child_exited || first.due <= Instant::now());
+            if due {
+                for PendingFork { worker_id, fds, .. } in std::mem::take(&mut self.pending) {
+                    self.fork(worker_id, fds)?;
+                }
+            }
+            // Exits are reported after the forks of the same round, in one burst with their
+            // replies: the supervisor reads them all in one wake-up.
+            for (pid, status) in std::mem::take(&mut self.exited) {
+                self.reply(&ControlReply::Exited { pid, status }, None)?;
             }
         }
     }
@@ -232,7 +288,7 @@ impl Zygote<'_, '_> {
         )
     }
 
-    /// Reaps every child that has exited and reports each one.
+    /// Reaps every child that has exited, to be reported after this round's forks.
     fn reap(&mut self) -> Result<(), ZygoteError> {
         loop {
             let status = match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
@@ -245,7 +301,7 @@ impl Zygote<'_, '_> {
             };
             let (pid, status) = (status.0.as_raw(), status.1);
             self.children.remove(&pid);
-            self.reply(&ControlReply::Exited { pid, status }, None)?;
+            self.exited.push((pid, status));
         }
     }
 

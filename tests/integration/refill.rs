@@ -1,0 +1,158 @@
+//! Refilling the pool: a take asks for its own replacement, the zygote makes it once a
+//! child has exited (or after a short delay when none does), and what the pool reports
+//! (idle, spawning, workers spawned, the zygote's children) stays exact through it all.
+
+use serde_json::{Value, json};
+
+use crate::harness::{Options, Server, children_of};
+use crate::reliability::eventually;
+
+/// One tier with nothing preloaded: quick to start, and every count is that tier's.
+const ONE_TIER: &str = r#"[{name = "bare", preload = []}]"#;
+
+async fn one_tier_server() -> Server {
+    Server::start_with(Options::default().env("SNAKECAGE_TIERS__PROFILE", ONE_TIER)).await
+}
+
+fn zygote_pid(health: &Value) -> u32 {
+    health["pool"]["zygote"]["pid"].as_u64().unwrap() as u32
+}
+
+/// Whether `pid` is a zombie (exited, not reaped).
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let rest = stat.rsplit_once(')')?.1.trim_start().to_owned();
+            rest.chars().next()
+        })
+        == Some('Z')
+}
+
+/// Waits until the pool is full and settled: every tier at its idle target, nothing being
+/// spawned, and the zygote's children exactly the idle workers plus `busy` more (none
+/// exited and unreaped). Returns `/health`.
+async fn settled(s: &Server, busy: usize) -> Value {
+    let mut last = Value::Null;
+    eventually(
+        20,
+        "the pool full again, every child accounted for",
+        async || {
+            let health = s.health().await;
+            let pool = &health["pool"];
+            let tier = &pool["tiers"][0];
+            let idle = pool["idle"].as_u64().unwrap();
+            let children = children_of(zygote_pid(&health));
+            let full = tier["idle"].as_u64() == tier["target_idle"].as_u64()
+                && pool["spawning"].as_u64() == Some(0)
+                && children.len() as u64 == idle + busy as u64
+                && !children.iter().any(|&pid| is_zombie(pid));
+            last = health;
+            full
+        },
+    )
+    .await;
+    last
+}
+
+#[tokio::test]
+async fn a_worker_kept_by_a_session_is_replaced_though_no_worker_exits() {
+    let s = one_tier_server().await;
+    let before = settled(&s, 0).await;
+    let spawned = before["pool"]["workers_spawned"].as_u64().unwrap();
+
+    // A session keeps its worker alive: no child exits, so the zygote's fork of the
+    // replacement can only come from its own delay running out.
+    let (status, r) = s.post("/v1/sessions", &json!({})).await;
+    assert_eq!(status, 201, "{r}");
+    let after = settled(&s, 1).await;
+    assert_eq!(
+        after["pool"]["workers_spawned"].as_u64().unwrap(),
+        spawned + 1,
+        "exactly one replacement: {after}"
+    );
+    // And the session's worker is the one it was given: it runs.
+    let id = r["session_id"].as_str().unwrap();
+    let (status, run) = s
+        .post(
+            &format!("/v1/sessions/{id}/execute"),
+            &json!({"code": "x = 6 * 7\nprint(x)"}),
+        )
+        .await;
+    assert_eq!(
+        (status, run["stdout"].as_str()),
+        (200, Some("42\n")),
+        "{run}"
+    );
+}
+
+#[tokio::test]
+async fn every_take_is_replaced_exactly_once_and_the_counts_stay_exact() {
+    let s = one_tier_server().await;
+    let before = settled(&s, 0).await;
+    let spawned = before["pool"]["workers_spawned"].as_u64().unwrap();
+
+    // One after another (each replacement asked for by its take, made after the job's
+    // worker exits), then eight at once (takes racing to stock the same tier), with
+    // endings of every kind: a result, an uncaught exception, a crash, a timeout.
+    let jobs = [
+        (json!({"code": "print('é' * 3)"}), "ok"),
+        (json!({"code": "raise ValueError('no')"}), "error"),
+        (
+            // C-level recursion: the worker dies of SIGSEGV.
+            json!({"code": "import sys\nsys.setrecursionlimit(10**9)\nclass A:\n    def __repr__(self):\n        return repr(self)\nrepr(A())", "timeout_ms": 10000}),
+            "killed",
+        ),
+        (
+            json!({"code": "while True: pass", "timeout_ms": 300}),
+            "timeout",
+        ),
+    ];
+    let mut runs = 0;
+    for round in 0..3 {
+        for (body, verdict) in &jobs {
+            let r = s.run_with(body.clone()).await;
+            assert_eq!(r["verdict"], *verdict, "round {round}: {r}");
+            if *verdict == "killed" {
+                // The zygote's report of the exit, sent with its next fork reply, still
+                // names the signal.
+                let stderr = r["stderr"].as_str().unwrap();
+                assert!(stderr.ends_with("killed by signal 11 (SIGSEGV)."), "{r}");
+            }
+            runs += 1;
+        }
+    }
+    let together = (0..8).map(|i| {
+        let s = &s;
+        async move {
+            let r = s.run(&format!("print({i} * 2)")).await;
+            assert_eq!(r["stdout"], format!("{}\n", i * 2), "{r}");
+        }
+    });
+    futures_util::future::join_all(together).await;
+    runs += 8;
+
+    let after = settled(&s, 0).await;
+    assert_eq!(
+        after["pool"]["workers_spawned"].as_u64().unwrap(),
+        spawned + runs,
+        "one replacement per take, no more: {after}"
+    );
+    let metrics = s.get("/metrics").await.2;
+    let gauge = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && !l.starts_with('#'))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    assert_eq!(
+        gauge("snakecage_pool_idle_workers"),
+        after["pool"]["idle"].as_f64(),
+        "{metrics}"
+    );
+    assert_eq!(
+        gauge("snakecage_pool_spawning_workers"),
+        Some(0.0),
+        "{metrics}"
+    );
+}
