@@ -99,8 +99,8 @@ async fn every_take_is_replaced_exactly_once_and_the_counts_stay_exact() {
         (json!({"code": "print('é' * 3)"}), "ok"),
         (json!({"code": "raise ValueError('no')"}), "error"),
         (
-            // C-level recursion: the worker dies of SIGSEGV.
-            json!({"code": "import sys\nsys.setrecursionlimit(10**9)\nclass A:\n    def __repr__(self):\n        return repr(self)\nrepr(A())", "timeout_ms": 10000}),
+            // C-level recursion CPython does not bound: the worker dies of SIGSEGV.
+            json!({"code": "x = iter([1])\nfor _ in range(10**6):\n    x = map(abs, x)\nprint(next(x))", "timeout_ms": 10000}),
             "killed",
         ),
         (
