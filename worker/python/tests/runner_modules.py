@@ -1,4 +1,5 @@
-"""Loads the runner's modules as the zygote does (worker/src/interpreter.rs, ``RUNNER_MODULES``).
+"""Loads the runner's modules as the zygote does (worker/src/interpreter.rs, ``RUNNER_MODULES``),
+and what the runner's tests share: the interpreter, a job, the results they expect.
 
 Each ``worker/python/<name>.py`` is executed into a fresh module named
 ``_snakecage_<name>`` with its code objects named ``snakecage/<name>.py``; the
@@ -44,3 +45,26 @@ runner = module
 """
 """``load_runner`` for a ``python -S -c`` child, which is given ``RUNNER_FILES`` as arguments
 and must import nothing else."""
+
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+PYENV_PYTHON = Path("/root/.pyenv/versions/3.12.1/bin/python3.12")
+# The service's CPython; the venv's interpreter is the same build.
+CPYTHON = str(PYENV_PYTHON) if PYENV_PYTHON.exists() else sys.executable
+# The venv's site-packages, for the tests that need numpy (this process runs in the venv).
+SITE_PACKAGES = next(Path(p) for p in sys.path if p.endswith("site-packages"))
+
+OK = {"exit_code": 0, "memory_error": False, "error": None, "results": []}
+
+
+def job(code, stdin=None, interactive=False):
+    return {"code": code, "stdin": stdin, "last_line_interactive": interactive}
+
+
+def error(type_name, message):
+    return {
+        "exit_code": 1,
+        "memory_error": False,
+        "error": {"type": type_name, "message": message},
+        "results": [],
+    }

@@ -6,15 +6,9 @@ import sys
 
 import pytest
 
-from runner_modules import load_runner
-from test_runner import OK, job
+from runner_modules import OK, job
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def runner():
-    return load_runner()
 
 
 @pytest.fixture(scope="module")

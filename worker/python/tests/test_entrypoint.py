@@ -7,19 +7,10 @@ message for a file that is not there.
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from runner_modules import load_runner
-
-PYENV_PYTHON = Path("/root/.pyenv/versions/3.12.1/bin/python3.12")
-CPYTHON = str(PYENV_PYTHON) if PYENV_PYTHON.exists() else sys.executable
-
-
-@pytest.fixture(scope="module")
-def runner():
-    return load_runner()
+from runner_modules import CPYTHON
 
 
 @pytest.fixture

@@ -1,58 +1,27 @@
-"""Tests for worker/python/runner.py and the stdlib allowlist it is paired with.
+"""Tests for worker/python/runner.py: one job's life in the zygote's interpreter.
 
 The runner is loaded the way the Rust worker loads it (see ``runner_modules.py``):
 ``runner.py`` compiled under the name ``snakecage/runner.py`` and executed into a
-fresh module named ``_snakecage_runner``, after the modules it imports.  Behaviour that only shows in a forked child with
-``site`` disabled runs in a ``python -S`` subprocess.
+fresh module named ``_snakecage_runner``, after the modules it imports. What only
+shows in a forked child with ``site`` disabled is in ``test_runner_child.py``; the
+stdlib allowlist's own checks are in ``test_allowlist.py``.
 """
 
 import builtins
-import json
 import linecache
-import os
 import re
-import subprocess
 import sys
 import textwrap
 import types
-from pathlib import Path
 
 import pytest
 
-from runner_modules import CHILD_LOADER, RUNNER_FILES, load_runner
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
-ALLOWLIST_PATH = REPO_ROOT / "python-stdlib-allowlist"
-PYENV_PYTHON = Path("/root/.pyenv/versions/3.12.1/bin/python3.12")
-# The service's CPython; the venv's interpreter is the same build.
-CPYTHON = str(PYENV_PYTHON) if PYENV_PYTHON.exists() else sys.executable
-# The venv's site-packages, for the tests that need numpy (this process runs in the venv).
-SITE_PACKAGES = next(Path(p) for p in sys.path if p.endswith("site-packages"))
-
-OK = {"exit_code": 0, "memory_error": False, "error": None, "results": []}
-
-
-@pytest.fixture(scope="module")
-def runner():
-    return load_runner()
+from runner_modules import OK, RUNNER_FILES, error, job
 
 
 def runner_frames_in(text):
     """Names of the runner's files that a traceback in ``text`` shows frames of."""
     return [path.name for path in RUNNER_FILES if path.name in text]
-
-
-def job(code, stdin=None, interactive=False):
-    return {"code": code, "stdin": stdin, "last_line_interactive": interactive}
-
-
-def error(type_name, message):
-    return {
-        "exit_code": 1,
-        "memory_error": False,
-        "error": {"type": type_name, "message": message},
-        "results": [],
-    }
 
 
 # --------------------------------------------------------------------------
@@ -503,229 +472,3 @@ def test_warm_up_leaves_no_trace(runner, capfd, monkeypatch, had_entries):
         assert not hasattr(builtins, "_")
         assert "__main__.py" not in linecache.cache
     assert capfd.readouterr() == ("", "")
-
-
-# --------------------------------------------------------------------------
-# The forked child, as the embedded interpreter sees it (site disabled)
-
-CHILD_PRELUDE = CHILD_LOADER + textwrap.dedent(
-    """\
-    import json
-
-    def report(value):
-        sys.__stdout__.write("RESULT " + json.dumps(value) + "\\n")
-        sys.__stdout__.flush()
-    """
-)
-
-
-def run_child(body):
-    """Run ``body`` after loading the runner in a ``python -S`` process."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    return subprocess.run(
-        [CPYTHON, "-S", "-c", CHILD_PRELUDE + textwrap.dedent(body), *map(str, RUNNER_FILES)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        text=True,
-        timeout=60,
-    )
-
-
-def child_results(output):
-    return [json.loads(line[len("RESULT "):]) for line in output.splitlines() if line.startswith("RESULT ")]
-
-
-def test_child_streams_are_line_buffered_and_interleave(runner):
-    proc = run_child(
-        """\
-        before = sys.stdout.line_buffering
-        runner.prepare_zygote()
-        runner.warm_up()
-        runner.prepare_child()
-        report([before, sys.stdout.line_buffering, sys.stderr.line_buffering])
-        code = "import sys\\nprint('out 1')\\nprint('err 1', file=sys.stderr)\\nprint('out 2')\\n"
-        report(runner.run({"code": code, "stdin": None, "last_line_interactive": False}))
-        """
-    )
-    assert proc.returncode == 0, proc.stdout
-    assert child_results(proc.stdout) == [[False, True, True], OK]
-    assert "out 1\nerr 1\nout 2\n" in proc.stdout
-
-
-def test_child_has_exit_and_quit_without_site(runner):
-    proc = run_child(
-        """\
-        import builtins
-        report(hasattr(builtins, "exit"))
-        runner.prepare_zygote()
-        report(runner.run({"code": "exit(4)", "stdin": None, "last_line_interactive": False}))
-        report(runner.run({"code": "quit()", "stdin": None, "last_line_interactive": False}))
-        """
-    )
-    assert proc.returncode == 0, proc.stdout
-    assert child_results(proc.stdout) == [False, dict(OK, exit_code=4), OK]
-
-
-def test_child_turns_sigint_into_keyboard_interrupt(runner):
-    proc = run_child(
-        """\
-        import signal
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # as after Py_InitializeEx(0)
-        runner.prepare_zygote()
-        code = "import os, signal, time\\nos.kill(os.getpid(), signal.SIGINT)\\ntime.sleep(30)\\n"
-        report(runner.run({"code": code, "stdin": None, "last_line_interactive": False}))
-        """
-    )
-    assert proc.returncode == 0, proc.stdout
-    assert child_results(proc.stdout) == [error("KeyboardInterrupt", "")]
-    assert "KeyboardInterrupt" in proc.stdout
-
-
-def test_child_warnings_quote_the_job_source(runner):
-    # Checked outside pytest, which captures warnings itself.
-    proc = run_child(
-        """\
-        code = "import warnings\\nwarnings.warn('careful')\\n"
-        report(runner.run({"code": code, "stdin": None, "last_line_interactive": False}))
-        """
-    )
-    assert proc.returncode == 0, proc.stdout
-    assert child_results(proc.stdout) == [OK]
-    assert "__main__.py:2: UserWarning: careful\n  warnings.warn('careful')\n" in proc.stdout
-
-
-def test_forked_children_draw_different_random_numbers(runner):
-    # Two children forked from one "zygote" whose generators were seeded alike:
-    # CPython reseeds `random` after fork, prepare_child reseeds numpy's global one.
-    proc = run_child(
-        f"""\
-        import os, random
-        sys.path.append({str(SITE_PACKAGES)!r})
-        import numpy
-        random.seed(1234)
-        numpy.random.seed(1234)
-        draws = []
-        for _ in range(2):
-            r, w = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                runner.prepare_child()
-                os.write(w, json.dumps([random.random(), float(numpy.random.random())]).encode())
-                os._exit(0)
-            os.close(w)
-            draws.append(json.loads(os.read(r, 4096)))
-            os.waitpid(pid, 0)
-        report([draws[0][0] != draws[1][0], draws[0][1] != draws[1][1]])
-        """
-    )
-    assert proc.returncode == 0, proc.stdout
-    assert child_results(proc.stdout) == [[True, True]]
-
-
-# --------------------------------------------------------------------------
-# Parity with `python __main__.py` (what Onyx runs)
-
-PARITY_CASES = [
-    "print('hello')",
-    "def f():\n    return 1 / 0\nf()",
-    "import json\njson.loads('{')",
-    "d = {'a': {'b': 1}}\nprint(d['a']['c'])",
-    "x = None\nx.attr",
-    "try:\n    1 / 0\nexcept Exception:\n    raise KeyError('k')",
-    "raise ExceptionGroup('group', [ValueError(1), TypeError(2)])",
-    "e = ValueError('n')\ne.add_note('a note')\nraise e",
-    "class B(Exception):\n    def __str__(self):\n        raise RuntimeError\nraise B()",
-    "assert 1 == 2, 'nope'",
-    "data = bytearray(2**62)",
-    "import sys\nsys.exit('bye')",
-    "import sys\nsys.exit(300)",
-    "x = (",
-    "if True:\nprint(1)",
-    "class A:\n  def f(self):\n\treturn 1\n        pass",
-    "print 'x'",
-    "f(**a, *b)",
-    "x = 1\nbreak",
-    "def f():\n    nonlocal q",
-    "x = \"héllo\" +",
-    "s = \"日本語\" ç",
-    "x = \"\"\"abc\ndef",
-    "print(f\"{x!z}\")",
-    "x = {1: 2,\n     3}",
-]
-
-
-@pytest.mark.parametrize("code", PARITY_CASES)
-def test_output_matches_python_running_main_py(runner, capsys, tmp_path, code):
-    (tmp_path / "__main__.py").write_text(code, encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    real = subprocess.run(
-        [CPYTHON, "__main__.py"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60
-    )
-    # CPython shows the script's absolute path; the runner shows __main__.py.
-    real_err = real.stderr.replace(str(tmp_path / "__main__.py"), "__main__.py")
-    (tmp_path / "__main__.py").unlink()
-
-    result = runner.run(job(code))
-    out, err = capsys.readouterr()
-    assert (result["exit_code"], out, err) == (real.returncode, real.stdout, real_err)
-
-
-# --------------------------------------------------------------------------
-# The stdlib allowlist
-
-IDENTIFIER_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-NEVER_ALLOWED = {
-    "subprocess", "socket", "ssl", "http", "urllib", "ftplib", "smtplib", "ctypes",
-    "multiprocessing", "signal", "resource", "pty", "mmap", "importlib",
-}
-
-
-def allowlist_names():
-    """Parse the allowlist with the rules the Rust side uses."""
-    names = []
-    for line in ALLOWLIST_PATH.read_text(encoding="utf-8").splitlines():
-        name = line.split("#", 1)[0].strip()
-        if name:
-            names.append(name)
-    return names
-
-
-def test_allowlist_entries_are_unique_dotted_identifiers():
-    names = allowlist_names()
-    assert len(names) > 50
-    assert len(names) == len(set(names)), "duplicate entries"
-    assert [n for n in names if not IDENTIFIER_PATH.match(n)] == []
-    assert NEVER_ALLOWED.isdisjoint(names)
-
-
-def test_allowlist_entries_have_a_reason():
-    for line in ALLOWLIST_PATH.read_text(encoding="utf-8").splitlines():
-        name, _, reason = line.partition("#")
-        if name.strip():
-            assert reason.strip(), f"no reason given for {name.strip()}"
-
-
-def test_allowlist_entries_are_importable_stdlib_modules():
-    names = allowlist_names()
-    script = textwrap.dedent(
-        """\
-        import importlib, json, sys
-        bad = []
-        for name in json.loads(sys.argv[1]):
-            if name.split(".")[0] not in sys.stdlib_module_names:
-                bad.append(name + ": not in the standard library")
-                continue
-            try:
-                importlib.import_module(name)
-            except Exception as exc:
-                bad.append(f"{name}: {exc!r}")
-        print(json.dumps(bad))
-        """
-    )
-    proc = subprocess.run(
-        [CPYTHON, "-S", "-c", script, json.dumps(names)], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == []
