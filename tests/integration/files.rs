@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::harness::{Options, Server, peak_rss};
+use crate::harness::{Options, Server, assert_peak_rss_grew_little, peak_rss};
 
 pub async fn upload(s: &Server, name: &str, bytes: Vec<u8>) -> Value {
     let (status, body) = try_upload(s, name, bytes).await;
@@ -436,17 +436,16 @@ async fn a_timed_out_run_still_returns_what_it_wrote_and_links_are_not_followed(
 #[tokio::test]
 async fn an_upload_over_the_limit_is_413_without_the_service_holding_it() {
     let s = Server::start().await;
+    let base = peak_rss(s.pid());
     let (status, body) = try_upload(&s, "big.bin", vec![b'x'; 101 << 20]).await;
     assert_eq!(status, 413, "{body}");
     assert_eq!(body["detail"], "File size exceeds maximum of 100 MB");
-    let peak = peak_rss(s.pid());
-    assert!(peak < 45 << 20, "supervisor peak RSS {} MiB", peak >> 20);
+    assert_peak_rss_grew_little(s.pid(), base, "a refused 101 MB upload");
     assert!(list(&s).await.is_empty());
     // Just under the limit is fine.
     let up = upload(&s, "ok.bin", vec![b'y'; 100 << 20]).await;
     assert_eq!(up["size_bytes"], 100 << 20);
-    let peak = peak_rss(s.pid());
-    assert!(peak < 45 << 20, "supervisor peak RSS {} MiB", peak >> 20);
+    assert_peak_rss_grew_little(s.pid(), base, "a stored 100 MB upload");
 }
 
 #[tokio::test]

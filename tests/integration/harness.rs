@@ -412,6 +412,19 @@ pub fn process_exists(pid: u32) -> bool {
 }
 
 /// Peak resident memory of a process, in bytes.
+/// Asserts that `pid`'s peak resident memory grew by less than 20 MiB since it was
+/// `base` (an earlier [`peak_rss`]): far less than the 50-100 MB a test pushed through it,
+/// whatever the build's own footprint (a debug supervisor starts at ~40 MiB).
+pub fn assert_peak_rss_grew_little(pid: u32, base: u64, what: &str) {
+    let peak = peak_rss(pid);
+    assert!(
+        peak.saturating_sub(base) < 20 << 20,
+        "{what}: supervisor peak RSS {} MiB, {} MiB at start",
+        peak >> 20,
+        base >> 20
+    );
+}
+
 pub fn peak_rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
