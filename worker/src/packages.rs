@@ -10,11 +10,10 @@
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 
-use pyo3::ffi;
 use snakecage_worker::protocol::PackageInfo;
 
 use crate::interpreter::{InterpreterError, Runner};
-use crate::sandbox;
+use crate::zygote::fork_interpreter;
 
 /// What the scan's child writes to its pipe: the packages, or why it could not.
 type Outcome = Result<Vec<PackageInfo>, String>;
@@ -25,30 +24,12 @@ pub fn describe_in_child(
     names: &[String],
 ) -> Result<Vec<PackageInfo>, InterpreterError> {
     let failed = |reason: String| InterpreterError::PackageScan(reason);
-    sandbox::ensure_single_thread().map_err(|e| failed(format!("refusing to fork: {e}")))?;
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| failed(format!("creating its pipe: {e}")))?;
-    // SAFETY: PyOS_BeforeFork/AfterFork_* bracket fork() exactly as os.fork() does; the
-    // process is single-threaded (checked above) and this thread holds the GIL. The child
-    // never returns from this block: it ends in `_exit`.
-    let pid = unsafe {
-        ffi::PyOS_BeforeFork();
-        let pid = libc::fork();
-        if pid == 0 {
-            ffi::PyOS_AfterFork_Child();
-            drop(read);
-            scan_and_exit(runner, names, write);
-        }
-        ffi::PyOS_AfterFork_Parent();
-        pid
-    };
-    drop(write);
-    if pid < 0 {
-        return Err(failed(format!(
-            "fork failed: {}",
-            std::io::Error::last_os_error()
-        )));
-    }
+    // The parent's write end goes with the closure once the fork is made: the read below
+    // ends when the child's does.
+    let pid = fork_interpreter(move || scan_and_exit(runner, names, write))
+        .map_err(|e| failed(e.to_string()))?;
     let mut bytes = Vec::new();
     let read_result = std::fs::File::from(read).read_to_end(&mut bytes);
     let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);

@@ -3,6 +3,7 @@
 //! each exit status.
 
 use std::collections::HashSet;
+use std::convert::Infallible;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -65,6 +66,35 @@ struct PendingFork {
     fds: Vec<OwnedFd>,
     /// When it is made even if no child has exited by then.
     due: Instant,
+}
+
+/// Forks this interpreter the way `os.fork()` does (`PyOS_BeforeFork`, `fork`,
+/// `PyOS_AfterFork_Child` or `_Parent`), once the process is known to have one thread.
+/// In the child, runs `child`, which never returns (`Infallible`); in the parent, returns
+/// the child's pid. What `child` captures (the parent's copies of the child's fds, say) is
+/// dropped in the parent once the fork is made.
+pub(crate) fn fork_interpreter(child: impl FnOnce() -> Infallible) -> io::Result<i32> {
+    sandbox::ensure_single_thread()
+        .map_err(|e| io::Error::other(format!("refusing to fork: {e}")))?;
+    // SAFETY: PyOS_BeforeFork/AfterFork_* bracket fork() exactly as os.fork() does; the
+    // process is single-threaded (checked above), so this thread is the one holding the
+    // GIL. The child never returns from this block: `child` diverges. errno is read before PyOS_AfterFork_Parent can change it.
+    let forked = unsafe {
+        pyo3::ffi::PyOS_BeforeFork();
+        let pid = libc::fork();
+        let forked = if pid < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(pid)
+        };
+        if pid == 0 {
+            pyo3::ffi::PyOS_AfterFork_Child();
+            child();
+        }
+        pyo3::ffi::PyOS_AfterFork_Parent();
+        forked
+    };
+    forked.map_err(|e| io::Error::other(format!("fork failed: {e}")))
 }
 
 pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
@@ -252,34 +282,16 @@ impl Zygote<'_, '_> {
                 return self.reply(&ControlReply::ForkFailed { worker_id, reason }, None);
             }
         };
-        if let Err(e) = sandbox::ensure_single_thread() {
-            let reason = format!("refusing to fork: {e}");
-            return self.reply(&ControlReply::ForkFailed { worker_id, reason }, None);
-        }
         let zygote_pid = nix::unistd::getpid();
-        // SAFETY: PyOS_BeforeFork/AfterFork_* bracket fork() exactly as os.fork() does; the
-        // process is single-threaded (checked above) and this thread holds the GIL.
-        let pid = unsafe {
-            pyo3::ffi::PyOS_BeforeFork();
-            let pid = libc::fork();
-            if pid == 0 {
-                pyo3::ffi::PyOS_AfterFork_Child();
-                child::run(
-                    &self.runner,
-                    fds,
-                    zygote_pid,
-                    &self.config.limits,
-                    self.sandbox,
-                );
+        let (runner, limits, sandbox) = (&self.runner, &self.config.limits, self.sandbox);
+        let forked = fork_interpreter(move || child::run(runner, fds, zygote_pid, limits, sandbox));
+        let pid = match forked {
+            Ok(pid) => pid,
+            Err(e) => {
+                let reason = e.to_string();
+                return self.reply(&ControlReply::ForkFailed { worker_id, reason }, None);
             }
-            pyo3::ffi::PyOS_AfterFork_Parent();
-            pid
         };
-        if pid < 0 {
-            let reason = format!("fork failed: {}", io::Error::last_os_error());
-            return self.reply(&ControlReply::ForkFailed { worker_id, reason }, None);
-        }
-        drop(fds);
         self.children.insert(pid);
         let pidfd = pidfd_open(pid);
         self.reply(
