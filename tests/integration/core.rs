@@ -380,14 +380,7 @@ async fn shutdown_kills_and_reaps_every_worker_and_the_zygote() {
         below.len() >= 3,
         "expected a zygote and workers, found {below:?}"
     );
-    let status = s.stop();
-    assert!(status.success(), "{status:?}");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while below.iter().any(|&p| process_exists(p)) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let left: Vec<u32> = below.into_iter().filter(|&p| process_exists(p)).collect();
-    assert!(left.is_empty(), "processes left behind: {left:?}");
+    s.stop_leaving_no_process(below);
 }
 
 #[tokio::test]

@@ -310,6 +310,20 @@ impl Server {
         self.terminate()
     }
 
+    /// Stops the service, which must exit cleanly, and waits up to 5 s for every process
+    /// of `below` (its [`descendants_of`], taken while it ran) to be gone: none may be
+    /// left behind.
+    pub fn stop_leaving_no_process(self, below: Vec<u32>) {
+        let status = self.stop();
+        assert!(status.success(), "{status:?}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while below.iter().any(|&p| process_exists(p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let left: Vec<u32> = below.into_iter().filter(|&p| process_exists(p)).collect();
+        assert!(left.is_empty(), "processes left behind: {left:?}");
+    }
+
     fn terminate(&mut self) -> std::process::ExitStatus {
         let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);

@@ -14,7 +14,7 @@ use super::host::{
     workspaces_size,
 };
 use super::{filesystem, python_layer_fixtures};
-use crate::harness::{Options, Server, descendants_of, process_exists};
+use crate::harness::{Options, Server, descendants_of};
 
 /// `tiers.profile` with one tier preloading everything the default tiers preload.
 const FULL_TIER_ONLY: &str =
@@ -82,14 +82,7 @@ async fn hostile_programs_are_stopped_by_the_python_layer_with_exact_messages() 
 
     // No process it started is left behind.
     let below = descendants_of(s.pid());
-    let status = s.stop();
-    assert!(status.success(), "{status:?}");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while below.iter().any(|&p| process_exists(p)) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let left: Vec<u32> = below.into_iter().filter(|&p| process_exists(p)).collect();
-    assert!(left.is_empty(), "processes left behind: {left:?}");
+    s.stop_leaving_no_process(below);
 }
 
 #[tokio::test]
