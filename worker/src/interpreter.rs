@@ -451,11 +451,19 @@ pub fn prepare<'py>(
         py.import(*name)
             .map_err(py_err("importing a module every zygote needs"))?;
     }
-    let (preloaded, preload_failures) = preload(py, &config.preload);
-    let packages = if config.describe_packages {
-        crate::packages::describe_in_child(&runner, &config.sandbox.allowed_packages)?
+    // The package scan runs in a child of its own while this process imports.
+    let scan = if config.describe_packages {
+        Some(crate::packages::start(
+            &runner,
+            &config.sandbox.allowed_packages,
+        )?)
     } else {
-        Vec::new()
+        None
+    };
+    let (preloaded, preload_failures) = preload(py, &config.preload);
+    let packages = match scan {
+        Some(scan) => scan.finish()?,
+        None => Vec::new(),
     };
     runner.warm_up = warm_up_sources(py, &config.warm_up);
     runner.prepare_zygote()?;

@@ -18,29 +18,44 @@ use crate::zygote::fork_interpreter;
 /// What the scan's child writes to its pipe: the packages, or why it could not.
 type Outcome = Result<Vec<PackageInfo>, String>;
 
-/// Runs `runner.describe_packages(names)` in a forked child and returns what it found.
-pub fn describe_in_child(
-    runner: &Runner<'_>,
-    names: &[String],
-) -> Result<Vec<PackageInfo>, InterpreterError> {
-    let failed = |reason: String| InterpreterError::PackageScan(reason);
+/// A scan running in its child while the zygote goes on with its preloads: on a machine
+/// with a CPU to spare the scan costs the zygote's start-up nothing.
+pub struct Scan {
+    pid: i32,
+    read: OwnedFd,
+}
+
+/// Forks the child that runs `runner.describe_packages(names)`. The child needs nothing
+/// the preloads bring, so this is called before them, while the zygote is smallest.
+pub fn start(runner: &Runner<'_>, names: &[String]) -> Result<Scan, InterpreterError> {
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| failed(format!("creating its pipe: {e}")))?;
-    // The parent's write end goes with the closure once the fork is made: the read below
-    // ends when the child's does.
+    // The parent's write end goes with the closure once the fork is made: the read in
+    // `finish` ends when the child's does.
     let pid = fork_interpreter(move || scan_and_exit(runner, names, write))
         .map_err(|e| failed(e.to_string()))?;
-    let mut bytes = Vec::new();
-    let read_result = std::fs::File::from(read).read_to_end(&mut bytes);
-    let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
-    read_result.map_err(|e| failed(format!("reading its result: {e}")))?;
-    match serde_json::from_slice::<Outcome>(&bytes) {
-        Ok(Ok(packages)) => Ok(packages),
-        Ok(Err(reason)) => Err(failed(reason)),
-        Err(_) => Err(failed(format!(
-            "its process ended ({status:?}) without a result"
-        ))),
+    Ok(Scan { pid, read })
+}
+
+impl Scan {
+    /// Waits for the child's result and reaps it.
+    pub fn finish(self) -> Result<Vec<PackageInfo>, InterpreterError> {
+        let mut bytes = Vec::new();
+        let read_result = std::fs::File::from(self.read).read_to_end(&mut bytes);
+        let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.pid), None);
+        read_result.map_err(|e| failed(format!("reading its result: {e}")))?;
+        match serde_json::from_slice::<Outcome>(&bytes) {
+            Ok(Ok(packages)) => Ok(packages),
+            Ok(Err(reason)) => Err(failed(reason)),
+            Err(_) => Err(failed(format!(
+                "its process ended ({status:?}) without a result"
+            ))),
+        }
     }
+}
+
+fn failed(reason: String) -> InterpreterError {
+    InterpreterError::PackageScan(reason)
 }
 
 /// The child's side: scan, write the outcome, exit without running any teardown.
