@@ -465,16 +465,24 @@ pub fn prepare<'py>(
         Some(scan) => scan.finish()?,
         None => Vec::new(),
     };
+    let gc = py.import("gc").map_err(py_err("importing gc"))?;
+    // What the imports built holds no garbage (a full collection after numpy, pandas and
+    // matplotlib finds none) and is frozen at once, so that the collection after the
+    // warm-ups looks only at what they made: ~1 ms instead of a pass over the whole heap
+    // (25-30 ms for the fuller tiers).
+    gc.call_method0("freeze")
+        .map_err(py_err("freezing the imported heap"))?;
     runner.warm_up = warm_up_sources(py, &config.warm_up);
     runner.prepare_zygote()?;
     // What the warm-up jobs import or build lazily is then shared by every child.
     runner.warm_up_child()?;
-    let gc = py.import("gc").map_err(py_err("importing gc"))?;
+    // What they left behind (a figure's reference cycles) is freed, not kept forever.
+    gc.call_method0("collect")
+        .map_err(py_err("collecting the warm-ups' garbage"))?;
     if config.immortal {
-        // Garbage first, so that only what the heap really holds is kept forever; then
-        // before the freeze, because 3.12 does not list the permanent generation.
-        gc.call_method0("collect")
-            .map_err(py_err("collecting before making the heap immortal"))?;
+        // 3.12's gc.get_objects() does not list the permanent generation.
+        gc.call_method0("unfreeze")
+            .map_err(py_err("unfreezing the heap to make it immortal"))?;
         immortal::immortalize_heap(py).map_err(py_err("making the heap immortal"))?;
     }
     gc.call_method0("freeze")
