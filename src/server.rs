@@ -81,6 +81,10 @@ pub fn load_keys(config: &Config, listening: SocketAddr) -> Result<Keys, ServeEr
     Ok(keys)
 }
 
+/// The niceness the lighter zygotes prepare at: the fullest one, which the service's
+/// readiness waits for, gets the CPU first (BENCHMARKS.md, "Start-up").
+const STARTUP_NICE_LIGHTER: i32 = 10;
+
 /// The pool settings a configuration implies: one zygote configuration per tier, the
 /// same but for its name, preloads and warm-up.
 pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
@@ -98,6 +102,7 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
         // Shared by every tier: the plotting zygote builds the font cache there, which a
         // worker of another tier importing matplotlib then reads.
         describe_packages: true,
+        startup_nice: 0,
         mpl_config_dir: state_dir.join("mplconfig"),
         limits: WorkerLimits {
             memory_limit_bytes: limits.memory_limit_mb << 20,
@@ -110,6 +115,13 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
         sandbox: config.sandbox.zygote_config(),
         supervisor_pid: Some(std::process::id() as i32),
     };
+    let fullest = config
+        .tiers
+        .profile
+        .iter()
+        .map(|profile| profile.preload.len())
+        .max()
+        .unwrap_or(0);
     let tiers = config
         .tiers
         .profile
@@ -124,6 +136,11 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
                 // The lightest zygote is up first: the package scan is off the path of
                 // the fuller ones, which decide when the service is ready.
                 describe_packages: i == 0,
+                startup_nice: if profile.preload.len() == fullest {
+                    0
+                } else {
+                    STARTUP_NICE_LIGHTER
+                },
                 snapshot: profile.snapshot,
                 immortal: profile.immortal,
                 ..zygote.clone()

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::harness::{check_error_body, repo_root};
+use crate::harness::{Options, Server, check_error_body, repo_root};
 
 /// Makes `dir` (and a site-packages directory in it holding module `name` with `source`)
 /// readable by the workers' uid, and returns the configuration of a tier `slow` that
@@ -110,6 +110,62 @@ async fn requests_during_start_up_get_a_friendly_503_then_are_served() {
         "{detail}"
     );
     assert_eq!(served["stdout"], "ready\n", "{served}");
+}
+
+/// The zygote `/ready` waits for longest, the one with the most preloads, prepares at the
+/// service's own priority; every lighter one at nice 10, so that on a small machine they
+/// do not take its CPU (they finish before it all the same). A preloaded module records
+/// the niceness its zygote imported it at, and a job on each tier reads it.
+#[tokio::test]
+async fn lighter_zygotes_prepare_at_a_lower_priority_than_the_fullest() {
+    let dir = tempfile::tempdir().unwrap();
+    let packages = dir.path().join("site");
+    std::fs::create_dir_all(&packages).unwrap();
+    for path in [dir.path(), &packages] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let modules = [
+        (
+            "snakecage_niceness",
+            "import os\nNICE = os.getpriority(os.PRIO_PROCESS, 0)\n",
+        ),
+        ("snakecage_fuller", "ÉTÉ = 'été'\n"),
+    ];
+    for (name, source) in modules {
+        let file = packages.join(format!("{name}.py"));
+        std::fs::write(&file, source).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let config = dir.path().join("snakecage.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[python]\nsite_packages = [{:?}]\n\n[sandbox]\nallowed_packages = [\"snakecage_niceness\", \"snakecage_fuller\"]\n\n\
+             [[tiers.profile]]\nname = \"light\"\npreload = [\"snakecage_niceness\"]\n\n\
+             [[tiers.profile]]\nname = \"full\"\npreload = [\"snakecage_niceness\", \"snakecage_fuller\"]\n",
+            packages.display().to_string()
+        ),
+    )
+    .unwrap();
+    let s = Server::start_with(
+        Options::default()
+            .arg("--config")
+            .arg(config.to_str().unwrap()),
+    )
+    .await;
+    // The service inherits this process's niceness; the fullest zygote keeps it.
+    // SAFETY: getpriority of this process; errno is not needed (a niceness of -1 is
+    // still compared as a value).
+    let own = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+
+    let light = s
+        .run("import snakecage_niceness\nprint(snakecage_niceness.NICE)")
+        .await;
+    assert_eq!(light["stdout"], "10\n", "{light}");
+    let full = s
+        .run("import snakecage_niceness, snakecage_fuller\nprint(snakecage_niceness.NICE, snakecage_fuller.ÉTÉ)")
+        .await;
+    assert_eq!(full["stdout"], format!("{own} été\n"), "{full}");
 }
 
 /// Stops the service when the test ends, passed or failed.

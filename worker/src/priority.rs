@@ -33,6 +33,23 @@ pub fn lower_to_background() {
     }
 }
 
+/// The niceness the zygote prepares at ([`ZygoteConfig::startup_nice`]). A zygote the
+/// supervisor started at `SCHED_IDLE` (a rollover's, background work until the supervisor
+/// raises it) keeps that. Failure only costs start-up time, so it is logged, not fatal.
+///
+/// [`ZygoteConfig::startup_nice`]: snakecage_worker::protocol::ZygoteConfig::startup_nice
+pub fn set_startup_nice(nice: i32) {
+    // SAFETY: sched_getscheduler of this process; it returns the policy or -1.
+    if nice == 0 || unsafe { libc::sched_getscheduler(0) } == libc::SCHED_IDLE {
+        return;
+    }
+    // SAFETY: setpriority on our own process (who = 0) with a plain integer.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } != 0 {
+        let e = io::Error::last_os_error();
+        eprintln!("snakecage-worker: cannot set the start-up niceness {nice}: {e}");
+    }
+}
+
 /// Moves this process to `SCHED_IDLE`. Any process may lower itself; a worker does it
 /// right before it exits, so the teardown of its address space never competes with a
 /// request, whether or not the supervisor has got to it yet.

@@ -105,6 +105,7 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
     sandbox::fixed_environment(&config);
     // Namespaces, the seccomp policy and the probe of every worker layer: before CPython
     // starts, while this process has one thread and the interpreter has opened nothing.
+    priority::set_startup_nice(config.startup_nice);
     let mut sandbox = Sandbox::setup(&config, &interpreter::python_home(&config));
     interpreter::initialize(&config)?;
 

@@ -30,6 +30,12 @@ pub struct ZygoteConfig {
     /// every tier, so only one tier does it.
     #[serde(default = "yes")]
     pub describe_packages: bool,
+    /// The niceness the zygote prepares at (imports, warm-up, freeze), before it lowers
+    /// itself to background priority to fork. The supervisor starts every zygote but the
+    /// fullest at 10: they finish before it anyway, and on a small machine they would
+    /// otherwise take CPU from the one `/ready` waits for.
+    #[serde(default)]
+    pub startup_nice: i32,
     /// Map the heap back from a memfd snapshot once it is built (`snapshot.rs`): cheaper
     /// fork and exit, a page fault for each page a worker first reads.
     #[serde(default)]
