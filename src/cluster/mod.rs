@@ -67,6 +67,15 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// [`Cluster::new`] on a blocking thread: building the client reads the platform's CA
+    /// certificates.
+    pub async fn new_off_thread(config: &ClusterConfig) -> Result<Self, ClusterError> {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || Self::new(&config))
+            .await
+            .expect("building the cluster's client does not panic")
+    }
+
     /// This replica's id, if it is one of a cluster.
     pub fn replica(&self) -> Option<&str> {
         self.replica.as_deref()
