@@ -96,6 +96,23 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Makes `dir/site`, a directory for `python.site_packages` holding a module per
+/// `(name, source)`, and opens `dir`, it and the modules to the workers' unprivileged uid.
+pub fn site_packages(dir: &std::path::Path, modules: &[(&str, &str)]) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let site = dir.join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    for path in [dir, &site] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    for (name, source) in modules {
+        let file = site.join(format!("{name}.py"));
+        std::fs::write(&file, source).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    site
+}
+
 impl Server {
     pub async fn start() -> Self {
         Self::start_with(Options::default()).await

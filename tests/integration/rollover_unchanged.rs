@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::harness::{Options, Server};
+use crate::harness::{Options, Server, site_packages};
 use crate::rollover::{
     assert_rollovers, generation, reload, reload_at, start, write_config, zygote_pids,
 };
@@ -30,11 +30,7 @@ async fn value(s: &Server) -> Value {
 #[tokio::test]
 async fn a_reload_that_changes_nothing_starts_nothing_and_a_rewritten_module_rolls_over() {
     let dir = tempfile::tempdir().unwrap();
-    let packages = dir.path().join("site");
-    std::fs::create_dir_all(&packages).unwrap();
-    for path in [dir.path(), &packages] {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    let packages = site_packages(dir.path(), &[]);
     write_module(&packages, "première");
     let config = dir.path().join("snakecage.toml");
     let extra = format!(

@@ -9,17 +9,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::harness::{Options, Server, check_error_body, repo_root};
+use crate::harness::{Options, Server, check_error_body, repo_root, site_packages};
 
 /// Makes `dir` (and a site-packages directory in it holding module `name` with `source`)
 /// readable by the workers' uid, and returns the configuration of a tier `slow` that
 /// preloads that module: a zygote whose start-up takes as long as `source` wants.
 pub fn slow_tier(dir: &Path, name: &str, source: &str) -> String {
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let packages = dir.join("site");
-    std::fs::create_dir_all(&packages).unwrap();
-    std::fs::write(packages.join(format!("{name}.py")), source).unwrap();
-    std::fs::set_permissions(&packages, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let packages = site_packages(dir, &[(name, source)]);
     format!(
         "[python]\nsite_packages = [{:?}]\n\n[[tiers.profile]]\nname = \"slow\"\npreload = [{name:?}]\n",
         packages.display().to_string()
@@ -119,23 +115,16 @@ async fn requests_during_start_up_get_a_friendly_503_then_are_served() {
 #[tokio::test]
 async fn lighter_zygotes_prepare_at_a_lower_priority_than_the_fullest() {
     let dir = tempfile::tempdir().unwrap();
-    let packages = dir.path().join("site");
-    std::fs::create_dir_all(&packages).unwrap();
-    for path in [dir.path(), &packages] {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    let modules = [
-        (
-            "snakecage_niceness",
-            "import os\nNICE = os.getpriority(os.PRIO_PROCESS, 0)\n",
-        ),
-        ("snakecage_fuller", "ÉTÉ = 'été'\n"),
-    ];
-    for (name, source) in modules {
-        let file = packages.join(format!("{name}.py"));
-        std::fs::write(&file, source).unwrap();
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
-    }
+    let packages = site_packages(
+        dir.path(),
+        &[
+            (
+                "snakecage_niceness",
+                "import os\nNICE = os.getpriority(os.PRIO_PROCESS, 0)\n",
+            ),
+            ("snakecage_fuller", "ÉTÉ = 'été'\n"),
+        ],
+    );
     let config = dir.path().join("snakecage.toml");
     std::fs::write(
         &config,
