@@ -22,7 +22,13 @@ pub fn lower_to_background() {
     // The supervisor that exec'd the zygote has the same capabilities.
     if has_cap_sys_nice() {
         match set_idle() {
-            Ok(()) => return,
+            Ok(()) => {
+                // The start-up niceness is over (it means nothing under SCHED_IDLE, but
+                // it would stay with every worker forked from here).
+                // SAFETY: setpriority on our own process (who = 0) with a plain integer.
+                unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 0) };
+                return;
+            }
             Err(e) => eprintln!("snakecage-worker: cannot switch to SCHED_IDLE: {e}"),
         }
     }
