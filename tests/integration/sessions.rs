@@ -154,6 +154,35 @@ async fn a_timeout_interrupts_the_run_and_keeps_earlier_state() {
     assert_eq!(r["stdout"], "kept 1\n");
 }
 
+/// A service started with SIGINT ignored (in a shell's background, by a launcher that
+/// ignores it: the disposition is inherited across exec, and CPython leaves an ignored
+/// SIGINT alone) still interrupts a session's overdue job instead of losing the session.
+#[tokio::test]
+async fn a_service_started_with_sigint_ignored_still_interrupts_a_sessions_job() {
+    let s = Server::start_with(Options::default().wrapper(&[
+        "bash",
+        "-c",
+        r#"trap '' INT; "$0" "$@"; exit $?"#,
+    ]))
+    .await;
+    let id = create(&s, json!({})).await;
+    run(&s, &id, "kept = 'gardé'").await;
+    let (status, r) = exec(
+        &s,
+        &id,
+        json!({ "code": "import time\nprint('busy', flush=True)\ntime.sleep(30)", "timeout_ms": 500 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["timed_out"], true, "{r}");
+    assert!(
+        r["stderr"].as_str().unwrap().contains("KeyboardInterrupt"),
+        "{r}"
+    );
+    let r = run(&s, &id, "print(kept)").await;
+    assert_eq!(r["stdout"], "gardé\n", "{r}");
+}
+
 #[tokio::test]
 async fn a_session_whose_worker_is_killed_answers_410() {
     let s =

@@ -37,19 +37,26 @@ def line_buffer(stream):
 
 
 def install_python_signal_defaults():
-    """Give signals the dispositions ``python`` sets at startup, where still default.
+    """Give signals the dispositions the workers rely on.
 
-    An embedding interpreter may skip this (Py_InitializeEx(0)); without it
-    SIGINT would kill the child instead of raising KeyboardInterrupt.
+    SIGINT raises ``KeyboardInterrupt``, whatever the zygote inherited: the supervisor
+    interrupts an overdue session job with it. A service started in the background of a
+    shell (or by any launcher that ignores SIGINT) inherits it ignored, and CPython leaves
+    an ignored SIGINT alone, so without this a session's deadline would kill the session
+    instead of interrupting its job. SIGPIPE and SIGXFSZ are ignored where still default,
+    as ``python`` does at startup.
     """
-    wanted = [(signal.SIGINT, signal.default_int_handler)]
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    except (OSError, ValueError):
+        pass
     for name in ("SIGPIPE", "SIGXFSZ"):
-        if hasattr(signal, name):
-            wanted.append((getattr(signal, name), signal.SIG_IGN))
-    for signum, handler in wanted:
+        signum = getattr(signal, name, None)
+        if signum is None:
+            continue
         try:
             if signal.getsignal(signum) == signal.SIG_DFL:
-                signal.signal(signum, handler)
+                signal.signal(signum, signal.SIG_IGN)
         except (OSError, ValueError):
             pass
 
