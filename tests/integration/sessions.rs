@@ -132,26 +132,29 @@ async fn reset_clears_globals_and_keeps_the_session() {
     assert_eq!(r["stdout"], "False\n");
 }
 
-#[tokio::test]
-async fn a_timeout_interrupts_the_run_and_keeps_earlier_state() {
-    let s = Server::start().await;
-    let id = create(&s, json!({})).await;
-    run(&s, &id, "x = 'kept'").await;
-    let (status, r) = exec(
-        &s,
-        &id,
-        json!({ "code": "y = 1\nwhile True: pass", "timeout_ms": 500 }),
-    )
-    .await;
+/// In a new session on `s`: `x = 'gardé'`, then `code`, which must still be running at its
+/// 500 ms deadline and be interrupted there (`KeyboardInterrupt`, no exit code), the
+/// session living on. Returns the session, for what `code` set before the deadline.
+async fn a_deadline_interrupts(s: &Server, code: &str) -> String {
+    let id = create(s, json!({})).await;
+    run(s, &id, "x = 'gardé'").await;
+    let (status, r) = exec(s, &id, json!({ "code": code, "timeout_ms": 500 })).await;
     assert_eq!(status, 200, "{r}");
-    assert_eq!(r["timed_out"], true);
-    assert_eq!(r["exit_code"], Value::Null);
+    assert_eq!(r["timed_out"], true, "{r}");
+    assert_eq!(r["exit_code"], Value::Null, "{r}");
     assert!(
         r["stderr"].as_str().unwrap().contains("KeyboardInterrupt"),
         "{r}"
     );
+    id
+}
+
+#[tokio::test]
+async fn a_timeout_interrupts_the_run_and_keeps_earlier_state() {
+    let s = Server::start().await;
+    let id = a_deadline_interrupts(&s, "y = 1\nwhile True: pass").await;
     let r = run(&s, &id, "print(x, y)").await;
-    assert_eq!(r["stdout"], "kept 1\n");
+    assert_eq!(r["stdout"], "gardé 1\n", "{r}");
 }
 
 /// A service started with SIGINT ignored (in a shell's background, by a launcher that
@@ -165,21 +168,9 @@ async fn a_service_started_with_sigint_ignored_still_interrupts_a_sessions_job()
         r#"trap '' INT; "$0" "$@"; exit $?"#,
     ]))
     .await;
-    let id = create(&s, json!({})).await;
-    run(&s, &id, "kept = 'gardé'").await;
-    let (status, r) = exec(
-        &s,
-        &id,
-        json!({ "code": "import time\nprint('busy', flush=True)\ntime.sleep(30)", "timeout_ms": 500 }),
-    )
-    .await;
-    assert_eq!(status, 200, "{r}");
-    assert_eq!(r["timed_out"], true, "{r}");
-    assert!(
-        r["stderr"].as_str().unwrap().contains("KeyboardInterrupt"),
-        "{r}"
-    );
-    let r = run(&s, &id, "print(kept)").await;
+    let code = "import time\nprint('busy', flush=True)\ntime.sleep(30)";
+    let id = a_deadline_interrupts(&s, code).await;
+    let r = run(&s, &id, "print(x)").await;
     assert_eq!(r["stdout"], "gardé\n", "{r}");
 }
 
