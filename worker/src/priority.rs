@@ -25,16 +25,13 @@ pub fn lower_to_background() {
             Ok(()) => {
                 // The start-up niceness is over (it means nothing under SCHED_IDLE, but
                 // it would stay with every worker forked from here).
-                // SAFETY: setpriority on our own process (who = 0) with a plain integer.
-                unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 0) };
+                let _ = set_own_nice(0);
                 return;
             }
             Err(e) => eprintln!("snakecage-worker: cannot switch to SCHED_IDLE: {e}"),
         }
     }
-    // SAFETY: setpriority on our own process (who = 0) with a plain integer.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, FALLBACK_NICE) } != 0 {
-        let e = io::Error::last_os_error();
+    if let Err(e) = set_own_nice(FALLBACK_NICE) {
         eprintln!("snakecage-worker: cannot lower the zygote's priority: {e}");
     }
 }
@@ -49,11 +46,18 @@ pub fn set_startup_nice(nice: i32) {
     if nice == 0 || unsafe { libc::sched_getscheduler(0) } == libc::SCHED_IDLE {
         return;
     }
-    // SAFETY: setpriority on our own process (who = 0) with a plain integer.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } != 0 {
-        let e = io::Error::last_os_error();
+    if let Err(e) = set_own_nice(nice) {
         eprintln!("snakecage-worker: cannot set the start-up niceness {nice}: {e}");
     }
+}
+
+/// Sets this process's niceness.
+fn set_own_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: setpriority on our own process (who = 0) with a plain integer.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Moves this process to `SCHED_IDLE`. Any process may lower itself; a worker does it

@@ -78,7 +78,8 @@ pub(crate) fn fork_interpreter(child: impl FnOnce() -> Infallible) -> io::Result
         .map_err(|e| io::Error::other(format!("refusing to fork: {e}")))?;
     // SAFETY: PyOS_BeforeFork/AfterFork_* bracket fork() exactly as os.fork() does; the
     // process is single-threaded (checked above), so this thread is the one holding the
-    // GIL. The child never returns from this block: `child` diverges. errno is read before PyOS_AfterFork_Parent can change it.
+    // GIL. The child never returns from this block: `child` diverges. errno is read
+    // before PyOS_AfterFork_Parent can change it.
     let forked = unsafe {
         pyo3::ffi::PyOS_BeforeFork();
         let pid = libc::fork();
@@ -103,9 +104,9 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
     sandbox::die_with_parent(supervisor).map_err(io_err("setting PR_SET_PDEATHSIG"))?;
     sandbox::stdin_from_dev_null().map_err(io_err("opening /dev/null"))?;
     sandbox::fixed_environment(&config);
+    priority::set_startup_nice(config.startup_nice);
     // Namespaces, the seccomp policy and the probe of every worker layer: before CPython
     // starts, while this process has one thread and the interpreter has opened nothing.
-    priority::set_startup_nice(config.startup_nice);
     let mut sandbox = Sandbox::setup(&config, &interpreter::python_home(&config));
     interpreter::initialize(&config)?;
 
