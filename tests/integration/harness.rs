@@ -322,6 +322,25 @@ impl Server {
         body
     }
 
+    /// POST /v1/sessions with defaults, which must create one; returns its id.
+    pub async fn new_session(&self) -> String {
+        let (status, r) = self.post("/v1/sessions", &json!({})).await;
+        assert_eq!(status, 201, "{r}");
+        r["session_id"].as_str().unwrap().to_owned()
+    }
+
+    /// Runs `code` in session `id`; the call must succeed at the HTTP level.
+    pub async fn session_run(&self, id: &str, code: &str) -> Value {
+        let (status, r) = self
+            .post(
+                &format!("/v1/sessions/{id}/execute"),
+                &json!({ "code": code }),
+            )
+            .await;
+        assert_eq!(status, 200, "{r}");
+        r
+    }
+
     /// Sends SIGTERM and waits for a clean exit.
     pub fn stop(mut self) -> std::process::ExitStatus {
         self.terminate()
@@ -442,7 +461,6 @@ pub fn process_exists(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-/// Peak resident memory of a process, in bytes.
 /// Asserts that `pid`'s peak resident memory grew by less than 20 MiB since it was
 /// `base` (an earlier [`peak_rss`]): far less than the 50-100 MB a test pushed through it,
 /// whatever the build's own footprint (a debug supervisor starts at ~40 MiB).
@@ -456,6 +474,7 @@ pub fn assert_peak_rss_grew_little(pid: u32, base: u64, what: &str) {
     );
 }
 
+/// Peak resident memory of a process, in bytes.
 pub fn peak_rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();

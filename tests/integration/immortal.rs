@@ -3,8 +3,6 @@
 //! and delete them, the next request sees them fresh, and a session's own objects are
 //! freed as before. With `immortal = false` the heap is mortal.
 
-use serde_json::json;
-
 use crate::harness::{Options, Server};
 
 /// CPython 3.12's immortal reference count on 64-bit builds, as `sys.getrefcount` shows it.
@@ -72,18 +70,10 @@ async fn a_session_that_rebinds_a_preloaded_object_run_after_run_frees_what_it_r
     // if the replaced buffers were never freed, far above the 256 MiB limit.
     let s =
         Server::start_with(Options::default().env("SNAKECAGE_LIMITS__MEMORY_LIMIT_MB", 256)).await;
-    let (status, r) = s.post("/v1/sessions", &json!({})).await;
-    assert_eq!(status, 201, "{r}");
-    let id = r["session_id"].as_str().unwrap().to_owned();
+    let id = s.new_session().await;
     let code = "import json, numpy as np\njson.blob = bytearray(64 << 20)\nnp.blob = np.ones(1 << 20)\nprint(len(json.blob) >> 20, int(np.blob.sum()))";
     for run in 0..20 {
-        let (status, r) = s
-            .post(
-                &format!("/v1/sessions/{id}/execute"),
-                &json!({ "code": code }),
-            )
-            .await;
-        assert_eq!(status, 200, "run {run}: {r}");
+        let r = s.session_run(&id, code).await;
         assert_eq!(r["stdout"], "64 1048576\n", "run {run}: {r}");
     }
 }

@@ -78,23 +78,6 @@ async fn listed_version(s: &Server, name: &str) -> Option<String> {
         .map(|p| p["version"].as_str().unwrap_or_default().to_owned())
 }
 
-async fn session(s: &Server) -> String {
-    let (status, r) = s.post("/v1/sessions", &json!({})).await;
-    assert_eq!(status, 201, "{r}");
-    r["session_id"].as_str().unwrap().to_owned()
-}
-
-async fn session_run(s: &Server, id: &str, code: &str) -> Value {
-    let (status, r) = s
-        .post(
-            &format!("/v1/sessions/{id}/execute"),
-            &json!({ "code": code }),
-        )
-        .await;
-    assert_eq!(status, 200, "{r}");
-    r
-}
-
 #[tokio::test]
 async fn an_added_package_serves_after_a_switch_with_no_failed_request_and_survives_a_restart() {
     let state = tempfile::tempdir().unwrap();
@@ -113,8 +96,8 @@ async fn an_added_package_serves_after_a_switch_with_no_failed_request_and_survi
             .contains("import of 'tabulate' is not allowed in this sandbox"),
         "{denied}"
     );
-    let sid = session(&s).await;
-    session_run(&s, &sid, "x = 41\nnames = ['é', '漢']").await;
+    let sid = s.new_session().await;
+    s.session_run(&sid, "x = 41\nnames = ['é', '漢']").await;
 
     let load = Load::start(&s, 4);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -193,7 +176,7 @@ async fn an_added_package_serves_after_a_switch_with_no_failed_request_and_survi
     assert_eq!(generation(&s).await, before + 1);
 
     // The session kept its variables (it stays on its generation until it ends).
-    let r = session_run(&s, &sid, "print(x + 1, ''.join(names))").await;
+    let r = s.session_run(&sid, "print(x + 1, ''.join(names))").await;
     assert_eq!(r["stdout"], "42 é漢\n", "{r}");
     // New runs import it, and pandas finds it for to_markdown().
     let r = s

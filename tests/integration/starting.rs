@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::harness::{Options, Server, check_error_body, repo_root, site_packages};
+use crate::harness::{Options, check_error_body, repo_root, site_packages};
 
 /// Makes `dir` (and a site-packages directory in it holding module `name` with `source`)
 /// readable by the workers' uid, and returns the configuration of a tier `slow` that
@@ -136,12 +136,7 @@ async fn lighter_zygotes_prepare_at_a_lower_priority_than_the_fullest() {
         ),
     )
     .unwrap();
-    let s = Server::start_with(
-        Options::default()
-            .arg("--config")
-            .arg(config.to_str().unwrap()),
-    )
-    .await;
+    let s = crate::rollover::start(&config, Options::default()).await;
     // The service inherits this process's niceness; the fullest zygote keeps it.
     // SAFETY: getpriority of this process; errno is not needed (a niceness of -1 is
     // still compared as a value).
