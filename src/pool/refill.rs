@@ -182,7 +182,7 @@ async fn spawn_worker(
     let fds = [OwnedFd::from(theirs), stdout_w, stderr_w, workspace_fd];
     let forked = zygote.fork(id, fds).await?;
     let pid = forked.pid;
-    let channel = JobChannel::new(tokio::net::UnixStream::from_std(ours)?);
+    let channel = JobChannel::new(OwnedFd::from(ours))?;
     let mut worker = Worker::new(
         id,
         zygote.generation,

@@ -3,14 +3,14 @@
 //! never outlives its handle (no orphans; the zygote reaps it).
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
+use nix::errno::Errno;
+use nix::sys::socket::MsgFlags;
 use snakecage_worker::frame::{self, FrameDecoder, FrameError, MAX_FRAME_LEN};
 use snakecage_worker::protocol::{ExitStatus, JobRequest, WorkerMessage};
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
 use tokio::sync::oneshot;
 
 use super::fd::async_fd;
@@ -162,22 +162,34 @@ impl Drop for Worker {
 
 /// The framed job socket, supervisor side. `recv` is cancel-safe (bytes are kept in the
 /// decoder), so it can sit in a `select!` next to the output pipes and the deadline.
+/// Registered for readability only (see [`super::fd::async_fd`]): the worker reading a job
+/// does not wake the supervisor.
 pub struct JobChannel {
-    stream: UnixStream,
+    sock: AsyncFd<OwnedFd>,
     decoder: FrameDecoder,
 }
 
 impl JobChannel {
-    pub fn new(stream: UnixStream) -> Self {
-        Self {
-            stream,
+    /// `sock`: our end of the job socket pair, non-blocking.
+    pub fn new(sock: OwnedFd) -> io::Result<Self> {
+        Ok(Self {
+            sock: async_fd(sock)?,
             decoder: FrameDecoder::new(MAX_FRAME_LEN),
-        }
+        })
     }
 
     pub async fn send(&mut self, request: &JobRequest) -> Result<(), FrameError> {
         let bytes = frame::encode(request)?;
-        self.stream.write_all(&bytes).await?;
+        let sock = self.sock.get_ref().as_fd();
+        let mut rest = &bytes[..];
+        while !rest.is_empty() {
+            match nix::sys::socket::send(sock.as_raw_fd(), rest, MsgFlags::MSG_NOSIGNAL) {
+                Ok(n) => rest = &rest[n..],
+                Err(Errno::EAGAIN) => super::fd::writable(sock).await?,
+                Err(Errno::EINTR) => {}
+                Err(e) => return Err(io::Error::from(e).into()),
+            }
+        }
         Ok(())
     }
 
@@ -188,7 +200,16 @@ impl JobChannel {
             if let Some(msg) = self.decoder.next_frame()? {
                 return Ok(Some(msg));
             }
-            let n = self.stream.read(&mut buf).await?;
+            let n = loop {
+                let mut guard = self.sock.readable().await?;
+                match guard.try_io(|sock| Ok(nix::unistd::read(sock.get_ref().as_fd(), &mut buf)?))
+                {
+                    Ok(Ok(n)) => break n,
+                    Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Ok(Err(e)) => return Err(e.into()),
+                    Err(_would_block) => {}
+                }
+            };
             if n == 0 {
                 self.decoder.finish()?;
                 return Ok(None);
@@ -318,7 +339,7 @@ mod tests {
             pidfd: None,
             exit,
         };
-        let channel = JobChannel::new(UnixStream::from_std(ours).unwrap());
+        let channel = JobChannel::new(OwnedFd::from(ours)).unwrap();
         let mut worker = Worker::new(
             1,
             0,

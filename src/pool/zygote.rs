@@ -249,21 +249,15 @@ impl ZygoteHandle {
     async fn send(&self, request: &ControlRequest, fds: &[OwnedFd]) -> Result<(), ZygoteError> {
         let bytes = frame::encode(request).map_err(|e| ZygoteError::Protocol(e.to_string()))?;
         let borrowed: Vec<_> = fds.iter().map(|fd| fd.as_fd()).collect();
+        let sock = self.sock.get_ref().as_fd();
         loop {
-            let mut guard = self.sock.writable().await?;
-            match guard
-                .try_io(|sock| fdpass::send_record(sock.get_ref().as_fd(), &bytes, &borrowed))
-            {
-                Ok(result) => {
-                    return result.map_err(|e| {
-                        if is_gone(&e) {
-                            ZygoteError::Gone
-                        } else {
-                            e.into()
-                        }
-                    });
+            match fdpass::send_record(sock, &bytes, &borrowed) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    super::fd::writable(sock).await?
                 }
-                Err(_would_block) => continue,
+                Err(e) if is_gone(&e) => return Err(ZygoteError::Gone),
+                Err(e) => return Err(e.into()),
             }
         }
     }

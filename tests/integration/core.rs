@@ -69,6 +69,49 @@ async fn programs_behave_as_under_python_main() {
     assert_eq!(r["stdout"], "45 3\n");
 }
 
+/// The supervisor's end of a job socket waits for room only when the socket is full (it is
+/// registered for readability alone): a job far larger than the socket buffer must still
+/// arrive whole, in a one-shot run and in a session, with its stdin.
+#[tokio::test]
+async fn a_job_larger_than_the_socket_buffer_arrives_whole() {
+    let s = Server::start().await;
+    // 3 MiB of code (a literal of two-byte characters) and 2 MiB of stdin.
+    let literal = "é".repeat(1_500_000);
+    let code = format!(
+        "import hashlib, sys\ns = '{literal}'\nt = sys.stdin.read()\n\
+         print(len(s), len(t), hashlib.sha256((s + t).encode()).hexdigest())"
+    );
+    let stdin = "ß".repeat(1_000_000);
+    let want = {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(format!("{literal}{stdin}").as_bytes());
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        format!("1500000 1000000 {hex}\n")
+    };
+    let r = s.run_with(json!({ "code": code, "stdin": stdin })).await;
+    assert_eq!(
+        (r["stdout"].as_str(), r["exit_code"].as_i64()),
+        (Some(want.as_str()), Some(0)),
+        "{}",
+        r["stderr"]
+    );
+
+    let id = s.new_session().await;
+    let (status, r) = s
+        .post(
+            &format!("/v1/sessions/{id}/execute"),
+            &json!({ "code": code, "stdin": stdin }),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["stdout"].as_str(), Some(want.as_str()), "{}", r["stderr"]);
+    // The session's worker still answers after it.
+    assert_eq!(
+        s.session_run(&id, "print(len(s))").await["stdout"],
+        "1500000\n"
+    );
+}
+
 #[tokio::test]
 async fn an_infinite_loop_is_killed_at_its_deadline_and_the_next_request_is_served() {
     // A default far from the requested 500 ms, so which deadline applied is plain without
