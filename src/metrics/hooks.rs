@@ -89,6 +89,10 @@ impl PoolEvents for Metrics {
     fn checked_out(&self, tier: &str, routed: &str) {
         self.tier_checkouts.with_label_values(&[tier, routed]).inc();
     }
+
+    fn worker_started_cold(&self, tier: &str) {
+        self.tier_cold_starts.with_label_values(&[tier]).inc();
+    }
 }
 
 #[cfg(test)]

@@ -97,6 +97,7 @@ pub struct Metrics {
     tier_target_idle: IntGaugeVec,
     tier_spawning: IntGaugeVec,
     pub(crate) tier_checkouts: IntCounterVec,
+    pub(crate) tier_cold_starts: IntCounterVec,
     pub(crate) spawn_duration: Histogram,
     pub(crate) spawn_failures: IntCounter,
     pub(crate) workers_killed: IntCounterVec,
@@ -207,6 +208,11 @@ impl Metrics {
                 names::TIER_CHECKOUTS_TOTAL,
                 "Workers taken for a job or session, by the tier that served and the tier the code's imports picked.",
                 &[label::TIER, label::ROUTED],
+            ),
+            tier_cold_starts: reg.counter_vec(
+                names::TIER_COLD_STARTS_TOTAL,
+                "Workers started without their tier's warm-up because a job was already waiting for one, by tier.",
+                &[label::TIER],
             ),
             spawn_duration: reg.histogram(
                 names::WORKER_SPAWN_DURATION_SECONDS,
@@ -326,6 +332,7 @@ impl Metrics {
             self.tier_idle.with_label_values(&[tier.as_str()]);
             self.tier_target_idle.with_label_values(&[tier.as_str()]);
             self.tier_spawning.with_label_values(&[tier.as_str()]);
+            self.tier_cold_starts.with_label_values(&[tier.as_str()]);
             for routed in names {
                 self.tier_checkouts
                     .with_label_values(&[tier.as_str(), routed.as_str()]);

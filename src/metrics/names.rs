@@ -39,6 +39,7 @@ pub const TIER_SPAWNING_WORKERS: &str = "snakecage_tier_spawning_workers";
 /// (`routed`); the two differ when a fuller tier served because the routed one had no
 /// idle worker.
 pub const TIER_CHECKOUTS_TOTAL: &str = "snakecage_tier_checkouts_total";
+pub const TIER_COLD_STARTS_TOTAL: &str = "snakecage_tier_cold_starts_total";
 
 /// From asking the zygote for a worker to the worker saying Ready.
 pub const WORKER_SPAWN_DURATION_SECONDS: &str = "snakecage_worker_spawn_duration_seconds";

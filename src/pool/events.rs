@@ -26,6 +26,10 @@ pub trait PoolEvents: Send + Sync + 'static {
     fn checked_out(&self, tier: &str, routed: &str) {
         let _ = (tier, routed);
     }
+    /// A worker of tier `tier` started without the tier's warm-up: a job was waiting.
+    fn worker_started_cold(&self, tier: &str) {
+        let _ = tier;
+    }
 }
 
 /// Ignores every event.

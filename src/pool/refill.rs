@@ -104,7 +104,8 @@ async fn spawn_one(
 ) {
     let tier = &generation.tiers[index];
     let started = Instant::now();
-    let spawned = spawn_worker(&inner, &generation, tier, &zygote).await;
+    let warm_up = tier.warm_up_next();
+    let spawned = spawn_worker(&inner, &generation, tier, &zygote, warm_up).await;
     match &spawned {
         Ok(_) => inner.events.worker_spawned(started.elapsed()),
         Err(SpawnError::NotReady { .. }) => inner.events.worker_killed(KillReason::NotReady),
@@ -118,6 +119,10 @@ async fn spawn_one(
                 .workers_spawned
                 .fetch_add(1, Ordering::Relaxed);
             tier.spawned.fetch_add(1, Ordering::Relaxed);
+            if !warm_up {
+                tier.spawned_cold.fetch_add(1, Ordering::Relaxed);
+                inner.events.worker_started_cold(&tier.name);
+            }
             inner.counters.spawn_succeeded();
             *generation
                 .last_spawn_error
@@ -165,6 +170,7 @@ async fn spawn_worker(
     generation: &Generation,
     tier: &Tier,
     zygote: &ZygoteHandle,
+    warm_up: bool,
 ) -> Result<Worker, SpawnError> {
     let id = inner.next_worker_id.fetch_add(1, Ordering::Relaxed);
     let owner = workspace_owner(tier, zygote);
@@ -180,7 +186,7 @@ async fn spawn_worker(
     let (stdout_r, stdout_w) = nonblocking_read_pipe()?;
     let (stderr_r, stderr_w) = nonblocking_read_pipe()?;
     let fds = [OwnedFd::from(theirs), stdout_w, stderr_w, workspace_fd];
-    let forked = zygote.fork(id, fds).await?;
+    let forked = zygote.fork(id, warm_up, fds).await?;
     let pid = forked.pid;
     let channel = JobChannel::new(OwnedFd::from(ours))?;
     let mut worker = Worker::new(

@@ -224,7 +224,13 @@ impl ZygoteHandle {
 
     /// Asks for one worker; `fds` are its job socket, stdout and stderr write ends and its
     /// workspace directory, closed here once sent.
-    pub async fn fork(&self, worker_id: u64, fds: [OwnedFd; 4]) -> Result<Forked, ZygoteError> {
+    /// Asks for one worker; `warm_up: false` skips the tier's warm-up jobs in it.
+    pub async fn fork(
+        &self,
+        worker_id: u64,
+        warm_up: bool,
+        fds: [OwnedFd; 4],
+    ) -> Result<Forked, ZygoteError> {
         let (tx, rx) = oneshot::channel();
         {
             let mut routes = self.routes.lock().expect("routes lock");
@@ -233,7 +239,7 @@ impl ZygoteHandle {
             }
             routes.forks.insert(worker_id, tx);
         }
-        let request = ControlRequest::Fork { worker_id };
+        let request = ControlRequest::Fork { worker_id, warm_up };
         if let Err(e) = self.send(&request, &fds).await {
             self.routes
                 .lock()

@@ -55,8 +55,9 @@ pub fn run(
     zygote: Pid,
     limits: &WorkerLimits,
     sandbox: &Sandbox,
+    warm_up: bool,
 ) -> ! {
-    if let Err(e) = harden(runner, fds, zygote, limits, sandbox) {
+    if let Err(e) = harden(runner, fds, zygote, limits, sandbox, warm_up) {
         report(&e);
         exit(EXIT_HARDENING_FAILED);
     }
@@ -75,6 +76,7 @@ fn harden(
     zygote: Pid,
     limits: &WorkerLimits,
     sandbox: &Sandbox,
+    warm_up: bool,
 ) -> Result<(), ChildError> {
     // 1. Die with the zygote, then check it is still there: PDEATHSIG set after the parent
     //    died would never fire.
@@ -109,11 +111,14 @@ fn harden(
         .harden_worker(workspace, zygote)
         .map_err(|(layer, e)| step_named(layer, e))?;
     // 7. Python level: pay this child's copy-on-write faults and first-use costs with
-    //    the tier's throwaway warm-up jobs, so the real job does not; then fresh RNG
-    //    state, after the warm-up so nothing it did can show in the job's numbers. The
-    //    audit hook and import guard are armed last, so neither the warm-up nor the
-    //    runner's set-up trips them.
-    runner.warm_up_child()?;
+    //    the tier's throwaway warm-up jobs, so the real job does not (unless a job is
+    //    already waiting for this worker: it would wait for the warm-up, then pay its own
+    //    run on top); then fresh RNG state, after the warm-up so nothing it did can show
+    //    in the job's numbers. The audit hook and import guard are armed last, so neither
+    //    the warm-up nor the runner's set-up trips them.
+    if warm_up {
+        runner.warm_up_child()?;
+    }
     runner.prepare_child()?;
     hooks::arm().map_err(step("arming the Python hooks"))?;
     Ok(())

@@ -63,6 +63,7 @@ const FORK_DELAY: Duration = Duration::from_millis(2);
 /// A fork the supervisor asked for, not made yet.
 struct PendingFork {
     worker_id: u64,
+    warm_up: bool,
     fds: Vec<OwnedFd>,
     /// When it is made even if no child has exited by then.
     due: Instant,
@@ -235,8 +236,9 @@ impl Zygote<'_, '_> {
                 let request: ControlRequest = frame::decode_exact(&buf[..rec.bytes], MAX_FRAME_LEN)
                     .map_err(|e| ZygoteError::Protocol(e.to_string()))?;
                 match request {
-                    ControlRequest::Fork { worker_id } => self.pending.push(PendingFork {
+                    ControlRequest::Fork { worker_id, warm_up } => self.pending.push(PendingFork {
                         worker_id,
+                        warm_up,
                         fds: rec.fds,
                         due: Instant::now() + FORK_DELAY,
                     }),
@@ -254,8 +256,14 @@ impl Zygote<'_, '_> {
                 .first()
                 .is_some_and(|first| child_exited || first.due <= Instant::now());
             if due {
-                for PendingFork { worker_id, fds, .. } in std::mem::take(&mut self.pending) {
-                    self.fork(worker_id, fds)?;
+                for PendingFork {
+                    worker_id,
+                    warm_up,
+                    fds,
+                    ..
+                } in std::mem::take(&mut self.pending)
+                {
+                    self.fork(worker_id, warm_up, fds)?;
                 }
             }
             // Exits are reported after the forks of the same round, in one burst with their
@@ -273,7 +281,12 @@ impl Zygote<'_, '_> {
             .map_err(io_err("replying to the supervisor"))
     }
 
-    fn fork(&mut self, worker_id: u64, fds: Vec<OwnedFd>) -> Result<(), ZygoteError> {
+    fn fork(
+        &mut self,
+        worker_id: u64,
+        warm_up: bool,
+        fds: Vec<OwnedFd>,
+    ) -> Result<(), ZygoteError> {
         let fds: [OwnedFd; FORK_FDS] = match fds.try_into() {
             Ok(fds) => fds,
             Err(fds) => {
@@ -286,7 +299,8 @@ impl Zygote<'_, '_> {
         };
         let zygote_pid = nix::unistd::getpid();
         let (runner, limits, sandbox) = (&self.runner, &self.config.limits, self.sandbox);
-        let forked = fork_interpreter(move || child::run(runner, fds, zygote_pid, limits, sandbox));
+        let forked =
+            fork_interpreter(move || child::run(runner, fds, zygote_pid, limits, sandbox, warm_up));
         let pid = match forked {
             Ok(pid) => pid,
             Err(e) => {

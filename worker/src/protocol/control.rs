@@ -10,8 +10,10 @@ use super::LayerReport;
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ControlRequest {
     /// Fork one worker. Attached fds, in order: the worker's end of its job socket, the
-    /// write ends of its stdout and stderr pipes, and its workspace directory.
-    Fork { worker_id: u64 },
+    /// write ends of its stdout and stderr pipes, and its workspace directory. Without
+    /// `warm_up` the child skips its tier's warm-up jobs: a job is already waiting for it,
+    /// so their first-use costs would be paid on that job's time anyway, and twice.
+    Fork { worker_id: u64, warm_up: bool },
     /// Kill every child, reap them, exit.
     Shutdown,
 }
