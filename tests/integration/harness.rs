@@ -322,6 +322,20 @@ impl Server {
         body
     }
 
+    /// Starts `POST /v1/execute` with `body` on its own task, for requests that must be in
+    /// flight together; the task yields the response body, which must be a 200.
+    pub fn spawn_execute(&self, body: Value) -> tokio::task::JoinHandle<Value> {
+        let request = self
+            .client
+            .post(format!("{}/v1/execute", self.base))
+            .json(&body);
+        tokio::spawn(async move {
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), 200);
+            response.json().await.unwrap()
+        })
+    }
+
     /// POST /v1/sessions with defaults, which must create one; returns its id.
     pub async fn new_session(&self) -> String {
         let (status, r) = self.post("/v1/sessions", &json!({})).await;

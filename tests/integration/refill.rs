@@ -217,21 +217,8 @@ async fn workers_asked_for_while_jobs_wait_skip_the_warm_up() {
     assert_eq!(s.health().await["pool"]["idle"], 0);
     let waiting: Vec<_> = (0..3)
         .map(|i| {
-            let client = s.client.clone();
-            let url = format!("{}/v1/execute", s.base);
-            tokio::spawn(async move {
-                let code = format!("import time\ntime.sleep(4)\nimport subprocess\nprint({i})");
-                let r: Value = client
-                    .post(url)
-                    .json(&json!({ "code": code, "timeout_ms": 30_000 }))
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
-                (i, r)
-            })
+            let code = format!("import time\ntime.sleep(4)\nimport subprocess\nprint({i})");
+            s.spawn_execute(json!({ "code": code, "timeout_ms": 30_000 }))
         })
         .collect();
     eventually(10, "three jobs waiting for a worker", async || {
@@ -252,8 +239,8 @@ async fn workers_asked_for_while_jobs_wait_skip_the_warm_up() {
         cold, cold_started,
         "the workers' faults {faults:?}: {health}"
     );
-    for handle in waiting {
-        let (i, r) = handle.await.unwrap();
+    for (i, handle) in waiting.into_iter().enumerate() {
+        let r = handle.await.unwrap();
         // Cold or warm, every sandbox layer holds.
         assert_eq!(r["exit_code"], 1, "job {i}: {r}");
         assert!(

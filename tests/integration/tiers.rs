@@ -142,23 +142,13 @@ async fn a_routed_tier_without_idle_workers_is_served_by_a_fuller_one() {
         } else {
             format!("import pandas as pd\nprint(pd.Series([{i}, {i}]).sum())")
         };
-        let client = s.client.clone();
-        let url = format!("{}/v1/execute", s.base);
-        handles.push(tokio::spawn(async move {
-            let r: Value = client
-                .post(url)
-                .json(&json!({ "code": code, "timeout_ms": 60_000 }))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            (i, r)
-        }));
+        handles.push((
+            i,
+            s.spawn_execute(json!({ "code": code, "timeout_ms": 60_000 })),
+        ));
     }
-    for handle in handles {
-        let (i, r) = handle.await.unwrap();
+    for (i, handle) in handles {
+        let r = handle.await.unwrap();
         assert_eq!(r["stdout"], format!("{}\n", i * 2), "job {i}: {r}");
     }
     let scrape = s.scrape().await;
