@@ -223,8 +223,8 @@ impl ZygoteHandle {
     }
 
     /// Asks for one worker; `fds` are its job socket, stdout and stderr write ends and its
-    /// workspace directory, closed here once sent.
-    /// Asks for one worker; `warm_up: false` skips the tier's warm-up jobs in it.
+    /// workspace directory, closed here once sent. `warm_up: false` skips the tier's
+    /// warm-up jobs in it.
     pub async fn fork(
         &self,
         worker_id: u64,
