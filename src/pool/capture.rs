@@ -5,7 +5,7 @@
 use tokio::sync::mpsc;
 
 use super::run::{OutputChunk, Stream};
-use super::worker::{Worker, read_pipe};
+use super::worker::{Worker, read_nonblocking};
 
 /// Appended to output that was cut.
 pub const TRUNCATION_SUFFIX: &str = "\n...[truncated]";
@@ -106,7 +106,7 @@ impl Capture {
                 continue;
             }
             loop {
-                match read_pipe(fd, buf) {
+                match read_nonblocking(fd, buf) {
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
                         let chunk = buf[..n].to_vec();

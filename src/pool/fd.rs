@@ -33,8 +33,8 @@ fn register(fd: OwnedFd, interest: Interest) -> io::Result<AsyncFd<OwnedFd>> {
     unsafe { AsyncFd::register_with_interest(fd, interest) }.map_err(io::Error::from)
 }
 
-/// Non-blocking read from a pipe the supervisor owns.
-pub(super) fn read_pipe(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<usize> {
+/// Non-blocking read from a pipe or socket the supervisor owns.
+pub(super) fn read_nonblocking(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<usize> {
     let n = nix::unistd::read(fd.get_ref().as_fd(), buf)?;
     Ok(n)
 }
@@ -51,6 +51,6 @@ pub(super) fn nonblocking_read_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 /// What a dead worker left in its stderr pipe (why it failed to start), bounded.
 pub(super) fn read_available(fd: &AsyncFd<OwnedFd>) -> String {
     let mut buf = vec![0u8; 4096];
-    let n = read_pipe(fd, &mut buf).unwrap_or(0);
+    let n = read_nonblocking(fd, &mut buf).unwrap_or(0);
     String::from_utf8_lossy(&buf[..n]).trim().to_owned()
 }

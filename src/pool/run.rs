@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::capture::{Capture, Finish};
 use super::events::KillReason;
 use super::toolcalls::{self, Pending, RunTools};
-use super::worker::{Worker, read_pipe};
+use super::worker::{Worker, read_nonblocking};
 
 /// How a run ended, from the user's point of view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -427,7 +427,7 @@ async fn drive(
             },
             ready = worker.stdout.readable(), if capture.stdout_open => {
                 if let Ok(mut guard) = ready {
-                    match guard.try_io(|fd| read_pipe(fd, buf)) {
+                    match guard.try_io(|fd| read_nonblocking(fd, buf)) {
                         Ok(Ok(0)) | Ok(Err(_)) => capture.stdout_open = false,
                         Ok(Ok(n)) => capture.push(Stream::Stdout, &buf[..n]).await,
                         Err(_would_block) => {}
@@ -436,7 +436,7 @@ async fn drive(
             }
             ready = worker.stderr.readable(), if capture.stderr_open => {
                 if let Ok(mut guard) = ready {
-                    match guard.try_io(|fd| read_pipe(fd, buf)) {
+                    match guard.try_io(|fd| read_nonblocking(fd, buf)) {
                         Ok(Ok(0)) | Ok(Err(_)) => capture.stderr_open = false,
                         Ok(Ok(n)) => capture.push(Stream::Stderr, &buf[..n]).await,
                         Err(_would_block) => {}

@@ -14,7 +14,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
 use super::fd::async_fd;
-pub(super) use super::fd::read_pipe;
+pub(super) use super::fd::read_nonblocking;
 use super::zygote::Forked;
 
 /// A forked, hardened, warmed-up worker.
@@ -202,8 +202,7 @@ impl JobChannel {
             }
             let n = loop {
                 let mut guard = self.sock.readable().await?;
-                match guard.try_io(|sock| Ok(nix::unistd::read(sock.get_ref().as_fd(), &mut buf)?))
-                {
+                match guard.try_io(|sock| read_nonblocking(sock, &mut buf)) {
                     Ok(Ok(n)) => break n,
                     Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
                     Ok(Err(e)) => return Err(e.into()),
