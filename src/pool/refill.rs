@@ -4,7 +4,7 @@
 //! replacement itself ([`stock`], from the task that is awake anyway); the refill task
 //! does the rest (start-up, failed spawns, new targets, zygote restarts, rollovers).
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -113,13 +113,13 @@ async fn spawn_one(
     }
     let failed = spawned.is_err();
     match spawned {
-        Ok(worker) => {
+        Ok((worker, warmed)) => {
             inner
                 .counters
                 .workers_spawned
                 .fetch_add(1, Ordering::Relaxed);
             tier.spawned.fetch_add(1, Ordering::Relaxed);
-            if !warm_up {
+            if !warmed {
                 tier.spawned_cold.fetch_add(1, Ordering::Relaxed);
                 inner.events.worker_started_cold(&tier.name);
             }
@@ -171,7 +171,7 @@ async fn spawn_worker(
     tier: &Tier,
     zygote: &ZygoteHandle,
     warm_up: bool,
-) -> Result<Worker, SpawnError> {
+) -> Result<(Worker, bool), SpawnError> {
     let id = inner.next_worker_id.fetch_add(1, Ordering::Relaxed);
     let owner = workspace_owner(tier, zygote);
     let root = &inner.settings.workspace_root;
@@ -185,6 +185,13 @@ async fn spawn_worker(
     ours.set_nonblocking(true)?;
     let (stdout_r, stdout_w) = nonblocking_read_pipe()?;
     let (stderr_r, stderr_w) = nonblocking_read_pipe()?;
+    // Listed before the fork is asked for, so a job that starts waiting meanwhile can ask
+    // this worker to skip its warm-up before the worker looks.
+    let _warming = if warm_up {
+        Some(tier.warming(id, ours.as_fd())?)
+    } else {
+        None
+    };
     let fds = [OwnedFd::from(theirs), stdout_w, stderr_w, workspace_fd];
     let forked = zygote.fork(id, warm_up, fds).await?;
     let pid = forked.pid;
@@ -201,7 +208,7 @@ async fn spawn_worker(
     )?;
     let timeout = inner.settings.spawn_timeout;
     let reason = match tokio::time::timeout(timeout, worker.channel.recv()).await {
-        Ok(Ok(Some(WorkerMessage::Ready))) => return Ok(worker),
+        Ok(Ok(Some(WorkerMessage::Ready { warmed }))) => return Ok((worker, warmed)),
         Ok(Ok(Some(other))) => format!("sent {other:?} instead of ready"),
         Ok(Ok(None)) => {
             let status = worker.exit_status(Duration::from_secs(1)).await;

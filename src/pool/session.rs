@@ -89,7 +89,7 @@ impl SessionWorker {
     fn violation(&self, got: &WorkerMessage) -> SessionWorkerError {
         self.worker.kill();
         let kind = match got {
-            WorkerMessage::Ready => "ready",
+            WorkerMessage::Ready { .. } => "ready",
             WorkerMessage::Result(_) => "result",
             WorkerMessage::ResetDone => "reset_done",
             WorkerMessage::Variables { .. } => "variables",

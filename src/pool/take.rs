@@ -55,6 +55,7 @@ impl Inner {
                     let _waiting = self.slots.waiting();
                     // A tier whose target is 0 still gets a worker for a job that waits.
                     let _wanted = generation.tiers[routed].want();
+                    generation.tiers[routed].skip_a_warm_up();
                     self.refill.notify_one();
                     let take = self.slots.wait(IdleSet::take_any(&sets), deadline);
                     tokio::pin!(take);

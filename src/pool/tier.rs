@@ -1,10 +1,14 @@
 //! One tier of the pool: a zygote with its preload profile, its idle workers, the workers
 //! being spawned for it, and the number of idle workers it should keep ready now.
 
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
-use snakecage_worker::protocol::ZygoteConfig;
+use nix::sys::socket::MsgFlags;
+use snakecage_worker::frame;
+use snakecage_worker::protocol::{JobRequest, ZygoteConfig};
 
 use super::idle::IdleSet;
 use super::status::{TierStatus, ZygoteStatus};
@@ -35,6 +39,16 @@ pub(super) struct Tier {
     pub(super) spawned: AtomicU64,
     /// Of those, the ones started without the warm-up (see [`Tier::warm_up_next`]).
     pub(super) spawned_cold: AtomicU64,
+    /// Workers forked to run the warm-up and not Ready yet, oldest first: a job that starts
+    /// waiting asks one to skip it ([`Tier::skip_a_warm_up`]).
+    warming: Mutex<Vec<Warming>>,
+}
+
+/// A worker on its way that may still skip its warm-up: its id, and our end of its job
+/// socket (a duplicate; the spawn keeps the original).
+struct Warming {
+    id: u64,
+    sock: OwnedFd,
 }
 
 impl Tier {
@@ -50,6 +64,7 @@ impl Tier {
             checkouts: AtomicU64::new(0),
             spawned: AtomicU64::new(0),
             spawned_cold: AtomicU64::new(0),
+            warming: Mutex::new(Vec::new()),
         }
     }
 
@@ -83,6 +98,36 @@ impl Tier {
         self.waiters.load(Ordering::Acquire) == 0
     }
 
+    /// Lists worker `id`, forked to warm up, as one that may skip it, until the guard is
+    /// dropped (when it is Ready, or failed). `sock`: our end of its job socket.
+    pub(super) fn warming(&self, id: u64, sock: BorrowedFd<'_>) -> io::Result<WarmingGuard<'_>> {
+        let sock = sock.try_clone_to_owned()?;
+        self.warming
+            .lock()
+            .expect("warming lock")
+            .push(Warming { id, sock });
+        Ok(WarmingGuard { tier: self, id })
+    }
+
+    /// Asks the newest worker on its way that still runs the warm-up to skip it, because a
+    /// job has started waiting: the fork-time decision ([`Tier::warm_up_next`]) sees only
+    /// the jobs waiting when a worker is asked for, and under saturation the next job
+    /// usually arrives just after. The newest is the likeliest not to have begun. The
+    /// worker looks once, just before its warm-up; if the request comes later it is
+    /// ignored. Returns whether one was asked.
+    pub(super) fn skip_a_warm_up(&self) -> bool {
+        let Some(worker) = self.warming.lock().expect("warming lock").pop() else {
+            return false;
+        };
+        let bytes = frame::encode(&JobRequest::SkipWarmUp).expect("a fixed request encodes");
+        // Nothing else is written to the socket before Ready, so these few bytes fit whole.
+        let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+        matches!(
+            nix::sys::socket::send(worker.sock.as_raw_fd(), &bytes, flags),
+            Ok(n) if n == bytes.len()
+        )
+    }
+
     /// Counts a job waiting for this tier until the guard is dropped.
     pub(super) fn want(&self) -> WantGuard<'_> {
         self.waiters.fetch_add(1, Ordering::AcqRel);
@@ -107,6 +152,19 @@ impl Tier {
                 python_version: zygote.info.python_version.clone(),
             }),
         }
+    }
+}
+
+/// Takes a worker off the tier's warming list when dropped.
+pub(super) struct WarmingGuard<'a> {
+    tier: &'a Tier,
+    id: u64,
+}
+
+impl Drop for WarmingGuard<'_> {
+    fn drop(&mut self) {
+        let mut warming = self.tier.warming.lock().expect("warming lock");
+        warming.retain(|w| w.id != self.id);
     }
 }
 

@@ -57,11 +57,14 @@ pub fn run(
     sandbox: &Sandbox,
     warm_up: bool,
 ) -> ! {
-    if let Err(e) = harden(runner, fds, zygote, limits, sandbox, warm_up) {
-        report(&e);
-        exit(EXIT_HARDENING_FAILED);
-    }
-    match serve(runner) {
+    let warmed = match harden(runner, fds, zygote, limits, sandbox, warm_up) {
+        Ok(warmed) => warmed,
+        Err(e) => {
+            report(&e);
+            exit(EXIT_HARDENING_FAILED);
+        }
+    };
+    match serve(runner, warmed) {
         Ok(()) => exit(0),
         Err(e) => {
             report(&e);
@@ -77,7 +80,7 @@ fn harden(
     limits: &WorkerLimits,
     sandbox: &Sandbox,
     warm_up: bool,
-) -> Result<(), ChildError> {
+) -> Result<bool, ChildError> {
     // 1. Die with the zygote, then check it is still there: PDEATHSIG set after the parent
     //    died would never fire.
     sandbox::die_with_parent(Some(zygote)).map_err(step("PR_SET_PDEATHSIG"))?;
@@ -115,21 +118,57 @@ fn harden(
     //    already waiting for this worker: it would wait for the warm-up, then pay its own
     //    run on top); then fresh RNG state, after the warm-up so nothing it did can show
     //    in the job's numbers. The audit hook and import guard are armed last, so neither
-    //    the warm-up nor the runner's set-up trips them.
+    //    the warm-up nor the runner's set-up trips them. Whether a job waits is decided
+    //    twice: when the fork is asked for (`warm_up`), and here, as late as possible.
+    let warm_up = warm_up && !skip_warm_up_asked()?;
     if warm_up {
         runner.warm_up_child()?;
     }
     runner.prepare_child()?;
     hooks::arm().map_err(step("arming the Python hooks"))?;
-    Ok(())
+    Ok(warm_up)
 }
 
-fn serve(runner: &Runner<'_>) -> Result<(), ChildError> {
+/// Whether the supervisor has asked this worker to skip its warm-up
+/// ([`JobRequest::SkipWarmUp`]): a look at the job socket that does not wait. Before
+/// `Ready` the supervisor sends nothing else; a closed socket is left for `serve` to find.
+fn skip_warm_up_asked() -> Result<bool, ChildError> {
+    use nix::errno::Errno;
+    use nix::sys::socket::{MsgFlags, recv};
+
+    let mut first = [0u8; 1];
+    let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+    match recv(fds::JOB_FD, &mut first, flags) {
+        Ok(0) | Err(Errno::EAGAIN) => Ok(false),
+        Ok(_) => {
+            // SAFETY: fd 3 is the job socket placed by `fds::arrange`; ManuallyDrop keeps
+            // this File from closing it. The request is written whole, so this read of a
+            // few bytes does not wait for more.
+            let mut sock = ManuallyDrop::new(unsafe { File::from_raw_fd(fds::JOB_FD) });
+            match frame::read_frame::<_, JobRequest>(&mut *sock, MAX_EARLY_FRAME_LEN)? {
+                Some(JobRequest::SkipWarmUp) => Ok(true),
+                Some(_) => Err(ChildError::Protocol("a request before Ready")),
+                None => Ok(false),
+            }
+        }
+        Err(e) => Err(step_named("looking at the job socket", e.into())),
+    }
+}
+
+/// The largest frame read before `Ready`: the only one expected is a `SkipWarmUp`.
+const MAX_EARLY_FRAME_LEN: usize = 64;
+
+fn serve(runner: &Runner<'_>, warmed: bool) -> Result<(), ChildError> {
     // SAFETY: fd 3 is the job socket placed by `fds::arrange`; ManuallyDrop keeps this File
     // from closing it, the process exits without unwinding anyway.
     let mut sock = ManuallyDrop::new(unsafe { File::from_raw_fd(fds::JOB_FD) });
-    frame::write_frame(&mut *sock, &WorkerMessage::Ready)?;
-    let Some(request) = frame::read_frame::<_, JobRequest>(&mut *sock, MAX_FRAME_LEN)? else {
+    frame::write_frame(&mut *sock, &WorkerMessage::Ready { warmed })?;
+    let mut request = frame::read_frame::<_, JobRequest>(&mut *sock, MAX_FRAME_LEN)?;
+    if let Some(JobRequest::SkipWarmUp) = request {
+        // Asked for after the warm-up had begun: it goes before any job.
+        request = frame::read_frame::<_, JobRequest>(&mut *sock, MAX_FRAME_LEN)?;
+    }
+    let Some(request) = request else {
         return Ok(()); // the supervisor let this worker go without a job
     };
     match request {
@@ -146,6 +185,7 @@ fn serve(runner: &Runner<'_>) -> Result<(), ChildError> {
         JobRequest::ToolResult(_) => {
             return Err(ChildError::Protocol("a tool result before a job"));
         }
+        JobRequest::SkipWarmUp => return Err(ChildError::Protocol("a second SkipWarmUp")),
     }
     Ok(())
 }
@@ -173,6 +213,9 @@ fn serve_session(runner: &Runner<'_>, sock: &mut File) -> Result<(), ChildError>
             JobRequest::StartSession => return Err(ChildError::Protocol("a second StartSession")),
             JobRequest::ToolResult(_) => {
                 return Err(ChildError::Protocol("a tool result between jobs"));
+            }
+            JobRequest::SkipWarmUp => {
+                return Err(ChildError::Protocol("a SkipWarmUp after Ready"));
             }
         };
         frame::write_frame(&mut *sock, &reply)?;

@@ -22,6 +22,10 @@ pub enum JobRequest {
     Inspect,
     /// The answer to the [`WorkerMessage::ToolCall`] the running job is blocked on.
     ToolResult(ToolResult),
+    /// Before `Ready` only, at most once: skip the tier's warm-up if it has not begun. A job
+    /// started waiting for this tier after this worker was forked; it would wait for the
+    /// warm-up and then pay its own run on top.
+    SkipWarmUp,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -50,8 +54,9 @@ pub struct Job {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum WorkerMessage {
-    /// Hardened, warmed up, waiting for its job.
-    Ready,
+    /// Hardened, waiting for its job; `warmed`: the tier's warm-up ran (it is skipped when a
+    /// job was already waiting, see [`JobRequest::SkipWarmUp`]).
+    Ready { warmed: bool },
     /// The job ran to an end the worker could report (any exit code).
     Result(JobResult),
     /// A session's globals were cleared.
