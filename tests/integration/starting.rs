@@ -152,7 +152,8 @@ async fn lighter_zygotes_prepare_at_a_lower_priority_than_the_fullest() {
     assert_eq!(full["stdout"], format!("{own} été\n"), "{full}");
 }
 
-/// Stops the service when the test ends, passed or failed.
+/// Stops the service when the test ends, passed or failed: SIGTERM, then SIGKILL if it is
+/// still running 30 s later (a service that ignores SIGTERM must fail a test, not hang it).
 struct Stop(std::process::Child);
 
 impl Drop for Stop {
@@ -161,6 +162,11 @@ impl Drop for Stop {
             nix::unistd::Pid::from_raw(self.0.id() as i32),
             nix::sys::signal::Signal::SIGTERM,
         );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
         let _ = self.0.wait();
     }
 }
