@@ -96,6 +96,8 @@ async fn main() -> ExitCode {
         };
     }
     init_logging(&config);
+    // Before anything that can take time: a SIGTERM from here on stops the service in order.
+    let shutdown = server::shutdown_signal();
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
         Err(e) => {
@@ -103,7 +105,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match server::serve(listener, config, server::shutdown_signal()).await {
+    match server::serve(listener, config, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "snakecage failed");

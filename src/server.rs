@@ -1,4 +1,5 @@
-//! `serve`: starts the pool, serves the API on a bound listener until `shutdown` fires, then
+//! `serve`: starts the pool, serves the API on a bound listener until `shutdown` fires (one
+//! during start-up ends the start-up and closes the listener), then
 //! answers `/ready` with 503 for `worker.shutdown_drain_ms` (load balancers stop sending),
 //! drains in-flight requests (bounded) and tears the pool down. `main` and the tests both
 //! call it. Every request gets an id (`x-request-id`, kept when the client sent one) and a
@@ -186,6 +187,16 @@ pub async fn serve(
         "its zygotes ({}) are preloading their modules and forking the first workers",
         tiers.join(", ")
     );
+    // Watched from here on, not only once the service is ready: a shutdown asked for while
+    // the zygotes start (which can take minutes) ends the start-up.
+    let requested = CancellationToken::new();
+    tokio::spawn({
+        let requested = requested.clone();
+        async move {
+            shutdown.await;
+            requested.cancel();
+        }
+    });
     let stop = CancellationToken::new();
     let server = tokio::spawn(listen(
         listener,
@@ -197,11 +208,19 @@ pub async fn serve(
     // HTTP client (the platform's CA certificates read and parsed: 3 ms warm, 45 ms from
     // a cold page cache) are made while the zygotes start, not before or after: they are
     // off the path to ready.
-    let (environment, started, cluster) = tokio::join!(
-        crate::generation::stamp::EnvStamp::read_off_thread(&config),
-        Pool::start_observed(settings, metrics.clone()),
-        Cluster::new_off_thread(&config.cluster),
-    );
+    let starting = async {
+        tokio::join!(
+            crate::generation::stamp::EnvStamp::read_off_thread(&config),
+            Pool::start_observed(settings, metrics.clone()),
+            Cluster::new_off_thread(&config.cluster),
+        )
+    };
+    // Given up, the start-up's zygotes are killed with it (`kill_on_drop`, and their
+    // `PR_SET_PDEATHSIG` once this process exits); the workspace root is left to the next
+    // start, as after a crash.
+    let Some((environment, started, cluster)) = until_requested(starting, &requested).await else {
+        return stopped_while_starting(stop, server).await;
+    };
     let started = started
         .map_err(ServeError::from)
         .and_then(|pool| Ok((pool, Arc::new(cluster?))));
@@ -245,9 +264,12 @@ pub async fn serve(
         metrics.clone(),
         stop.clone(),
     );
-    let catalog = crate::codemode::Catalog::start(&config.tools, trust_roots)
-        .await
-        .map_err(|e| ServeError::Tools(e.to_string()))?;
+    let catalog = crate::codemode::Catalog::start(&config.tools, trust_roots);
+    let Some(catalog) = until_requested(catalog, &requested).await else {
+        pool.shutdown().await;
+        return stopped_while_starting(stop, server).await;
+    };
+    let catalog = catalog.map_err(|e| ServeError::Tools(e.to_string()))?;
     metrics.set_tool_names(catalog.names());
     let packages = Packages::new(&info);
     // The MCP server's descriptions are the same for every caller: they name the host
@@ -295,7 +317,7 @@ pub async fn serve(
 
     let stop_signal = stop.clone();
     tokio::spawn(async move {
-        shutdown.await;
+        requested.cancelled().await;
         stopping.cancel();
         if !drain.is_zero() {
             tracing::info!(
@@ -315,6 +337,29 @@ pub async fn serve(
     }
     pool.shutdown().await;
     tracing::info!("snakecage stopped");
+    Ok(())
+}
+
+/// `start` (a step of the start-up), or `None` once a shutdown has been requested.
+async fn until_requested<T>(
+    start: impl Future<Output = T>,
+    requested: &CancellationToken,
+) -> Option<T> {
+    tokio::select! {
+        done = start => Some(done),
+        () = requested.cancelled() => None,
+    }
+}
+
+/// Closes the listener (which served only 503 `not_ready` so far) after a shutdown was
+/// requested during start-up.
+async fn stopped_while_starting(
+    stop: CancellationToken,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+) -> Result<(), ServeError> {
+    tracing::info!("shutdown requested while starting; stopped before serving");
+    stop.cancel();
+    let _ = server.await;
     Ok(())
 }
 
@@ -455,13 +500,19 @@ fn log_sandbox(layers: &[LayerReport]) {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
+/// Resolves on SIGINT or SIGTERM. The handlers are installed by this call, not when the
+/// future is first polled: until then a SIGTERM would end the process at once, or, when it
+/// runs as PID 1 of a PID namespace (a container without an init), be discarded by the
+/// kernel and lost for good. Call it before anything that can take time.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
+    async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
     }
-    tracing::info!("shutting down");
 }

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::harness::{Options, check_error_body, repo_root, site_packages};
+use crate::harness::{
+    Options, check_error_body, descendants_of, process_exists, repo_root, site_packages,
+};
 
 /// Makes `dir` (and a site-packages directory in it holding module `name` with `source`)
 /// readable by the workers' uid, and returns the configuration of a tier `slow` that
@@ -152,7 +154,89 @@ async fn lighter_zygotes_prepare_at_a_lower_priority_than_the_fullest() {
     assert_eq!(full["stdout"], format!("{own} été\n"), "{full}");
 }
 
-/// Stops the service when the test ends, passed or failed.
+/// A SIGTERM while the zygotes start (minutes, with big preloads) stops the service in
+/// order: it exits with success (not killed by the signal, and not carrying on: as PID 1 of
+/// a container the kernel would discard a signal it has no handler for yet), promptly, and
+/// leaves no zygote behind.
+#[tokio::test]
+async fn sigterm_during_start_up_stops_the_service_at_once_and_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("snakecage.toml");
+    // Far longer than the test waits: only the SIGTERM can end this start-up in time.
+    let tier = slow_tier(
+        dir.path(),
+        "snakecage_endless_import",
+        "import time\ntime.sleep(300)\n",
+    );
+    std::fs::write(&config, tier).unwrap();
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--config"])
+        .arg(&config)
+        .arg("--venv")
+        .arg(repo_root().join(".venv"))
+        .env("SNAKECAGE_WORKER__STATE_DIR", &state)
+        .env("SNAKECAGE_WORKSPACE__DIR", &state)
+        .env("SNAKECAGE_POOL__SIZE", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut service = Stop(child);
+    let pid = service.0.id();
+    // Starting: the listener answers `starting` and the zygote is preloading.
+    let client = reqwest::Client::new();
+    let health_url = format!("http://127.0.0.1:{port}/health");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let family = loop {
+        assert!(
+            Instant::now() < deadline,
+            "the service never said it was starting"
+        );
+        if let Ok(r) = client.get(&health_url).send().await
+            && r.json::<Value>().await.unwrap()["status"] == "starting"
+        {
+            let family = descendants_of(pid);
+            if !family.is_empty() {
+                break family;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let signalled = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = loop {
+        if let Some(status) = service.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_secs(60),
+            "still running 60 s after SIGTERM during start-up"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "not stopped in order: {status:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while family.iter().any(|&p| process_exists(p)) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let left: Vec<u32> = family.into_iter().filter(|&p| process_exists(p)).collect();
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+}
+
+/// Stops the service when the test ends, passed or failed: SIGTERM, then SIGKILL if it is
+/// still running 30 s later (a service that ignores SIGTERM must fail a test, not hang it).
 struct Stop(std::process::Child);
 
 impl Drop for Stop {
@@ -161,6 +245,11 @@ impl Drop for Stop {
             nix::unistd::Pid::from_raw(self.0.id() as i32),
             nix::sys::signal::Signal::SIGTERM,
         );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
         let _ = self.0.wait();
     }
 }
