@@ -75,6 +75,26 @@ impl IdleSet {
         self.workers.lock().expect("idle lock").pop_back()
     }
 
+    /// Whether an idle worker skipped its warm-up.
+    pub(super) fn has_cold(&self) -> bool {
+        let workers = self.workers.lock().expect("idle lock");
+        workers.iter().any(|w| !w.warmed)
+    }
+
+    /// Takes the oldest idle worker that skipped its warm-up out for good (to be dropped,
+    /// which kills it), with its permit, if there is one, a warmed one stays, and a permit
+    /// can be had at once.
+    pub(super) fn retire_a_cold_one(&self) -> Option<Worker> {
+        let mut workers = self.workers.lock().expect("idle lock");
+        if !workers.iter().any(|w| w.warmed) {
+            return None;
+        }
+        let at = workers.iter().position(|w| !w.warmed)?;
+        let permit = self.available.try_acquire().ok()?;
+        permit.forget();
+        workers.remove(at)
+    }
+
     /// Waits until one of `sets` has a worker available and takes it: the index in `sets`
     /// and what was found. Cancel-safe: a permit is claimed only by the future that wins.
     pub(super) async fn take_any(sets: &[&IdleSet]) -> Result<(usize, Taken), AcquireError> {

@@ -79,7 +79,13 @@ pub(super) fn stock(inner: &Arc<Inner>, generation: &Arc<Generation>) {
                     break;
                 }
             }
-            let wanted = if starting { wanted.min(1) } else { wanted };
+            let wanted = if starting {
+                wanted.min(1)
+            } else {
+                // One more while an idle worker skipped its warm-up and no job waits: the
+                // warmed one replaces it (see `spawn_one`).
+                wanted + usize::from(tier.warm_up_next() && tier.idle.has_cold())
+            };
             for _ in 0..wanted.saturating_sub(tier.stocked()) {
                 tier.spawning.fetch_add(1, Ordering::AcqRel);
                 tokio::spawn(spawn_one(
@@ -104,7 +110,11 @@ async fn spawn_one(
 ) {
     let tier = &generation.tiers[index];
     let started = Instant::now();
-    let warm_up = tier.warm_up_next();
+    // A tier's first worker skips the warm-up: it is what the service (or a rollover)
+    // waits for to be ready, and the plotting tier's warm-up (a figure to PNG, ~90 ms) is
+    // the longest part of it. The warmed workers that follow replace it.
+    let first_of_tier = tier.spawned.load(Ordering::Relaxed) == 0;
+    let warm_up = tier.warm_up_next() && !first_of_tier;
     let spawned = spawn_worker(&inner, &generation, tier, &zygote, warm_up).await;
     match &spawned {
         Ok(_) => inner.events.worker_spawned(started.elapsed()),
@@ -112,6 +122,7 @@ async fn spawn_one(
         Err(_) => inner.events.spawn_failed(),
     }
     let failed = spawned.is_err();
+    let mut notify = false;
     match spawned {
         Ok((worker, warmed)) => {
             inner
@@ -131,6 +142,13 @@ async fn spawn_one(
             // A retired generation's new worker is dropped (killed): it would serve nobody.
             if !inner.shutdown.is_cancelled() && !generation.retired.is_cancelled() {
                 tier.idle.push(worker);
+                // One made while jobs waited (or first) is replaced by a warmed one once
+                // none waits (`stock` asks for the extra), so neither a burst nor the
+                // start leaves the next requests slower.
+                if tier.has_spare_idle() && tier.idle.retire_a_cold_one().is_some() {
+                    tier.cold_replaced.fetch_add(1, Ordering::Relaxed);
+                    notify = true;
+                }
             }
         }
         Err(e) => {
@@ -160,7 +178,7 @@ async fn spawn_one(
     // may let the others start theirs (`stock` gives each tier one first at start-up).
     let first = tier.spawned.load(Ordering::Relaxed) == 1;
     tier.spawning.fetch_sub(1, Ordering::AcqRel);
-    if failed || first {
+    if failed || first || notify {
         inner.refill.notify_one();
     }
 }
@@ -208,7 +226,10 @@ async fn spawn_worker(
     )?;
     let timeout = inner.settings.spawn_timeout;
     let reason = match tokio::time::timeout(timeout, worker.channel.recv()).await {
-        Ok(Ok(Some(WorkerMessage::Ready { warmed }))) => return Ok((worker, warmed)),
+        Ok(Ok(Some(WorkerMessage::Ready { warmed }))) => {
+            worker.warmed = warmed;
+            return Ok((worker, warmed));
+        }
         Ok(Ok(Some(other))) => format!("sent {other:?} instead of ready"),
         Ok(Ok(None)) => {
             let status = worker.exit_status(Duration::from_secs(1)).await;

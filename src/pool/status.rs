@@ -98,9 +98,11 @@ pub struct TierStatus {
     pub checkouts: u64,
     /// Workers it has started so far (`/ready` waits for one in every tier).
     pub workers_spawned: u64,
-    /// Of those, the ones started without the tier's warm-up because a job was already
-    /// waiting for a worker (the pool was not keeping up).
+    /// Of those, the ones started without the tier's warm-up: because a job was already
+    /// waiting for a worker (the pool was not keeping up), or the tier's first.
     pub workers_spawned_cold: u64,
+    /// Idle workers started cold that were replaced by warmed ones once no job waited.
+    pub cold_workers_replaced: u64,
     pub zygote: Option<ZygoteStatus>,
 }
 

@@ -39,6 +39,8 @@ pub(super) struct Tier {
     pub(super) spawned: AtomicU64,
     /// Of those, the ones started without the warm-up (see [`Tier::warm_up_next`]).
     pub(super) spawned_cold: AtomicU64,
+    /// Idle workers started cold, then replaced by warmed ones.
+    pub(super) cold_replaced: AtomicU64,
     /// Workers forked to run the warm-up and not Ready yet, oldest first: a job that starts
     /// waiting asks one to skip it ([`Tier::skip_a_warm_up`]).
     warming: Mutex<Vec<Warming>>,
@@ -64,6 +66,7 @@ impl Tier {
             checkouts: AtomicU64::new(0),
             spawned: AtomicU64::new(0),
             spawned_cold: AtomicU64::new(0),
+            cold_replaced: AtomicU64::new(0),
             warming: Mutex::new(Vec::new()),
         }
     }
@@ -96,6 +99,12 @@ impl Tier {
     /// When the pool keeps up, workers are made before they are needed, and warmed.
     pub(super) fn warm_up_next(&self) -> bool {
         self.waiters.load(Ordering::Acquire) == 0
+    }
+
+    /// Whether the tier has all the idle workers it wants and no job waits: then one that
+    /// skipped its warm-up can be replaced by a warmed one without anyone waiting for it.
+    pub(super) fn has_spare_idle(&self) -> bool {
+        self.waiters.load(Ordering::Acquire) == 0 && self.idle.len() >= self.wanted()
     }
 
     /// Lists worker `id`, forked to warm up, as one that may skip it, until the guard is
@@ -145,6 +154,7 @@ impl Tier {
             checkouts: self.checkouts.load(Ordering::Relaxed),
             workers_spawned: self.spawned.load(Ordering::Relaxed),
             workers_spawned_cold: self.spawned_cold.load(Ordering::Relaxed),
+            cold_workers_replaced: self.cold_replaced.load(Ordering::Relaxed),
             zygote: Some(ZygoteStatus {
                 pid: zygote.info.pid,
                 generation: zygote.generation,

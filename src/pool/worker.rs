@@ -17,7 +17,7 @@ use super::fd::async_fd;
 pub(super) use super::fd::read_nonblocking;
 use super::zygote::Forked;
 
-/// A forked, hardened, warmed-up worker.
+/// A forked, hardened worker, warmed up unless it skipped the warm-up.
 pub struct Worker {
     pub id: u64,
     pub pid: i32,
@@ -33,6 +33,8 @@ pub struct Worker {
     exit_status: Option<ExitStatus>,
     /// Taken out (with [`Worker::take_workspace`]) when it must outlive the worker.
     workspace: Option<Workspace>,
+    /// Whether it ran its tier's warm-up (its `Ready` says; until then, false).
+    pub(super) warmed: bool,
 }
 
 impl Worker {
@@ -59,6 +61,7 @@ impl Worker {
             exit: forked.exit,
             exit_status: None,
             workspace: Some(workspace),
+            warmed: false,
         })
     }
 

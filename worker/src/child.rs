@@ -120,13 +120,18 @@ fn harden(
     //    in the job's numbers. The audit hook and import guard are armed last, so neither
     //    the warm-up nor the runner's set-up trips them. Whether a job waits is decided
     //    twice: when the fork is asked for (`warm_up`), and here, as late as possible.
-    let warm_up = warm_up && !skip_warm_up_asked()?;
-    if warm_up {
+    //    A tier without warm-up jobs has nothing to pay: its workers count as warmed.
+    let warmed = if !runner.has_warm_up() {
+        true
+    } else if warm_up && !skip_warm_up_asked()? {
         runner.warm_up_child()?;
-    }
+        true
+    } else {
+        false
+    };
     runner.prepare_child()?;
     hooks::arm().map_err(step("arming the Python hooks"))?;
-    Ok(warm_up)
+    Ok(warmed)
 }
 
 /// Whether the supervisor has asked this worker to skip its warm-up

@@ -221,6 +221,11 @@ impl<'py> Runner<'py> {
         Ok(())
     }
 
+    /// Whether the tier has warm-up jobs at all.
+    pub fn has_warm_up(&self) -> bool {
+        !self.warm_up.is_empty()
+    }
+
     /// In each child (and once in the zygote, so lazily built state is inherited): the
     /// tier's warm-up jobs, paying their copy-on-write faults and first-use costs before
     /// the real job instead of during it.
