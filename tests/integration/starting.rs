@@ -24,22 +24,16 @@ pub fn slow_tier(dir: &Path, name: &str, source: &str) -> String {
     )
 }
 
-#[tokio::test]
-async fn requests_during_start_up_get_a_friendly_503_then_are_served() {
-    let dir = tempfile::tempdir().unwrap();
-    // A tier whose preload takes seconds: the start-up window is long enough to be seen.
-    let config = dir.path().join("snakecage.toml");
-    let tier = slow_tier(
-        dir.path(),
-        "snakecage_slow_import",
-        "import time\ntime.sleep(3)\n",
-    );
-    std::fs::write(&config, tier).unwrap();
+/// Starts the service (pool size 1, its state in `dir`) with one tier, `slow_tier`'s, on a
+/// free port: stopped when the returned guard is dropped.
+fn start_slow(dir: &Path, name: &str, source: &str) -> (Stop, u16) {
+    let config = dir.join("snakecage.toml");
+    std::fs::write(&config, slow_tier(dir, name, source)).unwrap();
     let port = {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         probe.local_addr().unwrap().port()
     };
-    let state = dir.path().join("state");
+    let state = dir.join("state");
     std::fs::create_dir_all(&state).unwrap();
     std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o711)).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_snakecage"))
@@ -55,7 +49,18 @@ async fn requests_during_start_up_get_a_friendly_503_then_are_served() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let _stopped = Stop(child);
+    (Stop(child), port)
+}
+
+#[tokio::test]
+async fn requests_during_start_up_get_a_friendly_503_then_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    // A tier whose preload takes seconds: the start-up window is long enough to be seen.
+    let (_stopped, port) = start_slow(
+        dir.path(),
+        "snakecage_slow_import",
+        "import time\ntime.sleep(3)\n",
+    );
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{port}/v1/execute");
     let body = serde_json::json!({ "code": "print('ready')" });
@@ -161,35 +166,12 @@ async fn lighter_zygotes_prepare_at_a_lower_priority_than_the_fullest() {
 #[tokio::test]
 async fn sigterm_during_start_up_stops_the_service_at_once_and_cleanly() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("snakecage.toml");
     // Far longer than the test waits: only the SIGTERM can end this start-up in time.
-    let tier = slow_tier(
+    let (mut service, port) = start_slow(
         dir.path(),
         "snakecage_endless_import",
         "import time\ntime.sleep(300)\n",
     );
-    std::fs::write(&config, tier).unwrap();
-    let port = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        probe.local_addr().unwrap().port()
-    };
-    let state = dir.path().join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o711)).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_snakecage"))
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--config"])
-        .arg(&config)
-        .arg("--venv")
-        .arg(repo_root().join(".venv"))
-        .env("SNAKECAGE_WORKER__STATE_DIR", &state)
-        .env("SNAKECAGE_WORKSPACE__DIR", &state)
-        .env("SNAKECAGE_POOL__SIZE", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut service = Stop(child);
     let pid = service.0.id();
     // Starting: the listener answers `starting` and the zygote is preloading.
     let client = reqwest::Client::new();
