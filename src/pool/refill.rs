@@ -204,8 +204,9 @@ async fn spawn_worker(
     let (stdout_r, stdout_w) = nonblocking_read_pipe()?;
     let (stderr_r, stderr_w) = nonblocking_read_pipe()?;
     // Listed before the fork is asked for, so a job that starts waiting meanwhile can ask
-    // this worker to skip its warm-up before the worker looks.
-    let _warming = if warm_up {
+    // this worker to skip its warm-up before the worker looks (a tier without warm-up jobs
+    // has nothing to skip).
+    let _warming = if warm_up && !tier.zygote_config.warm_up.is_empty() {
         Some(tier.warming(id, ours.as_fd())?)
     } else {
         None

@@ -123,18 +123,15 @@ impl Tier {
     /// the jobs waiting when a worker is asked for, and under saturation the next job
     /// usually arrives just after. The newest is the likeliest not to have begun. The
     /// worker looks once, just before its warm-up; if the request comes later it is
-    /// ignored. Returns whether one was asked.
-    pub(super) fn skip_a_warm_up(&self) -> bool {
+    /// set aside. Best effort: a worker that died meanwhile is simply not asked.
+    pub(super) fn skip_a_warm_up(&self) {
         let Some(worker) = self.warming.lock().expect("warming lock").pop() else {
-            return false;
+            return;
         };
         let bytes = frame::encode(&JobRequest::SkipWarmUp).expect("a fixed request encodes");
         // Nothing else is written to the socket before Ready, so these few bytes fit whole.
         let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
-        matches!(
-            nix::sys::socket::send(worker.sock.as_raw_fd(), &bytes, flags),
-            Ok(n) if n == bytes.len()
-        )
+        let _ = nix::sys::socket::send(worker.sock.as_raw_fd(), &bytes, flags);
     }
 
     /// Counts a job waiting for this tier until the guard is dropped.
