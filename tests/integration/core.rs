@@ -197,7 +197,15 @@ async fn requests_never_see_each_others_globals_files_or_process() {
 
 #[tokio::test]
 async fn two_hundred_concurrent_requests_are_all_answered_correctly() {
-    let s = Server::start_with(Options::default().env("SNAKECAGE_POOL__SIZE", 4)).await;
+    // The last of the 200 waits for the 199 before it: on a slow machine, with the rest
+    // of the suite running beside it, that came within 1 s of the default 30 s queue
+    // timeout. What this asserts is that every one is answered, and correctly.
+    let s = Server::start_with(
+        Options::default()
+            .env("SNAKECAGE_POOL__SIZE", 4)
+            .env("SNAKECAGE_POOL__QUEUE_TIMEOUT_MS", 120_000),
+    )
+    .await;
     let mut tasks = Vec::new();
     for i in 0..200u64 {
         let client = s.client.clone();
