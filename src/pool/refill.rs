@@ -124,13 +124,13 @@ async fn spawn_one(
     let failed = spawned.is_err();
     let mut notify = false;
     match spawned {
-        Ok((worker, warmed)) => {
+        Ok(worker) => {
             inner
                 .counters
                 .workers_spawned
                 .fetch_add(1, Ordering::Relaxed);
             tier.spawned.fetch_add(1, Ordering::Relaxed);
-            if !warmed {
+            if !worker.warmed {
                 tier.spawned_cold.fetch_add(1, Ordering::Relaxed);
                 inner.events.worker_started_cold(&tier.name);
             }
@@ -189,7 +189,7 @@ async fn spawn_worker(
     tier: &Tier,
     zygote: &ZygoteHandle,
     warm_up: bool,
-) -> Result<(Worker, bool), SpawnError> {
+) -> Result<Worker, SpawnError> {
     let id = inner.next_worker_id.fetch_add(1, Ordering::Relaxed);
     let owner = workspace_owner(tier, zygote);
     let root = &inner.settings.workspace_root;
@@ -229,7 +229,7 @@ async fn spawn_worker(
     let reason = match tokio::time::timeout(timeout, worker.channel.recv()).await {
         Ok(Ok(Some(WorkerMessage::Ready { warmed }))) => {
             worker.warmed = warmed;
-            return Ok((worker, warmed));
+            return Ok(worker);
         }
         Ok(Ok(Some(other))) => format!("sent {other:?} instead of ready"),
         Ok(Ok(None)) => {
