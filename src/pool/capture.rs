@@ -39,6 +39,11 @@ impl CappedOutput {
         self.dropped > 0
     }
 
+    /// No byte arrived, kept or dropped.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty() && self.dropped == 0
+    }
+
     /// The text, lossily decoded; a UTF-8 sequence cut by the limit is dropped whole, and a
     /// truncated stream ends with [`TRUNCATION_SUFFIX`].
     pub fn into_string(self) -> String {
@@ -64,6 +69,8 @@ pub(super) struct Capture {
     pub(super) stderr: CappedOutput,
     pub(super) stdout_open: bool,
     pub(super) stderr_open: bool,
+    /// Tool calls the worker made (Code Mode): each reached the host.
+    pub(super) tool_calls: usize,
     chunks: Option<mpsc::Sender<OutputChunk>>,
 }
 
@@ -74,6 +81,7 @@ impl Capture {
             stderr: CappedOutput::new(max),
             stdout_open: true,
             stderr_open: true,
+            tool_calls: 0,
             chunks,
         }
     }
@@ -119,6 +127,12 @@ impl Capture {
 
     pub(super) fn truncated(&self) -> bool {
         self.stdout.truncated() || self.stderr.truncated()
+    }
+
+    /// Whether anything of the run reached the outside: a byte of output (kept or cut) or
+    /// a tool call. Call after [`Capture::drain`].
+    pub(super) fn anything_came_out(&self) -> bool {
+        !self.stdout.is_empty() || !self.stderr.is_empty() || self.tool_calls > 0
     }
 }
 

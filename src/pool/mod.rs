@@ -315,8 +315,10 @@ impl Pool {
         Err(PoolError::Unavailable(last_error))
     }
 
-    /// Runs one job on a fresh worker. A worker that died before taking the job (its
-    /// zygote just died, say) is replaced transparently: no user code ran on it.
+    /// Runs one job on a fresh worker. A worker that died before taking the job, or that
+    /// its zygote's death killed before anything of the job came out of it (no output, no
+    /// tool call), is replaced transparently: the job runs again, up to three workers in
+    /// all, as if the lost one had never been taken.
     pub async fn execute(
         &self,
         job: Job,
@@ -347,8 +349,8 @@ impl Pool {
             route(&current, &job)
         };
         let mut last_error = String::new();
-        // A worker that died before taking its job is retried a few times (one whose
-        // workspace vanished while idle is skipped by the take itself).
+        // A worker lost before anything of the job came out is retried a few times (one
+        // whose workspace vanished while idle is skipped by the take itself).
         for _ in 0..3 {
             let Checkout {
                 mut worker,
@@ -387,6 +389,18 @@ impl Pool {
                         .fetch_add(1, Ordering::Relaxed);
                     self.inner.events.worker_killed(KillReason::LostIdle);
                     tracing::warn!(error = %e, "an idle worker was gone when its job arrived; retrying");
+                    last_error = e.to_string();
+                }
+                Err(e @ RunError::DiedWithItsZygote) => {
+                    self.inner
+                        .counters
+                        .workers_lost
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.inner.events.worker_killed(KillReason::Crashed);
+                    tracing::warn!(
+                        worker = worker.id,
+                        "a worker died with its zygote before anything of its job came out; running the job again on a fresh worker"
+                    );
                     last_error = e.to_string();
                 }
             }

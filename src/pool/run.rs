@@ -107,11 +107,18 @@ pub struct RunOutcome {
     pub cancelled: bool,
 }
 
-/// Failures that leave no result for the user: the job never reached the worker.
+/// Failures that leave no result for the user, and nothing of the job outside the worker:
+/// the job can be run again on another worker as if this one had never been taken.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error("the worker was gone before it took the job: {0}")]
     WorkerLost(FrameError),
+    /// Killed with its zygote (`PR_SET_PDEATHSIG`), which died while it held the job,
+    /// before a byte of output or a tool call came out of it. Also what happens to an idle
+    /// worker taken just after its zygote died, before the supervisor read of the death:
+    /// the kernel is already killing it, and its job socket takes the job.
+    #[error("the worker died with its zygote before anything of its job came out")]
+    DiedWithItsZygote,
 }
 
 /// How long to wait for the zygote to report the exit status of a worker that died.
@@ -158,6 +165,7 @@ pub async fn run(
         );
     }
     let reported = matches!(ending, Ending::Reported(_));
+    let died = ending == Ending::Died;
     let protocol_violation = ending == Ending::ProtocolViolation;
     let cancelled = ending == Ending::Cancelled;
     let (result, signal, exit_code, timed_out) = match ending {
@@ -184,6 +192,11 @@ pub async fn run(
     // awaited before the workspace is read.
     if result.is_none() {
         let _ = worker.exit_status(EXIT_STATUS_WAIT).await;
+    }
+    if died && worker.died_with_its_zygote() && !capture.anything_came_out() {
+        // Its zygote's death, not its code, ended it, and nothing of the job got out:
+        // the caller runs it again on a fresh worker.
+        return Err(RunError::DiedWithItsZygote);
     }
     let verdict = verdict(result.as_ref(), timed_out, capture.truncated());
     let kill = if reported {
@@ -414,6 +427,7 @@ async fn drive(
             msg = worker.channel.recv() => match msg {
                 Ok(Some(WorkerMessage::Result(result))) => return Ending::Reported(result),
                 Ok(Some(WorkerMessage::ToolCall(call))) if pending.is_none() => {
+                    capture.tool_calls += 1;
                     if interrupted {
                         // Past its deadline: no new work is started for it.
                         pending = Some(toolcalls::start(None, call));

@@ -81,6 +81,13 @@ impl Worker {
         }
     }
 
+    /// Whether its zygote died before reporting its exit: the kernel killed it with its
+    /// zygote (`PR_SET_PDEATHSIG`). Known once its exit has been awaited
+    /// ([`Worker::exit_status`]) or its zygote's death read by the supervisor.
+    pub fn died_with_its_zygote(&mut self) -> bool {
+        !self.is_alive() && self.exit_status.is_none()
+    }
+
     /// SIGKILL, through the pidfd so a recycled pid can never be hit.
     pub fn kill(&self) {
         self.signal(nix::sys::signal::Signal::SIGKILL);

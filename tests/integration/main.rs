@@ -44,3 +44,4 @@ mod tools;
 mod tools_caller;
 mod tools_mcp;
 mod tools_mcp_reconnect;
+mod zygote_death;
