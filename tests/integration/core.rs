@@ -8,6 +8,7 @@ use crate::harness::{
     Options, Server, assert_peak_rss_grew_little, check_error_body, descendants_of, peak_rss,
     process_exists,
 };
+use crate::zygote_death::{MARKER, job_started};
 
 #[tokio::test]
 async fn programs_behave_as_under_python_main() {
@@ -233,21 +234,13 @@ async fn killing_the_zygote_mid_run_fails_that_run_and_the_service_recovers() {
     let zygote = health["pool"]["tiers"][0]["zygote"]["pid"]
         .as_u64()
         .unwrap() as i32;
-    let client = s.client.clone();
-    let url = format!("{}/v1/execute", s.base);
-    let running = tokio::spawn(async move {
-        let body = json!({"code": "import time\ntime.sleep(5)", "timeout_ms": 10000});
-        client
-            .post(url)
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json::<serde_json::Value>()
-            .await
-            .unwrap()
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // It prints before it is killed, so it is not run again (`zygote_death` has the run
+    // that is).
+    let code = format!(
+        "print('avant', flush=True)\nopen({MARKER:?}, 'w').close()\nimport time\ntime.sleep(5)"
+    );
+    let running = s.spawn_execute(json!({"code": code, "timeout_ms": 10000}));
+    job_started(&s).await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(zygote),
         nix::sys::signal::Signal::SIGKILL,
@@ -255,6 +248,7 @@ async fn killing_the_zygote_mid_run_fails_that_run_and_the_service_recovers() {
     .unwrap();
     let r = running.await.unwrap();
     assert_eq!(r["verdict"], "killed", "{r}");
+    assert_eq!(r["stdout"], "avant\n", "{r}");
     assert_eq!(r["exit_code"], json!(null));
 
     // Queued and later requests are served (by a fuller tier until the zygote is back).

@@ -16,6 +16,7 @@ use crate::auth::keys_add;
 use crate::grafana::{self, Query, Vars};
 use crate::harness::{Options, Server};
 use crate::prometheus::{Prometheus, Series, now};
+use crate::zygote_death::{MARKER, run_while_the_zygotes_die};
 
 const JOB: &str = "snakecage";
 
@@ -134,63 +135,15 @@ async fn overload(s: &Server) {
     assert!(shed >= 1, "nothing was shed");
 }
 
-/// A run whose zygote is killed under it: `killed`, and a zygote restart.
+/// A run whose zygote is killed under it: `killed` (it printed first, so it is not run
+/// again), and a zygote restart.
 async fn kill_the_zygote(s: &Server) {
-    // Every tier's zygote: the run lands on whichever tier its imports pick.
-    let health = s.health().await;
-    let zygotes: Vec<i32> = health["pool"]["tiers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["zygote"]["pid"].as_u64().unwrap() as i32)
-        .collect();
-    assert!(!zygotes.is_empty(), "{health}");
-    let running = {
-        let (client, url) = (s.client.clone(), format!("{}/v1/execute", s.base));
-        let body = json!({"code": "import time\ntime.sleep(5)", "timeout_ms": 10_000});
-        tokio::spawn(async move {
-            let resp = client.post(url).json(&body).send().await.unwrap();
-            resp.json::<Value>().await.unwrap()
-        })
-    };
-    // Killed only once the run is on a worker (not while it waits for one).
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while s.health().await["pool"]["busy"].as_u64().unwrap_or(0) == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the run never started"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    for &zygote in &zygotes {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(zygote),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-    }
-    let r = running.await.unwrap();
+    let code = format!(
+        "print('läuft', flush=True)\nopen({MARKER:?}, 'w').close()\nimport time\ntime.sleep(5)"
+    );
+    let r = run_while_the_zygotes_die(s, &code).await;
     assert_eq!(r["verdict"], "killed", "{r}");
-    // The next round waits until every killed zygote has been replaced: until the pool has
-    // seen one go, an idle worker of it may be taken while it is being killed with it (a
-    // known gap, RELIABILITY.md), which is not what this test is about.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let health = s.health().await;
-        let replaced = health["pool"]["tiers"].as_array().unwrap().iter().all(|t| {
-            let pid = t["zygote"]["pid"].as_u64().unwrap_or(0) as i32;
-            t["zygote"]["alive"] == true && !zygotes.contains(&pid)
-        });
-        if replaced {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the zygotes were not replaced: {health}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert_eq!(r["stdout"], "läuft\n", "{r}");
     s.wait_for_idle(1).await;
 }
 

@@ -15,12 +15,12 @@ use crate::reliability::{eventually, workspace_root};
 use crate::tools::server_with_tools;
 
 /// What every job below writes in its workspace once it runs: the moment to kill.
-const MARKER: &str = "commencé-ß.txt";
+pub const MARKER: &str = "commencé-ß.txt";
 
 /// Runs `code`, which creates [`MARKER`] in its workspace once it has started, SIGKILLs
-/// every zygote once the marker appears, and returns the run's answer.
-async fn run_while_the_zygotes_die(s: &Server, code: &str) -> Value {
-    let root = workspace_root(s);
+/// every zygote once the marker appears, and returns the run's answer once every tier has
+/// a new zygote.
+pub async fn run_while_the_zygotes_die(s: &Server, code: &str) -> Value {
     let zygotes: Vec<i32> = s.health().await["pool"]["tiers"]
         .as_array()
         .unwrap()
@@ -28,14 +28,7 @@ async fn run_while_the_zygotes_die(s: &Server, code: &str) -> Value {
         .map(|t| t["zygote"]["pid"].as_i64().unwrap() as i32)
         .collect();
     let run = s.spawn_execute(json!({ "code": code, "timeout_ms": 60_000 }));
-    eventually(60, "the job started", async || {
-        std::fs::read_dir(&root)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|ws| ws.path().join(MARKER).exists())
-    })
-    .await;
+    job_started(s).await;
     for pid in &zygotes {
         kill(Pid::from_raw(*pid), Signal::SIGKILL).unwrap();
     }
@@ -50,6 +43,19 @@ async fn run_while_the_zygotes_die(s: &Server, code: &str) -> Value {
     })
     .await;
     answer
+}
+
+/// Waits until a job has created [`MARKER`] in its workspace.
+pub async fn job_started(s: &Server) {
+    let root = workspace_root(s);
+    eventually(60, "the job started", async || {
+        std::fs::read_dir(&root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|ws| ws.path().join(MARKER).exists())
+    })
+    .await;
 }
 
 #[tokio::test]
