@@ -16,6 +16,7 @@
 //!   manifest that survives a restart, old generations deleted when unused.
 //! - [`pool`]: the zygotes (one per tier), the pre-forked workers, one run of one job.
 //! - [`imports`]: the modules a job's code imports, read statically to pick its tier.
+//! - [`shutdown`]: the SIGTERM/SIGINT future, and start-up steps that give way to it.
 //! - [`state_lock`]: the lock by which one running instance owns a state directory.
 //! - [`codemode`]: host tools sandboxed code calls (`from snakecage import tools`): the
 //!   catalog, its providers (caller over SSE, HTTP, upstream MCP), per-run limits.
@@ -50,5 +51,6 @@ pub mod pool;
 pub mod runs;
 pub mod server;
 pub mod sessions;
+pub mod shutdown;
 pub mod state_lock;
 pub mod tools;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use snakecage::auth::{KeyEntry, KeysFile};
 use snakecage::config::{Config, LogFormat, Overrides};
-use snakecage::server;
+use snakecage::{server, shutdown};
 use tracing_subscriber::EnvFilter;
 
 /// Runs untrusted Python in pre-forked, sandboxed CPython workers behind an HTTP API.
@@ -97,7 +97,7 @@ async fn main() -> ExitCode {
     }
     init_logging(&config);
     // Before anything that can take time: a SIGTERM from here on stops the service in order.
-    let shutdown = server::shutdown_signal();
+    let shutdown = shutdown::shutdown_signal();
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
         Err(e) => {

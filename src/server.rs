@@ -36,6 +36,7 @@ use crate::metrics::{BuildInfo, Metrics};
 use crate::packages::Packages;
 use crate::pool::{Pool, PoolError, PoolSettings, TierSettings};
 use crate::sessions::{SessionSettings, Sessions};
+use crate::shutdown::{stopped_while_starting, until_requested};
 use crate::tools::ToolContext;
 
 #[derive(Debug, thiserror::Error)]
@@ -340,29 +341,6 @@ pub async fn serve(
     Ok(())
 }
 
-/// `start` (a step of the start-up), or `None` once a shutdown has been requested.
-async fn until_requested<T>(
-    start: impl Future<Output = T>,
-    requested: &CancellationToken,
-) -> Option<T> {
-    tokio::select! {
-        done = start => Some(done),
-        () = requested.cancelled() => None,
-    }
-}
-
-/// Closes the listener (which served only 503 `not_ready` so far) after a shutdown was
-/// requested during start-up.
-async fn stopped_while_starting(
-    stop: CancellationToken,
-    server: tokio::task::JoinHandle<std::io::Result<()>>,
-) -> Result<(), ServeError> {
-    tracing::info!("shutdown requested while starting; stopped before serving");
-    stop.cancel();
-    let _ = server.await;
-    Ok(())
-}
-
 /// Serves `app` on `listener` until `stop` fires, then lets in-flight requests finish.
 async fn listen(
     listener: TcpListener,
@@ -497,22 +475,5 @@ fn log_sandbox(layers: &[LayerReport]) {
                 "sandbox layer unavailable on this host; add it to sandbox.require to refuse to start"
             ),
         }
-    }
-}
-
-/// Resolves on SIGINT or SIGTERM. The handlers are installed by this call, not when the
-/// future is first polled: until then a SIGTERM would end the process at once, or, when it
-/// runs as PID 1 of a PID namespace (a container without an init), be discarded by the
-/// kernel and lost for good. Call it before anything that can take time.
-pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
-    async move {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
-        }
-        tracing::info!("shutting down");
     }
 }

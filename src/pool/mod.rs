@@ -2,7 +2,8 @@
 //!
 //! - [`zygote`]: the fork server process and its control socket.
 //! - [`worker`]: one forked worker (kill on drop), its job socket and workspace.
-//! - [`run`]: one job on one worker, with deadline, capture and verdict.
+//! - [`run`]: one job on one worker, with deadline, capture and verdict; `drive`: the
+//!   wait for its output, tool calls and result.
 //! - [`capture`]: bounded output buffers.
 //! - [`session`]: a worker kept for a session (run, reset, inspect).
 //! - [`events`]: what the pool reports as it works (for the metrics).
@@ -50,6 +51,7 @@
 
 pub mod capture;
 pub mod checkout;
+mod drive;
 pub mod events;
 mod fd;
 pub mod generation;

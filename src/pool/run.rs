@@ -1,21 +1,21 @@
 //! One job on one worker: send it, capture stdout and stderr as they come, wait for the
 //! result or the deadline, kill on timeout (a stateless worker) or interrupt and then kill
-//! (a session's worker), and turn what happened into a [`RunVerdict`].
+//! (a session's worker), and turn what happened into a [`RunVerdict`]. The wait itself is
+//! in [`super::drive`].
 
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use snakecage_worker::frame::FrameError;
-use snakecage_worker::protocol::{
-    ExitStatus, Job, JobRequest, JobResult, ToolResult, WorkerMessage,
-};
+use snakecage_worker::protocol::{ExitStatus, Job, JobRequest, JobResult};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::capture::{Capture, Finish};
+use super::drive::{Ending, drive};
 use super::events::KillReason;
-use super::toolcalls::{self, Pending, RunTools};
-use super::worker::{Worker, read_nonblocking};
+use super::toolcalls::RunTools;
+use super::worker::Worker;
 
 /// How a run ended, from the user's point of view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -236,9 +236,6 @@ pub struct Interrupt<'a> {
     pub now: &'a CancellationToken,
 }
 
-/// How often an interrupted job is sent SIGINT again during its grace period.
-const INTERRUPT_REPEAT: Duration = Duration::from_millis(250);
-
 /// A session job as it ended. The worker is alive (and keeps its state) unless `lost`.
 #[derive(Debug)]
 pub struct SessionRun {
@@ -358,129 +355,6 @@ pub async fn run_in_session(
         },
         lost,
     })
-}
-
-/// Reads the worker's output until its result, its death, or the deadline. Without
-/// `interrupt` the deadline ends the wait (the caller kills); with it, the deadline (or
-/// `interrupt.now`) sends SIGINT and the wait goes on for the grace period.
-///
-/// Tool calls are answered meanwhile (see [`toolcalls`]): the deadline keeps running
-/// while one is pending; an interrupt answers it `cancelled`, an ending drops it.
-async fn drive(
-    worker: &mut Worker,
-    capture: &mut Capture,
-    buf: &mut [u8],
-    deadline: tokio::time::Instant,
-    interrupt: Option<&Interrupt<'_>>,
-    limits: &RunLimits,
-) -> Ending {
-    let mut deadline = deadline;
-    let mut interrupted = false;
-    let never = CancellationToken::new();
-    let interrupt_now = interrupt.map_or(&never, |i| i.now);
-    let cancel = limits.cancel.as_ref().unwrap_or(&never);
-    let mut pending: Option<Pending> = None;
-    // Background work still running after its patience gets normal priority.
-    let mut raise_at = limits
-        .background
-        .map(|patience| tokio::time::Instant::now() + patience);
-    loop {
-        // Biased, in this order: the deadline and interrupts first, so output that never
-        // stops cannot starve them; then the result; stdout before stderr, so two writes
-        // that become readable together are passed on in the order a program made them.
-        tokio::select! {
-            biased;
-            () = tokio::time::sleep_until(deadline) => match interrupt {
-                Some(i) if !interrupted => {
-                    worker.interrupt();
-                    interrupted = true;
-                    deadline = tokio::time::Instant::now() + i.grace;
-                    cancel_pending(worker, &mut pending).await;
-                }
-                _ => return Ending::Deadline,
-            },
-            () = cancel.cancelled(), if interrupt.is_none() => return Ending::Cancelled,
-            // (Disabled without a time; the expression is built either way.)
-            () = tokio::time::sleep_until(raise_at.unwrap_or(deadline)), if raise_at.is_some() => {
-                tracing::info!(worker = worker.id, "background job still running: raised to normal priority");
-                worker.foreground();
-                raise_at = None;
-            }
-            () = async { tokio::select! {
-                () = interrupt_now.cancelled() => {}
-                () = cancel.cancelled() => {}
-            } }, if !interrupted && interrupt.is_some() => {
-                let grace = interrupt.map_or(Duration::ZERO, |i| i.grace);
-                worker.interrupt();
-                interrupted = true;
-                deadline = tokio::time::Instant::now() + grace;
-                cancel_pending(worker, &mut pending).await;
-            }
-            () = tokio::time::sleep(INTERRUPT_REPEAT), if interrupted => worker.interrupt(),
-            outcome = toolcalls::answer(&mut pending) => {
-                if let Some(done) = pending.take() {
-                    let answer = JobRequest::ToolResult(ToolResult { id: done.id, outcome });
-                    // A worker gone meanwhile is noticed by the next receive.
-                    let _ = worker.channel.send(&answer).await;
-                }
-            }
-            msg = worker.channel.recv() => match msg {
-                Ok(Some(WorkerMessage::Result(result))) => return Ending::Reported(result),
-                Ok(Some(WorkerMessage::ToolCall(call))) if pending.is_none() => {
-                    capture.tool_calls += 1;
-                    if interrupted {
-                        // Past its deadline: no new work is started for it.
-                        pending = Some(toolcalls::start(None, call));
-                        cancel_pending(worker, &mut pending).await;
-                    } else {
-                        pending = Some(toolcalls::start(limits.tools.as_ref(), call));
-                    }
-                }
-                Ok(Some(_)) | Err(_) => return Ending::ProtocolViolation,
-                Ok(None) => return Ending::Died,
-            },
-            ready = worker.stdout.readable(), if capture.stdout_open => {
-                if let Ok(mut guard) = ready {
-                    match guard.try_io(|fd| read_nonblocking(fd, buf)) {
-                        Ok(Ok(0)) | Ok(Err(_)) => capture.stdout_open = false,
-                        Ok(Ok(n)) => capture.push(Stream::Stdout, &buf[..n]).await,
-                        Err(_would_block) => {}
-                    }
-                }
-            }
-            ready = worker.stderr.readable(), if capture.stderr_open => {
-                if let Ok(mut guard) = ready {
-                    match guard.try_io(|fd| read_nonblocking(fd, buf)) {
-                        Ok(Ok(0)) | Ok(Err(_)) => capture.stderr_open = false,
-                        Ok(Ok(n)) => capture.push(Stream::Stderr, &buf[..n]).await,
-                        Err(_would_block) => {}
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Answers the pending call, if any, `cancelled`: an interrupted job must not stay
-/// blocked on a tool.
-async fn cancel_pending(worker: &mut Worker, pending: &mut Option<Pending>) {
-    if let Some(p) = pending.take() {
-        let answer = JobRequest::ToolResult(ToolResult {
-            id: p.id,
-            outcome: toolcalls::cancelled(),
-        });
-        let _ = worker.channel.send(&answer).await;
-    }
-}
-
-#[derive(Debug, PartialEq, Eq)]
-enum Ending {
-    Reported(JobResult),
-    Deadline,
-    Died,
-    ProtocolViolation,
-    /// Cancelled by its client (stateless runs; a session's job is interrupted instead).
-    Cancelled,
 }
 
 /// Precedence: a timeout or a memory error explains everything after it; a death without

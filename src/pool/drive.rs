@@ -1,0 +1,138 @@
+//! The wait of one job: the worker's output, its tool calls and its result or death,
+//! against the deadline, an interrupt and a cancel, turned into an [`Ending`].
+
+use std::time::Duration;
+
+use snakecage_worker::protocol::{JobRequest, JobResult, ToolResult, WorkerMessage};
+use tokio_util::sync::CancellationToken;
+
+use super::capture::Capture;
+use super::run::{Interrupt, RunLimits, Stream};
+use super::toolcalls::{self, Pending};
+use super::worker::{Worker, read_nonblocking};
+
+/// How often an interrupted job is sent SIGINT again during its grace period.
+const INTERRUPT_REPEAT: Duration = Duration::from_millis(250);
+
+/// Reads the worker's output until its result, its death, or the deadline. Without
+/// `interrupt` the deadline ends the wait (the caller kills); with it, the deadline (or
+/// `interrupt.now`) sends SIGINT and the wait goes on for the grace period.
+///
+/// Tool calls are answered meanwhile (see [`toolcalls`]): the deadline keeps running
+/// while one is pending; an interrupt answers it `cancelled`, an ending drops it.
+pub(super) async fn drive(
+    worker: &mut Worker,
+    capture: &mut Capture,
+    buf: &mut [u8],
+    deadline: tokio::time::Instant,
+    interrupt: Option<&Interrupt<'_>>,
+    limits: &RunLimits,
+) -> Ending {
+    let mut deadline = deadline;
+    let mut interrupted = false;
+    let never = CancellationToken::new();
+    let interrupt_now = interrupt.map_or(&never, |i| i.now);
+    let cancel = limits.cancel.as_ref().unwrap_or(&never);
+    let mut pending: Option<Pending> = None;
+    // Background work still running after its patience gets normal priority.
+    let mut raise_at = limits
+        .background
+        .map(|patience| tokio::time::Instant::now() + patience);
+    loop {
+        // Biased, in this order: the deadline and interrupts first, so output that never
+        // stops cannot starve them; then the result; stdout before stderr, so two writes
+        // that become readable together are passed on in the order a program made them.
+        tokio::select! {
+            biased;
+            () = tokio::time::sleep_until(deadline) => match interrupt {
+                Some(i) if !interrupted => {
+                    worker.interrupt();
+                    interrupted = true;
+                    deadline = tokio::time::Instant::now() + i.grace;
+                    cancel_pending(worker, &mut pending).await;
+                }
+                _ => return Ending::Deadline,
+            },
+            () = cancel.cancelled(), if interrupt.is_none() => return Ending::Cancelled,
+            // (Disabled without a time; the expression is built either way.)
+            () = tokio::time::sleep_until(raise_at.unwrap_or(deadline)), if raise_at.is_some() => {
+                tracing::info!(worker = worker.id, "background job still running: raised to normal priority");
+                worker.foreground();
+                raise_at = None;
+            }
+            () = async { tokio::select! {
+                () = interrupt_now.cancelled() => {}
+                () = cancel.cancelled() => {}
+            } }, if !interrupted && interrupt.is_some() => {
+                let grace = interrupt.map_or(Duration::ZERO, |i| i.grace);
+                worker.interrupt();
+                interrupted = true;
+                deadline = tokio::time::Instant::now() + grace;
+                cancel_pending(worker, &mut pending).await;
+            }
+            () = tokio::time::sleep(INTERRUPT_REPEAT), if interrupted => worker.interrupt(),
+            outcome = toolcalls::answer(&mut pending) => {
+                if let Some(done) = pending.take() {
+                    let answer = JobRequest::ToolResult(ToolResult { id: done.id, outcome });
+                    // A worker gone meanwhile is noticed by the next receive.
+                    let _ = worker.channel.send(&answer).await;
+                }
+            }
+            msg = worker.channel.recv() => match msg {
+                Ok(Some(WorkerMessage::Result(result))) => return Ending::Reported(result),
+                Ok(Some(WorkerMessage::ToolCall(call))) if pending.is_none() => {
+                    capture.tool_calls += 1;
+                    if interrupted {
+                        // Past its deadline: no new work is started for it.
+                        pending = Some(toolcalls::start(None, call));
+                        cancel_pending(worker, &mut pending).await;
+                    } else {
+                        pending = Some(toolcalls::start(limits.tools.as_ref(), call));
+                    }
+                }
+                Ok(Some(_)) | Err(_) => return Ending::ProtocolViolation,
+                Ok(None) => return Ending::Died,
+            },
+            ready = worker.stdout.readable(), if capture.stdout_open => {
+                if let Ok(mut guard) = ready {
+                    match guard.try_io(|fd| read_nonblocking(fd, buf)) {
+                        Ok(Ok(0)) | Ok(Err(_)) => capture.stdout_open = false,
+                        Ok(Ok(n)) => capture.push(Stream::Stdout, &buf[..n]).await,
+                        Err(_would_block) => {}
+                    }
+                }
+            }
+            ready = worker.stderr.readable(), if capture.stderr_open => {
+                if let Ok(mut guard) = ready {
+                    match guard.try_io(|fd| read_nonblocking(fd, buf)) {
+                        Ok(Ok(0)) | Ok(Err(_)) => capture.stderr_open = false,
+                        Ok(Ok(n)) => capture.push(Stream::Stderr, &buf[..n]).await,
+                        Err(_would_block) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Answers the pending call, if any, `cancelled`: an interrupted job must not stay
+/// blocked on a tool.
+async fn cancel_pending(worker: &mut Worker, pending: &mut Option<Pending>) {
+    if let Some(p) = pending.take() {
+        let answer = JobRequest::ToolResult(ToolResult {
+            id: p.id,
+            outcome: toolcalls::cancelled(),
+        });
+        let _ = worker.channel.send(&answer).await;
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Ending {
+    Reported(JobResult),
+    Deadline,
+    Died,
+    ProtocolViolation,
+    /// Cancelled by its client (stateless runs; a session's job is interrupted instead).
+    Cancelled,
+}
