@@ -226,7 +226,24 @@ async fn spawn_worker(
         workspace,
     )?;
     let timeout = inner.settings.spawn_timeout;
-    let reason = match tokio::time::timeout(timeout, worker.channel.recv()).await {
+    // Forked at the zygote's priority: raised once a job waits for the tier, or a busy
+    // host could hold it back at `SCHED_IDLE` (see `Tier::prioritise`).
+    let ready = async {
+        loop {
+            let demand = tier.demand();
+            tokio::pin!(demand);
+            demand.as_mut().enable();
+            if tier.in_demand() {
+                worker.foreground();
+                return worker.channel.recv().await;
+            }
+            tokio::select! {
+                msg = worker.channel.recv() => return msg,
+                () = demand => {}
+            }
+        }
+    };
+    let reason = match tokio::time::timeout(timeout, ready).await {
         Ok(Ok(Some(WorkerMessage::Ready { warmed }))) => {
             worker.warmed = warmed;
             return Ok(worker);

@@ -10,6 +10,8 @@ use nix::sys::socket::MsgFlags;
 use snakecage_worker::frame;
 use snakecage_worker::protocol::{JobRequest, ZygoteConfig};
 
+use tokio::sync::Notify;
+
 use super::idle::IdleSet;
 use super::status::{TierStatus, ZygoteStatus};
 use super::zygote::ZygoteHandle;
@@ -44,6 +46,10 @@ pub(super) struct Tier {
     /// Workers forked to run the warm-up and not Ready yet, oldest first: a job that starts
     /// waiting asks one to skip it ([`Tier::skip_a_warm_up`]).
     warming: Mutex<Vec<Warming>>,
+    /// Fired when jobs start waiting: workers on their way are raised ([`Tier::in_demand`]).
+    demand: Notify,
+    /// The zygote raised to normal priority while jobs wait ([`Tier::prioritise`]).
+    raised: Mutex<Option<Arc<ZygoteHandle>>>,
 }
 
 /// A worker on its way that may still skip its warm-up: its id, and our end of its job
@@ -68,6 +74,8 @@ impl Tier {
             spawned_cold: AtomicU64::new(0),
             cold_replaced: AtomicU64::new(0),
             warming: Mutex::new(Vec::new()),
+            demand: Notify::new(),
+            raised: Mutex::new(None),
         }
     }
 
@@ -77,6 +85,43 @@ impl Tier {
 
     pub(super) fn replace_zygote(&self, zygote: Arc<ZygoteHandle>) {
         *self.zygote.write().expect("zygote lock") = zygote;
+        // Jobs may have waited through the restart.
+        self.prioritise();
+    }
+
+    /// Whether jobs routed here wait for a worker: then the workers on their way are what
+    /// they wait for, not background work.
+    pub(super) fn in_demand(&self) -> bool {
+        self.waiters.load(Ordering::Acquire) > 0
+    }
+
+    /// Resolves when jobs start waiting (create it before checking [`Tier::in_demand`]).
+    pub(super) fn demand(&self) -> tokio::sync::futures::Notified<'_> {
+        self.demand.notified()
+    }
+
+    /// Runs the zygote at the priority its demand calls for. Its forks are background work
+    /// (`SCHED_IDLE`: they yield to every request in flight) until a job waits for one:
+    /// then it runs at normal priority, or any busy process on the host (a build, another
+    /// service) would hold back the very workers the jobs wait for (a c=4 load beside a
+    /// compiler: 20–25 requests/s with the zygote idle, 160/s raised). Back to `SCHED_IDLE`
+    /// once none waits. Needs CAP_SYS_NICE; without it the zygote runs at nice 10 anyway.
+    fn prioritise(&self) {
+        let mut raised = self.raised.lock().expect("raised lock");
+        if self.in_demand() {
+            let zygote = self.current_zygote();
+            if raised.as_ref().is_some_and(|r| Arc::ptr_eq(r, &zygote)) {
+                return;
+            }
+            // A zygote the supervisor has not reaped keeps its pid: alive, it is ours.
+            if zygote.is_alive() && super::worker::raise_priority(zygote.info.pid) {
+                *raised = Some(zygote);
+            }
+        } else if let Some(zygote) = raised.take()
+            && zygote.is_alive()
+        {
+            super::worker::lower_priority(zygote.info.pid);
+        }
     }
 
     /// Idle workers plus those on their way.
@@ -134,10 +179,14 @@ impl Tier {
         let _ = nix::sys::socket::send(worker.sock.as_raw_fd(), &bytes, flags);
     }
 
-    /// Counts a job waiting for this tier until the guard is dropped.
+    /// Counts a job waiting for this tier until the guard is dropped; while any does, the
+    /// zygote and the workers on their way run at normal priority ([`Tier::prioritise`]).
     pub(super) fn want(&self) -> WantGuard<'_> {
-        self.waiters.fetch_add(1, Ordering::AcqRel);
-        WantGuard(&self.waiters)
+        if self.waiters.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.prioritise();
+            self.demand.notify_waiters();
+        }
+        WantGuard(self)
     }
 
     pub(super) fn status(&self) -> TierStatus {
@@ -175,10 +224,12 @@ impl Drop for WarmingGuard<'_> {
     }
 }
 
-pub(super) struct WantGuard<'a>(&'a AtomicUsize);
+pub(super) struct WantGuard<'a>(&'a Tier);
 
 impl Drop for WantGuard<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        if self.0.waiters.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.prioritise();
+        }
     }
 }

@@ -283,6 +283,11 @@ pub(super) fn raise_priority(pid: i32) -> bool {
     set_priority(pid, libc::SCHED_OTHER, 0)
 }
 
+/// Back to `SCHED_IDLE` (nice 0, as the zygote puts itself when it is ready).
+pub(super) fn lower_priority(pid: i32) -> bool {
+    set_priority(pid, libc::SCHED_IDLE, 0)
+}
+
 /// Sets `pid`'s scheduling policy and niceness; failure (no CAP_SYS_NICE) changes nothing
 /// and is not an error: the worker runs, only at another priority.
 fn set_priority(pid: i32, policy: libc::c_int, nice: i32) -> bool {

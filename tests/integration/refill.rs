@@ -20,6 +20,12 @@ fn zygote_pid(health: &Value) -> u32 {
     health["pool"]["zygote"]["pid"].as_u64().unwrap() as u32
 }
 
+/// `pid`'s scheduling policy (`libc::SCHED_IDLE`, `libc::SCHED_OTHER`, …).
+fn policy_of(pid: u32) -> libc::c_int {
+    // SAFETY: sched_getscheduler takes a pid and returns the policy or -1.
+    unsafe { libc::sched_getscheduler(pid as i32) }
+}
+
 /// Whether `pid` is a zombie (exited, not reaped).
 fn is_zombie(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -219,6 +225,9 @@ async fn workers_asked_for_while_jobs_wait_skip_the_warm_up() {
         "{health}"
     );
 
+    // Forking ahead of demand is background work.
+    assert_eq!(policy_of(zygote), libc::SCHED_IDLE, "{health}");
+
     // The zygote held still: jobs take every idle worker (their replacements are asked
     // for, with the warm-up, not made), then as many more find none and wait: each asks one
     // of those replacements to skip its warm-up, which none has begun.
@@ -246,6 +255,12 @@ async fn workers_asked_for_while_jobs_wait_skip_the_warm_up() {
         s.health().await["pool"]["queue_depth"].as_u64() == Some(idle)
     })
     .await;
+    // Jobs wait for its forks: they are no background work now.
+    assert_eq!(
+        policy_of(zygote),
+        libc::SCHED_OTHER,
+        "raised while jobs wait"
+    );
     kill(Pid::from_raw(zygote as i32), Signal::SIGCONT).unwrap();
     // While they sleep: started cold, besides the tier's first, the `idle` replacements
     // asked for before any job waited (each told by a waiting job), and those asked for as
@@ -283,6 +298,11 @@ async fn workers_asked_for_while_jobs_wait_skip_the_warm_up() {
     );
     settled(&s, 0).await;
     all_warm(zygote, "after the burst");
+    assert_eq!(
+        policy_of(zygote),
+        libc::SCHED_IDLE,
+        "lowered once none waits"
+    );
 }
 
 /// A job that starts waiting asks a worker on its way to skip its warm-up; one whose
@@ -329,11 +349,22 @@ async fn a_skip_that_comes_after_the_warm_up_began_is_set_aside() {
     };
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert_eq!(s.health().await["pool"]["spawning"], 1, "held before Ready");
+    assert_eq!(
+        policy_of(worker),
+        libc::SCHED_IDLE,
+        "forked as background work"
+    );
     let job = s.spawn_execute(json!({ "code": "x = 'ß' * 3\nprint(x)" }));
     eventually(10, "the job waiting for a worker", async || {
         s.health().await["pool"]["queue_depth"].as_u64() == Some(1)
     })
     .await;
+    // The worker on its way is what the job waits for: raised, as is the zygote.
+    eventually(10, "the worker on its way raised", async || {
+        policy_of(worker) == libc::SCHED_OTHER
+    })
+    .await;
+    assert_eq!(policy_of(zygote), libc::SCHED_OTHER);
     kill(Pid::from_raw(worker as i32), Signal::SIGCONT).unwrap();
     let r = job.await.unwrap();
     assert_eq!(
@@ -345,5 +376,10 @@ async fn a_skip_that_comes_after_the_warm_up_began_is_set_aside() {
     assert_eq!(
         health["pool"]["tiers"][0]["workers_spawned_cold"], 1,
         "only the tier's first: {health}"
+    );
+    assert_eq!(
+        policy_of(zygote),
+        libc::SCHED_IDLE,
+        "lowered once none waits"
     );
 }
