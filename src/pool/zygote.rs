@@ -142,6 +142,8 @@ impl ZygoteHandle {
         drop(theirs);
         let stderr = child.stderr.take();
         let sock = Arc::new(super::fd::async_fd(ours)?);
+        // Not reaped before `child` is waited on (after its reader ends): the pid is its own.
+        let exited = child.id().and_then(|pid| pidfd_open(pid as i32));
 
         // Forward the zygote's stderr (worker start-up errors, Python warnings) to our log.
         let stderr_tail = Arc::new(Mutex::new(String::new()));
@@ -200,6 +202,7 @@ impl ZygoteHandle {
         });
         let reader = tokio::spawn(read_replies(
             sock,
+            exited,
             handle.routes.clone(),
             handle.alive.clone(),
             handle.died.clone(),
@@ -319,9 +322,40 @@ async fn recv(
     }
 }
 
+/// A reply already in the socket, without waiting; `None` when there is none (or the rest
+/// cannot be read: the zygote is gone either way).
+fn recv_now(sock: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> Option<(ControlReply, Vec<OwnedFd>)> {
+    let rec = fdpass::recv_record(sock.get_ref().as_fd(), buf).ok()?;
+    if rec.bytes == 0 {
+        return None;
+    }
+    let reply = frame::decode_exact(&buf[..rec.bytes], MAX_FRAME_LEN.min(MAX_REPLY)).ok()?;
+    Some((reply, rec.fds))
+}
+
+/// A pidfd for `pid`, registered for readability (it turns readable when the process
+/// exits); `None` on a kernel without pidfds.
+fn pidfd_open(pid: i32) -> Option<AsyncFd<OwnedFd>> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a new fd that nothing else owns.
+    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+    super::fd::async_fd(fd).ok()
+}
+
 /// Routes replies until the zygote goes away, then fails everyone still waiting and reaps it.
+///
+/// Gone is when its process has exited (`exited`, its pidfd, turns readable), not only when
+/// its socket closes: a child it forked holds the socket until it has closed the fds it
+/// inherited, and one forked just before the zygote died, at background priority on a busy
+/// host, could keep it open for seconds. Until the death is read, its idle workers count as
+/// alive and a job whose worker died with it could not tell why.
 async fn read_replies(
     sock: Arc<AsyncFd<OwnedFd>>,
+    exited: Option<AsyncFd<OwnedFd>>,
     routes: Arc<Mutex<Routes>>,
     alive: Arc<AtomicBool>,
     died: Arc<Notify>,
@@ -329,7 +363,17 @@ async fn read_replies(
 ) {
     let mut buf = vec![0u8; MAX_REPLY];
     loop {
-        match recv(&sock, &mut buf).await {
+        let received = tokio::select! {
+            received = recv(&sock, &mut buf) => received,
+            _ = async { exited.as_ref()?.readable().await.ok() }, if exited.is_some() => {
+                // What it sent before it died is still in the socket.
+                while let Some((reply, fds)) = recv_now(&sock, &mut buf) {
+                    route(&routes, reply, fds);
+                }
+                break;
+            }
+        };
+        match received {
             Ok(Some((reply, fds))) => route(&routes, reply, fds),
             Ok(None) => break,
             Err(e) => {

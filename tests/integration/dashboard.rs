@@ -16,7 +16,7 @@ use crate::auth::keys_add;
 use crate::grafana::{self, Query, Vars};
 use crate::harness::{Options, Server};
 use crate::prometheus::{Prometheus, Series, now};
-use crate::zygote_death::{MARKER, run_while_the_zygotes_die};
+use crate::zygote_death::{MARKER, run_while_its_zygote_dies};
 
 const JOB: &str = "snakecage";
 
@@ -141,7 +141,7 @@ async fn kill_the_zygote(s: &Server) {
     let code = format!(
         "print('läuft', flush=True)\nopen({MARKER:?}, 'w').close()\nimport time\ntime.sleep(5)"
     );
-    let r = run_while_the_zygotes_die(s, &code).await;
+    let r = run_while_its_zygote_dies(s, &code, false).await;
     assert_eq!(r["verdict"], "killed", "{r}");
     assert_eq!(r["stdout"], "läuft\n", "{r}");
     s.wait_for_idle(1).await;

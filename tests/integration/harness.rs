@@ -331,8 +331,10 @@ impl Server {
             .json(&body);
         tokio::spawn(async move {
             let response = request.send().await.unwrap();
-            assert_eq!(response.status(), 200);
-            response.json().await.unwrap()
+            let status = response.status();
+            let body: Value = response.json().await.unwrap();
+            assert_eq!(status, 200, "{body}");
+            body
         })
     }
 
