@@ -44,4 +44,5 @@ mod tools;
 mod tools_caller;
 mod tools_mcp;
 mod tools_mcp_reconnect;
+mod unencodable;
 mod zygote_death;
