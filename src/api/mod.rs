@@ -154,7 +154,8 @@ pub fn router(state: SharedState) -> Router {
         config.mcp.allowed_hosts.clone(),
         state.stopping.clone(),
     );
-    api.layer(middleware::from_fn(crate::error::json_errors))
+    let app = api
+        .layer(middleware::from_fn(crate::error::json_errors))
         .nest_service(
             "/mcp",
             tower::ServiceBuilder::new()
@@ -165,5 +166,10 @@ pub fn router(state: SharedState) -> Router {
         .layer(middleware::from_fn_with_state(
             metrics,
             service_metrics::http::count_requests,
-        ))
+        ));
+    // A layer of `app` runs before the router adds a 405's `Allow` header: this one, around
+    // all of it, sees the header and names the methods to use.
+    Router::new()
+        .fallback_service(app)
+        .layer(middleware::from_fn(crate::error::name_allowed_methods))
 }
