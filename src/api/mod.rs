@@ -3,6 +3,7 @@
 pub mod admin;
 mod agents;
 mod code_field;
+mod error_bodies;
 mod execute;
 mod files;
 mod health;
@@ -155,7 +156,7 @@ pub fn router(state: SharedState) -> Router {
         state.stopping.clone(),
     );
     let app = api
-        .layer(middleware::from_fn(crate::error::json_errors))
+        .layer(middleware::from_fn(error_bodies::json_errors))
         .nest_service(
             "/mcp",
             tower::ServiceBuilder::new()
@@ -171,5 +172,5 @@ pub fn router(state: SharedState) -> Router {
     // all of it, sees the header and names the methods to use.
     Router::new()
         .fallback_service(app)
-        .layer(middleware::from_fn(crate::error::name_allowed_methods))
+        .layer(middleware::from_fn(error_bodies::name_allowed_methods))
 }
