@@ -435,3 +435,40 @@ async fn a_client_that_disconnects_mid_run_interrupts_it_and_the_session_keeps_i
     let r = x_once_idle(&s, &id).await;
     assert_eq!(r["stdout"], "5\n", "{r}");
 }
+
+/// A session reports what it cannot store (a link, a name that is not UTF-8) once, like
+/// the files it stores, and again only when it is replaced: not in every later response.
+#[tokio::test]
+async fn a_session_reports_an_unstorable_entry_once_and_again_only_when_replaced() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    let skipped = |r: &Value| -> Vec<String> {
+        r["skipped_files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["path"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let r = run(
+        &s,
+        &id,
+        "import os\nos.symlink('/etc/passwd', 'link')\nopen(b'bad\\xff.txt', 'w').write('x')",
+    )
+    .await;
+    let mut first = skipped(&r);
+    first.sort();
+    assert_eq!(first, ["bad\u{fffd}.txt", "link"], "{r}");
+
+    let r = run(&s, &id, "print(1)").await;
+    assert_eq!(r["stdout"], "1\n", "{r}");
+    assert!(skipped(&r).is_empty(), "reported again: {r}");
+
+    let r = run(
+        &s,
+        &id,
+        "import os\nos.remove('link')\nos.symlink('/etc/hosts', 'link')",
+    )
+    .await;
+    assert_eq!(skipped(&r), ["link"], "the replaced link is new: {r}");
+}

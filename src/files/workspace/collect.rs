@@ -221,7 +221,7 @@ fn scan(root: &Path, staged: &Staged, limits: CollectLimits) -> Scan {
                             len: meta.len(),
                         });
                     }
-                } else {
+                } else if !staged.has_unchanged(&rel, &meta) {
                     let what = if kind.is_symlink() {
                         "a symbolic link"
                     } else {
@@ -269,10 +269,16 @@ fn scan(root: &Path, staged: &Staged, limits: CollectLimits) -> Scan {
             }
             let name = entry.file_name();
             let Some(name) = name.to_str() else {
-                out.skipped.push(SkippedFile {
-                    path: join(&prefix, &name.to_string_lossy()),
-                    reason: "the name is not valid UTF-8".into(),
-                });
+                let path = join(&prefix, &name.to_string_lossy());
+                let known = entry
+                    .metadata()
+                    .is_ok_and(|meta| staged.has_unchanged(&path, &meta));
+                if !known {
+                    out.skipped.push(SkippedFile {
+                        path,
+                        reason: "the name is not valid UTF-8".into(),
+                    });
+                }
                 continue;
             };
             let rel = join(&prefix, name);
