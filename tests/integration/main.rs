@@ -10,6 +10,7 @@ mod core;
 mod dashboard;
 mod errors;
 mod escapes;
+mod exits;
 mod faults;
 mod file_store;
 mod files;
