@@ -38,7 +38,7 @@ pub struct ExecuteRequest {
     pub args: Vec<String>,
     #[serde(default)]
     pub stdin: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::whole_number::optional")]
     pub timeout_ms: Option<u64>,
     #[serde(default = "default_true")]
     pub last_line_interactive: bool,

@@ -15,6 +15,7 @@ mod sessions;
 pub mod starting;
 mod status;
 mod stream;
+mod whole_number;
 
 use std::sync::Arc;
 

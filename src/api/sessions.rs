@@ -25,7 +25,7 @@ use crate::sessions::SessionInfo;
 pub struct CreateSessionRequest {
     #[serde(default)]
     pub files: Vec<FileInput>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::whole_number::optional")]
     pub ttl_seconds: Option<u64>,
     /// Keep the successful runs and replay them on a new worker if the worker is lost.
     #[serde(default)]

@@ -229,3 +229,33 @@ async fn refusals_a_newcomer_meets_say_what_to_do_instead() {
         );
     }
 }
+
+/// `timeout_ms` and `ttl_seconds` given as floats, as a client whose numbers are all
+/// floats (or a model's tool call passed on as it came) sends them: a whole one is taken,
+/// a fraction or a negative one is a 422 that says a whole number is wanted.
+#[tokio::test]
+async fn whole_numbers_sent_as_floats_are_taken_and_fractions_refused() {
+    let s = Server::start().await;
+    let r = s
+        .run_with(
+            json!({"code": "import time\ntime.sleep(0.2)\nprint('done')", "timeout_ms": 5000.0}),
+        )
+        .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    let (status, created) = s.post("/v1/sessions", &json!({"ttl_seconds": 60.0})).await;
+    assert_eq!(status, 201, "{created}");
+
+    for (path, body) in [
+        ("/v1/execute", json!({"code": "1", "timeout_ms": 1.5})),
+        ("/v1/execute", json!({"code": "1", "timeout_ms": -1})),
+        ("/v1/sessions", json!({"ttl_seconds": 0.5})),
+    ] {
+        let (status, r) = s.post(path, &body).await;
+        assert_eq!(status, 422, "{body}: {r}");
+        assert_eq!(r["code"], "invalid_request", "{r}");
+        assert!(
+            r["detail"].as_str().unwrap().contains("whole number"),
+            "{body}: {r}"
+        );
+    }
+}
