@@ -413,44 +413,6 @@ impl ErrorCode {
     }
 }
 
-/// Largest error body of a lower layer that is rewritten (theirs are a line of text).
-const MAX_FOREIGN_ERROR_BODY: usize = 64 << 10;
-
-/// Middleware: an error answered below the handlers (axum's 405 with its `Allow` header, an
-/// extractor's plain-text rejection) gets the same JSON body as an [`ApiError`], so every
-/// 4xx/5xx of the API carries `detail` and `code`.
-pub async fn json_errors(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let response = next.run(request).await;
-    let status = response.status();
-    let is_json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if !(status.is_client_error() || status.is_server_error()) || is_json {
-        return response;
-    }
-    let (mut parts, body) = response.into_parts();
-    let text = axum::body::to_bytes(body, MAX_FOREIGN_ERROR_BODY)
-        .await
-        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
-        .unwrap_or_default();
-    let detail = if text.is_empty() {
-        status.canonical_reason().unwrap_or("error").to_owned()
-    } else {
-        text
-    };
-    let body = json!({ "detail": detail, "code": ErrorCode::for_status(status) });
-    parts.headers.remove(header::CONTENT_LENGTH);
-    parts.headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    Response::from_parts(parts, axum::body::Body::from(body.to_string()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
-use snakecage_worker::protocol::{Job, MimeBundle};
+use snakecage_worker::protocol::{EXIT_HARDENING_FAILED, EXIT_PROTOCOL, Job, MimeBundle};
 use tokio::sync::mpsc;
 use tower_http::request_id::RequestId;
 
@@ -38,7 +38,7 @@ pub struct ExecuteRequest {
     pub args: Vec<String>,
     #[serde(default)]
     pub stdin: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::whole_number::optional")]
     pub timeout_ms: Option<u64>,
     #[serde(default = "default_true")]
     pub last_line_interactive: bool,
@@ -104,12 +104,19 @@ impl From<RunOutcome> for ExecuteResponse {
         if o.cancelled {
             stderr.push_str("\nThe run was cancelled by its client; its worker was killed.");
         } else if o.verdict == RunVerdict::Killed {
-            let why = match o.signal {
-                Some(sig) => format!(
+            let why = match (o.signal, o.exited) {
+                (Some(sig), _) => format!(
                     "\nThe worker was killed by signal {sig} ({}).",
                     signal_name(sig)
                 ),
-                None => "\nThe worker died without reporting a result.".to_owned(),
+                (None, Some(code)) if code == EXIT_PROTOCOL || code == EXIT_HARDENING_FAILED => {
+                    format!("\nThe worker failed (status {code}) before reporting a result.")
+                }
+                (None, Some(code)) => format!(
+                    "\nThe worker exited with status {code} before reporting a result \
+                     (os._exit() ends the process at once; sys.exit() sets the exit code)."
+                ),
+                (None, None) => "\nThe worker died without reporting a result.".to_owned(),
             };
             stderr.push_str(&why);
         }

@@ -3,6 +3,7 @@
 pub mod admin;
 mod agents;
 mod code_field;
+mod error_bodies;
 mod execute;
 mod files;
 mod health;
@@ -14,6 +15,7 @@ mod sessions;
 pub mod starting;
 mod status;
 mod stream;
+mod whole_number;
 
 use std::sync::Arc;
 
@@ -154,7 +156,8 @@ pub fn router(state: SharedState) -> Router {
         config.mcp.allowed_hosts.clone(),
         state.stopping.clone(),
     );
-    api.layer(middleware::from_fn(crate::error::json_errors))
+    let app = api
+        .layer(middleware::from_fn(error_bodies::json_errors))
         .nest_service(
             "/mcp",
             tower::ServiceBuilder::new()
@@ -165,5 +168,10 @@ pub fn router(state: SharedState) -> Router {
         .layer(middleware::from_fn_with_state(
             metrics,
             service_metrics::http::count_requests,
-        ))
+        ));
+    // A layer of `app` runs before the router adds a 405's `Allow` header: this one, around
+    // all of it, sees the header and names the methods to use.
+    Router::new()
+        .fallback_service(app)
+        .layer(middleware::from_fn(error_bodies::name_allowed_methods))
 }

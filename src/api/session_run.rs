@@ -35,20 +35,25 @@ pub async fn execute(
     ApiJson(req): ApiJson<ExecuteRequest>,
 ) -> Result<Json<ExecuteResponse>, ApiError> {
     let mut prepared = execute::prepare(&state, &caller, req).await?;
-    let _run = super::runs::attach_tools(&state, &caller, &mut prepared, None)?;
+    let handle = super::runs::attach_tools(&state, &caller, &mut prepared, None)?;
     let session = state.sessions.get(&id, caller.owner())?;
     let guard = session.lock()?;
-    let _slot = caller.execution_slot()?;
-    let response = run(
-        state,
-        caller,
-        session,
-        guard,
-        prepared,
-        None,
-        CancellationToken::new(),
-    )
-    .await?;
+    let slot = caller.execution_slot()?;
+    // The run goes on in a task of its own: a client that goes away (an HTTP timeout
+    // shorter than the run) drops this future, and a run dropped half-way would leave the
+    // session's worker with a job nobody reads, and the session lost. Instead the client's
+    // going interrupts the job as its deadline would; the session keeps its state.
+    let interrupt = CancellationToken::new();
+    let on_disconnect = interrupt.clone().drop_guard();
+    let run = run(state, caller, session, guard, prepared, None, interrupt);
+    let response = tokio::spawn(async move {
+        let _slot = slot;
+        let _run = handle;
+        run.await
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("a session run's task failed: {e}")))??;
+    on_disconnect.disarm();
     Ok(Json(response))
 }
 

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use axum::Json;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -12,6 +13,7 @@ use snakecage_worker::protocol::Variable;
 
 use super::SharedState;
 use super::execute::{self, FileInput, stage_inputs};
+use super::json::body_too_large;
 use super::session_run::{CONTROL_TIMEOUT, ensure_worker, lose};
 use crate::auth::Caller;
 use crate::error::ApiError;
@@ -23,7 +25,7 @@ use crate::sessions::SessionInfo;
 pub struct CreateSessionRequest {
     #[serde(default)]
     pub files: Vec<FileInput>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::whole_number::optional")]
     pub ttl_seconds: Option<u64>,
     /// Keep the successful runs and replay them on a new worker if the worker is lost.
     #[serde(default)]
@@ -48,8 +50,12 @@ pub struct SessionDetail {
 pub async fn create(
     State(state): State<SharedState>,
     caller: Caller,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<CreatedSession>), ApiError> {
+    let body = body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => body_too_large(&state),
+        _ => ApiError::BadRequest(rejection.body_text()),
+    })?;
     // An empty body is a session with the defaults.
     let req: CreateSessionRequest = if body.iter().all(u8::is_ascii_whitespace) {
         CreateSessionRequest {
@@ -58,8 +64,14 @@ pub async fn create(
             replay: false,
         }
     } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::Validation(format!("invalid request body: {e}")))?
+        serde_json::from_slice(&body).map_err(|e| {
+            // As `ApiJson` answers: not JSON at all is 400, JSON of the wrong shape 422.
+            if e.is_syntax() || e.is_eof() {
+                ApiError::BadRequest(format!("request body is not valid JSON: {e}"))
+            } else {
+                ApiError::Validation(format!("invalid request body: {e}"))
+            }
+        })?
     };
     let sessions = &state.sessions;
     let ttl = match req.ttl_seconds {

@@ -177,7 +177,7 @@ pub(super) fn validate(entry: &KeyEntry) -> Result<[u8; 32], KeysError> {
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
     if !name_ok {
         return Err(invalid(
-            "a name is 1 to 64 characters of letters, digits, `-`, `_` and `.`",
+            "a name is 1 to 64 characters, each an ASCII letter or digit, `-`, `_` or `.`",
         ));
     }
     if entry.max_concurrent == Some(0) || entry.max_sessions == Some(0) {

@@ -101,6 +101,9 @@ pub struct RunOutcome {
     pub result: Option<JobResult>,
     /// The signal that ended the worker, when one did.
     pub signal: Option<i32>,
+    /// The worker's exit status when it exited without reporting a result (`os._exit(n)`,
+    /// a C extension's `exit()`): the result, its verdict `killed`, says how it ended.
+    pub exited: Option<i32>,
     /// Why the worker was killed before it reported, when it was (for the metrics).
     pub kill: Option<KillReason>,
     /// Cancelled by its client before it ended.
@@ -168,6 +171,7 @@ pub async fn run(
     let died = ending == Ending::Died;
     let protocol_violation = ending == Ending::ProtocolViolation;
     let cancelled = ending == Ending::Cancelled;
+    let mut exited = None;
     let (result, signal, exit_code, timed_out) = match ending {
         Ending::Reported(result) => {
             let code = result.exit_code;
@@ -182,7 +186,11 @@ pub async fn run(
                     (None, Some(sig), None, true)
                 }
                 Some(ExitStatus::Signal(sig)) => (None, Some(sig), None, false),
-                Some(ExitStatus::Code(_)) | None => (None, None, None, false),
+                Some(ExitStatus::Code(code)) => {
+                    exited = Some(code);
+                    (None, None, None, false)
+                }
+                None => (None, None, None, false),
             }
         }
     };
@@ -223,6 +231,7 @@ pub async fn run(
         duration,
         result,
         signal,
+        exited,
         kill,
         cancelled,
     })
@@ -286,6 +295,7 @@ pub async fn run_in_session(
         worker.kill();
     }
     capture.drain(worker, &mut buf).await;
+    let mut exited = None;
     let (result, lost, signal) = match ending {
         Ending::Reported(result) => (Some(result), None, None),
         Ending::Deadline => (
@@ -310,13 +320,15 @@ pub async fn run_in_session(
             )
         }
         Ending::Died | Ending::Cancelled => {
-            let signal = match worker.exit_status(EXIT_STATUS_WAIT).await {
-                Some(ExitStatus::Signal(sig)) => Some(sig),
-                _ => None,
-            };
-            let why = match signal {
-                Some(sig) => format!("its worker was killed by signal {sig}"),
-                None => "its worker exited".to_owned(),
+            let (signal, why) = match worker.exit_status(EXIT_STATUS_WAIT).await {
+                Some(ExitStatus::Signal(sig)) => {
+                    (Some(sig), format!("its worker was killed by signal {sig}"))
+                }
+                Some(ExitStatus::Code(code)) => {
+                    exited = Some(code);
+                    (None, format!("its worker exited with status {code}"))
+                }
+                None => (None, "its worker exited".to_owned()),
             };
             (None, Some(why), signal)
         }
@@ -349,6 +361,7 @@ pub async fn run_in_session(
             duration,
             result,
             signal,
+            exited,
             kill,
             // An interrupted job reports (KeyboardInterrupt); only a kill is news here.
             cancelled: !reported && limits.cancel.as_ref().is_some_and(|c| c.is_cancelled()),

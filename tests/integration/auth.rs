@@ -442,6 +442,16 @@ async fn keys_are_stored_only_as_hashes_and_names_are_unique() {
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
     assert!(again.stdout.is_empty());
+    // A name in another script is refused, and the refusal says which letters are meant.
+    let cyrillic = Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["keys", "add", "алиса", "--keys-file"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!cyrillic.status.success());
+    let stderr = String::from_utf8_lossy(&cyrillic.stderr);
+    assert!(stderr.contains("ASCII letter"), "{stderr}");
+    assert!(cyrillic.stdout.is_empty());
     keys_add(&path, "bob", &[]);
     let listed = Command::new(env!("CARGO_BIN_EXE_snakecage"))
         .args(["keys", "list", "--keys-file"])

@@ -378,7 +378,7 @@ async fn malformed_requests_get_4xx_with_a_detail() {
                 .post(&url)
                 .json(&json!({"code": "x".repeat(10_000)})),
             413,
-            "exceeds the configured maximum",
+            "over 4096 bytes (limits.max_request_bytes)",
         ),
         (
             s.client.get(format!("{}/v1/nope", s.base)),

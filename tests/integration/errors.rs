@@ -175,3 +175,87 @@ async fn an_error_after_a_stream_started_is_an_error_event_with_its_code() {
         last.data
     );
 }
+
+/// What a newcomer meets first: a browser's GET on a POST route, a body over the limit, a
+/// body that is not JSON. Each answer says what to do instead.
+#[tokio::test]
+async fn refusals_a_newcomer_meets_say_what_to_do_instead() {
+    let s = Server::start_with(
+        crate::harness::Options::default().env("SNAKECAGE_LIMITS__MAX_REQUEST_BYTES", 4096),
+    )
+    .await;
+    let c = &s.client;
+    let url = |p: &str| format!("{}{p}", s.base);
+
+    // 405 names the method, the route and the method to use.
+    let body = expect(c.get(url("/v1/execute")), 405, "method_not_allowed").await;
+    assert_eq!(
+        body["detail"], "GET is not allowed on /v1/execute; use POST",
+        "{body}"
+    );
+    let body = expect(c.put(url("/v1/sessions")), 405, "method_not_allowed").await;
+    assert_eq!(
+        body["detail"], "PUT is not allowed on /v1/sessions; use one of POST, GET",
+        "{body}"
+    );
+
+    // 413 names the limit and its key, on every route that takes a JSON body.
+    let big = json!({ "code": format!("s = '{}'", "x".repeat(5000)) });
+    let sid = s.new_session().await;
+    for path in [
+        "/v1/execute".to_owned(),
+        "/v1/execute/stream".to_owned(),
+        "/v1/sessions".to_owned(),
+        format!("/v1/sessions/{sid}/execute"),
+    ] {
+        let body = expect(c.post(url(&path)).json(&big), 413, "payload_too_large").await;
+        let detail = body["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("4096 bytes") && detail.contains("limits.max_request_bytes"),
+            "{path}: {body}"
+        );
+    }
+
+    // A body that is not JSON is 400 on every JSON route, sessions included.
+    for path in ["/v1/execute", "/v1/sessions"] {
+        let req = c
+            .post(url(path))
+            .header("content-type", "application/json")
+            .body("print(1)");
+        let body = expect(req, 400, "bad_request").await;
+        assert!(
+            body["detail"].as_str().unwrap().contains("not valid JSON"),
+            "{path}: {body}"
+        );
+    }
+}
+
+/// `timeout_ms` and `ttl_seconds` given as floats, as a client whose numbers are all
+/// floats (or a model's tool call passed on as it came) sends them: a whole one is taken,
+/// a fraction or a negative one is a 422 that says a whole number is wanted.
+#[tokio::test]
+async fn whole_numbers_sent_as_floats_are_taken_and_fractions_refused() {
+    let s = Server::start().await;
+    let r = s
+        .run_with(
+            json!({"code": "import time\ntime.sleep(0.2)\nprint('done')", "timeout_ms": 5000.0}),
+        )
+        .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    let (status, created) = s.post("/v1/sessions", &json!({"ttl_seconds": 60.0})).await;
+    assert_eq!(status, 201, "{created}");
+
+    for (path, body) in [
+        ("/v1/execute", json!({"code": "1", "timeout_ms": 1.5})),
+        ("/v1/execute", json!({"code": "1", "timeout_ms": -1})),
+        ("/v1/sessions", json!({"ttl_seconds": 0.5})),
+    ] {
+        let (status, r) = s.post(path, &body).await;
+        assert_eq!(status, 422, "{body}: {r}");
+        assert_eq!(r["code"], "invalid_request", "{r}");
+        assert!(
+            r["detail"].as_str().unwrap().contains("whole number"),
+            "{body}: {r}"
+        );
+    }
+}

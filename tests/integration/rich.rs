@@ -57,3 +57,28 @@ async fn arrays_and_long_dataframes_come_back_summarised() {
     );
     assert_eq!(r["session"]["names"], json!(["np", "a"]));
 }
+
+/// As in Jupyter, a last expression ending in `;` runs without being shown: the
+/// `plt.plot(...);` of every plotting tutorial gives the figure, not a `Line2D` repr.
+#[tokio::test]
+async fn a_trailing_semicolon_quiets_the_last_expression_as_in_jupyter() {
+    let s = Server::start().await;
+    let r = s
+        .run("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2]);")
+        .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    assert_eq!(r["stdout"], "", "{r}");
+    let results = r["results"].as_array().unwrap();
+    assert_eq!(results.len(), 1, "{r}");
+    assert!(results[0]["image/png"].is_string(), "{r}");
+    assert!(
+        results[0]
+            .get("text/plain")
+            .is_none_or(|t| !t.as_str().unwrap().contains("Line2D")),
+        "{r}"
+    );
+
+    // Without it the value is shown.
+    let r = s.run("x = 6 * 7\nx").await;
+    assert_eq!(r["stdout"], "42\n", "{r}");
+}

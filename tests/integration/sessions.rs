@@ -367,3 +367,108 @@ async fn a_session_streams_and_bash_is_not_available() {
         .await;
     assert_eq!(status, 422, "{r}");
 }
+
+/// Runs `print(x)` in session `id` once its interrupted run has finished (409 until then).
+async fn x_once_idle(s: &Server, id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, r) = exec(s, id, json!({ "code": "print(x)" })).await;
+        if status != 409 {
+            assert_eq!(status, 200, "the session was lost: {r}");
+            return r;
+        }
+        assert!(Instant::now() < deadline, "still busy: {r}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until session `id` is running a job.
+async fn wait_busy(s: &Server, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, listed) = get(s, "/v1/sessions").await;
+        let busy = listed["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["session_id"] == id && x["status"] == "busy");
+        if busy {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{listed}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A client whose HTTP timeout is shorter than its run goes away mid-run: the run is
+/// interrupted as at its deadline and the session keeps its state, streamed or not.
+#[tokio::test]
+async fn a_client_that_disconnects_mid_run_interrupts_it_and_the_session_keeps_its_state() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    run(&s, &id, "x = 5").await;
+    let slow = json!({ "code": "import time\nprint('started', flush=True)\ntime.sleep(30)\nx = 6", "timeout_ms": 60000 });
+
+    let request = s
+        .client
+        .post(format!("{}/v1/sessions/{id}/execute", s.base))
+        .json(&slow);
+    let pending = tokio::spawn(request.send());
+    wait_busy(&s, &id).await;
+    pending.abort();
+    let r = x_once_idle(&s, &id).await;
+    assert_eq!(r["stdout"], "5\n", "{r}");
+    let (status, detail) = get(&s, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 200, "{detail}");
+    assert_eq!(detail["status"], "idle", "{detail}");
+
+    let resp = s
+        .client
+        .post(format!("{}/v1/sessions/{id}/execute/stream", s.base))
+        .json(&slow)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let events = crate::stream::read_events(resp, Instant::now(), |e| e.event == "output").await;
+    assert_eq!(events.last().unwrap().event, "output", "{events:?}");
+    let r = x_once_idle(&s, &id).await;
+    assert_eq!(r["stdout"], "5\n", "{r}");
+}
+
+/// A session reports what it cannot store (a link, a name that is not UTF-8) once, like
+/// the files it stores, and again only when it is replaced: not in every later response.
+#[tokio::test]
+async fn a_session_reports_an_unstorable_entry_once_and_again_only_when_replaced() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    let skipped = |r: &Value| -> Vec<String> {
+        r["skipped_files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["path"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let r = run(
+        &s,
+        &id,
+        "import os\nos.symlink('/etc/passwd', 'link')\nopen(b'bad\\xff.txt', 'w').write('x')",
+    )
+    .await;
+    let mut first = skipped(&r);
+    first.sort();
+    assert_eq!(first, ["bad\u{fffd}.txt", "link"], "{r}");
+
+    let r = run(&s, &id, "print(1)").await;
+    assert_eq!(r["stdout"], "1\n", "{r}");
+    assert!(skipped(&r).is_empty(), "reported again: {r}");
+
+    let r = run(
+        &s,
+        &id,
+        "import os\nos.remove('link')\nos.symlink('/etc/hosts', 'link')",
+    )
+    .await;
+    assert_eq!(skipped(&r), ["link"], "the replaced link is new: {r}");
+}

@@ -71,7 +71,7 @@ class Collector:
         """Add ``obj``'s bundle; with ``echo``, write its text to stdout too."""
         bundle = mime_bundle(obj, self)
         if echo and "text/plain" in bundle:
-            sys.stdout.write(bundle["text/plain"] + "\n")
+            _echo(bundle["text/plain"])
         self.add(bundle)
 
     def displayhook(self, value):
@@ -107,6 +107,28 @@ class Collector:
                     self.add(mime_bundle(figure, self))
         finally:
             _close_all_figures()
+
+
+def _echo(text):
+    """Write ``text`` and a newline to stdout as ``sys.__displayhook__`` does.
+
+    A repr stdout cannot encode (a lone surrogate: ``chr(0xd800)`` in a ``__repr__``)
+    is written with ``backslashreplace``, as CPython's displayhook does, instead of
+    raising ``UnicodeEncodeError`` from inside the runner.
+    """
+    stdout = sys.stdout
+    try:
+        stdout.write(text)
+    except UnicodeEncodeError:
+        encoding = getattr(stdout, "encoding", None) or "utf-8"
+        data = text.encode(encoding, "backslashreplace")
+        buffer = getattr(stdout, "buffer", None)
+        if buffer is not None:
+            stdout.flush()
+            buffer.write(data)
+        else:
+            stdout.write(data.decode(encoding, "strict"))
+    stdout.write("\n")
 
 
 _current = None

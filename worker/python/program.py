@@ -86,8 +86,9 @@ def compile_program(program, interactive):
         tree = ast.parse(data, filename, "exec")
         last = None
         if interactive and tree.body and isinstance(tree.body[-1], ast.Expr):
-            # 'single' mode makes the expression statement call sys.displayhook.
-            last = ast.Interactive(body=[tree.body.pop()])
+            if not _ends_with_semicolon(source, tree.body[-1]):
+                # 'single' mode makes the expression statement call sys.displayhook.
+                last = ast.Interactive(body=[tree.body.pop()])
         body = compile(tree, filename, "exec", dont_inherit=True)
         if last is not None:
             last = compile(last, filename, "single", dont_inherit=True)
@@ -95,6 +96,19 @@ def compile_program(program, interactive):
     except SyntaxError as exc:
         _use_own_source_line(exc, source, filename)
         raise
+
+
+def _ends_with_semicolon(source, node):
+    """Whether a ``;`` follows the last expression: as in Jupyter, it is run, not shown.
+
+    Only whitespace, a ``;`` and comments can follow the last statement, so the
+    text after its end (``end_col_offset`` counts UTF-8 bytes) starts with one or not.
+    """
+    lines = source.encode("utf-8", "surrogatepass").replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+    if node.end_lineno is None or node.end_col_offset is None or node.end_lineno > len(lines):
+        return False
+    rest = lines[node.end_lineno - 1][node.end_col_offset :].lstrip()
+    return rest.startswith(b";")
 
 
 def _as_file_bytes(source):

@@ -13,18 +13,15 @@ use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
 use nix::unistd::Pid;
 use snakecage_worker::frame::{self, FrameError, MAX_FRAME_LEN};
-use snakecage_worker::protocol::{JobRequest, WorkerLimits, WorkerMessage};
+use snakecage_worker::protocol::{
+    EXIT_HARDENING_FAILED, EXIT_PROTOCOL, JobRequest, WorkerLimits, WorkerMessage,
+};
 
 use crate::hooks;
 use crate::interpreter::{InterpreterError, Runner};
 use crate::priority;
 use crate::sandbox::layers::Sandbox;
 use crate::sandbox::{self, fds, rlimits};
-
-/// Exit code of a worker that could not harden itself (never becomes Ready).
-const EXIT_HARDENING_FAILED: i32 = 70;
-/// Exit code of a worker whose job socket broke or spoke nonsense.
-const EXIT_PROTOCOL: i32 = 71;
 
 #[derive(Debug, thiserror::Error)]
 enum ChildError {

@@ -21,6 +21,9 @@ pub struct StageInput {
 pub struct Staged {
     pub(super) files: HashMap<String, Fingerprint>,
     pub(super) dirs: HashSet<String>,
+    /// Entries that are never stored (links, fifos, names that are not UTF-8), so a
+    /// session reports each as skipped once, and again only when it is replaced.
+    pub(super) others: HashMap<String, Fingerprint>,
 }
 
 /// Enough of a file's status to notice any write: a write or `utime` changes ctime, which
@@ -162,13 +165,27 @@ pub async fn stage(
 impl Staged {
     /// Nothing was staged.
     pub fn is_empty(&self) -> bool {
-        self.files.is_empty() && self.dirs.is_empty()
+        self.files.is_empty() && self.dirs.is_empty() && self.others.is_empty()
     }
 
     /// Adds what `other` staged (a session's later staging on top of its baseline).
     pub fn merge(&mut self, other: Staged) {
         self.files.extend(other.files);
         self.dirs.extend(other.dirs);
+        self.others.extend(other.others);
+    }
+
+    /// Whether the entry at `path` (named lossily when its name is not UTF-8) is in the
+    /// baseline unchanged, as whatever kind it is.
+    pub(super) fn has_unchanged(&self, path: &str, meta: &std::fs::Metadata) -> bool {
+        let kind = meta.file_type();
+        if kind.is_dir() {
+            self.dirs.contains(path)
+        } else if kind.is_file() {
+            self.files.get(path) == Some(&Fingerprint::of(meta))
+        } else {
+            self.others.get(path) == Some(&Fingerprint::of(meta))
+        }
     }
 }
 
@@ -202,6 +219,8 @@ pub async fn snapshot(workspace: &Path, max_entries: usize) -> Staged {
                     pending.push(rel);
                 } else if meta.file_type().is_file() {
                     staged.files.insert(rel, Fingerprint::of(&meta));
+                } else {
+                    staged.others.insert(rel, Fingerprint::of(&meta));
                 }
             }
         }

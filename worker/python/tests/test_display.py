@@ -64,6 +64,14 @@ def test_an_open_figure_is_captured_without_savefig_and_closed(runner, pyplot, c
     assert capsys.readouterr().out == "drawn\n"
 
 
+def test_a_repr_with_a_lone_surrogate_is_echoed_backslash_escaped_like_cpython(runner, capsys):
+    code = "class A:\n    def __repr__(self):\n        return 'x' + chr(0xD800)\nA()"
+    result = runner.run(job(code, interactive=True))
+    assert result["exit_code"] == 0, result
+    assert result["results"] == [{"text/plain": "x\ud800"}]
+    assert capsys.readouterr().out == "x\\ud800\n"
+
+
 def test_display_twice_gives_two_bundles_in_order(runner, capsys):
     result = runner.run(job("display('first')\ndisplay({'second': 2})\nNone", interactive=True))
     assert result["results"] == [{"text/plain": "'first'"}, {"text/plain": "{'second': 2}"}]

@@ -66,6 +66,15 @@ def test_code_must_be_a_string(runner):
         ("[i * i for i in range(3)]", "[0, 1, 4]\n"),
         ("def f():\n    return 7\nf()\n\n\n", "7\n"),
         ("if True:\n    8", ""),  # only a top-level expression is shown
+        # As in Jupyter, a trailing ';' runs the expression without showing it.
+        ("x = 5\nx;", ""),
+        ("x = 5\nx ;  # quiet\n", ""),
+        ("'é' + 'ü';", ""),
+        ("(1,\r\n 2);\r\n", ""),
+        ("print(9);", "9\n"),
+        ("x = 5\nx  # not quiet;\n", "5\n"),
+        ("x = 5; x", "5\n"),
+        ("s = 'a;'\ns", "'a;'\n"),
     ],
 )
 def test_last_line_interactive_displays_trailing_expression(runner, capsys, code, shown):

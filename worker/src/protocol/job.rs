@@ -5,6 +5,12 @@ use serde::{Deserialize, Serialize};
 
 use super::{ToolCall, ToolResult};
 
+/// Exit status of a worker that could not harden itself (never becomes Ready).
+pub const EXIT_HARDENING_FAILED: i32 = 70;
+/// Exit status of a worker whose job socket broke or spoke nonsense, or that could not run
+/// its job (the worker's own error is on its stderr).
+pub const EXIT_PROTOCOL: i32 = 71;
+
 /// supervisor → worker.
 ///
 /// A stateless worker takes one `Run` and exits. A worker whose first request is

@@ -23,7 +23,10 @@ pub use config::{WarmUp, WorkerLimits, ZygoteConfig};
 pub use control::{
     ControlReply, ControlRequest, ExitStatus, FORK_FDS, PackageInfo, PreloadedModule, ZygoteInfo,
 };
-pub use job::{ErrorInfo, Job, JobRequest, JobResult, MimeBundle, Variable, WorkerMessage};
+pub use job::{
+    EXIT_HARDENING_FAILED, EXIT_PROTOCOL, ErrorInfo, Job, JobRequest, JobResult, MimeBundle,
+    Variable, WorkerMessage,
+};
 pub use sandbox::{Layer, LayerReport, LayerState, SandboxConfig};
 pub use tools::{ToolCall, ToolErrorKind, ToolOutcome, ToolResult};
 
