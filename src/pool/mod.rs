@@ -384,26 +384,19 @@ impl Pool {
                         _busy,
                     });
                 }
-                Err(RunError::WorkerLost(e)) => {
+                Err(lost) => {
+                    // Nothing of the job got out of it: it runs again on another worker.
+                    let reason = match lost {
+                        RunError::WorkerLost(_) => KillReason::LostIdle,
+                        RunError::DiedWithItsZygote => KillReason::Crashed,
+                    };
                     self.inner
                         .counters
                         .workers_lost
                         .fetch_add(1, Ordering::Relaxed);
-                    self.inner.events.worker_killed(KillReason::LostIdle);
-                    tracing::warn!(error = %e, "an idle worker was gone when its job arrived; retrying");
-                    last_error = e.to_string();
-                }
-                Err(e @ RunError::DiedWithItsZygote) => {
-                    self.inner
-                        .counters
-                        .workers_lost
-                        .fetch_add(1, Ordering::Relaxed);
-                    self.inner.events.worker_killed(KillReason::Crashed);
-                    tracing::warn!(
-                        worker = worker.id,
-                        "a worker died with its zygote before anything of its job came out; running the job again on a fresh worker"
-                    );
-                    last_error = e.to_string();
+                    self.inner.events.worker_killed(reason);
+                    tracing::warn!(worker = worker.id, error = %lost, "retrying the job on another worker");
+                    last_error = lost.to_string();
                 }
             }
         }

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex, RwLock};
 use nix::sys::socket::MsgFlags;
 use snakecage_worker::frame;
 use snakecage_worker::protocol::{JobRequest, ZygoteConfig};
-
 use tokio::sync::Notify;
 
 use super::idle::IdleSet;

@@ -143,7 +143,10 @@ impl ZygoteHandle {
         let stderr = child.stderr.take();
         let sock = Arc::new(super::fd::async_fd(ours)?);
         // Not reaped before `child` is waited on (after its reader ends): the pid is its own.
-        let exited = child.id().and_then(|pid| pidfd_open(pid as i32));
+        let exited = child
+            .id()
+            .and_then(|pid| fdpass::pidfd_open(pid as i32))
+            .and_then(|fd| super::fd::async_fd(fd).ok());
 
         // Forward the zygote's stderr (worker start-up errors, Python warnings) to our log.
         let stderr_tail = Arc::new(Mutex::new(String::new()));
@@ -313,37 +316,25 @@ async fn recv(
                 Ok(Err(e)) => return Err(e.into()),
                 Err(_would_block) => continue,
             };
-        if rec.bytes == 0 && rec.fds.is_empty() {
-            return Ok(None);
-        }
-        let reply = frame::decode_exact(&buf[..rec.bytes], MAX_FRAME_LEN.min(MAX_REPLY))
-            .map_err(|e| ZygoteError::Protocol(e.to_string()))?;
-        return Ok(Some((reply, rec.fds)));
+        return reply(rec, buf);
     }
+}
+
+/// The reply a record holds; `Ok(None)` for the empty record of a closed socket.
+fn reply(rec: Record, buf: &[u8]) -> Result<Option<(ControlReply, Vec<OwnedFd>)>, ZygoteError> {
+    if rec.bytes == 0 && rec.fds.is_empty() {
+        return Ok(None);
+    }
+    let reply = frame::decode_exact(&buf[..rec.bytes], MAX_FRAME_LEN.min(MAX_REPLY))
+        .map_err(|e| ZygoteError::Protocol(e.to_string()))?;
+    Ok(Some((reply, rec.fds)))
 }
 
 /// A reply already in the socket, without waiting; `None` when there is none (or the rest
 /// cannot be read: the zygote is gone either way).
 fn recv_now(sock: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> Option<(ControlReply, Vec<OwnedFd>)> {
     let rec = fdpass::recv_record(sock.get_ref().as_fd(), buf).ok()?;
-    if rec.bytes == 0 {
-        return None;
-    }
-    let reply = frame::decode_exact(&buf[..rec.bytes], MAX_FRAME_LEN.min(MAX_REPLY)).ok()?;
-    Some((reply, rec.fds))
-}
-
-/// A pidfd for `pid`, registered for readability (it turns readable when the process
-/// exits); `None` on a kernel without pidfds.
-fn pidfd_open(pid: i32) -> Option<AsyncFd<OwnedFd>> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: a new fd that nothing else owns.
-    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
-    super::fd::async_fd(fd).ok()
+    reply(rec, buf).ok().flatten()
 }
 
 /// Routes replies until the zygote goes away, then fails everyone still waiting and reaps it.

@@ -9,6 +9,20 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 
+/// A pidfd for `pid` (`None` on a kernel without pidfds): the zygote sends one with each
+/// fork reply, so the supervisor signals a worker without pid-reuse races; the supervisor
+/// opens one on each zygote, which turns readable when it exits. The caller must know
+/// `pid` is not reaped yet (its own child, not waited on).
+pub fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the kernel just returned this fd; we are its only owner.
+    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
 /// Most fds one record may carry; more is a protocol violation.
 pub const MAX_FDS: usize = 8;
 

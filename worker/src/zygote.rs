@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::convert::Infallible;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -14,7 +14,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use pyo3::prelude::*;
-use snakecage_worker::fdpass::{recv_record, send_record};
+use snakecage_worker::fdpass::{pidfd_open, recv_record, send_record};
 use snakecage_worker::frame::{self, MAX_FRAME_LEN};
 use snakecage_worker::protocol::{
     ControlReply, ControlRequest, ExitStatus, FORK_FDS, ZygoteConfig, ZygoteInfo,
@@ -309,6 +309,7 @@ impl Zygote<'_, '_> {
             }
         };
         self.children.insert(pid);
+        // Not reaped yet: only this thread reaps, and it is here.
         let pidfd = pidfd_open(pid);
         self.reply(
             &ControlReply::Forked { worker_id, pid },
@@ -343,16 +344,4 @@ impl Zygote<'_, '_> {
         }
         Ok(())
     }
-}
-
-/// A pidfd for `pid`, so the supervisor can signal it without pid-reuse races. The child
-/// cannot have been reaped yet: only this thread reaps, and it is here.
-fn pidfd_open(pid: i32) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: the kernel just returned this fd; we are its only owner.
-    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
