@@ -34,8 +34,25 @@ pub struct Seaweed {
 
 impl Seaweed {
     /// Starts a one-node SeaweedFS (master, volume, filer, S3 gateway) on free loopback
-    /// ports, with one identity for the tests, and creates the bucket.
+    /// ports, with one identity for the tests, and creates the bucket. A `weed` that exits
+    /// while starting (one of its nine ports taken by another process between `free_port`
+    /// and its bind) is started again on fresh ports, up to three times.
     pub async fn start() -> Self {
+        let mut exits = Vec::new();
+        for _ in 0..3 {
+            let mut seaweed = Self::spawn();
+            match seaweed.create_bucket().await {
+                Ok(()) => return seaweed,
+                Err(log) => exits.push(log),
+            }
+        }
+        panic!(
+            "SeaweedFS exited while starting, three times:\n{}",
+            exits.join("\n---\n")
+        );
+    }
+
+    fn spawn() -> Self {
         let weed = repo_root().join(".venv-cluster/bin/weed");
         assert!(
             weed.exists(),
@@ -70,18 +87,18 @@ impl Seaweed {
             .stderr(std::fs::File::create(dir.path().join("weed.log")).unwrap())
             .spawn()
             .expect("start weed");
-        let seaweed = Self {
+        Self {
             child,
             endpoint: format!("http://127.0.0.1:{s3}"),
             _dir: dir,
-        };
-        seaweed.create_bucket().await;
-        seaweed
+        }
     }
 
     /// Writes one object until it works (the S3 gateway creates the bucket on an admin's
-    /// first upload), then removes it: the store is up and the bucket exists.
-    async fn create_bucket(&self) {
+    /// first upload), then removes it: the store is up and the bucket exists. `Err` with
+    /// its log if `weed` exited meanwhile; a `weed` still running but not serving within
+    /// 60 s fails the test.
+    async fn create_bucket(&mut self) -> Result<(), String> {
         let store = Arc::new(
             AmazonS3Builder::new()
                 .with_endpoint(&self.endpoint)
@@ -100,6 +117,9 @@ impl Seaweed {
             match store.put(&key, b"x".to_vec().into()).await {
                 Ok(_) => break,
                 Err(e) => {
+                    if let Some(status) = self.child.try_wait().unwrap() {
+                        return Err(format!("weed {status}:\n{}", self.log()));
+                    }
                     assert!(
                         Instant::now() < deadline,
                         "SeaweedFS did not come up: {e}\n{}",
@@ -110,6 +130,7 @@ impl Seaweed {
             }
         }
         store.delete(&key).await.unwrap();
+        Ok(())
     }
 
     pub fn log(&self) -> String {
