@@ -179,7 +179,7 @@ async fn run_in(
         };
         match ran {
             Ok(ran) => break ran,
-            Err(e @ (RunError::WorkerLost(_) | RunError::DiedWithItsZygote)) => {
+            Err(e @ (RunError::WorkerLost(_) | RunError::DiedWithItsZygote { .. })) => {
                 let reason = format!("its worker was gone ({e})");
                 if replayed.is_some() || !guard.mark_lost(reason.clone()) {
                     return Err(lose(&state, &session, &mut guard, reason));

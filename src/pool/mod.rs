@@ -320,7 +320,7 @@ impl Pool {
     /// Runs one job on a fresh worker. A worker that died before taking the job, or that
     /// its zygote's death killed before anything of the job came out of it (no output, no
     /// tool call), is replaced transparently: the job runs again, up to three workers in
-    /// all, as if the lost one had never been taken.
+    /// all, as if the lost one had never been taken, within what is left of its timeout.
     pub async fn execute(
         &self,
         job: Job,
@@ -351,6 +351,9 @@ impl Pool {
             route(&current, &job)
         };
         let mut last_error = String::new();
+        // How long the job ran on workers lost under it: `timeout_ms` bounds the job's run
+        // time in all, so a job run again gets what is left (none left: it times out).
+        let mut ran = Duration::ZERO;
         // A worker lost before anything of the job came out is retried a few times (one
         // whose workspace vanished while idle is skipped by the take itself).
         for _ in 0..3 {
@@ -368,9 +371,13 @@ impl Pool {
                     return Err(e);
                 }
             };
-            let ran = run::run(&mut worker, job.clone(), limits, chunks.clone()).await;
+            let left = RunLimits {
+                timeout: limits.timeout.saturating_sub(ran),
+                ..limits.clone()
+            };
+            let attempt = run::run(&mut worker, job.clone(), &left, chunks.clone()).await;
             abandoned.defuse();
-            match ran {
+            match attempt {
                 Ok(outcome) => {
                     if let Some(reason) = outcome.kill {
                         self.inner.events.worker_killed(reason);
@@ -388,7 +395,10 @@ impl Pool {
                     // Nothing of the job got out of it: it runs again on another worker.
                     let reason = match lost {
                         RunError::WorkerLost(_) => KillReason::LostIdle,
-                        RunError::DiedWithItsZygote => KillReason::Crashed,
+                        RunError::DiedWithItsZygote { ran: lost_after } => {
+                            ran += lost_after;
+                            KillReason::Crashed
+                        }
                     };
                     self.inner
                         .counters

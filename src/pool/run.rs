@@ -121,7 +121,11 @@ pub enum RunError {
     /// worker taken just after its zygote died, before the supervisor read of the death:
     /// the kernel is already killing it, and its job socket takes the job.
     #[error("the worker died with its zygote before anything of its job came out")]
-    DiedWithItsZygote,
+    DiedWithItsZygote {
+        /// How long the job ran before it died (from its send): a job run again gets only
+        /// what is left of its timeout.
+        ran: Duration,
+    },
 }
 
 /// How long to wait for the zygote to report the exit status of a worker that died.
@@ -204,7 +208,7 @@ pub async fn run(
     if died && worker.died_with_its_zygote() && !capture.anything_came_out() {
         // Its zygote's death, not its code, ended it, and nothing of the job got out:
         // the caller runs it again on a fresh worker.
-        return Err(RunError::DiedWithItsZygote);
+        return Err(RunError::DiedWithItsZygote { ran: duration });
     }
     let verdict = verdict(result.as_ref(), timed_out, capture.truncated());
     let kill = if reported {

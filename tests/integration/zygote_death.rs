@@ -25,7 +25,17 @@ pub const MARKER: &str = "commencé-ß.txt";
 /// answer once that tier has a new zygote. With `hold_its_socket`, a copy of the zygote's
 /// end of its control socket is held open meanwhile.
 pub async fn run_while_its_zygote_dies(s: &Server, code: &str, hold_its_socket: bool) -> Value {
-    let run = s.spawn_execute(json!({ "code": code, "timeout_ms": 60_000 }));
+    run_with_timeout_while_its_zygote_dies(s, code, 60_000, hold_its_socket).await
+}
+
+/// [`run_while_its_zygote_dies`] with the run's `timeout_ms`.
+async fn run_with_timeout_while_its_zygote_dies(
+    s: &Server,
+    code: &str,
+    timeout_ms: u64,
+    hold_its_socket: bool,
+) -> Value {
+    let run = s.spawn_execute(json!({ "code": code, "timeout_ms": timeout_ms }));
     let workspace = job_started(s).await;
     let zygote = parent_of(process_in(&workspace));
     let _held = hold_its_socket.then(|| steal_fd(zygote, 3));
@@ -91,6 +101,27 @@ async fn a_job_whose_zygote_dies_before_anything_came_out_runs_again_on_a_fresh_
     assert_eq!(r["stderr"], "", "{r}");
     // The run after it is served as usual.
     assert_eq!(s.run("print('ensuite')").await["stdout"], "ensuite\n");
+}
+
+#[tokio::test]
+async fn a_job_run_again_has_only_what_is_left_of_its_timeout() {
+    let s = Server::start().await;
+    s.wait_for_every_tier().await;
+    // 3 s before the marker, 1.5 s after: 4.5 s fits in the 6 s timeout once. The first
+    // worker is lost after ~3 s, so the run on the second one has ~3 s left, not 6.
+    let code = format!(
+        "import time\ntime.sleep(3)\nopen({MARKER:?}, 'w').close()\ntime.sleep(1.5)\nprint('fini ✓')"
+    );
+    let r = run_with_timeout_while_its_zygote_dies(&s, &code, 6_000, false).await;
+    assert_eq!(r["verdict"], "timeout", "{r}\n{}", s.log());
+    assert_eq!(r["timed_out"], true, "{r}");
+    assert_eq!(r["stdout"], "", "{r}");
+    // Given its whole timeout, the same job runs to the end.
+    let whole = s
+        .run_with(json!({ "code": code.replace(MARKER, "autre.txt"), "timeout_ms": 6_000 }))
+        .await;
+    assert_eq!(whole["verdict"], "ok", "{whole}");
+    assert_eq!(whole["stdout"], "fini ✓\n", "{whole}");
 }
 
 #[tokio::test]
