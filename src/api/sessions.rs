@@ -18,7 +18,7 @@ use super::session_run::{CONTROL_TIMEOUT, ensure_worker, lose};
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::files::workspace::{self};
-use crate::sessions::SessionInfo;
+use crate::sessions::{SessionError, SessionInfo};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -44,7 +44,8 @@ pub struct CreatedSession {
 pub struct SessionDetail {
     #[serde(flatten)]
     pub info: SessionInfo,
-    pub variables: Vec<Variable>,
+    /// `null` while a run is in progress (`status: busy`): its worker is running it.
+    pub variables: Option<Vec<Variable>>,
 }
 
 pub async fn create(
@@ -126,7 +127,18 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> Result<Json<SessionDetail>, ApiError> {
     let session = state.sessions.get(&id, caller.owner())?;
-    let mut guard = session.lock()?;
+    let mut guard = match session.lock() {
+        Ok(guard) => guard,
+        // A run holds the session: its worker is busy with it and cannot list the globals,
+        // but what the session is and that it is busy can still be said.
+        Err(SessionError::Busy(_)) => {
+            return Ok(Json(SessionDetail {
+                info: session.info(),
+                variables: None,
+            }));
+        }
+        Err(e) => return Err(e.into()),
+    };
     let grace = state.sessions.settings().interrupt_grace;
     // A replay session whose worker was lost has no variables until its next run
     // rebuilds it (`status: replay_pending`); listing them is no reason to replay.
@@ -145,7 +157,7 @@ pub async fn get(
     drop(guard);
     Ok(Json(SessionDetail {
         info: session.info(),
-        variables,
+        variables: Some(variables),
     }))
 }
 

@@ -120,6 +120,52 @@ async fn variables_show_shapes_never_whole_values() {
 }
 
 #[tokio::test]
+async fn a_session_read_while_it_runs_says_busy_without_its_variables() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    run(&s, &id, "mot = 'gardé ✓'").await;
+    let slow = {
+        let req = s
+            .client
+            .post(format!("{}/v1/sessions/{id}/execute", s.base))
+            .json(
+                &json!({ "code": "import time\ntime.sleep(2)\nencore = 1", "timeout_ms": 30_000 }),
+            );
+        tokio::spawn(req.send())
+    };
+    // Wait (on the list, which never holds a session) until the run holds it; a read of
+    // the session itself that held it at the moment the run asked would make the run 409.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, list) = get(&s, "/v1/sessions").await;
+        if list["sessions"][0]["status"] == "busy" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{list}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, busy) = get(&s, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 200, "{busy}");
+    assert_eq!(busy["status"], "busy", "{busy}");
+    assert_eq!(busy["session_id"], id, "{busy}");
+    assert_eq!(busy["variables"], Value::Null, "{busy}");
+    let slow = slow.await.unwrap().unwrap();
+    assert_eq!(slow.status(), 200);
+    let slow: Value = slow.json().await.unwrap();
+    assert_eq!(slow["verdict"], "ok", "{slow}");
+    let (status, info) = get(&s, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["status"], "idle", "{info}");
+    let names: Vec<&str> = info["variables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["mot", "time", "encore"], "{info}");
+}
+
+#[tokio::test]
 async fn reset_clears_globals_and_keeps_the_session() {
     let s = Server::start().await;
     let id = create(&s, json!({})).await;
