@@ -85,11 +85,102 @@ pub fn fixed_environment(config: &ZygoteConfig) {
 /// Fork is only safe with one thread: a second one could hold a lock (malloc's, the
 /// GIL's) that the child would inherit locked forever.
 pub fn ensure_single_thread() -> io::Result<()> {
-    let threads = std::fs::read_dir("/proc/self/task")?.count();
+    let threads = thread_count()?;
     if threads != 1 {
         return Err(io::Error::other(format!(
             "the zygote has {threads} threads, expected 1"
         )));
     }
     Ok(())
+}
+
+/// How many threads this process has: field 20 of `/proc/self/stat`, read into a stack
+/// buffer. The zygote asks before every fork, and whatever it writes after a fork is
+/// copied on write, since its last child shares those pages: listing `/proc/self/task`
+/// took a 32 KiB directory buffer from the heap each time, and malloc's search for it
+/// touched ~20 heap pages per fork.
+fn thread_count() -> io::Result<usize> {
+    use std::io::Read;
+    let mut buf = [0u8; 1024];
+    let mut file = std::fs::File::open("/proc/self/stat")?;
+    let mut len = 0;
+    while len < buf.len() {
+        match file.read(&mut buf[len..])? {
+            0 => break,
+            n => len += n,
+        }
+    }
+    threads_in_stat(&buf[..len])
+        .ok_or_else(|| io::Error::other("no thread count in /proc/self/stat"))
+}
+
+/// `num_threads` from the text of `/proc/PID/stat`: the 18th field after the command name,
+/// which is in parentheses and may itself hold spaces and parentheses.
+fn threads_in_stat(stat: &[u8]) -> Option<usize> {
+    let end_of_comm = stat.iter().rposition(|&b| b == b')')?;
+    let field = stat[end_of_comm + 1..]
+        .split(u8::is_ascii_whitespace)
+        .filter(|f| !f.is_empty())
+        .nth(17)?;
+    std::str::from_utf8(field).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_thread_count_is_read_past_a_command_name_with_spaces_and_parentheses() {
+        let stat = b"4242 (zyg ) (ote) S 1 4242 4242 0 -1 4194560 1203 0 0 0 12 3 0 0 20 0 7 0 \
+                     8675 123456789 2048 18446744073709551615 1 1 0 0 0 0 0 4096 0 0 0 0 17 1 0 0\n";
+        assert_eq!(threads_in_stat(stat), Some(7));
+        assert_eq!(threads_in_stat(b"4242 (zygote) S 1 2"), None);
+        assert_eq!(threads_in_stat(b"no command name here"), None);
+    }
+
+    #[test]
+    fn the_thread_count_follows_the_threads_this_process_starts() {
+        // In a forked child, which has exactly one thread whatever the test harness runs.
+        // SAFETY: the child only reads /proc, starts and joins a thread (glibc's fork
+        // leaves malloc usable) and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let code = match thread_count() {
+                Ok(1) => {
+                    let (started, release) = (
+                        std::sync::Arc::new(std::sync::Barrier::new(2)),
+                        std::sync::Arc::new(std::sync::Barrier::new(2)),
+                    );
+                    let (s, r) = (started.clone(), release.clone());
+                    let extra = std::thread::spawn(move || {
+                        s.wait();
+                        r.wait();
+                    });
+                    started.wait();
+                    let during = thread_count();
+                    release.wait();
+                    let _ = extra.join();
+                    match during {
+                        Ok(2) => 0,
+                        Ok(_) => 2,
+                        Err(_) => 3,
+                    }
+                }
+                Ok(_) => 1,
+                Err(_) => 3,
+            };
+            // SAFETY: ends the child without running the harness's exit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "status {status:#x}");
+        let code = libc::WEXITSTATUS(status);
+        assert_eq!(
+            code, 0,
+            "1: not one thread alone, 2: not two with one started, 3: unreadable"
+        );
+    }
 }
