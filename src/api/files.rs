@@ -7,11 +7,12 @@ use std::io;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::multipart::MultipartRejection;
-use axum::extract::{Multipart, Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Multipart, Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::TryStreamExt;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::io::{ReaderStream, StreamReader};
 
@@ -97,18 +98,54 @@ impl From<FileMeta> for FileEntry {
     }
 }
 
+/// The most files one page of `GET /v1/files?limit=` may hold.
+pub const MAX_PAGE: usize = 10_000;
+
+/// `GET /v1/files` pages: `limit` files per page, those whose id sorts after `after`.
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
+/// Every file of the caller, ordered by id; with `limit` (and `after`, the last id of the
+/// page before), one page of them and the `next_after` that fetches the next one (`null`
+/// on the last page). Without either, the whole list, as the Onyx API returns it.
 pub async fn list(
     State(state): State<SharedState>,
     caller: Caller,
+    query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let files: Vec<FileEntry> = state
-        .store
-        .list(caller.owner())
-        .await?
-        .into_iter()
-        .map(FileEntry::from)
-        .collect();
-    Ok(Json(json!({ "files": files })))
+    let Query(q) = query.map_err(|e| {
+        ApiError::BadRequest(format!(
+            "{}; limit is a whole number from 1 to {MAX_PAGE}, after a file_id",
+            e.body_text()
+        ))
+    })?;
+    if q.limit.is_some_and(|n| n == 0 || n > MAX_PAGE) {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be from 1 to {MAX_PAGE}, not {}",
+            q.limit.unwrap_or_default()
+        )));
+    }
+    let mut metas = state.store.list(caller.owner()).await?;
+    metas.sort_unstable_by(|a, b| a.file_id.cmp(&b.file_id));
+    if let Some(after) = &q.after {
+        metas.retain(|m| m.file_id.as_str() > after.as_str());
+    }
+    let paged = q.limit.is_some() || q.after.is_some();
+    let limit = q.limit.unwrap_or(usize::MAX);
+    let more = metas.len() > limit;
+    metas.truncate(limit);
+    let next_after = more
+        .then(|| metas.last().map(|m| m.file_id.clone()))
+        .flatten();
+    let files: Vec<FileEntry> = metas.into_iter().map(FileEntry::from).collect();
+    if paged {
+        Ok(Json(json!({ "files": files, "next_after": next_after })))
+    } else {
+        Ok(Json(json!({ "files": files })))
+    }
 }
 
 pub async fn download(

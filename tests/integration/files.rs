@@ -134,6 +134,70 @@ async fn upload_list_download_delete_then_404() {
 }
 
 #[tokio::test]
+async fn the_list_comes_in_pages_that_cover_it_once_in_order() {
+    let s = Server::start().await;
+    for i in 0..5 {
+        upload(&s, &format!("données-{i}-✓.txt"), vec![b'x'; i]).await;
+    }
+    let whole = list(&s).await;
+    assert_eq!(whole.len(), 5);
+    let (status, body) = s.get_json("/v1/files").await;
+    assert_eq!(status, 200);
+    assert!(body.get("next_after").is_none(), "the Onyx shape: {body}");
+
+    let mut paged = Vec::new();
+    let mut after: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let path = match &after {
+            None => "/v1/files?limit=2".to_owned(),
+            Some(a) => format!("/v1/files?limit=2&after={a}"),
+        };
+        let (status, page) = s.get_json(&path).await;
+        assert_eq!(status, 200, "{page}");
+        let files = page["files"].as_array().unwrap();
+        assert!(files.len() <= 2, "{page}");
+        paged.extend(files.iter().cloned());
+        pages += 1;
+        match page["next_after"].as_str() {
+            Some(next) => {
+                assert_eq!(next, files.last().unwrap()["file_id"], "{page}");
+                after = Some(next.to_owned());
+            }
+            None => {
+                assert_eq!(page["next_after"], Value::Null, "{page}");
+                break;
+            }
+        }
+        assert!(pages < 10, "the pages never ended: {page}");
+    }
+    assert_eq!(pages, 3);
+    let ids: Vec<String> = paged.iter().map(id).collect();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(ids, sorted, "in id order, each once");
+    let mut all: Vec<String> = whole.iter().map(id).collect();
+    all.sort();
+    assert_eq!(ids, all, "every file, in some page");
+
+    // Past the last id: an empty last page. Bad limits say what a limit is.
+    let (status, page) = s
+        .get_json(&format!("/v1/files?after={}", ids.last().unwrap()))
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page, json!({ "files": [], "next_after": null }));
+    for bad in ["limit=0", "limit=10001", "limit=deux", "limit=-1"] {
+        let (status, body) = s.get_json(&format!("/v1/files?{bad}")).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(
+            body["detail"].as_str().unwrap().contains("limit"),
+            "{bad}: {body}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_staged_csv_is_summed_with_csv_and_with_pandas_and_is_not_returned() {
     let s = Server::start().await;
     let file_id = id(&upload(&s, "in.csv", CSV.into()).await);
