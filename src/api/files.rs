@@ -122,10 +122,9 @@ pub async fn list(
             e.body_text()
         ))
     })?;
-    if q.limit.is_some_and(|n| n == 0 || n > MAX_PAGE) {
+    if let Some(n) = q.limit.filter(|&n| n == 0 || n > MAX_PAGE) {
         return Err(ApiError::BadRequest(format!(
-            "limit must be from 1 to {MAX_PAGE}, not {}",
-            q.limit.unwrap_or_default()
+            "limit must be from 1 to {MAX_PAGE}, not {n}"
         )));
     }
     let mut metas = state.store.list(caller.owner()).await?;

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::harness::{Options, Server, process_exists};
+use crate::reliability::eventually;
 use crate::stream::stream;
 
 async fn create(s: &Server, body: Value) -> String {
@@ -135,15 +136,10 @@ async fn a_session_read_while_it_runs_says_busy_without_its_variables() {
     };
     // Wait (on the list, which never holds a session) until the run holds it; a read of
     // the session itself that held it at the moment the run asked would make the run 409.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, list) = get(&s, "/v1/sessions").await;
-        if list["sessions"][0]["status"] == "busy" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{list}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(30, "the run holds the session", async || {
+        get(&s, "/v1/sessions").await.1["sessions"][0]["status"] == "busy"
+    })
+    .await;
     let (status, busy) = get(&s, &format!("/v1/sessions/{id}")).await;
     assert_eq!(status, 200, "{busy}");
     assert_eq!(busy["status"], "busy", "{busy}");

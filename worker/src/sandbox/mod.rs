@@ -100,9 +100,17 @@ pub fn ensure_single_thread() -> io::Result<()> {
 /// took a 32 KiB directory buffer from the heap each time, and malloc's search for it
 /// touched ~20 heap pages per fork.
 fn thread_count() -> io::Result<usize> {
-    use std::io::Read;
     let mut buf = [0u8; 1024];
-    let mut file = std::fs::File::open("/proc/self/stat")?;
+    threads_in_stat(read_into(&mut buf, "/proc/self/stat")?)
+        .ok_or_else(|| io::Error::other("no thread count in /proc/self/stat"))
+}
+
+/// Reads the start of `path` (a `/proc` file) into `buf`, as far as it fits, and returns
+/// what was read. For a process that shares its heap with the zygote, or is the zygote:
+/// a buffer on the stack copies none of the allocator's pages.
+pub(crate) fn read_into<'b>(buf: &'b mut [u8], path: &str) -> io::Result<&'b [u8]> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
     let mut len = 0;
     while len < buf.len() {
         match file.read(&mut buf[len..])? {
@@ -110,8 +118,7 @@ fn thread_count() -> io::Result<usize> {
             n => len += n,
         }
     }
-    threads_in_stat(&buf[..len])
-        .ok_or_else(|| io::Error::other("no thread count in /proc/self/stat"))
+    Ok(&buf[..len])
 }
 
 /// `num_threads` from the text of `/proc/PID/stat`: the 18th field after the command name,

@@ -2,7 +2,7 @@
 //! the job's memory budget, so a large allocation fails with MemoryError instead of the
 //! machine swapping; the others bound CPU, file sizes, fds, processes and core dumps.
 
-use std::io::{self, Read};
+use std::io;
 
 use nix::sys::resource::{Resource, setrlimit};
 use snakecage_worker::protocol::WorkerLimits;
@@ -48,16 +48,8 @@ fn set(resource: Resource, soft: u64, hard: u64) -> io::Result<()> {
 /// growing `String`).
 fn current_data_bytes() -> io::Result<u64> {
     let mut buf = [0u8; STATUS_BUFFER];
-    let mut file = std::fs::File::open("/proc/self/status")?;
-    let mut len = 0;
-    while len < buf.len() {
-        match file.read(&mut buf[len..])? {
-            0 => break,
-            n => len += n,
-        }
-    }
     // VmData comes early in the file; a truncated tail does not matter.
-    let status = String::from_utf8_lossy(&buf[..len]);
+    let status = String::from_utf8_lossy(super::read_into(&mut buf, "/proc/self/status")?);
     parse_vm_data(&status).ok_or_else(|| io::Error::other("no VmData line in /proc/self/status"))
 }
 
