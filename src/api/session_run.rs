@@ -10,7 +10,7 @@ use axum::Json;
 use axum::extract::{Path as UrlPath, State};
 use axum::response::{IntoResponse, Response};
 use snakecage_worker::protocol::Variable;
-use tokio::sync::{OwnedMutexGuard, mpsc};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::SharedState;
@@ -23,7 +23,7 @@ use crate::files::workspace::{self, StageInput, Staged};
 use crate::metrics::labels::{Kind, Outcome};
 use crate::pool::run::{Interrupt, OutputChunk, RunError};
 use crate::sessions::replay::{self, RebuildError, ReplayStager};
-use crate::sessions::{Session, SessionError, SessionIndicator, SessionState};
+use crate::sessions::{Held, Session, SessionError, SessionIndicator, SessionState};
 
 /// How long listing variables or resetting may take before the worker is interrupted.
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -37,7 +37,7 @@ pub async fn execute(
     let mut prepared = execute::prepare(&state, &caller, req).await?;
     let handle = super::runs::attach_tools(&state, &caller, &mut prepared, None)?;
     let session = state.sessions.get(&id, caller.owner())?;
-    let guard = session.lock()?;
+    let guard = session.lock().await?;
     let slot = caller.execution_slot()?;
     // The run goes on in a task of its own: a client that goes away (an HTTP timeout
     // shorter than the run) drops this future, and a run dropped half-way would leave the
@@ -69,7 +69,7 @@ pub async fn execute_stream(
     let handle = super::runs::attach_tools(&state, &caller, &mut prepared, Some(calls_tx))?;
     let run_id = handle.entry.id.clone();
     let session = state.sessions.get(&id, caller.owner())?;
-    let guard = session.lock()?;
+    let guard = session.lock().await?;
     let slot = caller.execution_slot()?;
     let (tx, rx) = mpsc::channel(stream::CHUNK_BUFFER);
     let interrupt = CancellationToken::new();
@@ -101,7 +101,7 @@ async fn run(
     state: SharedState,
     caller: Caller,
     session: Arc<Session>,
-    guard: OwnedMutexGuard<SessionState>,
+    guard: Held,
     prepared: Prepared,
     chunks: Option<mpsc::Sender<OutputChunk>>,
     interrupt: CancellationToken,
@@ -130,7 +130,7 @@ async fn run_in(
     state: SharedState,
     caller: Caller,
     session: Arc<Session>,
-    mut guard: OwnedMutexGuard<SessionState>,
+    mut guard: Held,
     prepared: Prepared,
     chunks: Option<mpsc::Sender<OutputChunk>>,
     interrupt: CancellationToken,

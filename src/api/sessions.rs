@@ -18,7 +18,7 @@ use super::session_run::{CONTROL_TIMEOUT, ensure_worker, lose};
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::files::workspace::{self};
-use crate::sessions::{SessionError, SessionInfo};
+use crate::sessions::SessionInfo;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -127,17 +127,13 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> Result<Json<SessionDetail>, ApiError> {
     let session = state.sessions.get(&id, caller.owner())?;
-    let mut guard = match session.lock() {
-        Ok(guard) => guard,
+    let Some(mut guard) = session.read().await? else {
         // A run holds the session: its worker is busy with it and cannot list the globals,
         // but what the session is and that it is busy can still be said.
-        Err(SessionError::Busy(_)) => {
-            return Ok(Json(SessionDetail {
-                info: session.info(),
-                variables: None,
-            }));
-        }
-        Err(e) => return Err(e.into()),
+        return Ok(Json(SessionDetail {
+            info: session.info(),
+            variables: None,
+        }));
     };
     let grace = state.sessions.settings().interrupt_grace;
     // A replay session whose worker was lost has no variables until its next run
@@ -167,7 +163,7 @@ pub async fn reset(
     Path(id): Path<String>,
 ) -> Result<Json<SessionInfo>, ApiError> {
     let session = state.sessions.get(&id, caller.owner())?;
-    let mut guard = session.lock()?;
+    let mut guard = session.lock().await?;
     let grace = state.sessions.settings().interrupt_grace;
     // A lost replay session is rebuilt first: files its runs wrote outlive a reset.
     ensure_worker(&state, caller.owner(), &session, &mut guard).await?;

@@ -20,7 +20,7 @@ pub mod replay;
 mod session;
 
 use self::session::Usage;
-pub use self::session::{Session, SessionIndicator, SessionInfo, SessionState};
+pub use self::session::{Held, Session, SessionIndicator, SessionInfo, SessionState};
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -221,6 +221,7 @@ impl Sessions {
                 journal,
                 baseline,
             })),
+            claimed: tokio::sync::watch::Sender::new(false),
             ended: CancellationToken::new(),
         });
         let mut table = inner.table.lock().expect("sessions lock");
@@ -259,7 +260,7 @@ impl Sessions {
             let victim = table
                 .live
                 .values()
-                .filter(|s| s.state.try_lock().is_ok())
+                .filter(|s| !s.in_use())
                 .min_by_key(|s| s.usage().last_used_at)
                 .map(|s| s.id.clone());
             let Some(id) = victim else {
@@ -290,7 +291,7 @@ impl Sessions {
             .filter(|s| s.owner.as_deref() == owner)
             .cloned();
         if let Some(session) = live {
-            if session.expired(Instant::now()) && session.state.try_lock().is_ok() {
+            if session.expired(Instant::now()) && !session.in_use() {
                 let ended = table.end(id, self.expiry_reason(&session));
                 self.counted(&ended, SessionEnd::Expired);
             } else {
@@ -405,7 +406,7 @@ async fn sweeper(inner: std::sync::Weak<Inner>, stop: CancellationToken) {
             let expired: Vec<(String, String)> = table
                 .live
                 .values()
-                .filter(|s| s.expired(now) && s.state.try_lock().is_ok())
+                .filter(|s| s.expired(now) && !s.in_use())
                 .map(|s| (s.id.clone(), sessions.expiry_reason(s)))
                 .collect();
             expired

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
-use tokio::sync::OwnedMutexGuard;
+use tokio::sync::{OwnedMutexGuard, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::SessionError;
@@ -32,6 +32,10 @@ pub struct Session {
     pub(super) ttl: Duration,
     pub(super) usage: Mutex<Usage>,
     pub(super) state: Arc<tokio::sync::Mutex<SessionState>>,
+    /// `true` while a run (or a reset) holds `state` or waits for it. A second one is
+    /// refused as busy; a read that finds it set says the session is busy instead of
+    /// waiting for a run. A read holds `state` only briefly, so a run waits for it.
+    pub(super) claimed: watch::Sender<bool>,
     /// The pool generation its worker was forked from (a rebuilt worker's, after a replay).
     pub(super) generation: AtomicU64,
     /// Fired when the session is deleted, evicted or expires: a run in progress is killed.
@@ -99,13 +103,24 @@ impl Session {
         now.duration_since(self.usage().last_used_at) >= self.ttl
     }
 
+    /// Whether a request holds the session (or a run waits for it): it is not to be
+    /// expired or evicted now.
+    pub(super) fn in_use(&self) -> bool {
+        *self.claimed.borrow() || self.state.try_lock().is_err()
+    }
+
     pub fn info(&self) -> SessionInfo {
         let usage = self.usage();
-        let status = match self.state.try_lock() {
-            Err(_) => "busy",
-            Ok(state) if state.dead.is_some() => "dead",
-            Ok(state) if state.lost.is_some() => "replay_pending",
-            Ok(_) => "idle",
+        let status = if *self.claimed.borrow() {
+            "busy"
+        } else {
+            match self.state.try_lock() {
+                // A read lists its variables: only a live session's read takes that long.
+                Err(_) => "idle",
+                Ok(state) if state.dead.is_some() => "dead",
+                Ok(state) if state.lost.is_some() => "replay_pending",
+                Ok(_) => "idle",
+            }
         };
         SessionInfo {
             session_id: self.id.clone(),
@@ -133,20 +148,96 @@ impl Session {
         rfc3339(self.usage().last_used + self.ttl)
     }
 
-    /// This session's state, if no other request holds it; 410 when its worker is lost.
-    pub fn lock(&self) -> Result<OwnedMutexGuard<SessionState>, SessionError> {
-        let state = self
-            .state
-            .clone()
-            .try_lock_owned()
-            .map_err(|_| SessionError::Busy(self.id.clone()))?;
-        if let Some(reason) = &state.dead {
-            return Err(SessionError::Gone {
+    /// This session's state for a run or a reset: 409 (busy) when another one holds it or
+    /// waits for it, 410 when its worker is lost. A read in progress is waited for (it is
+    /// bounded by the control timeout), so a run never fails because someone looked.
+    pub async fn lock(self: &Arc<Self>) -> Result<Held, SessionError> {
+        let claimed = self
+            .claimed
+            .send_if_modified(|claimed| !std::mem::replace(claimed, true));
+        if !claimed {
+            return Err(SessionError::Busy(self.id.clone()));
+        }
+        let claim = Claim(self.clone());
+        let state = tokio::select! {
+            state = self.state.clone().lock_owned() => state,
+            () = self.ended.cancelled() => return Err(self.ended_while_waiting()),
+        };
+        self.usable(&state)?;
+        Ok(Held {
+            _claim: Some(claim),
+            state,
+        })
+    }
+
+    /// This session's state for a read: `None` when a run holds it or waits for it (the
+    /// worker is busy with that run), 410 when its worker is lost. Another read in
+    /// progress is waited for.
+    pub async fn read(self: &Arc<Self>) -> Result<Option<Held>, SessionError> {
+        let mut claims = self.claimed.subscribe();
+        let state = tokio::select! {
+            biased;
+            _ = claims.wait_for(|claimed| *claimed) => return Ok(None),
+            () = self.ended.cancelled() => return Err(self.ended_while_waiting()),
+            state = self.state.clone().lock_owned() => state,
+        };
+        self.usable(&state)?;
+        Ok(Some(Held {
+            _claim: None,
+            state,
+        }))
+    }
+
+    fn usable(&self, state: &SessionState) -> Result<(), SessionError> {
+        match &state.dead {
+            Some(reason) => Err(SessionError::Gone {
                 id: self.id.clone(),
                 reason: reason.clone(),
-            });
+            }),
+            None => Ok(()),
         }
-        Ok(state)
+    }
+
+    fn ended_while_waiting(&self) -> SessionError {
+        SessionError::Gone {
+            id: self.id.clone(),
+            reason: "it ended (deleted, expired or evicted) while this request waited for a \
+                     read of it to finish"
+                .into(),
+        }
+    }
+}
+
+/// A session's state, held by one request. A run's hold also carries its claim, given up
+/// as the state is released.
+pub struct Held {
+    // Declared first, so dropped first: a run that arrives as this one ends waits the few
+    // instructions until the state is free, instead of being refused.
+    _claim: Option<Claim>,
+    state: OwnedMutexGuard<SessionState>,
+}
+
+impl std::ops::Deref for Held {
+    type Target = SessionState;
+
+    fn deref(&self) -> &SessionState {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for Held {
+    fn deref_mut(&mut self) -> &mut SessionState {
+        &mut self.state
+    }
+}
+
+/// A run's claim on a session, given up when it is dropped (also by a request abandoned
+/// while it waits).
+struct Claim(Arc<Session>);
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.0.claimed.send_replace(false);
     }
 }
 

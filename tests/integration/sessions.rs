@@ -161,6 +161,86 @@ async fn a_session_read_while_it_runs_says_busy_without_its_variables() {
     assert_eq!(names, ["mot", "time", "encore"], "{info}");
 }
 
+/// Code that leaves a global whose listing takes `READ_SECONDS`: the listing asks its name
+/// `startswith('_')`, and this name's answer sleeps.
+const SLOW_TO_LIST: &str = "import time\nclass Lent(str):\n    def startswith(self, *a):\n        time.sleep(3)\n        return False\nglobals()[Lent('lent_é')] = 'ça'";
+
+/// A request sent this long after a slow read of the session reaches it while the read
+/// holds it (the read lists for 3 s).
+const INTO_THE_READ: Duration = Duration::from_secs(1);
+
+#[tokio::test]
+async fn a_run_or_a_read_waits_for_a_read_in_progress_instead_of_failing() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    let (status, r) = exec(
+        &s,
+        &id,
+        json!({ "code": SLOW_TO_LIST, "timeout_ms": 30_000 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(
+        r["session"]["names"],
+        json!(["time", "Lent", "lent_é"]),
+        "{r}"
+    );
+    let path = format!("/v1/sessions/{id}");
+    let names = |info: &Value| -> Vec<String> {
+        info["variables"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no variables: {info}"))
+            .iter()
+            .map(|v| v["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+
+    // A second read waits for the first and lists the variables too: the worker is not
+    // busy with a run, so "busy" with no variables would be wrong.
+    let (first, second) = tokio::join!(get(&s, &path), async {
+        tokio::time::sleep(INTO_THE_READ).await;
+        get(&s, &path).await
+    });
+    for (status, info) in [first, second] {
+        assert_eq!(status, 200, "{info}");
+        assert_eq!(info["status"], "idle", "{info}");
+        assert_eq!(names(&info), ["time", "Lent", "lent_é"], "{info}");
+    }
+
+    // A run that arrives during a read waits for it; before, it was refused with 409.
+    let (read, ran) = tokio::join!(get(&s, &path), async {
+        tokio::time::sleep(INTO_THE_READ).await;
+        exec(
+            &s,
+            &id,
+            json!({ "code": "print('après ✓')", "timeout_ms": 30_000 }),
+        )
+        .await
+    });
+    assert_eq!(read.0, 200, "{}", read.1);
+    assert_eq!(names(&read.1), ["time", "Lent", "lent_é"], "{}", read.1);
+    assert_eq!(ran.0, 200, "{}", ran.1);
+    assert_eq!(ran.1["stdout"], "après ✓\n", "{}", ran.1);
+
+    // Two runs still do not share the session: the second is refused while the first
+    // waits for a read.
+    let (read, first, second) = tokio::join!(
+        get(&s, &path),
+        async {
+            tokio::time::sleep(INTO_THE_READ).await;
+            exec(&s, &id, json!({ "code": "un = 1", "timeout_ms": 30_000 })).await
+        },
+        async {
+            tokio::time::sleep(INTO_THE_READ * 2).await;
+            exec(&s, &id, json!({ "code": "deux = 2" })).await
+        }
+    );
+    assert_eq!(read.0, 200, "{}", read.1);
+    assert_eq!(first.0, 200, "{}", first.1);
+    assert_eq!(second.0, 409, "{}", second.1);
+    assert_eq!(second.1["code"], "session_busy", "{}", second.1);
+}
+
 #[tokio::test]
 async fn reset_clears_globals_and_keeps_the_session() {
     let s = Server::start().await;
