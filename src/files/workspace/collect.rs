@@ -5,6 +5,8 @@ use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+use futures_util::StreamExt;
+use futures_util::future::Either;
 use serde::Serialize;
 
 use super::stage::{Fingerprint, Staged};
@@ -74,26 +76,35 @@ pub async fn collect(
                 Scan::default()
             })
     };
+    // Files are stored a few at a time: a local store's write waits for two fsyncs, and
+    // concurrent ones share the filesystem's journal commits (an S3 store's, its round
+    // trips). Results are taken in scan order, and the budget is decided as if one at a
+    // time: a file that fits even if every store in flight succeeds is sent at once; one
+    // that may not fit waits for them, and only a stored file counts.
     let mut out = Collected {
         files: Vec::new(),
         skipped: scan.skipped,
     };
-    let mut total = 0u64;
+    let mut in_flight = futures_util::stream::FuturesOrdered::new();
+    let (mut stored, mut in_flight_bytes) = (0u64, 0u64);
     for entry in scan.entries {
         let (path, len) = match entry {
             Found::Directory(path) => {
-                out.files.push(WorkspaceFile {
-                    path,
-                    kind: EntryKind::Directory,
-                    file_id: None,
-                    size_bytes: None,
-                    mime_type: None,
-                });
+                in_flight.push_back(Either::Left(std::future::ready((path, 0, None))));
                 continue;
             }
             Found::File { path, len } => (path, len),
         };
-        if total + len > limits.max_total_bytes {
+        while stored + in_flight_bytes + len > limits.max_total_bytes
+            || in_flight.len() >= STORE_CONCURRENCY
+        {
+            let Some(done) = in_flight.next().await else {
+                break;
+            };
+            in_flight_bytes -= done.1;
+            stored += record(&mut out, done);
+        }
+        if stored + len > limits.max_total_bytes {
             out.skipped.push(SkippedFile {
                 reason: format!(
                     "the run's files exceed the workspace budget of {} MB",
@@ -103,48 +114,84 @@ pub async fn collect(
             });
             continue;
         }
-        match store_one(store, owner, workspace, &path).await {
-            Ok(meta) => {
-                total += meta.size_bytes;
-                out.files.push(WorkspaceFile {
-                    path,
-                    kind: EntryKind::File,
-                    file_id: Some(meta.file_id),
-                    size_bytes: Some(meta.size_bytes),
-                    mime_type: Some(meta.mime_type),
-                });
-            }
-            Err(e) => {
-                let reason = match &e {
-                    StoreError::TooLarge { max_bytes } => {
-                        format!(
-                            "larger than the maximum file size of {} MB",
-                            max_bytes >> 20
-                        )
-                    }
-                    StoreError::QuotaExceeded { .. } => "the file storage quota is used up".into(),
-                    StoreError::OwnerQuotaExceeded { quota_bytes, .. } => format!(
-                        "the API key's storage quota of {} MB is used up",
-                        quota_bytes >> 20
-                    ),
-                    e if e.is_out_of_space() => {
-                        tracing::warn!(path, error = %e, "the file store has no space left");
-                        "the file store has no space left (full or read-only)".into()
-                    }
-                    StoreError::Unavailable { .. } => {
-                        tracing::warn!(path, error = %e, "storing a workspace file failed");
-                        format!("could not be stored: {e}")
-                    }
-                    _ => {
-                        tracing::error!(path, error = %e, "storing a workspace file failed");
-                        "could not be stored (internal error)".into()
-                    }
-                };
-                out.skipped.push(SkippedFile { path, reason });
-            }
-        }
+        in_flight_bytes += len;
+        in_flight.push_back(Either::Right(async move {
+            let result = store_one(store, owner, workspace, &path).await;
+            (path, len, Some(result))
+        }));
+    }
+    while let Some(done) = in_flight.next().await {
+        record(&mut out, done);
     }
     out
+}
+
+/// Adds a finished entry (a directory, or a file with its store's answer) to `out`;
+/// returns the bytes stored.
+fn record(
+    out: &mut Collected,
+    (path, _, stored): (String, u64, Option<Result<FileMeta, StoreError>>),
+) -> u64 {
+    match stored {
+        None => {
+            out.files.push(WorkspaceFile {
+                path,
+                kind: EntryKind::Directory,
+                file_id: None,
+                size_bytes: None,
+                mime_type: None,
+            });
+            0
+        }
+        Some(Ok(meta)) => {
+            let size = meta.size_bytes;
+            out.files.push(WorkspaceFile {
+                path,
+                kind: EntryKind::File,
+                file_id: Some(meta.file_id),
+                size_bytes: Some(size),
+                mime_type: Some(meta.mime_type),
+            });
+            size
+        }
+        Some(Err(e)) => {
+            let reason = skip_reason(&path, &e);
+            out.skipped.push(SkippedFile { path, reason });
+            0
+        }
+    }
+}
+
+/// How many workspace files are stored at once.
+const STORE_CONCURRENCY: usize = 16;
+
+/// Why a file the store refused is skipped, in words for the caller.
+fn skip_reason(path: &str, e: &StoreError) -> String {
+    match e {
+        StoreError::TooLarge { max_bytes } => {
+            format!(
+                "larger than the maximum file size of {} MB",
+                max_bytes >> 20
+            )
+        }
+        StoreError::QuotaExceeded { .. } => "the file storage quota is used up".into(),
+        StoreError::OwnerQuotaExceeded { quota_bytes, .. } => format!(
+            "the API key's storage quota of {} MB is used up",
+            quota_bytes >> 20
+        ),
+        e if e.is_out_of_space() => {
+            tracing::warn!(path, error = %e, "the file store has no space left");
+            "the file store has no space left (full or read-only)".into()
+        }
+        StoreError::Unavailable { .. } => {
+            tracing::warn!(path, error = %e, "storing a workspace file failed");
+            format!("could not be stored: {e}")
+        }
+        _ => {
+            tracing::error!(path, error = %e, "storing a workspace file failed");
+            "could not be stored (internal error)".into()
+        }
+    }
 }
 
 async fn store_one(
@@ -350,6 +397,77 @@ mod tests {
         assert_eq!(found.skipped.len(), 1);
         assert_eq!(found.skipped[0].path, "link");
         assert!(found.skipped[0].reason.contains("symbolic link"));
+    }
+
+    /// Stores run concurrently, yet the answer is the one a store at a time gives: scan
+    /// order, and a budget where only stored files count.
+    #[tokio::test]
+    async fn files_stored_together_keep_scan_order_and_the_budget_of_one_at_a_time() {
+        use tokio::io::AsyncReadExt;
+
+        let ws = tempfile::tempdir().unwrap();
+        let root = ws.path();
+        let store_dir = tempfile::tempdir().unwrap();
+        let store =
+            crate::files::local::LocalStore::open(crate::files::local::LocalStoreSettings {
+                dir: store_dir.path().to_path_buf(),
+                max_file_bytes: 200,
+                quota_bytes: None,
+                ttl: None,
+            })
+            .unwrap();
+        let write =
+            |p: &str, len: usize| std::fs::write(root.join(p), "é".repeat(len / 2)).unwrap();
+        write("a_trop_gros.bin", 300); // refused by the store: counts nothing
+        std::fs::create_dir(root.join("b_dossier")).unwrap();
+        write("b_dossier/c.txt", 150);
+        write("d.txt", 150);
+        write("e.txt", 150); // 450: fits only because the refused file does not count
+        write("f.txt", 100); // 550: over the budget
+        write("g.txt", 50); // 500: fits exactly
+        for i in 0..40 {
+            write(&format!("h{i:02}_vide_ü"), 0);
+        }
+        let limits = CollectLimits {
+            max_entries: 1000,
+            max_total_bytes: 500,
+        };
+        let owner = FileOwner::default();
+        let got = collect(&store, owner, root, &Staged::default(), limits).await;
+
+        let mut expected: Vec<String> = ["b_dossier", "b_dossier/c.txt", "d.txt", "e.txt", "g.txt"]
+            .map(str::to_owned)
+            .into();
+        expected.extend((0..40).map(|i| format!("h{i:02}_vide_ü")));
+        let paths: Vec<&str> = got.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(paths, expected);
+        assert_eq!(got.files[0].kind, EntryKind::Directory);
+        let skipped: Vec<(&str, &str)> = got
+            .skipped
+            .iter()
+            .map(|s| (s.path.as_str(), s.reason.as_str()))
+            .collect();
+        assert_eq!(skipped.len(), 2, "{skipped:?}");
+        assert_eq!(skipped[0].0, "a_trop_gros.bin");
+        assert!(skipped[0].1.contains("maximum file size"), "{skipped:?}");
+        assert_eq!(skipped[1].0, "f.txt");
+        assert!(skipped[1].1.contains("workspace budget"), "{skipped:?}");
+        // Each id holds its own file's bytes.
+        for file in got.files.iter().filter(|f| f.kind == EntryKind::File) {
+            let (meta, mut bytes) = store
+                .get(file.file_id.as_deref().unwrap(), None)
+                .await
+                .unwrap();
+            let mut stored = Vec::new();
+            bytes.read_to_end(&mut stored).await.unwrap();
+            assert_eq!(
+                stored,
+                std::fs::read(root.join(&file.path)).unwrap(),
+                "{}",
+                file.path
+            );
+            assert_eq!(Some(meta.size_bytes), file.size_bytes);
+        }
     }
 
     #[test]
