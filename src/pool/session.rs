@@ -86,7 +86,7 @@ impl SessionWorker {
         }
     }
 
-    fn violation(&self, got: &WorkerMessage) -> SessionWorkerError {
+    fn violation(&mut self, got: &WorkerMessage) -> SessionWorkerError {
         self.worker.kill();
         let kind = match got {
             WorkerMessage::Ready { .. } => "ready",

@@ -35,6 +35,8 @@ pub struct Worker {
     workspace: Option<Workspace>,
     /// Whether it ran its tier's warm-up (its `Ready` says; until then, false).
     pub(super) warmed: bool,
+    /// SIGKILLed already: dropping it has nothing left to do.
+    killed: bool,
 }
 
 impl Worker {
@@ -62,6 +64,7 @@ impl Worker {
             exit_status: None,
             workspace: Some(workspace),
             warmed: false,
+            killed: false,
         })
     }
 
@@ -89,8 +92,9 @@ impl Worker {
     }
 
     /// SIGKILL, through the pidfd so a recycled pid can never be hit.
-    pub fn kill(&self) {
+    pub fn kill(&mut self) {
         self.signal(nix::sys::signal::Signal::SIGKILL);
+        self.killed = true;
     }
 
     /// Gives the worker normal CPU priority for its job: `SCHED_OTHER`, nice 0. Workers
@@ -165,8 +169,12 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        self.background();
-        self.kill();
+        // A worker that ran a job was lowered (if it reported) and killed as the job
+        // ended; only one let go otherwise (retired, lost on the way) is done here.
+        if !self.killed {
+            self.background();
+            self.kill();
+        }
     }
 }
 
