@@ -239,6 +239,35 @@ async fn a_run_or_a_read_waits_for_a_read_in_progress_instead_of_failing() {
     assert_eq!(first.0, 200, "{}", first.1);
     assert_eq!(second.0, 409, "{}", second.1);
     assert_eq!(second.1["code"], "session_busy", "{}", second.1);
+
+    // A session deleted while a run waits for a read: the run is told it is gone.
+    let (_, waited, deleted) = tokio::join!(
+        get(&s, &path),
+        async {
+            tokio::time::sleep(INTO_THE_READ).await;
+            exec(
+                &s,
+                &id,
+                json!({ "code": "print('trop tard')", "timeout_ms": 30_000 }),
+            )
+            .await
+        },
+        async {
+            tokio::time::sleep(INTO_THE_READ * 2).await;
+            delete(&s, &path).await
+        }
+    );
+    assert_eq!(deleted, 204);
+    assert_eq!(waited.0, 410, "{}", waited.1);
+    assert_eq!(waited.1["code"], "session_gone", "{}", waited.1);
+    assert!(
+        waited.1["detail"]
+            .as_str()
+            .unwrap()
+            .contains("while this request waited"),
+        "{}",
+        waited.1
+    );
 }
 
 #[tokio::test]
