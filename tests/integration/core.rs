@@ -152,6 +152,17 @@ async fn a_huge_allocation_is_a_memory_limit_verdict_with_memory_error() {
         .run("import numpy as np\nnp.ones((1 << 20, 1 << 10))")
         .await;
     assert_eq!(r["verdict"], "memory_limit", "{r}");
+    // Source nested too deeply for CPython's parser raises MemoryError too, but that is
+    // the source's fault, not the memory budget.
+    let r = s.run(&format!("x = {}1", "-".repeat(100_000))).await;
+    assert_eq!(r["verdict"], "error", "{r}");
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("Parser stack overflowed"),
+        "{r}"
+    );
     // Below the budget is fine.
     let r = s.run("b = bytearray(100 * 2**20)\nprint(len(b))").await;
     assert_eq!(

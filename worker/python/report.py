@@ -56,7 +56,7 @@ def report_uncaught(exc, program):
     The program's source is put back into linecache first in case user code
     cleared it.
     """
-    memory_error = isinstance(exc, MemoryError)
+    memory_error = isinstance(exc, MemoryError) and not _parser_overflow(exc)
     exc.__traceback__ = _without_leading_hidden_frames(exc.__traceback__)
     if memory_error:
         # The user's locals are no longer needed; free them before formatting.
@@ -67,6 +67,15 @@ def report_uncaught(exc, program):
     except BaseException:
         _print_fallback_line(exc)
     return result(1, memory_error, _describe(exc))
+
+
+# CPython's parser raises MemoryError with this message for source nested too deeply to
+# parse (``x = ----...1``, a hundred thousand deep): the source's fault, not the job's memory budget.
+_PARSER_OVERFLOW = "Parser stack overflowed"
+
+
+def _parser_overflow(exc):
+    return type(exc) is MemoryError and safe_str(exc).startswith(_PARSER_OVERFLOW)
 
 
 def _describe(exc):

@@ -388,6 +388,15 @@ def test_memory_error_is_flagged(runner, capsys):
     assert err.endswith("    data = bytearray(2**62)\n           ^^^^^^^^^^^^^^^^\nMemoryError\n")
 
 
+def test_source_too_deep_to_parse_is_an_error_not_the_memory_budget(runner, capsys):
+    result = runner.run(job("x = " + "-" * 100_000 + "1"))
+    assert result["exit_code"] == 1
+    assert result["memory_error"] is False
+    assert result["error"]["type"] == "MemoryError"
+    assert result["error"]["message"].startswith("Parser stack overflowed")
+    assert "Parser stack overflowed" in capsys.readouterr().err
+
+
 def test_memory_error_subclass_is_flagged(runner, capsys):
     code = "class Huge(MemoryError):\n    pass\nraise Huge('too big')"
     assert runner.run(job(code))["memory_error"] is True
