@@ -121,6 +121,36 @@ async fn variables_show_shapes_never_whole_values() {
 }
 
 #[tokio::test]
+async fn a_global_that_raises_when_listed_is_listed_without_a_description_and_the_session_lives() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    // A name whose `startswith` raises, and a value whose `__class__` raises (read by
+    // the listing's isinstance checks): before, the listing raised and the worker died.
+    let code = "import numpy\nclass Nom(str):\n    def startswith(self, *a):\n        raise SystemExit('non')\nglobals()[Nom('nommé')] = 1\nclass Piège:\n    @property\n    def __class__(self):\n        raise RuntimeError('non')\npiège = Piège()";
+    let r = run(&s, &id, code).await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    assert_eq!(
+        r["session"]["names"],
+        json!(["numpy", "Nom", "nommé", "Piège", "piège"]),
+        "{r}"
+    );
+    let (status, info) = get(&s, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 200, "{info}");
+    let vars = info["variables"].as_array().unwrap();
+    let find = |n: &str| vars.iter().find(|v| v["name"] == n).unwrap().clone();
+    assert_eq!(
+        find("nommé"),
+        json!({"name": "nommé", "type": "int", "repr": "1"})
+    );
+    assert_eq!(
+        find("piège"),
+        json!({"name": "piège", "type": "Piège", "repr": "<not described: RuntimeError>"})
+    );
+    let r = run(&s, &id, "print(nommé + 1)").await;
+    assert_eq!(r["stdout"], "2\n", "{r}");
+}
+
+#[tokio::test]
 async fn a_session_read_while_it_runs_says_busy_without_its_variables() {
     let s = Server::start().await;
     let id = create(&s, json!({})).await;
@@ -161,13 +191,20 @@ async fn a_session_read_while_it_runs_says_busy_without_its_variables() {
     assert_eq!(names, ["mot", "time", "encore"], "{info}");
 }
 
-/// Code that leaves a global whose listing takes `READ_SECONDS`: the listing asks its name
-/// `startswith('_')`, and this name's answer sleeps.
-const SLOW_TO_LIST: &str = "import time\nclass Lent(str):\n    def startswith(self, *a):\n        time.sleep(3)\n        return False\nglobals()[Lent('lent_é')] = 'ça'";
+/// Code that leaves a global whose listing takes 3 s: describing it asks
+/// `isinstance(value, numpy.ndarray)`, which reads its `__class__`, and that property
+/// sleeps when the value was not looked at in the last half second (so once per listing).
+const SLOW_TO_LIST: &str = "import numpy, time\nclass Lent:\n    vu = 0.0\n    @property\n    def __class__(self):\n        if time.monotonic() - Lent.vu > 0.5:\n            time.sleep(3)\n        Lent.vu = time.monotonic()\n        return Lent\nlent_é = Lent()";
+
+/// The globals `SLOW_TO_LIST` leaves.
+const SLOW_NAMES: [&str; 4] = ["numpy", "time", "Lent", "lent_é"];
 
 /// A request sent this long after a slow read of the session reaches it while the read
 /// holds it (the read lists for 3 s).
 const INTO_THE_READ: Duration = Duration::from_secs(1);
+
+/// Between two slow reads: long enough for the next listing to be slow again.
+const BETWEEN_READS: Duration = Duration::from_secs(1);
 
 #[tokio::test]
 async fn a_run_or_a_read_waits_for_a_read_in_progress_instead_of_failing() {
@@ -180,11 +217,7 @@ async fn a_run_or_a_read_waits_for_a_read_in_progress_instead_of_failing() {
     )
     .await;
     assert_eq!(status, 200, "{r}");
-    assert_eq!(
-        r["session"]["names"],
-        json!(["time", "Lent", "lent_é"]),
-        "{r}"
-    );
+    assert_eq!(r["session"]["names"], json!(SLOW_NAMES), "{r}");
     let path = format!("/v1/sessions/{id}");
     let names = |info: &Value| -> Vec<String> {
         info["variables"]
@@ -195,6 +228,7 @@ async fn a_run_or_a_read_waits_for_a_read_in_progress_instead_of_failing() {
             .collect()
     };
 
+    tokio::time::sleep(BETWEEN_READS).await;
     // A second read waits for the first and lists the variables too: the worker is not
     // busy with a run, so "busy" with no variables would be wrong.
     let (first, second) = tokio::join!(get(&s, &path), async {
@@ -204,9 +238,10 @@ async fn a_run_or_a_read_waits_for_a_read_in_progress_instead_of_failing() {
     for (status, info) in [first, second] {
         assert_eq!(status, 200, "{info}");
         assert_eq!(info["status"], "idle", "{info}");
-        assert_eq!(names(&info), ["time", "Lent", "lent_é"], "{info}");
+        assert_eq!(names(&info), SLOW_NAMES, "{info}");
     }
 
+    tokio::time::sleep(BETWEEN_READS).await;
     // A run that arrives during a read waits for it; before, it was refused with 409.
     let (read, ran) = tokio::join!(get(&s, &path), async {
         tokio::time::sleep(INTO_THE_READ).await;
@@ -218,10 +253,11 @@ async fn a_run_or_a_read_waits_for_a_read_in_progress_instead_of_failing() {
         .await
     });
     assert_eq!(read.0, 200, "{}", read.1);
-    assert_eq!(names(&read.1), ["time", "Lent", "lent_é"], "{}", read.1);
+    assert_eq!(names(&read.1), SLOW_NAMES, "{}", read.1);
     assert_eq!(ran.0, 200, "{}", ran.1);
     assert_eq!(ran.1["stdout"], "après ✓\n", "{}", ran.1);
 
+    tokio::time::sleep(BETWEEN_READS).await;
     // Two runs still do not share the session: the second is refused while the first
     // waits for a read.
     let (read, first, second) = tokio::join!(
@@ -240,6 +276,7 @@ async fn a_run_or_a_read_waits_for_a_read_in_progress_instead_of_failing() {
     assert_eq!(second.0, 409, "{}", second.1);
     assert_eq!(second.1["code"], "session_busy", "{}", second.1);
 
+    tokio::time::sleep(BETWEEN_READS).await;
     // A session deleted while a run waits for a read: the run is told it is gone.
     let (_, waited, deleted) = tokio::join!(
         get(&s, &path),

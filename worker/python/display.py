@@ -396,12 +396,34 @@ def _cut(text):
 
 
 def variables(namespace):
-    """The user globals of ``namespace`` (names not starting with ``_``), bounded."""
+    """The user globals of ``namespace`` (names not starting with ``_``), bounded.
+
+    A name is read as the plain ``str`` it holds (a ``str`` subclass's methods are never
+    called), and a value whose description raises (an ``isinstance`` check can run user
+    code: a ``__class__`` property) is listed without one: listing never fails, so it
+    never costs the session its worker.
+    """
     out = []
     for name, value in list(namespace.items()):
-        if not isinstance(name, str) or name.startswith("_"):
+        if not isinstance(name, str):
+            continue
+        name = str.__str__(name)
+        if name.startswith("_"):
             continue
         if len(out) >= MAX_VARIABLES:
             break
-        out.append(describe(name, value))
+        try:
+            out.append(describe(name, value))
+        except KeyboardInterrupt:
+            raise  # the supervisor's interrupt: the listing is overdue
+        except BaseException as exc:
+            out.append(_undescribable(name, value, exc))
     return out
+
+
+def _undescribable(name, value, exc):
+    return {
+        "name": name,
+        "type": type.__dict__["__name__"].__get__(type(value)),
+        "repr": "<not described: %s>" % type.__dict__["__name__"].__get__(type(exc)),
+    }

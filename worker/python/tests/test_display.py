@@ -157,6 +157,30 @@ def test_session_variables_list_names_types_and_shapes(runner, capsys):
     assert "_hidden" not in listing and "__name__" not in listing
 
 
+def test_session_variables_run_no_name_method_and_survive_a_value_that_raises(runner, capsys):
+    pytest.importorskip("numpy")
+    session = runner.Session()
+    code = (
+        "import numpy\n"
+        "class Nom(str):\n"
+        "    def startswith(self, *a):\n        raise SystemExit('startswith was called')\n"
+        "globals()[Nom('nommé')] = 1\n"
+        "globals()[Nom('_caché')] = 2\n"
+        "class Piège:\n"
+        "    @property\n"
+        "    def __class__(self):\n        raise SystemExit('__class__ was read')\n"
+        "piège = Piège()\n"
+        "après = 'ok'\n"
+    )
+    assert session.run(job(code))["exit_code"] == 0
+    listing = {v["name"]: v for v in session.variables()}
+    assert listing["nommé"] == {"name": "nommé", "type": "int", "repr": "1"}
+    assert type(listing["nommé"]["name"]) is str
+    assert "_caché" not in listing
+    assert listing["piège"] == {"name": "piège", "type": "Piège", "repr": "<not described: SystemExit>"}
+    assert listing["après"]["repr"] == "'ok'"
+
+
 def test_session_reset_empties_the_listing(runner, capsys):
     session = runner.Session()
     session.run(job("x = 1"))
