@@ -277,6 +277,24 @@ async fn a_run_or_a_read_waits_for_a_read_in_progress_instead_of_failing() {
     assert_eq!(second.1["code"], "session_busy", "{}", second.1);
 
     tokio::time::sleep(BETWEEN_READS).await;
+    // A run whose client goes away while it waits for a read gives up its claim: the
+    // next run is served, not refused as busy.
+    let (read, abandoned) = tokio::join!(get(&s, &path), async {
+        tokio::time::sleep(INTO_THE_READ).await;
+        s.client
+            .post(format!("{}/v1/sessions/{id}/execute", s.base))
+            .json(&json!({ "code": "abandonné = 1" }))
+            .timeout(Duration::from_millis(500))
+            .send()
+            .await
+    });
+    assert_eq!(read.0, 200, "{}", read.1);
+    let abandoned = abandoned.expect_err("the client gave up before the read ended");
+    assert!(abandoned.is_timeout(), "{abandoned}");
+    let r = run(&s, &id, "print('servi', 'abandonné' in globals())").await;
+    assert_eq!(r["stdout"], "servi False\n", "{r}");
+
+    tokio::time::sleep(BETWEEN_READS).await;
     // A session deleted while a run waits for a read: the run is told it is gone.
     let (_, waited, deleted) = tokio::join!(
         get(&s, &path),
