@@ -422,6 +422,16 @@ pub fn documented_error_codes() -> Vec<(String, u16)> {
 
 /// Every 4xx/5xx body of the API: a `detail` and a `code` from the README's table, listed
 /// there with this status. Returns the code.
+/// The variable names a `GET /v1/sessions/{id}` answer lists, in its order.
+pub fn variable_names(detail: &Value) -> Vec<&str> {
+    detail["variables"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no variables: {detail}"))
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect()
+}
+
 pub fn check_error_body(status: u16, body: &Value) -> String {
     let code = body["code"]
         .as_str()

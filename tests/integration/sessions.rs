@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::harness::{Options, Server, process_exists};
+use crate::harness::{Options, Server, process_exists, variable_names};
 use crate::reliability::eventually;
 use crate::stream::stream;
 
@@ -182,13 +182,7 @@ async fn a_session_read_while_it_runs_says_busy_without_its_variables() {
     let (status, info) = get(&s, &format!("/v1/sessions/{id}")).await;
     assert_eq!(status, 200, "{info}");
     assert_eq!(info["status"], "idle", "{info}");
-    let names: Vec<&str> = info["variables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["mot", "time", "encore"], "{info}");
+    assert_eq!(variable_names(&info), ["mot", "time", "encore"], "{info}");
 }
 
 /// Code that leaves a global whose listing takes 3 s: describing it asks
@@ -219,14 +213,6 @@ async fn a_run_or_a_read_waits_for_a_read_in_progress_instead_of_failing() {
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["session"]["names"], json!(SLOW_NAMES), "{r}");
     let path = format!("/v1/sessions/{id}");
-    let names = |info: &Value| -> Vec<String> {
-        info["variables"]
-            .as_array()
-            .unwrap_or_else(|| panic!("no variables: {info}"))
-            .iter()
-            .map(|v| v["name"].as_str().unwrap().to_owned())
-            .collect()
-    };
 
     tokio::time::sleep(BETWEEN_READS).await;
     // A second read waits for the first and lists the variables too: the worker is not
@@ -238,7 +224,7 @@ async fn a_run_or_a_read_waits_for_a_read_in_progress_instead_of_failing() {
     for (status, info) in [first, second] {
         assert_eq!(status, 200, "{info}");
         assert_eq!(info["status"], "idle", "{info}");
-        assert_eq!(names(&info), SLOW_NAMES, "{info}");
+        assert_eq!(variable_names(&info), SLOW_NAMES, "{info}");
     }
 
     tokio::time::sleep(BETWEEN_READS).await;
@@ -253,7 +239,7 @@ async fn a_run_or_a_read_waits_for_a_read_in_progress_instead_of_failing() {
         .await
     });
     assert_eq!(read.0, 200, "{}", read.1);
-    assert_eq!(names(&read.1), SLOW_NAMES, "{}", read.1);
+    assert_eq!(variable_names(&read.1), SLOW_NAMES, "{}", read.1);
     assert_eq!(ran.0, 200, "{}", ran.1);
     assert_eq!(ran.1["stdout"], "après ✓\n", "{}", ran.1);
 

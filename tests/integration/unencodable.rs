@@ -5,7 +5,7 @@
 
 use serde_json::json;
 
-use crate::harness::Server;
+use crate::harness::{Server, variable_names};
 
 /// A class whose repr holds a lone surrogate.
 const SURROGATE_REPR: &str =
@@ -71,13 +71,7 @@ async fn a_session_survives_lone_surrogates_in_an_error_and_in_a_global_name() {
     assert!(r.get("notice").is_none(), "{r}");
     let (status, detail) = s.get_json(&format!("/v1/sessions/{id}")).await;
     assert_eq!(status, 200, "{detail}");
-    let names: Vec<&str> = detail["variables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["name"].as_str().unwrap())
-        .collect();
-    assert!(names.contains(&"v\\ud800"), "{detail}");
+    assert!(variable_names(&detail).contains(&"v\\ud800"), "{detail}");
     let r = s
         .session_run(&id, &format!("{SURROGATE_REPR}y = A()\nx"))
         .await;

@@ -422,8 +422,9 @@ def variables(namespace):
 
 
 def _undescribable(name, value, exc):
-    return {
-        "name": name,
-        "type": type.__dict__["__name__"].__get__(type(value)),
-        "repr": "<not described: %s>" % type.__dict__["__name__"].__get__(type(exc)),
-    }
+    return {"name": name, "type": _type_name(value), "repr": "<not described: %s>" % _type_name(exc)}
+
+
+def _type_name(obj):
+    """The name of ``obj``'s class, read past any ``__name__`` its metaclass defines."""
+    return type.__dict__["__name__"].__get__(type(obj))
