@@ -338,11 +338,11 @@ fn table(o: &Options, rows: &[(usize, String, String, stats::Row)]) -> String {
         o.seconds,
         o.pool_size
     );
-    out += "| round | server | snippet | p50 ms | p90 ms | p99 ms | max ms | duration_ms 0/1/2/3+ | req/s | CPU ms/req tree (paced) | of which supervisor / zygotes / workers | switches/req supervisor / zygotes (paced) | schedstat CPU ms/req supervisor / zygotes (paced) | CPU ms/req tree (busy) | CPU ms/req machine (busy) | faults/req | idle worker MiB |\n";
+    out += "| round | server | snippet | p50 ms | p90 ms | p99 ms | max ms | duration_ms 0/1/2/3+ | req/s | CPU ms/req tree (paced) | of which supervisor / zygotes / workers | switches/req supervisor / zygotes (paced) | schedstat CPU ms/req supervisor / zygotes (paced) | CPU ms/req tree (busy) | CPU ms/req machine (busy) | faults/req | idle worker MiB, per tier |\n";
     out += "|---:|---|---|---:|---:|---:|---:|---|---:|---:|---|---|---|---:|---:|---:|---:|\n";
     for (round, name, snippet, r) in rows {
         out += &format!(
-            "| {round} | {name} | {snippet} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {:.2} | {:.2} / {:.2} / {:.2} | {:.1} / {:.1} | {:.3} / {:.3} | {:.2} | {:.2} | {:.0} | {:.2} |\n",
+            "| {round} | {name} | {snippet} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {:.2} | {:.2} / {:.2} / {:.2} | {:.1} / {:.1} | {:.3} / {:.3} | {:.2} | {:.2} | {:.0} | {} |\n",
             r.latency.p50,
             r.latency.p90,
             r.latency.p99,
@@ -360,7 +360,7 @@ fn table(o: &Options, rows: &[(usize, String, String, stats::Row)]) -> String {
             r.busy_cpu.tree_ms,
             r.busy_cpu.machine_ms,
             r.busy_cpu.tree_faults,
-            r.idle_private_mib,
+            stats::describe_idle(&r.idle_private_mib),
         );
     }
     out

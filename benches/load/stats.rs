@@ -52,7 +52,8 @@ impl Summary {
 
 /// One snippet against one server.
 pub struct Row {
-    pub idle_private_mib: f64,
+    /// Median private MiB of an idle worker, per tier.
+    pub idle_private_mib: Vec<(String, f64)>,
     pub latency: Summary,
     pub durations: Vec<u64>,
     pub throughput: f64,
@@ -85,7 +86,7 @@ impl Row {
 
     pub fn to_json(&self) -> Value {
         json!({
-            "idle_worker_private_mib": self.idle_private_mib,
+            "idle_worker_private_mib": self.idle_private_mib.iter().map(|(tier, mib)| (tier.clone(), json!(mib))).collect::<serde_json::Map<String, Value>>(),
             "latency_ms": self.latency.to_json(),
             "duration_ms": self.durations,
             "req_per_s": self.throughput,
@@ -324,9 +325,11 @@ fn context_switches(task: &Path) -> f64 {
         .sum()
 }
 
-/// Median private memory (`Private_Clean + Private_Dirty`) of the idle workers below
-/// `server` (the zygote's children), in MiB.
-pub fn idle_private_mib(server: u32) -> f64 {
+/// Median private memory (`Private_Clean + Private_Dirty`) of the idle workers of each
+/// tier below `server` (each zygote's children), in MiB, by tier name. Tiers differ by
+/// 10× (a `bare` worker holds well under 1 MiB, a `plotting` one several), so one median
+/// over all of them would say only which tier had the most idle workers.
+pub fn idle_private_mib(server: u32) -> Vec<(String, f64)> {
     let children = |pid: u32| -> Vec<u32> {
         let path = format!("/proc/{pid}/task/{pid}/children");
         let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -334,21 +337,53 @@ pub fn idle_private_mib(server: u32) -> f64 {
             .filter_map(|c| c.parse().ok())
             .collect()
     };
-    let mut private: Vec<f64> = children(server)
+    let mut tiers: Vec<(String, f64)> = children(server)
         .into_iter()
-        .flat_map(children)
-        .filter_map(|worker| {
-            let rollup = std::fs::read_to_string(format!("/proc/{worker}/smaps_rollup")).ok()?;
-            let kib: f64 = rollup
-                .lines()
-                .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
-                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-                .sum();
-            Some(kib / 1024.0)
+        .filter_map(|zygote| {
+            let tier = zygote_tier(zygote)?;
+            let mut private: Vec<f64> = children(zygote)
+                .into_iter()
+                .filter_map(private_mib)
+                .collect();
+            private.sort_by(f64::total_cmp);
+            Some((tier, private.get(private.len() / 2).copied()?))
         })
         .collect();
-    private.sort_by(f64::total_cmp);
-    private.get(private.len() / 2).copied().unwrap_or(f64::NAN)
+    tiers.sort_by(|a, b| a.0.cmp(&b.0));
+    tiers
+}
+
+/// The tier a zygote serves, from the configuration the supervisor passed on its command
+/// line (`--config JSON`); `None` for any other child (a package scan, a rollover's
+/// helper).
+fn zygote_tier(pid: u32) -> Option<String> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let mut args = cmdline.split(|&b| b == 0);
+    args.by_ref().find(|a| *a == b"--config")?;
+    let config: Value = serde_json::from_slice(args.next()?).ok()?;
+    Some(config["tier"].as_str()?.to_owned())
+}
+
+fn private_mib(pid: u32) -> Option<f64> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let kib: f64 = rollup
+        .lines()
+        .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .sum();
+    Some(kib / 1024.0)
+}
+
+/// `bare 0.70 / scientific 2.62`: the per-tier medians for a table cell.
+pub fn describe_idle(tiers: &[(String, f64)]) -> String {
+    if tiers.is_empty() {
+        return "-".into();
+    }
+    tiers
+        .iter()
+        .map(|(tier, mib)| format!("{tier} {mib:.2}"))
+        .collect::<Vec<_>>()
+        .join(" / ")
 }
 
 pub fn loadavg() -> String {
