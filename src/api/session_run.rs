@@ -9,7 +9,6 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::{Path as UrlPath, State};
 use axum::response::{IntoResponse, Response};
-use snakecage_worker::protocol::Variable;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -22,6 +21,7 @@ use crate::error::ApiError;
 use crate::files::workspace::{self, StageInput, Staged};
 use crate::metrics::labels::{Kind, Outcome};
 use crate::pool::run::{Interrupt, OutputChunk, RunError};
+use crate::pool::session::Listed;
 use crate::sessions::replay::{self, RebuildError, ReplayStager};
 use crate::sessions::{Held, Session, SessionError, SessionIndicator, SessionState};
 
@@ -215,8 +215,8 @@ async fn run_in(
             }
             let worker = guard.worker.as_mut().ok_or_else(|| gone(&id))?;
             match worker.variables(CONTROL_TIMEOUT, grace).await {
-                Ok(variables) => {
-                    response.session = Some(indicator(&variables, session.expires_at()));
+                Ok(listed) => {
+                    response.session = Some(indicator(&listed, session.expires_at()));
                     None
                 }
                 Err(e) => Some(e.to_string()),
@@ -258,10 +258,10 @@ fn replayed_notice(runs: usize, reason: &str) -> String {
     )
 }
 
-fn indicator(variables: &[Variable], expires_at: String) -> SessionIndicator {
+fn indicator(listed: &Listed, expires_at: String) -> SessionIndicator {
     SessionIndicator {
-        variables: variables.len(),
-        names: variables.iter().map(|v| v.name.clone()).collect(),
+        variables: listed.total,
+        names: listed.variables.iter().map(|v| v.name.clone()).collect(),
         expires_at,
     }
 }

@@ -18,6 +18,7 @@ use super::session_run::{CONTROL_TIMEOUT, ensure_worker, lose};
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::files::workspace::{self};
+use crate::pool::session::Listed;
 use crate::sessions::SessionInfo;
 
 #[derive(Debug, Deserialize)]
@@ -46,6 +47,9 @@ pub struct SessionDetail {
     pub info: SessionInfo,
     /// `null` while a run is in progress (`status: busy`): its worker is running it.
     pub variables: Option<Vec<Variable>>,
+    /// How many user globals there are: more than `variables` lists when past the runner's
+    /// bound (500). `null` with `variables`.
+    pub variables_total: Option<usize>,
 }
 
 pub async fn create(
@@ -133,6 +137,7 @@ pub async fn get(
         return Ok(Json(SessionDetail {
             info: session.info(),
             variables: None,
+            variables_total: None,
         }));
     };
     let grace = state.sessions.settings().interrupt_grace;
@@ -141,19 +146,20 @@ pub async fn get(
     let pending = guard.lost.is_some();
     let held = &mut *guard;
     let listed = match held.worker.as_mut() {
-        None if pending => Ok(Vec::new()),
+        None if pending => Ok(Listed::default()),
         None => return Err(super::session_run::gone(&id)),
         Some(worker) => worker.variables(CONTROL_TIMEOUT, grace).await,
     };
-    let variables = match listed {
-        Ok(variables) => variables,
-        Err(e) if held.mark_lost(e.to_string()) => Vec::new(),
+    let listed = match listed {
+        Ok(listed) => listed,
+        Err(e) if held.mark_lost(e.to_string()) => Listed::default(),
         Err(e) => return Err(lose(&state, &session, held, e.to_string())),
     };
     drop(guard);
     Ok(Json(SessionDetail {
         info: session.info(),
-        variables: Some(variables),
+        variables: Some(listed.variables),
+        variables_total: Some(listed.total),
     }))
 }
 

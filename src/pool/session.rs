@@ -26,6 +26,15 @@ pub struct SessionWorker {
     worker: Worker,
 }
 
+/// A session's user globals as its worker described them.
+#[derive(Debug, Default)]
+pub struct Listed {
+    /// The first of them (the runner describes at most 500).
+    pub variables: Vec<Variable>,
+    /// How many there are.
+    pub total: usize,
+}
+
 impl SessionWorker {
     /// Tells a fresh worker to keep its namespace and serve requests until dropped.
     pub(super) async fn start(mut worker: Worker) -> Result<Self, FrameError> {
@@ -74,14 +83,20 @@ impl SessionWorker {
         }
     }
 
-    /// Lists the session's globals (bounded by the runner).
+    /// Lists the session's globals (bounded by the runner) and counts them.
     pub async fn variables(
         &mut self,
         timeout: Duration,
         grace: Duration,
-    ) -> Result<Vec<Variable>, SessionWorkerError> {
+    ) -> Result<Listed, SessionWorkerError> {
         match self.request(JobRequest::Inspect, timeout, grace).await? {
-            WorkerMessage::Variables { variables } => Ok(variables),
+            WorkerMessage::Variables { variables, total } => {
+                // The count is the worker's word: never below what it listed.
+                let total = usize::try_from(total)
+                    .unwrap_or(usize::MAX)
+                    .max(variables.len());
+                Ok(Listed { variables, total })
+            }
             other => Err(self.violation(&other)),
         }
     }

@@ -151,6 +151,59 @@ async fn a_global_that_raises_when_listed_is_listed_without_a_description_and_th
 }
 
 #[tokio::test]
+async fn a_global_slow_to_describe_hides_no_other_and_is_not_waited_for_again() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    run(&s, &id, "a = 1\nb_é = 'deux'").await;
+    // Its `__class__` (read by the listing's isinstance checks) sleeps, and sleeps again
+    // when interrupted once. Before, every listing waited for the supervisor's 5 s
+    // interrupt and then answered with no variables at all, after each run too.
+    let slow = "import time\nclass Lent:\n    vus = 0\n    @property\n    def __class__(self):\n        Lent.vus += 1\n        try:\n            time.sleep(30)\n        except BaseException:\n            time.sleep(30)\n        return int\nlent = Lent()";
+    let r = run(&s, &id, slow).await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    let names = ["a", "b_é", "time", "Lent", "lent"];
+    assert_eq!(r["session"]["names"], json!(names), "{r}");
+    assert_eq!(r["session"]["variables"], 5, "{r}");
+    let r = run(&s, &id, "d = 4\nprint(Lent.vus)").await;
+    // Its type was remembered: this run's listing did not look at it again.
+    assert_eq!(r["stdout"], "1\n", "{r}");
+    assert_eq!(
+        r["session"]["names"],
+        json!(["a", "b_é", "time", "Lent", "lent", "d"]),
+        "{r}"
+    );
+    let (status, info) = get(&s, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["variables_total"], 6, "{info}");
+    let vars = info["variables"].as_array().unwrap();
+    let find = |n: &str| vars.iter().find(|v| v["name"] == n).unwrap().clone();
+    assert_eq!(
+        find("lent"),
+        json!({"name": "lent", "type": "Lent", "repr": "<not described: too slow to describe>"})
+    );
+    assert_eq!(find("b_é")["repr"], "'deux'", "{info}");
+}
+
+#[tokio::test]
+async fn every_global_is_counted_though_only_the_first_500_are_listed() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    let r = run(
+        &s,
+        &id,
+        "g = globals()\nfor i in range(1200):\n    g[f'v{i}é'] = i",
+    )
+    .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    assert_eq!(r["session"]["variables"], 1202, "{r}");
+    assert_eq!(r["session"]["names"].as_array().unwrap().len(), 500, "{r}");
+    let (status, info) = get(&s, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["variables_total"], 1202, "{info}");
+    assert_eq!(info["variables"].as_array().unwrap().len(), 500, "{info}");
+}
+
+#[tokio::test]
 async fn a_session_read_while_it_runs_says_busy_without_its_variables() {
     let s = Server::start().await;
     let id = create(&s, json!({})).await;
@@ -185,39 +238,50 @@ async fn a_session_read_while_it_runs_says_busy_without_its_variables() {
     assert_eq!(variable_names(&info), ["mot", "time", "encore"], "{info}");
 }
 
-/// Code that leaves a global whose listing takes 3 s: describing it asks
-/// `isinstance(value, numpy.ndarray)`, which reads its `__class__`, and that property
-/// sleeps when the value was not looked at in the last half second (so once per listing).
-const SLOW_TO_LIST: &str = "import numpy, time\nclass Lent:\n    vu = 0.0\n    @property\n    def __class__(self):\n        if time.monotonic() - Lent.vu > 0.5:\n            time.sleep(3)\n        Lent.vu = time.monotonic()\n        return Lent\nlent_é = Lent()";
+/// Code that leaves three globals and prints its worker's pid.
+const PID_AND_NAMES: &str = "import os\npid = os.getpid()\nmot_é = 'gardé'\nprint(pid)";
 
-/// The globals `SLOW_TO_LIST` leaves.
-const SLOW_NAMES: [&str; 4] = ["numpy", "time", "Lent", "lent_é"];
+/// The globals `PID_AND_NAMES` leaves.
+const SLOW_NAMES: [&str; 3] = ["os", "pid", "mot_é"];
 
-/// A request sent this long after a slow read of the session reaches it while the read
-/// holds it (the read lists for 3 s).
+/// How long a stalled read holds the session.
+const STALL: Duration = Duration::from_secs(3);
+
+/// A request sent this long after a stalled read of the session reaches it while the
+/// read holds it.
 const INTO_THE_READ: Duration = Duration::from_secs(1);
 
-/// Between two slow reads: long enough for the next listing to be slow again.
+/// Between two stalled reads.
 const BETWEEN_READS: Duration = Duration::from_secs(1);
+
+/// `GET path` (a session) while the session's worker is stopped for `STALL`: the read
+/// holds the session that long, as a listing stuck in a value would (a listing of Python
+/// code is bounded by the runner's own timer; one stuck where no signal handler runs
+/// only by the supervisor's interrupt).
+async fn stalled_read(s: &Server, path: &str, worker: i32) -> (u16, Value) {
+    let pid = nix::unistd::Pid::from_raw(worker);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let (read, ()) = tokio::join!(get(s, path), async {
+        tokio::time::sleep(STALL).await;
+        // Gone already when the phase deleted the session (a stopped process still dies).
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+    });
+    read
+}
 
 #[tokio::test]
 async fn a_run_or_a_read_waits_for_a_read_in_progress_instead_of_failing() {
     let s = Server::start().await;
     let id = create(&s, json!({})).await;
-    let (status, r) = exec(
-        &s,
-        &id,
-        json!({ "code": SLOW_TO_LIST, "timeout_ms": 30_000 }),
-    )
-    .await;
-    assert_eq!(status, 200, "{r}");
+    let r = run(&s, &id, PID_AND_NAMES).await;
     assert_eq!(r["session"]["names"], json!(SLOW_NAMES), "{r}");
+    let worker: i32 = r["stdout"].as_str().unwrap().trim().parse().unwrap();
     let path = format!("/v1/sessions/{id}");
 
     tokio::time::sleep(BETWEEN_READS).await;
     // A second read waits for the first and lists the variables too: the worker is not
     // busy with a run, so "busy" with no variables would be wrong.
-    let (first, second) = tokio::join!(get(&s, &path), async {
+    let (first, second) = tokio::join!(stalled_read(&s, &path, worker), async {
         tokio::time::sleep(INTO_THE_READ).await;
         get(&s, &path).await
     });
@@ -229,7 +293,7 @@ async fn a_run_or_a_read_waits_for_a_read_in_progress_instead_of_failing() {
 
     tokio::time::sleep(BETWEEN_READS).await;
     // A run that arrives during a read waits for it; before, it was refused with 409.
-    let (read, ran) = tokio::join!(get(&s, &path), async {
+    let (read, ran) = tokio::join!(stalled_read(&s, &path, worker), async {
         tokio::time::sleep(INTO_THE_READ).await;
         exec(
             &s,
@@ -247,7 +311,7 @@ async fn a_run_or_a_read_waits_for_a_read_in_progress_instead_of_failing() {
     // Two runs still do not share the session: the second is refused while the first
     // waits for a read.
     let (read, first, second) = tokio::join!(
-        get(&s, &path),
+        stalled_read(&s, &path, worker),
         async {
             tokio::time::sleep(INTO_THE_READ).await;
             exec(&s, &id, json!({ "code": "un = 1", "timeout_ms": 30_000 })).await
@@ -265,7 +329,7 @@ async fn a_run_or_a_read_waits_for_a_read_in_progress_instead_of_failing() {
     tokio::time::sleep(BETWEEN_READS).await;
     // A run whose client goes away while it waits for a read gives up its claim: the
     // next run is served, not refused as busy.
-    let (read, abandoned) = tokio::join!(get(&s, &path), async {
+    let (read, abandoned) = tokio::join!(stalled_read(&s, &path, worker), async {
         tokio::time::sleep(INTO_THE_READ).await;
         s.client
             .post(format!("{}/v1/sessions/{id}/execute", s.base))
@@ -283,7 +347,7 @@ async fn a_run_or_a_read_waits_for_a_read_in_progress_instead_of_failing() {
     tokio::time::sleep(BETWEEN_READS).await;
     // A session deleted while a run waits for a read: the run is told it is gone.
     let (_, waited, deleted) = tokio::join!(
-        get(&s, &path),
+        stalled_read(&s, &path, worker),
         async {
             tokio::time::sleep(INTO_THE_READ).await;
             exec(

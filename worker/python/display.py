@@ -19,7 +19,9 @@ import builtins
 import html
 import io
 import reprlib
+import signal
 import sys
+import time
 import types
 
 DEFAULT_MAX_BUNDLE_BYTES = 1 << 20
@@ -33,7 +35,18 @@ DATAFRAME_MAX_COLS = 20
 _MARKDOWN_CELL_CHARS = 60
 
 MAX_VARIABLES = 500
-"""Variables listed per session; the rest are left out."""
+"""Variables listed per session; the rest are counted, not listed."""
+
+VARIABLE_SECONDS = 0.1
+"""The longest describing one variable may take (a ``__class__`` property that sleeps,
+say); past it the variable is listed without a description, and so is every later value
+of its type, at once."""
+
+LISTING_SECONDS = 1.0
+"""The longest describing all of them may take; past it the rest are listed by name and
+type only."""
+
+_SLOW_TYPES_KEPT = 256
 
 REPR_CHARS = 100
 """The longest ``repr`` a variable listing gives."""
@@ -398,31 +411,109 @@ def _cut(text):
 def variables(namespace):
     """The user globals of ``namespace`` (names not starting with ``_``), bounded.
 
-    A name is read as the plain ``str`` it holds (a ``str`` subclass's methods are never
-    called), and a value whose description raises (an ``isinstance`` check can run user
-    code: a ``__class__`` property) is listed without one: listing never fails, so it
-    never costs the session its worker.
+    Returns ``(entries, total)``: at most ``MAX_VARIABLES`` descriptions and how many user
+    globals there are. A name is read as the plain ``str`` it holds (a ``str`` subclass's
+    methods are never called), and a value whose description raises (an ``isinstance``
+    check can run user code: a ``__class__`` property) is listed without one: listing never
+    fails, so it never costs the session its worker. Describing is timed
+    (``VARIABLE_SECONDS`` each, ``LISTING_SECONDS`` in all), so one slow value neither
+    hides the others nor delays every run of the session.
     """
-    out = []
-    for name, value in list(namespace.items()):
-        if not isinstance(name, str):
-            continue
-        name = str.__str__(name)
-        if name.startswith("_"):
-            continue
-        if len(out) >= MAX_VARIABLES:
-            break
+    entries = []
+    total = 0
+    deadline = time.monotonic() + LISTING_SECONDS
+    with _Alarm() as alarm:
+        for name, value in list(namespace.items()):
+            if not isinstance(name, str):
+                continue
+            name = str.__str__(name)
+            if name.startswith("_"):
+                continue
+            total += 1
+            if len(entries) < MAX_VARIABLES:
+                entries.append(_describe_in_time(name, value, alarm, deadline))
+    return entries, total
+
+
+def _describe_in_time(name, value, alarm, deadline):
+    cls = type(value)
+    if cls in _slow_types or time.monotonic() >= deadline:
+        return _not_described(name, value, "too slow to describe")
+    try:
+        alarm.arm(VARIABLE_SECONDS)
         try:
-            out.append(describe(name, value))
-        except KeyboardInterrupt:
-            raise  # the supervisor's interrupt: the listing is overdue
-        except BaseException as exc:
-            out.append(_undescribable(name, value, exc))
-    return out
+            return describe(name, value)
+        finally:
+            alarm.disarm()
+    except (_TooSlow, KeyboardInterrupt):
+        # Ours, or the supervisor's interrupt of an overdue listing (a value stuck where
+        # no signal handler runs): either way this value is not worth waiting for again.
+        if len(_slow_types) < _SLOW_TYPES_KEPT:
+            _slow_types.add(cls)
+        return _not_described(name, value, "too slow to describe")
+    except BaseException as exc:
+        return _undescribable(name, value, exc)
+
+
+_slow_types = set()
+"""Types a value of which took too long to describe: later listings skip them at once."""
+
+
+class _TooSlow(BaseException):
+    """Raised into a description that ran out of time (``BaseException``: user code that
+    catches ``Exception`` around a sleep does not swallow it)."""
+
+
+class _Alarm:
+    """A repeating ``SIGALRM`` timer that raises ``_TooSlow`` while armed.
+
+    It repeats because user code may catch one. The handler raises only while armed, so a
+    signal delivered just as a description ends is ignored; a timer or handler the job set
+    is put back when the listing ends.
+    """
+
+    def __init__(self):
+        self._armed = False
+        self._usable = False
+
+    def __enter__(self):
+        try:
+            self._handler = signal.signal(signal.SIGALRM, self._fire)
+        except ValueError:
+            return self  # not the main thread: untimed (the supervisor's interrupt bounds it)
+        self._usable = True
+        self._timer = signal.setitimer(signal.ITIMER_REAL, 0)
+        return self
+
+    def __exit__(self, *exc):
+        if not self._usable:
+            return
+        self.disarm()
+        signal.signal(signal.SIGALRM, self._handler)
+        if self._timer[0] > 0:
+            signal.setitimer(signal.ITIMER_REAL, *self._timer)
+
+    def arm(self, seconds):
+        if self._usable:
+            self._armed = True
+            signal.setitimer(signal.ITIMER_REAL, seconds, seconds)
+
+    def disarm(self):
+        if self._usable:
+            self._armed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def _fire(self, signum, frame):
+        if self._armed:
+            raise _TooSlow
+
+
+def _not_described(name, value, why):
+    return {"name": name, "type": _type_name(value), "repr": "<not described: %s>" % why}
 
 
 def _undescribable(name, value, exc):
-    return {"name": name, "type": _type_name(value), "repr": "<not described: %s>" % _type_name(exc)}
+    return _not_described(name, value, _type_name(exc))
 
 
 def _type_name(obj):

@@ -80,7 +80,7 @@ class Session:
         return result
 
     def variables(self):
-        """The user globals: ``[{"name", "type", "repr", "shape"?}]``, bounded."""
+        """The user globals: ``([{"name", "type", "repr", "shape"?}], total)``, bounded."""
         return _display.variables(self._module.__dict__)
 
     def reset(self):

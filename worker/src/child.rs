@@ -209,9 +209,10 @@ fn serve_session(runner: &Runner<'_>, sock: &mut File) -> Result<(), ChildError>
                 session.reset()?;
                 WorkerMessage::ResetDone
             }
-            JobRequest::Inspect => WorkerMessage::Variables {
-                variables: session.variables()?,
-            },
+            JobRequest::Inspect => {
+                let (variables, total) = session.variables()?;
+                WorkerMessage::Variables { variables, total }
+            }
             JobRequest::StartSession => return Err(ChildError::Protocol("a second StartSession")),
             JobRequest::ToolResult(_) => {
                 return Err(ChildError::Protocol("a tool result between jobs"));

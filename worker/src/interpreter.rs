@@ -354,10 +354,12 @@ impl<'py> Session<'py> {
         }
     }
 
-    /// The user globals, bounded by the runner; empty when interrupted.
-    pub fn variables(&self) -> Result<Vec<Variable>, InterpreterError> {
-        let listed = (|| -> PyResult<Vec<Variable>> {
-            let list = self.object.call_method0("variables")?;
+    /// The user globals, bounded by the runner, and how many there are; none when
+    /// interrupted.
+    pub fn variables(&self) -> Result<(Vec<Variable>, u64), InterpreterError> {
+        let listed = (|| -> PyResult<(Vec<Variable>, u64)> {
+            let (list, total): (Bound<'_, PyAny>, u64) =
+                self.object.call_method0("variables")?.extract()?;
             let mut out = Vec::new();
             for item in list.try_iter()? {
                 let item = item?;
@@ -379,11 +381,11 @@ impl<'py> Session<'py> {
                     shape,
                 });
             }
-            Ok(out)
+            Ok((out, total))
         })();
         match listed {
             Ok(v) => Ok(v),
-            Err(e) if is_interrupt(&e) => Ok(Vec::new()),
+            Err(e) if is_interrupt(&e) => Ok((Vec::new(), 0)),
             Err(source) => Err(InterpreterError::Python {
                 doing: "listing session variables",
                 source,

@@ -67,8 +67,13 @@ pub enum WorkerMessage {
     Result(JobResult),
     /// A session's globals were cleared.
     ResetDone,
-    /// A session's user globals.
-    Variables { variables: Vec<Variable> },
+    /// A session's user globals: the first of them described, and how many there are.
+    Variables {
+        variables: Vec<Variable>,
+        /// Every user global, listed or not (an older worker: 0, read as the list's length).
+        #[serde(default)]
+        total: u64,
+    },
     /// The running job calls a host tool and blocks until [`JobRequest::ToolResult`].
     ToolCall(ToolCall),
 }
@@ -131,12 +136,16 @@ mod tests {
             r#"{"type":"variables","variables":[{"name":"x","type":"int","repr":"42"}]}"#,
         )
         .unwrap();
-        let WorkerMessage::Variables { variables } = msg else {
+        let WorkerMessage::Variables { variables, total } = msg else {
             panic!("not variables")
         };
         assert_eq!(
-            (variables[0].kind.as_str(), variables[0].shape.clone()),
-            ("int", None)
+            (
+                variables[0].kind.as_str(),
+                variables[0].shape.clone(),
+                total
+            ),
+            ("int", None, 0)
         );
         // Results without rich outputs (an older worker) still decode.
         let r: JobResult =
