@@ -26,7 +26,10 @@ use crate::pool::Stager;
 use crate::pool::run::{OutputChunk, RunLimits, RunOutcome, RunVerdict};
 use crate::sessions::SessionIndicator;
 
+/// An unknown field is refused (422 naming it and the known ones): a misspelt
+/// `timeout_ms` would otherwise run with the default timeout, silently.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ExecuteRequest {
     /// Exactly one of `code` and `entrypoint`; a string or an array of lines.
     #[serde(default, deserialize_with = "super::code_field::deserialize")]
@@ -66,6 +69,7 @@ pub enum CodeFormat {
 
 /// A stored file to place in the workspace before the code runs.
 #[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FileInput {
     pub path: String,
     pub file_id: String,

@@ -27,13 +27,30 @@ const FILE_FIELD: &str = "file";
 pub async fn upload(
     State(state): State<SharedState>,
     caller: Caller,
+    headers: axum::http::HeaderMap,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let mut multipart = multipart.map_err(|rejection| {
-        ApiError::UnsupportedMediaType(format!(
-            "expected a multipart/form-data body with a `{FILE_FIELD}` field: {}",
-            rejection.body_text()
-        ))
+        let sent = headers
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .map(str::trim);
+        ApiError::UnsupportedMediaType(match sent {
+            Some(t) if t.eq_ignore_ascii_case("multipart/form-data") => format!(
+                "the multipart/form-data body has no usable boundary in its Content-Type \
+                 (`multipart/form-data; boundary=...`): {}",
+                rejection.body_text()
+            ),
+            Some(t) => format!(
+                "expected a multipart/form-data body with a `{FILE_FIELD}` field (curl -F \
+                 {FILE_FIELD}=@data.csv), not a {t} body"
+            ),
+            None => format!(
+                "expected a multipart/form-data body with a `{FILE_FIELD}` field (curl -F \
+                 {FILE_FIELD}=@data.csv); the request has no Content-Type"
+            ),
+        })
     })?;
     while let Some(field) = multipart.next_field().await.map_err(bad_multipart)? {
         if field.name() != Some(FILE_FIELD) {
@@ -155,9 +172,14 @@ pub async fn download(
     let (meta, reader) = state.store.get(&file_id, caller.owner()).await?;
     let mut response = Body::from_stream(ReaderStream::new(reader)).into_response();
     let headers = response.headers_mut();
+    // The type the listing reports (from the name's extension). Always an attachment,
+    // never sniffed: a stored `.html` or `.svg` is downloaded, not rendered on this origin.
+    let mime = HeaderValue::from_str(&meta.mime_type)
+        .unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"));
+    headers.insert(header::CONTENT_TYPE, mime);
     headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
     );
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(meta.size_bytes));
     headers.insert(

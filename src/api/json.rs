@@ -1,10 +1,11 @@
-//! `ApiJson<T>`: axum's JSON extractor with its rejections turned into [`ApiError`]s, so a
-//! malformed body gets a `detail` that says what to fix.
+//! `ApiJson<T>`: a JSON object body, with every way it can be wrong turned into an
+//! [`ApiError`] whose `detail` says what to fix (and names the field).
 
-use axum::extract::rejection::JsonRejection;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, JsonRejection};
 use axum::extract::{FromRequest, Request};
-use axum::http::StatusCode;
-use serde::de::DeserializeOwned;
+use axum::http::{StatusCode, header};
+use serde::de::{DeserializeOwned, IgnoredAny};
 
 use super::SharedState;
 use crate::error::ApiError;
@@ -15,11 +16,73 @@ impl<T: DeserializeOwned> FromRequest<SharedState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &SharedState) -> Result<Self, Self::Rejection> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(value)) => Ok(ApiJson(value)),
-            Err(rejection) => Err(rejection_to_error(rejection, state)),
+        if !is_json(req.headers().get(header::CONTENT_TYPE)) {
+            return Err(ApiError::UnsupportedMediaType(
+                "expected a JSON body with Content-Type: application/json".into(),
+            ));
         }
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|rejection| bytes_rejection(&rejection, state))?;
+        parse_object(&bytes, state).map(ApiJson)
     }
+}
+
+/// `application/json`, or a `+json` type, parameters aside (axum's own test).
+fn is_json(value: Option<&axum::http::HeaderValue>) -> bool {
+    let Some(mime) = value
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+    else {
+        return false;
+    };
+    let mime = mime.trim().to_ascii_lowercase();
+    mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+}
+
+/// A body that could not be read: too large (413, saying the limit), or cut off.
+pub fn bytes_rejection(rejection: &BytesRejection, state: &SharedState) -> ApiError {
+    match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => body_too_large(state),
+        _ => ApiError::BadRequest(rejection.body_text()),
+    }
+}
+
+/// A request body that must be one JSON object. Not JSON at all is 400; JSON of another
+/// shape (an array, which serde would read field by field, a string, a number) or with a
+/// wrong field is 422, the field named.
+pub fn parse_object<T: DeserializeOwned>(bytes: &[u8], state: &SharedState) -> Result<T, ApiError> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        if let Err(e) = serde_json::from_slice::<IgnoredAny>(bytes) {
+            return Err(syntax_error(&e.to_string()));
+        }
+        let what = match first {
+            Some(b'[') => "an array",
+            Some(b'"') => "a string",
+            Some(b'n') => "null",
+            Some(b't' | b'f') => "a boolean",
+            _ => "a number",
+        };
+        return Err(ApiError::Validation(format!(
+            "the request body must be a JSON object ({{\"code\": ...}}), not {what}"
+        )));
+    }
+    axum::Json::<T>::from_bytes(bytes)
+        .map(|axum::Json(value)| value)
+        .map_err(|rejection| rejection_to_error(rejection, state))
+}
+
+fn syntax_error(text: &str) -> ApiError {
+    let mut detail = format!("request body is not valid JSON: {text}");
+    if text.contains("surrogate") {
+        // What Python's json.dumps writes for a str holding surrogateescape'd bytes.
+        detail.push_str(
+            "; strings must be valid Unicode: a lone \\udXXX escape (half of a surrogate \
+             pair) cannot be read, replace it (e.g. with U+FFFD) before sending",
+        );
+    }
+    ApiError::BadRequest(detail)
 }
 
 fn rejection_to_error(rejection: JsonRejection, state: &SharedState) -> ApiError {
@@ -27,9 +90,7 @@ fn rejection_to_error(rejection: JsonRejection, state: &SharedState) -> ApiError
         JsonRejection::JsonDataError(e) => {
             ApiError::Validation(format!("invalid request body: {}", e.body_text()))
         }
-        JsonRejection::JsonSyntaxError(e) => {
-            ApiError::BadRequest(format!("request body is not valid JSON: {}", e.body_text()))
-        }
+        JsonRejection::JsonSyntaxError(e) => syntax_error(&e.body_text()),
         JsonRejection::MissingJsonContentType(_) => ApiError::UnsupportedMediaType(
             "expected a JSON body with Content-Type: application/json".into(),
         ),

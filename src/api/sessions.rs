@@ -13,7 +13,7 @@ use snakecage_worker::protocol::Variable;
 
 use super::SharedState;
 use super::execute::{self, FileInput, stage_inputs};
-use super::json::body_too_large;
+use super::json::{bytes_rejection, parse_object};
 use super::session_run::{CONTROL_TIMEOUT, ensure_worker, lose};
 use crate::auth::Caller;
 use crate::error::ApiError;
@@ -57,10 +57,7 @@ pub async fn create(
     caller: Caller,
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<CreatedSession>), ApiError> {
-    let body = body.map_err(|rejection| match rejection.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => body_too_large(&state),
-        _ => ApiError::BadRequest(rejection.body_text()),
-    })?;
+    let body = body.map_err(|rejection| bytes_rejection(&rejection, &state))?;
     // An empty body is a session with the defaults.
     let req: CreateSessionRequest = if body.iter().all(u8::is_ascii_whitespace) {
         CreateSessionRequest {
@@ -69,14 +66,7 @@ pub async fn create(
             replay: false,
         }
     } else {
-        serde_json::from_slice(&body).map_err(|e| {
-            // As `ApiJson` answers: not JSON at all is 400, JSON of the wrong shape 422.
-            if e.is_syntax() || e.is_eof() {
-                ApiError::BadRequest(format!("request body is not valid JSON: {e}"))
-            } else {
-                ApiError::Validation(format!("invalid request body: {e}"))
-            }
-        })?
+        parse_object(&body, &state)?
     };
     let sessions = &state.sessions;
     let ttl = match req.ttl_seconds {

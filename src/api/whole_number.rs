@@ -1,6 +1,7 @@
 //! Whole numbers in request bodies (`timeout_ms`, `ttl_seconds`): `5000` and `5000.0`
 //! alike, since a client whose numbers are all floats, or a model's tool call passed on
-//! as it came, sends the second; never `1.5`, `-1` or `"5000"`.
+//! as it came, sends the second; never `1.5`, `-1` or `"5000"`. One too large for any
+//! limit (`1e20`) is read as `u64::MAX`, so the field's own check says what its limit is.
 
 use std::fmt;
 
@@ -32,7 +33,7 @@ impl<'de> Visitor<'de> for WholeVisitor {
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
         u64::try_from(v).map(Some).map_err(|_| {
             E::custom(format!(
-                "{v} is negative: give a whole number of at least 0"
+                "{v} is negative: give a positive whole number, like 5000"
             ))
         })
     }
@@ -41,9 +42,16 @@ impl<'de> Visitor<'de> for WholeVisitor {
         if v.fract() == 0.0 && (0.0..TWO_TO_64).contains(&v) {
             // In range and whole: the cast is exact.
             Ok(Some(v as u64))
+        } else if v >= TWO_TO_64 {
+            // Whole, and beyond every limit (integers past u64 arrive as floats).
+            Ok(Some(u64::MAX))
+        } else if v < 0.0 {
+            Err(E::custom(format!(
+                "{v} is negative: give a positive whole number, like 5000"
+            )))
         } else {
             Err(E::custom(format!(
-                "{v} is not a whole number of at least 0, like 5000"
+                "{v} is not a whole number: give one like 5000"
             )))
         }
     }
@@ -85,15 +93,15 @@ mod tests {
         assert_eq!(parse(r#"{"n": 0}"#), Ok(Some(0)));
         assert_eq!(parse(r#"{"n": null}"#), Ok(None));
         assert_eq!(parse("{}"), Ok(None));
-        for bad in [
-            "1.5",
-            "-1",
-            "-1.0",
-            "1e20",
-            "18446744073709551616",
-            r#""5000""#,
-            "true",
-        ] {
+        assert_eq!(parse(r#"{"n": 18446744073709551615}"#), Ok(Some(u64::MAX)));
+        assert_eq!(parse(r#"{"n": 18446744073709551616}"#), Ok(Some(u64::MAX)));
+        assert_eq!(parse(r#"{"n": 1e20}"#), Ok(Some(u64::MAX)));
+        assert!(
+            parse(r#"{"n": -1}"#)
+                .unwrap_err()
+                .contains("-1 is negative")
+        );
+        for bad in ["1.5", "-1", "-1.0", "-1e20", r#""5000""#, "true"] {
             let err = parse(&format!(r#"{{"n": {bad}}}"#)).unwrap_err();
             assert!(err.contains("whole number"), "{bad}: {err}");
         }

@@ -129,7 +129,7 @@ pub enum RunError {
 }
 
 /// How long to wait for the zygote to report the exit status of a worker that died.
-const EXIT_STATUS_WAIT: Duration = Duration::from_secs(2);
+pub(super) const EXIT_STATUS_WAIT: Duration = Duration::from_secs(2);
 
 /// Runs `job` on `worker`. The worker has been killed when this returns (and, when it
 /// died without reporting, its exit awaited), so it must not be given another job.

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use snakecage_worker::frame::FrameError;
-use snakecage_worker::protocol::{Job, JobRequest, Variable, WorkerMessage};
+use snakecage_worker::protocol::{ExitStatus, Job, JobRequest, Variable, WorkerMessage};
 use tokio::sync::mpsc;
 
 use super::run::{self, Interrupt, OutputChunk, RunError, RunLimits, SessionRun};
@@ -113,6 +113,25 @@ impl SessionWorker {
         SessionWorkerError::Lost(format!("it answered with an unexpected {kind} message"))
     }
 
+    /// Its job socket failed with `e`: killed for good, and why it is gone. A socket that
+    /// closed means the worker died (killed from outside, the OOM killer, a crash in C):
+    /// say how, from its exit status, not which write found the socket closed.
+    async fn gone(&mut self, e: FrameError) -> SessionWorkerError {
+        let why = match e {
+            FrameError::Io(_) | FrameError::Truncated { .. } => {
+                match self.worker.exit_status(run::EXIT_STATUS_WAIT).await {
+                    Some(ExitStatus::Signal(sig)) => format!("it was killed by signal {sig}"),
+                    Some(ExitStatus::Code(code)) => format!("it exited with status {code}"),
+                    None => e.to_string(),
+                }
+            }
+            // A live worker that wrote garbage: a protocol violation.
+            e => format!("it broke the job protocol ({e})"),
+        };
+        self.worker.kill();
+        SessionWorkerError::Lost(why)
+    }
+
     /// One request and its reply: interrupted after `timeout`, killed `grace` later.
     async fn request(
         &mut self,
@@ -120,8 +139,9 @@ impl SessionWorker {
         timeout: Duration,
         grace: Duration,
     ) -> Result<WorkerMessage, SessionWorkerError> {
-        let lost = |e: FrameError| SessionWorkerError::Lost(e.to_string());
-        self.worker.channel.send(&request).await.map_err(lost)?;
+        if let Err(e) = self.worker.channel.send(&request).await {
+            return Err(self.gone(e).await);
+        }
         let deadline = tokio::time::Instant::now() + timeout;
         let mut interrupted = false;
         loop {
@@ -133,14 +153,8 @@ impl SessionWorker {
             tokio::select! {
                 msg = self.worker.channel.recv() => return match msg {
                     Ok(Some(msg)) => Ok(msg),
-                    Ok(None) => {
-                        self.worker.kill();
-                        Err(SessionWorkerError::Lost("it exited".into()))
-                    }
-                    Err(e) => {
-                        self.worker.kill();
-                        Err(lost(e))
-                    }
+                    Ok(None) => Err(self.gone(FrameError::Io(std::io::ErrorKind::UnexpectedEof.into())).await),
+                    Err(e) => Err(self.gone(e).await),
                 },
                 () = tokio::time::sleep_until(until) => {
                     if interrupted {

@@ -351,6 +351,11 @@ async fn malformed_requests_get_4xx_with_a_detail() {
         (
             s.client.post(&url).json(&json!({"cod": "print(1)"})),
             422,
+            "unknown field `cod`, expected one of `code`",
+        ),
+        (
+            s.client.post(&url).json(&json!({"stdin": "x"})),
+            422,
             "missing field `code`",
         ),
         (
@@ -399,6 +404,7 @@ async fn malformed_requests_get_4xx_with_a_detail() {
     ];
     let codes = [
         "bad_request",
+        "invalid_request",
         "invalid_request",
         "invalid_request",
         "invalid_request",

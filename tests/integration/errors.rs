@@ -259,3 +259,122 @@ async fn whole_numbers_sent_as_floats_are_taken_and_fractions_refused() {
         );
     }
 }
+
+/// Bodies a client gets subtly wrong: each is refused with a detail that names what to fix,
+/// where before some were run as if the mistake were not there.
+#[tokio::test]
+async fn a_body_of_the_wrong_shape_is_refused_naming_what_to_fix() {
+    let s = Server::start().await;
+    let c = &s.client;
+    let url = |p: &str| format!("{}{p}", s.base);
+    let sid = s.new_session().await;
+    let detail = |body: &Value| body["detail"].as_str().unwrap().to_owned();
+
+    // A misspelt field: before, the run went ahead with the default timeout.
+    for (path, body, field) in [
+        (
+            "/v1/execute".to_owned(),
+            json!({"code": "print('été')", "timout_ms": 10_000}),
+            "timout_ms",
+        ),
+        (
+            format!("/v1/sessions/{sid}/execute"),
+            json!({"code": "x = 1", "délai": 1}),
+            "délai",
+        ),
+        (
+            "/v1/execute".to_owned(),
+            json!({"code": "1", "files": [{"path": "a.csv", "file_id": "f", "mode": "r"}]}),
+            "mode",
+        ),
+    ] {
+        let r = expect(c.post(url(&path)).json(&body), 422, "invalid_request").await;
+        let d = detail(&r);
+        assert!(
+            d.contains(&format!("unknown field `{field}`")),
+            "{path}: {r}"
+        );
+        assert!(d.contains("expected"), "{path}: {r}");
+    }
+
+    // JSON that is not an object: an array was read field by field (`code` first) and run.
+    for (path, body, what) in [
+        ("/v1/execute", r#"["print('ran')"]"#, "not an array"),
+        ("/v1/execute/stream", r#"["print('ran')"]"#, "not an array"),
+        ("/v1/execute", r#""print('ran')""#, "not a string"),
+        ("/v1/sessions", "[null, 60]", "not an array"),
+        ("/v1/sessions", "42", "not a number"),
+    ] {
+        let req = c
+            .post(url(path))
+            .header("content-type", "application/json")
+            .body(body);
+        let r = expect(req, 422, "invalid_request").await;
+        let d = detail(&r);
+        assert!(
+            d.contains("must be a JSON object") && d.contains(what),
+            "{path} {body}: {r}"
+        );
+    }
+
+    // A whole number too large for any limit is judged by the field's own limit.
+    for n in ["1e20", "100000000000000000000", "18446744073709551616"] {
+        let req = c
+            .post(url("/v1/execute"))
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"code": "1", "timeout_ms": {n}}}"#));
+        let r = expect(req, 422, "timeout_too_large").await;
+        assert!(detail(&r).contains("60000"), "{n}: {r}");
+    }
+    let r = expect(
+        c.post(url("/v1/sessions"))
+            .json(&json!({"ttl_seconds": 1e20})),
+        422,
+        "invalid_request",
+    )
+    .await;
+    assert!(detail(&r).contains("exceeds maximum"), "{r}");
+
+    // A session's body names the field that is wrong, as an execute's does.
+    for (body, field) in [
+        (json!({"ttl_seconds": -5}), "ttl_seconds"),
+        (json!({"replay": 1}), "replay"),
+        (json!({"files": "données.csv"}), "files"),
+        (json!({"files": [{"path": "a.csv"}]}), "files[0]"),
+    ] {
+        let r = expect(
+            c.post(url("/v1/sessions")).json(&body),
+            422,
+            "invalid_request",
+        )
+        .await;
+        assert!(detail(&r).contains(field), "{body}: {r}");
+    }
+
+    // A JSON string with a lone surrogate escape (Python's json.dumps of surrogateescape'd
+    // text) cannot be read; the detail says what to do about it.
+    let req = c
+        .post(url("/v1/execute"))
+        .header("content-type", "application/json")
+        .body(r#"{"code": "print(\"\udcff\")"}"#);
+    let r = expect(req, 400, "bad_request").await;
+    assert!(
+        detail(&r).contains("valid Unicode") && detail(&r).contains("U+FFFD"),
+        "{r}"
+    );
+
+    // An upload that is not multipart says how to send one, not which boundary is missing.
+    let req = c
+        .post(url("/v1/files"))
+        .header("content-type", "application/octet-stream")
+        .body("a,b\n1,2\n");
+    let r = expect(req, 415, "unsupported_media_type").await;
+    assert!(
+        detail(&r).contains("not a application/octet-stream body")
+            && detail(&r).contains("-F file=@"),
+        "{r}"
+    );
+    assert!(!detail(&r).contains("boundary"), "{r}");
+    let r = expect(c.post(url("/v1/files")), 415, "unsupported_media_type").await;
+    assert!(detail(&r).contains("no Content-Type"), "{r}");
+}

@@ -99,8 +99,26 @@ async fn upload_list_download_delete_then_404() {
         "attachment; filename=\"blob.bin\""
     );
     assert_eq!(resp.bytes().await.unwrap().to_vec(), bytes);
+    // A download carries the type the listing reports, as an attachment never sniffed.
+    let csv = upload(&s, "résumé.csv", CSV.as_bytes().to_vec()).await;
+    let listed = list(&s).await;
+    let listed = listed
+        .iter()
+        .find(|f| f["file_id"] == csv["file_id"])
+        .unwrap();
+    assert_eq!(listed["mime_type"], "text/csv", "{listed}");
+    let resp = download(&s, &id(&csv)).await;
+    assert_eq!(resp.headers()["content-type"], "text/csv");
+    assert_eq!(resp.headers()["x-content-type-options"], "nosniff");
+    assert!(
+        resp.headers()["content-disposition"]
+            .to_str()
+            .unwrap()
+            .starts_with("attachment;")
+    );
 
     let del = |id: String| s.client.delete(format!("{}/v1/files/{id}", s.base)).send();
+    assert_eq!(del(id(&csv)).await.unwrap().status(), 204);
     assert_eq!(del(file_id.clone()).await.unwrap().status(), 204);
     let gone = download(&s, &file_id).await;
     assert_eq!(gone.status(), 404);

@@ -431,6 +431,35 @@ async fn a_service_started_with_sigint_ignored_still_interrupts_a_sessions_job()
 }
 
 #[tokio::test]
+async fn a_session_whose_idle_worker_is_killed_says_how_it_died() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    let r = run(&s, &id, "import os\nprint(os.getpid())\nmot = 'perdu ✗'").await;
+    let pid: i32 = r["stdout"].as_str().unwrap().trim().parse().unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    eventually(30, "the worker is gone", async || {
+        !process_exists(pid as u32)
+    })
+    .await;
+    // Before: "i/o error on the frame stream: Broken pipe (os error 32)".
+    let (status, r) = get(&s, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 410, "{r}");
+    let detail = r["detail"].as_str().unwrap();
+    assert!(detail.contains("killed by signal 9"), "{r}");
+    assert!(!detail.contains("frame stream"), "{r}");
+    let (status, r) = exec(&s, &id, json!({ "code": "print(mot)" })).await;
+    assert_eq!(status, 410, "{r}");
+    assert!(
+        r["detail"].as_str().unwrap().contains("killed by signal 9"),
+        "{r}"
+    );
+}
+
+#[tokio::test]
 async fn a_session_whose_worker_is_killed_answers_410() {
     let s =
         Server::start_with(Options::default().env("SNAKECAGE_SESSIONS__INTERRUPT_GRACE_MS", 500))
