@@ -757,3 +757,22 @@ async fn a_session_reports_an_unstorable_entry_once_and_again_only_when_replaced
     .await;
     assert_eq!(skipped(&r), ["link"], "the replaced link is new: {r}");
 }
+
+#[tokio::test]
+async fn a_link_the_session_made_in_the_way_of_a_staged_file_is_named() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    let up = crate::files::upload(&s, "entrée.csv", b"a\n1\n".to_vec()).await;
+    let r = run(&s, &id, "import os\nos.symlink('/etc', 'données')").await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    let files = json!([{"path": "données/entrée.csv", "file_id": up["file_id"]}]);
+    let (status, r) = exec(&s, &id, json!({ "code": "print(1)", "files": files })).await;
+    assert_eq!(status, 422, "{r}");
+    let detail = r["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("données/entrée.csv") && detail.contains("symbolic link"),
+        "{r}"
+    );
+    // Nothing was written through the link.
+    assert!(!std::path::Path::new("/etc/entrée.csv").exists());
+}

@@ -23,6 +23,7 @@ import signal
 import sys
 import time
 import types
+import warnings
 
 DEFAULT_MAX_BUNDLE_BYTES = 1 << 20
 """Used when a job does not say (``max_bundle_bytes`` 0 or missing)."""
@@ -240,10 +241,24 @@ def _call_repr_method(obj, name):
 def _figure_png(figure):
     try:
         buf = io.BytesIO()
-        figure.savefig(buf, format="png", bbox_inches="tight")
+        with warnings.catch_warnings(record=True) as caught:
+            figure.savefig(buf, format="png", bbox_inches="tight")
+        _show_figure_warnings(caught)
         return base64.b64encode(buf.getvalue()).decode("ascii")
     except Exception:
         return None
+
+
+def _show_figure_warnings(caught):
+    """Show what drawing a figure warned about (a glyph missing from the font, say) as
+    from the figure: warnings name the line that called matplotlib, and when the runner
+    draws a figure left open that line is the runner's, not the job's."""
+    for w in caught:
+        sys.stderr.write("<figure>: %s: %s\n" % (_type_name_of_class(w.category), w.message))
+
+
+def _type_name_of_class(cls):
+    return type.__dict__["__name__"].__get__(cls)
 
 
 def ndarray_text(array):

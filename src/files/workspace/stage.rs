@@ -95,11 +95,13 @@ pub async fn stage(
     };
     for input in inputs {
         let path = &input.path;
-        let io_err = |source: io::Error| {
-            match source.kind() {
+        let io_err = |source: io::Error| match source.kind() {
             io::ErrorKind::AlreadyExists | io::ErrorKind::NotADirectory => StageError::Conflict {
                 path: path.clone(),
-                reason: "another staged file is in the way (a path given twice, or a file used as a directory)".into(),
+                reason: "something in the workspace is in the way: a file where a directory is \
+                         needed, a symbolic link (staging never writes through one), or a path \
+                         given twice"
+                    .into(),
             },
             _ => match source.raw_os_error() {
                 Some(libc::ENAMETOOLONG) => StageError::NameTooLong { path: path.clone() },
@@ -109,7 +111,6 @@ pub async fn stage(
                     source,
                 },
             },
-        }
         };
         let (_, mut reader) = store
             .get(&input.file_id, tenant)

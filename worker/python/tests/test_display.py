@@ -66,6 +66,19 @@ def test_an_open_figure_is_captured_without_savefig_and_closed(runner, pyplot, c
     assert capsys.readouterr().out == "drawn\n"
 
 
+def test_what_drawing_an_open_figure_warns_about_is_shown_as_from_the_figure(runner, pyplot, capsys):
+    # U+3042 is not in matplotlib's default font: drawing warns. The runner draws the
+    # figure after the job, so the warning named the runner's line in display.py.
+    code = "import matplotlib.pyplot as plt\nplt.title('\u3042 titre')\nplt.plot([1, 2]);"
+    result = runner.run(job(code, interactive=True))
+    assert result["exit_code"] == 0, result
+    (bundle,) = result["results"]
+    png(bundle)
+    err = capsys.readouterr().err
+    assert "<figure>: UserWarning: Glyph 12354" in err, err
+    assert "display.py" not in err, err
+
+
 def test_a_repr_with_a_lone_surrogate_is_echoed_backslash_escaped_like_cpython(runner, capsys):
     code = "class A:\n    def __repr__(self):\n        return 'x' + chr(0xD800)\nA()"
     result = runner.run(job(code, interactive=True))
