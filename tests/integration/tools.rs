@@ -267,14 +267,23 @@ async fn a_worker_that_sends_garbage_frames_is_killed_and_counted() {
         "import os\nos.write(3, b'\\xff\\xff\\xff\\x7f' + b'garbage')\nimport time\ntime.sleep(5)",
         "import os\nos.write(3, b'\\x05\\x00\\x00\\x00{]x!!')\nimport time\ntime.sleep(5)",
         "import os, json\nm = json.dumps({'type': 'tool_call', 'id': 1, 'name': 'get_weather', 'arguments': {'city': 'x'}}).encode()\nf = len(m).to_bytes(4, 'little') + m\nos.write(3, f + f)\nimport time\ntime.sleep(5)",
+        // Half a length prefix, then the job ends as usual: its result frame is garbled.
+        "import os\nos.write(3, b'{}')\nprint('fin ✓')",
     ] {
         let body = s.run(code).await;
         assert_eq!(body["verdict"], "killed", "{body}");
         assert_eq!(body["exit_code"], Value::Null, "{body}");
+        // Said as what it is, not as an exit before reporting (the last one exits 0).
+        let stderr = body["stderr"].as_str().unwrap();
+        assert!(
+            stderr.contains("broke the job protocol") && stderr.contains("fd 3"),
+            "{body}"
+        );
+        assert!(!stderr.contains("before reporting"), "{body}");
     }
     let metrics = s.get("/metrics").await.2;
     assert!(
-        metrics.contains(r#"snakecage_workers_killed_total{reason="protocol_violation"} 3"#),
+        metrics.contains(r#"snakecage_workers_killed_total{reason="protocol_violation"} 4"#),
         "{metrics}"
     );
     assert_eq!(s.run("print('still fine')").await["stdout"], "still fine\n");
