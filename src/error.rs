@@ -47,6 +47,9 @@ pub enum ApiError {
     /// A session busy with another request.
     #[error("{0}")]
     Conflict(String),
+    /// An answer to a tool call its run is not waiting for (answered, timed out, never made).
+    #[error("{0}")]
+    ToolCallNotWaiting(String),
     /// A session that ended on its own (expired, evicted, lost, failed replay).
     #[error("{0}")]
     Gone(String),
@@ -102,7 +105,7 @@ impl ApiError {
             ApiError::NotFound(_) | ApiError::FileNotFound(_) | ApiError::SessionNotFound(_) => {
                 StatusCode::NOT_FOUND
             }
-            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Conflict(_) | ApiError::ToolCallNotWaiting(_) => StatusCode::CONFLICT,
             ApiError::Gone(_) => StatusCode::GONE,
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -134,6 +137,7 @@ impl ApiError {
             ApiError::FileNotFound(_) => ErrorCode::FileNotFound,
             ApiError::SessionNotFound(_) => ErrorCode::SessionNotFound,
             ApiError::Conflict(_) => ErrorCode::SessionBusy,
+            ApiError::ToolCallNotWaiting(_) => ErrorCode::ToolCallNotWaiting,
             ApiError::Gone(_) => ErrorCode::SessionGone,
             ApiError::NotImplemented(_) => ErrorCode::NotImplemented,
             ApiError::QueueFull { .. } => ErrorCode::QueueFull,
@@ -335,10 +339,11 @@ pub enum ErrorCode {
     RolloverFailed,
     InstallFailed,
     IndexUnreachable,
+    ToolCallNotWaiting,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::BadRequest,
         ErrorCode::InvalidRequest,
         ErrorCode::TimeoutTooLarge,
@@ -363,6 +368,7 @@ impl ErrorCode {
         ErrorCode::RolloverFailed,
         ErrorCode::InstallFailed,
         ErrorCode::IndexUnreachable,
+        ErrorCode::ToolCallNotWaiting,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -391,6 +397,7 @@ impl ErrorCode {
             ErrorCode::RolloverFailed => "rollover_failed",
             ErrorCode::InstallFailed => "install_failed",
             ErrorCode::IndexUnreachable => "index_unreachable",
+            ErrorCode::ToolCallNotWaiting => "tool_call_not_waiting",
         }
     }
 
@@ -458,6 +465,12 @@ mod tests {
             ),
             (ApiError::FileNotFound("x".into()), "file_not_found", 404),
             (ApiError::Gone("x".into()), "session_gone", 410),
+            (ApiError::Conflict("x".into()), "session_busy", 409),
+            (
+                ApiError::ToolCallNotWaiting("x".into()),
+                "tool_call_not_waiting",
+                409,
+            ),
             (
                 ApiError::QueueFull {
                     retry_after_secs: 1,
