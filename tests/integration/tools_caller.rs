@@ -286,6 +286,59 @@ print(tools.lookup_order(id=8)['amount'])\n";
     assert_eq!(result["exit_code"], 0, "{result}");
 }
 
+/// In a session each run has its own tools, whichever thread asks: a thread the run
+/// started sees its caller tools, and once the run has ended a thread it left waiting
+/// finds only the next run's (here the operator's, without the caller's).
+#[tokio::test]
+async fn a_session_thread_that_outlives_its_run_cannot_call_that_runs_tools() {
+    let (s, _dir) = server_with_tools("").await;
+    let sid = s.new_session().await;
+    let first = "from snakecage import tools
+import threading
+def names():
+    return sorted(t['name'] for t in tools.list())
+during = []
+t = threading.Thread(target=lambda: during.extend(names()))
+t.start(); t.join()
+print('lookup_order' in during, 'never_answered' in during, len(during))
+go = threading.Event()
+outcome = []
+def later():
+    go.wait()
+    try:
+        tools.call('lookup_order', id=1)
+    except tools.ToolError as e:
+        outcome.append(type(e).__name__ + ': ' + e.message)
+    outcome.append(names())
+waiter = threading.Thread(target=later, daemon=True)
+waiter.start()";
+    let resp = s
+        .client
+        .post(format!("{}/v1/sessions/{sid}/execute/stream", s.base))
+        .json(&json!({"code": first, "tools": declared()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains(r#""stdout":"True True 8\n""#), "{text}");
+    // The next run declares no caller tools: neither the left-over thread nor the main
+    // thread sees the first run's.
+    let second = "go.set(); waiter.join()\nprint(outcome[0])\nprint(outcome[1] == names(), 'lookup_order' in names(), len(names()))";
+    let (status, r) = s
+        .post(
+            &format!("/v1/sessions/{sid}/execute"),
+            &json!({"code": second}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(
+        r["stdout"],
+        "UnknownToolError: unknown tool 'lookup_order'; this run offers: get_weather, convert_currency, moved, offsite, big, slow_lookup (tools.search(query) finds them by purpose)\nTrue False 6\n",
+        "{r}"
+    );
+}
+
 #[tokio::test]
 async fn a_streamed_run_is_cancelled_by_delete() {
     let (s, _dir) = server_with_tools("").await;
