@@ -238,7 +238,9 @@ impl From<SpecError> for ApiError {
 impl From<EnvError> for ApiError {
     fn from(e: EnvError) -> Self {
         match e {
-            e @ (EnvError::Spec(_) | EnvError::Plan(_)) => ApiError::Validation(e.to_string()),
+            e @ (EnvError::Spec(_) | EnvError::Plan(_) | EnvError::MarkerExcludes { .. }) => {
+                ApiError::Validation(e.to_string())
+            }
             e @ EnvError::Busy => ApiError::RolloverBusy(e.to_string()),
             e @ EnvError::NoBaseVenv => ApiError::Unavailable(e.to_string()),
             EnvError::Uv(e) => match e {
