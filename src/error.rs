@@ -46,7 +46,7 @@ pub enum ApiError {
     SessionNotFound(String),
     /// A session busy with another request.
     #[error("{0}")]
-    Conflict(String),
+    SessionBusy(String),
     /// An answer to a tool call its run is not waiting for (answered, timed out, never made).
     #[error("{0}")]
     ToolCallNotWaiting(String),
@@ -105,7 +105,7 @@ impl ApiError {
             ApiError::NotFound(_) | ApiError::FileNotFound(_) | ApiError::SessionNotFound(_) => {
                 StatusCode::NOT_FOUND
             }
-            ApiError::Conflict(_) | ApiError::ToolCallNotWaiting(_) => StatusCode::CONFLICT,
+            ApiError::SessionBusy(_) | ApiError::ToolCallNotWaiting(_) => StatusCode::CONFLICT,
             ApiError::Gone(_) => StatusCode::GONE,
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -136,7 +136,7 @@ impl ApiError {
             ApiError::NotFound(_) => ErrorCode::NotFound,
             ApiError::FileNotFound(_) => ErrorCode::FileNotFound,
             ApiError::SessionNotFound(_) => ErrorCode::SessionNotFound,
-            ApiError::Conflict(_) => ErrorCode::SessionBusy,
+            ApiError::SessionBusy(_) => ErrorCode::SessionBusy,
             ApiError::ToolCallNotWaiting(_) => ErrorCode::ToolCallNotWaiting,
             ApiError::Gone(_) => ErrorCode::SessionGone,
             ApiError::NotImplemented(_) => ErrorCode::NotImplemented,
@@ -183,7 +183,7 @@ impl From<SessionError> for ApiError {
         match e {
             e @ SessionError::NotFound(_) => ApiError::SessionNotFound(e.to_string()),
             e @ SessionError::Gone { .. } => ApiError::Gone(e.to_string()),
-            e @ SessionError::Busy(_) => ApiError::Conflict(e.to_string()),
+            e @ SessionError::Busy(_) => ApiError::SessionBusy(e.to_string()),
             e @ SessionError::Full(_) => ApiError::Unavailable(e.to_string()),
             e @ SessionError::TenantLimit { .. } => ApiError::TenantLimit {
                 detail: e.to_string(),
@@ -467,7 +467,7 @@ mod tests {
             ),
             (ApiError::FileNotFound("x".into()), "file_not_found", 404),
             (ApiError::Gone("x".into()), "session_gone", 410),
-            (ApiError::Conflict("x".into()), "session_busy", 409),
+            (ApiError::SessionBusy("x".into()), "session_busy", 409),
             (
                 ApiError::ToolCallNotWaiting("x".into()),
                 "tool_call_not_waiting",
