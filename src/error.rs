@@ -46,7 +46,10 @@ pub enum ApiError {
     SessionNotFound(String),
     /// A session busy with another request.
     #[error("{0}")]
-    Conflict(String),
+    SessionBusy(String),
+    /// An answer to a tool call its run is not waiting for (answered, timed out, never made).
+    #[error("{0}")]
+    ToolCallNotWaiting(String),
     /// A session that ended on its own (expired, evicted, lost, failed replay).
     #[error("{0}")]
     Gone(String),
@@ -102,7 +105,7 @@ impl ApiError {
             ApiError::NotFound(_) | ApiError::FileNotFound(_) | ApiError::SessionNotFound(_) => {
                 StatusCode::NOT_FOUND
             }
-            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::SessionBusy(_) | ApiError::ToolCallNotWaiting(_) => StatusCode::CONFLICT,
             ApiError::Gone(_) => StatusCode::GONE,
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -133,7 +136,8 @@ impl ApiError {
             ApiError::NotFound(_) => ErrorCode::NotFound,
             ApiError::FileNotFound(_) => ErrorCode::FileNotFound,
             ApiError::SessionNotFound(_) => ErrorCode::SessionNotFound,
-            ApiError::Conflict(_) => ErrorCode::SessionBusy,
+            ApiError::SessionBusy(_) => ErrorCode::SessionBusy,
+            ApiError::ToolCallNotWaiting(_) => ErrorCode::ToolCallNotWaiting,
             ApiError::Gone(_) => ErrorCode::SessionGone,
             ApiError::NotImplemented(_) => ErrorCode::NotImplemented,
             ApiError::QueueFull { .. } => ErrorCode::QueueFull,
@@ -179,7 +183,7 @@ impl From<SessionError> for ApiError {
         match e {
             e @ SessionError::NotFound(_) => ApiError::SessionNotFound(e.to_string()),
             e @ SessionError::Gone { .. } => ApiError::Gone(e.to_string()),
-            e @ SessionError::Busy(_) => ApiError::Conflict(e.to_string()),
+            e @ SessionError::Busy(_) => ApiError::SessionBusy(e.to_string()),
             e @ SessionError::Full(_) => ApiError::Unavailable(e.to_string()),
             e @ SessionError::TenantLimit { .. } => ApiError::TenantLimit {
                 detail: e.to_string(),
@@ -234,7 +238,9 @@ impl From<SpecError> for ApiError {
 impl From<EnvError> for ApiError {
     fn from(e: EnvError) -> Self {
         match e {
-            e @ (EnvError::Spec(_) | EnvError::Plan(_)) => ApiError::Validation(e.to_string()),
+            e @ (EnvError::Spec(_) | EnvError::Plan(_) | EnvError::MarkerExcludes { .. }) => {
+                ApiError::Validation(e.to_string())
+            }
             e @ EnvError::Busy => ApiError::RolloverBusy(e.to_string()),
             e @ EnvError::NoBaseVenv => ApiError::Unavailable(e.to_string()),
             EnvError::Uv(e) => match e {
@@ -335,10 +341,11 @@ pub enum ErrorCode {
     RolloverFailed,
     InstallFailed,
     IndexUnreachable,
+    ToolCallNotWaiting,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::BadRequest,
         ErrorCode::InvalidRequest,
         ErrorCode::TimeoutTooLarge,
@@ -363,6 +370,7 @@ impl ErrorCode {
         ErrorCode::RolloverFailed,
         ErrorCode::InstallFailed,
         ErrorCode::IndexUnreachable,
+        ErrorCode::ToolCallNotWaiting,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -391,6 +399,7 @@ impl ErrorCode {
             ErrorCode::RolloverFailed => "rollover_failed",
             ErrorCode::InstallFailed => "install_failed",
             ErrorCode::IndexUnreachable => "index_unreachable",
+            ErrorCode::ToolCallNotWaiting => "tool_call_not_waiting",
         }
     }
 
@@ -458,6 +467,12 @@ mod tests {
             ),
             (ApiError::FileNotFound("x".into()), "file_not_found", 404),
             (ApiError::Gone("x".into()), "session_gone", 410),
+            (ApiError::SessionBusy("x".into()), "session_busy", 409),
+            (
+                ApiError::ToolCallNotWaiting("x".into()),
+                "tool_call_not_waiting",
+                409,
+            ),
             (
                 ApiError::QueueFull {
                     retry_after_secs: 1,

@@ -97,7 +97,7 @@ pub async fn answer_tool_call(
     match state.runs.answer(&run_id, &call_id, caller.owner(), answer) {
         Ok(()) => Ok(StatusCode::NO_CONTENT),
         Err(e @ AnswerError::NoRun(_)) => Err(ApiError::NotFound(e.to_string())),
-        Err(e @ AnswerError::NotPending { .. }) => Err(ApiError::Conflict(e.to_string())),
+        Err(e @ AnswerError::NotPending { .. }) => Err(ApiError::ToolCallNotWaiting(e.to_string())),
     }
 }
 

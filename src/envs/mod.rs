@@ -75,6 +75,12 @@ pub enum EnvError {
     Manifest(#[from] ManifestError),
     #[error("{0} is not in the new environment after the install")]
     MissingAfterInstall(String),
+    /// A requested distribution the installer skipped because its environment marker is
+    /// false for the interpreter the workers run.
+    #[error(
+        "{requirement:?}: its environment marker `{marker}` is false for the service's Python environment, so nothing is installed for it; drop the marker (or the requirement). Nothing changed"
+    )]
+    MarkerExcludes { requirement: String, marker: String },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> EnvError + '_ {
@@ -320,7 +326,7 @@ impl ChangeGuard {
             let dist = new_dists
                 .iter()
                 .find(|d| &d.name == dist_name)
-                .ok_or_else(|| EnvError::MissingAfterInstall(dist_name.clone()))?;
+                .ok_or_else(|| not_installed(dist_name, &plan))?;
             let names = match m.import_names.explicit_for(dist_name) {
                 Some(names) => names.to_vec(),
                 None if plan.probe.contains(dist_name) => dists::import_names(dist),
@@ -448,6 +454,19 @@ async fn sweep_after_switch(envs_dir: PathBuf, current: PathBuf) {
             return;
         }
         tokio::time::sleep(INTERVAL).await;
+    }
+}
+
+/// Why the requested `name` is not in the environment uv built: its marker excludes the
+/// workers' interpreter (the operator's to fix), or something went wrong.
+fn not_installed(name: &str, plan: &Plan) -> EnvError {
+    let requirement = plan.requested.get(name);
+    match requirement.and_then(|text| spec::marker(text)) {
+        Some(marker) => EnvError::MarkerExcludes {
+            requirement: requirement.cloned().unwrap_or_default(),
+            marker,
+        },
+        None => EnvError::MissingAfterInstall(name.to_owned()),
     }
 }
 

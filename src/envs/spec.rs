@@ -122,6 +122,15 @@ impl Spec {
     }
 }
 
+/// The environment marker of a requirement text (`os_name == "nt"` of
+/// `six; os_name == "nt"`), or `None` when it has none (or is not a requirement).
+pub fn marker(text: &str) -> Option<String> {
+    Requirement::<pep508_rs::VerbatimUrl>::from_str(text)
+        .ok()?
+        .marker
+        .try_to_string()
+}
+
 /// Distribution names to remove, each normalised.
 pub fn parse_names(raw: &[String]) -> Result<Vec<String>, SpecError> {
     let names = raw
@@ -197,6 +206,14 @@ mod tests {
         let s = Spec::parse("Requests[socks]>=2,<3; python_version >= '3.8'").unwrap();
         assert_eq!(s.name, "requests");
         assert!(s.text.starts_with("requests[socks]"), "{}", s.text);
+    }
+
+    #[test]
+    fn a_requirement_names_its_environment_marker() {
+        let s = Spec::parse("six; os_name == 'nt'").unwrap();
+        assert_eq!(marker(&s.text).as_deref(), Some("os_name == 'nt'"));
+        assert_eq!(marker("six==1.17.0"), None);
+        assert_eq!(marker("not a requirement!"), None);
     }
 
     #[test]

@@ -17,7 +17,9 @@
 //! the caller forces it. Generation ids count the generations that served: a failed
 //! attempt leaves no gap.
 //!
-//! Callers: `POST /v1/admin/reload` (the configuration re-read) and the package admin.
+//! Callers: `POST /v1/admin/reload` (the configuration re-read) and the package admin,
+//! which takes the rollover's slot ([`Rollovers::reserve`]) before its install, so that
+//! of two changes the one that came first runs and the other gets the 409.
 
 pub mod stamp;
 
@@ -154,17 +156,19 @@ pub struct Rollovers {
     running: Mutex<Option<String>>,
 }
 
-/// Frees the rollover slot when the rollover ends, however it ends.
-struct RunningGuard<'a>(&'a Rollovers);
+/// The one rollover slot, held from the start of the work that leads to a rollover (a
+/// package change's install) to the rollover's end; freed when dropped, however it ends.
+pub struct RolloverSlot<'a>(&'a Rollovers);
 
-impl Drop for RunningGuard<'_> {
+impl Drop for RolloverSlot<'_> {
     fn drop(&mut self) {
         *self.0.running.lock().expect("rollover lock") = None;
     }
 }
 
 impl Rollovers {
-    fn begin(&self, reason: &str) -> Result<RunningGuard<'_>, RolloverError> {
+    /// Takes the slot for `reason`, or answers at once who holds it.
+    pub fn reserve(&self, reason: &str) -> Result<RolloverSlot<'_>, RolloverError> {
         let mut running = self.running.lock().expect("rollover lock");
         if let Some(reason) = running.as_ref() {
             return Err(RolloverError::Busy {
@@ -172,14 +176,28 @@ impl Rollovers {
             });
         }
         *running = Some(reason.to_owned());
-        Ok(RunningGuard(self))
+        Ok(RolloverSlot(self))
     }
 }
 
 /// Rolls the service over to `next`: see the module docs. Answers the generation serving
 /// afterwards.
 pub async fn roll_over(state: &AppState, next: NextGeneration) -> Result<Outcome, RolloverError> {
-    let _running = state.rollovers.begin(&next.reason)?;
+    let slot = state.rollovers.reserve(&next.reason)?;
+    roll_over_in(state, &slot, next).await
+}
+
+/// [`roll_over`] in a slot the caller took earlier (it holds it for work before the
+/// rollover, and frees it after).
+pub async fn roll_over_in(
+    state: &AppState,
+    slot: &RolloverSlot<'_>,
+    next: NextGeneration,
+) -> Result<Outcome, RolloverError> {
+    debug_assert!(
+        std::ptr::eq(slot.0, &state.rollovers),
+        "another service's slot"
+    );
     let started = Instant::now();
     let result = attempt(state, next, started).await;
     let elapsed = started.elapsed();

@@ -24,6 +24,7 @@ mod overload;
 mod packages;
 mod packages_cli;
 mod packages_env;
+mod packages_order;
 mod prom;
 mod prometheus;
 mod refill;

@@ -331,6 +331,20 @@ async fn bad_requests_and_a_spec_that_does_not_exist_change_nothing() {
         "the installer's own words: {detail}"
     );
 
+    // A marker false for the workers' interpreter: uv installs nothing for it. Refused
+    // with what to fix, and nothing was recorded or switched (checked below).
+    let (status, body) = post(json!({ "add": ["six; os_name==\"nt\""] })).await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["code"], "invalid_request", "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(
+            "its environment marker `os_name == 'nt'` is false for the service's Python environment"
+        ) && detail.contains("drop the marker")
+            && detail.contains("Nothing changed"),
+        "{detail}"
+    );
+
     let many: Vec<String> = (0..1000).map(|i| format!("pkg{i}")).collect();
     for (body, needle) in [
         (

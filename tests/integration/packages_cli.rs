@@ -94,6 +94,19 @@ async fn only_admin_keys_manage_packages_and_the_cli_works_end_to_end() {
         "{err}"
     );
 
+    // A requirement whose marker excludes the service's Python: the detail, a failed exit,
+    // and the package added before still serves.
+    let (ok, _, err) = cli(&s.base, &root, &["add", "six; os_name == \"nt\""]);
+    assert!(
+        !ok && err.contains("422 invalid_request") && err.contains("environment marker"),
+        "{err}"
+    );
+    let (ok, out, _) = cli(&s.base, &root, &["list"]);
+    assert!(
+        ok && out.contains("tabulate ") && !out.contains("six "),
+        "{out}"
+    );
+
     // sync with a requirements file that names nothing: every added package goes.
     let reqs = dir.path().join("requirements.txt");
     std::fs::write(&reqs, "# nothing added any more\n").unwrap();

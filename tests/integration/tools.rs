@@ -327,6 +327,41 @@ async fn sessions_keep_tools_across_runs() {
     assert_eq!(second["stdout"], "5 4\n", "{second}");
 }
 
+/// Tools are the program's, not its main thread's: a `ThreadPoolExecutor` fans calls out
+/// (they go over the job socket one at a time) and every result comes back to its caller.
+#[tokio::test]
+async fn threads_of_a_program_call_tools_and_each_gets_its_own_answer() {
+    let (s, _dir) = server_with_tools("").await;
+    let code = "from snakecage import tools
+from concurrent.futures import ThreadPoolExecutor
+import threading
+cities = ['Zürich', 'Genève', 'Bern', 'Chur', '東京', 'Sion', 'Biel/Bienne', 'Aïre']
+with ThreadPoolExecutor(max_workers=8) as pool:
+    answers = list(pool.map(lambda c: tools.get_weather(city=c), cities))
+print([(a['city'], a['temp']) for a in answers] == [(c, len(c)) for c in cities])
+seen = []
+def look():
+    seen.append((sorted(t['name'] for t in tools.list())[:2],
+                 tools.call('get_weather', city='Thun')['temp'],
+                 [t['name'] for t in tools.search('temperature')][:1]))
+t = threading.Thread(target=look)
+t.start(); t.join()
+print(seen)";
+    let body = s.run(code).await;
+    assert_eq!(
+        body["stdout"], "True\n[(['big', 'convert_currency'], 4, ['get_weather'])]\n",
+        "{body}"
+    );
+    assert_eq!(body["exit_code"], 0, "{body}");
+    let metrics = s.get("/metrics").await.2;
+    assert!(
+        metrics.contains(
+            r#"snakecage_tool_calls_total{outcome="ok",provider="http",tool="get_weather"} 9"#
+        ),
+        "{metrics}"
+    );
+}
+
 /// The same with the Python layer off: the OS layers stop raw sockets and process
 /// creation while the program uses tools (ctypes reaches the syscalls directly).
 #[tokio::test]

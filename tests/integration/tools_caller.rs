@@ -1,6 +1,7 @@
 //! Code Mode with tools the caller declares and answers over SSE (`tool_call` events,
 //! `POST /v1/runs/{run_id}/tool_calls/{call_id}`): answers and errors, the per-call
-//! timeout, a deadline while a call is pending, `DELETE /v1/runs/{run_id}`.
+//! timeout, answers to calls no longer waiting, a deadline while a call is pending,
+//! `DELETE /v1/runs/{run_id}`.
 
 use serde_json::{Value, json};
 
@@ -97,8 +98,9 @@ except tools.ToolError as e:
                 if calls == 1 {
                     // A second answer to the same call is refused (the run still waits on
                     // later calls, so it is still there).
-                    let (status, _) = s.post(&url, &answer).await;
-                    assert_eq!(status, 409);
+                    let (status, body) = s.post(&url, &answer).await;
+                    assert_eq!(status, 409, "{body}");
+                    assert_eq!(body["code"], "tool_call_not_waiting", "{body}");
                 }
             }
             "result" => {
@@ -200,6 +202,141 @@ except tools.ToolTimeoutError as e:
     let (_, _, status) = s.get("/v1/status").await;
     let status: Value = serde_json::from_str(&status).unwrap();
     assert_eq!(status["tools"]["runs_waiting"], 0, "{status}");
+}
+
+/// An answer the run no longer waits for, while the run goes on: a second answer to a
+/// call, and an answer to a call that timed out, are each a 409 of their own code (no
+/// session is involved), and the run's later calls are answered as usual.
+#[tokio::test]
+async fn answers_to_calls_that_are_not_waiting_get_their_own_code() {
+    let (s, _dir) = server_with_tools("").await;
+    let code = "from snakecage import tools
+try:
+    tools.never_answered(city='Zürich')
+except tools.ToolTimeoutError:
+    print('timed out')
+print(tools.lookup_order(id=7)['amount'])
+print(tools.lookup_order(id=8)['amount'])\n";
+    let resp = s
+        .client
+        .post(format!("{}/v1/execute/stream", s.base))
+        .json(&json!({"code": code, "tools": declared(), "timeout_ms": 20000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
+    let mut events = Events::new(resp);
+    let mut calls: Vec<String> = Vec::new();
+    let mut result = Value::Null;
+    let not_waiting = |status: u16, body: &Value, call: &str| {
+        assert_eq!(status, 409, "{body}");
+        assert_eq!(body["code"], "tool_call_not_waiting", "{body}");
+        let detail = body["detail"].as_str().unwrap();
+        assert!(
+            detail.contains(&format!(
+                "tool call '{call}' of run '{run_id}' is not waiting for an answer"
+            )),
+            "{detail}"
+        );
+    };
+    while let Some((event, data)) = events.next().await {
+        match event.as_str() {
+            "tool_call" => {
+                let call = data["call_id"].as_str().unwrap().to_owned();
+                calls.push(call.clone());
+                let url = |call: &str| format!("/v1/runs/{run_id}/tool_calls/{call}");
+                match calls.len() {
+                    // never_answered: left to time out (1.5 s).
+                    1 => assert_eq!(data["name"], "never_answered", "{data}"),
+                    // The first call timed out before this one was made: answering it now
+                    // is refused, and this one is still answered.
+                    2 => {
+                        let (status, body) =
+                            s.post(&url(&calls[0]), &json!({"result": "spät"})).await;
+                        not_waiting(status, &body, &calls[0]);
+                        let (status, body) = s
+                            .post(&url(&call), &json!({"result": {"amount": 70}}))
+                            .await;
+                        assert_eq!(status, 204, "{body}");
+                    }
+                    // The second call was answered already; the run is now waiting on this one.
+                    3 => {
+                        let (status, body) = s
+                            .post(&url(&calls[1]), &json!({"result": {"amount": 0}}))
+                            .await;
+                        not_waiting(status, &body, &calls[1]);
+                        let (status, body) = s
+                            .post(&url(&call), &json!({"result": {"amount": 80}}))
+                            .await;
+                        assert_eq!(status, 204, "{body}");
+                    }
+                    n => panic!("call {n}: {data}"),
+                }
+            }
+            "result" => {
+                result = data;
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(calls.len(), 3, "{result}");
+    assert_eq!(result["stdout"], "timed out\n70\n80\n", "{result}");
+    assert_eq!(result["exit_code"], 0, "{result}");
+}
+
+/// In a session each run has its own tools, whichever thread asks: a thread the run
+/// started sees its caller tools, and once the run has ended a thread it left waiting
+/// finds only the next run's (here the operator's, without the caller's).
+#[tokio::test]
+async fn a_session_thread_that_outlives_its_run_cannot_call_that_runs_tools() {
+    let (s, _dir) = server_with_tools("").await;
+    let sid = s.new_session().await;
+    let first = "from snakecage import tools
+import threading
+def names():
+    return sorted(t['name'] for t in tools.list())
+during = []
+t = threading.Thread(target=lambda: during.extend(names()))
+t.start(); t.join()
+print('lookup_order' in during, 'never_answered' in during, len(during))
+go = threading.Event()
+outcome = []
+def later():
+    go.wait()
+    try:
+        tools.call('lookup_order', id=1)
+    except tools.ToolError as e:
+        outcome.append(type(e).__name__ + ': ' + e.message)
+    outcome.append(names())
+waiter = threading.Thread(target=later, daemon=True)
+waiter.start()";
+    let resp = s
+        .client
+        .post(format!("{}/v1/sessions/{sid}/execute/stream", s.base))
+        .json(&json!({"code": first, "tools": declared()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains(r#""stdout":"True True 8\n""#), "{text}");
+    // The next run declares no caller tools: neither the left-over thread nor the main
+    // thread sees the first run's.
+    let second = "go.set(); waiter.join()\nprint(outcome[0])\nprint(outcome[1] == names(), 'lookup_order' in names(), len(names()))";
+    let (status, r) = s
+        .post(
+            &format!("/v1/sessions/{sid}/execute"),
+            &json!({"code": second}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(
+        r["stdout"],
+        "UnknownToolError: unknown tool 'lookup_order'; this run offers: get_weather, convert_currency, moved, offsite, big, slow_lookup (tools.search(query) finds them by purpose)\nTrue False 6\n",
+        "{r}"
+    );
 }
 
 #[tokio::test]

@@ -275,6 +275,8 @@ impl<'py> Runner<'py> {
             let out = target.call_method1("run", (arg,))?;
             job_result(out.cast::<PyDict>()?)
         })();
+        // A thread the job left running (in a session) must not call them after it.
+        crate::tools::withdraw();
         result.map_err(py_err("running a job"))
     }
 

@@ -6,11 +6,19 @@
 //!
 //! Nothing here is trusted by the supervisor: it checks every call again. The checks here
 //! give user code a clear exception before anything is sent.
+//!
+//! The offered tools are the process's, not a thread's: a program fans its calls out over
+//! `threading` or a `ThreadPoolExecutor` as readily as it loops. Calls still go over the
+//! job socket one at a time (the supervisor answers one pending call per run): a call holds
+//! the GIL from its check to its answer, and the worker's own job loop holds it whenever it
+//! reads or writes the socket, so no two frames ever interleave. The tools are withdrawn
+//! when the job ends: a thread that outlives its job (in a session) finds none until the
+//! next job, and then only that job's.
 
-use std::cell::RefCell;
 use std::fs::File;
 use std::mem::ManuallyDrop;
 use std::os::fd::FromRawFd;
+use std::sync::{Mutex, MutexGuard};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -36,23 +44,34 @@ struct State {
     next_id: u64,
 }
 
-thread_local! {
-    // The worker is single-threaded where it matters: user threads reach this only with
-    // the GIL held, and calls are answered one at a time.
-    static STATE: RefCell<State> = RefCell::new(State::default());
+/// The current job's tools, seen from every thread of the worker.
+static STATE: Mutex<State> = Mutex::new(State {
+    tools: Vec::new(),
+    next_id: 0,
+});
+
+/// The state; a panic elsewhere while it was held leaves nothing half-written in it.
+fn state() -> MutexGuard<'static, State> {
+    STATE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Offers `tools` to the job about to run (each job of a session brings its own).
 pub fn offer(tools: &[ToolSpec]) {
-    STATE.with_borrow_mut(|state| {
-        state.tools = tools
-            .iter()
-            .map(|spec| Offered {
-                validator: jsonschema::validator_for(&spec.parameters).ok(),
-                spec: spec.clone(),
-            })
-            .collect();
-    });
+    state().tools = tools
+        .iter()
+        .map(|spec| Offered {
+            validator: jsonschema::validator_for(&spec.parameters).ok(),
+            spec: spec.clone(),
+        })
+        .collect();
+}
+
+/// Withdraws the tools of the job that just ended: until the next job offers its own,
+/// every call is refused unsent (nothing may reach the socket between jobs).
+pub fn withdraw() {
+    state().tools.clear();
 }
 
 /// The module, to be placed in `sys.modules` as `_snakecage_tools`.
@@ -67,23 +86,20 @@ pub fn native_module(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
 /// Every offered tool, as a JSON list of `{name, description, parameters}`.
 #[pyfunction]
 fn catalog() -> String {
-    STATE.with_borrow(|state| {
-        let specs: Vec<&ToolSpec> = state.tools.iter().map(|t| &t.spec).collect();
-        serde_json::to_string(&specs).unwrap_or_else(|_| "[]".into())
-    })
+    let state = state();
+    let specs: Vec<&ToolSpec> = state.tools.iter().map(|t| &t.spec).collect();
+    serde_json::to_string(&specs).unwrap_or_else(|_| "[]".into())
 }
 
 /// The offered tools matching `query`, best first, as a JSON list.
 #[pyfunction]
 fn search(query: &str, limit: usize) -> String {
-    STATE.with_borrow(|state| {
-        let specs: Vec<ToolSpec> = state.tools.iter().map(|t| t.spec.clone()).collect();
-        let found: Vec<&ToolSpec> = toolspec::search(&specs, query, limit)
-            .into_iter()
-            .map(|i| &specs[i])
-            .collect();
-        serde_json::to_string(&found).unwrap_or_else(|_| "[]".into())
-    })
+    let specs: Vec<ToolSpec> = state().tools.iter().map(|t| t.spec.clone()).collect();
+    let found: Vec<&ToolSpec> = toolspec::search(&specs, query, limit)
+        .into_iter()
+        .map(|i| &specs[i])
+        .collect();
+    serde_json::to_string(&found).unwrap_or_else(|_| "[]".into())
 }
 
 /// Calls `name` with `arguments` (a JSON object); returns the JSON of the outcome
@@ -105,29 +121,28 @@ fn prepare(name: &str, arguments: &str) -> Result<(u64, Value), ToolOutcome> {
             format!("the arguments are not JSON: {e}"),
         )
     })?;
-    STATE.with_borrow_mut(|state| {
-        let Some(tool) = state.tools.iter().find(|t| t.spec.name == name) else {
-            return Err(unknown(name, &state.tools));
-        };
-        if let Some(validator) = &tool.validator {
-            let problems: Vec<String> = validator
-                .iter_errors(&arguments)
-                .take(MAX_REPORTED_VIOLATIONS)
-                .map(|e| describe_violation(&e.instance_path().to_string(), &e.to_string()))
-                .collect();
-            if !problems.is_empty() {
-                return Err(ToolOutcome::error(
-                    ToolErrorKind::InvalidArguments,
-                    format!(
-                        "arguments of tool '{name}' do not match its schema: {}",
-                        problems.join("; ")
-                    ),
-                ));
-            }
+    let mut state = state();
+    let Some(tool) = state.tools.iter().find(|t| t.spec.name == name) else {
+        return Err(unknown(name, &state.tools));
+    };
+    if let Some(validator) = &tool.validator {
+        let problems: Vec<String> = validator
+            .iter_errors(&arguments)
+            .take(MAX_REPORTED_VIOLATIONS)
+            .map(|e| describe_violation(&e.instance_path().to_string(), &e.to_string()))
+            .collect();
+        if !problems.is_empty() {
+            return Err(ToolOutcome::error(
+                ToolErrorKind::InvalidArguments,
+                format!(
+                    "arguments of tool '{name}' do not match its schema: {}",
+                    problems.join("; ")
+                ),
+            ));
         }
-        state.next_id += 1;
-        Ok((state.next_id, arguments))
-    })
+    }
+    state.next_id += 1;
+    Ok((state.next_id, arguments))
 }
 
 /// One schema violation, located: `city: 3 is not of type "string"`.
@@ -157,8 +172,9 @@ fn unknown(name: &str, tools: &[Offered]) -> ToolOutcome {
     ToolOutcome::error(ToolErrorKind::UnknownTool, message)
 }
 
-/// Sends the call and blocks until its answer. The GIL stays held: the program waits for
-/// the tool, and calls from several threads go out one at a time.
+/// Sends the call and blocks until its answer. The GIL stays held (see the module docs):
+/// the program waits for the tool, calls from several threads go out one at a time, and
+/// the job loop cannot read or write the socket meanwhile.
 fn send(id: u64, name: &str, arguments: Value) -> PyResult<ToolOutcome> {
     // SAFETY: fd 3 is the job socket placed by `fds::arrange` and open for the life of the
     // process; ManuallyDrop keeps this File from closing it.
@@ -215,7 +231,22 @@ mod tests {
         assert_eq!(kind, ToolErrorKind::InvalidArguments);
         assert!(message.contains("city: 3 is not of type"), "{message}");
         let (first, _) = prepare("weather", r#"{"city": "Zürich"}"#).unwrap();
-        let (second, _) = prepare("weather", r#"{"city": "Bern"}"#).unwrap();
+        // Another thread sees the same tools (a program's threads fan calls out).
+        let (second, _) = std::thread::spawn(|| prepare("weather", r#"{"city": "Bern"}"#))
+            .join()
+            .unwrap()
+            .unwrap();
         assert_eq!(second, first + 1);
+        // Once the job ends, no thread may call them.
+        withdraw();
+        let Err(ToolOutcome::Error { kind, message, .. }) =
+            std::thread::spawn(|| prepare("weather", r#"{"city": "Chur"}"#))
+                .join()
+                .unwrap()
+        else {
+            panic!("a withdrawn tool went through")
+        };
+        assert_eq!(kind, ToolErrorKind::UnknownTool);
+        assert!(message.contains("this run has no tools"), "{message}");
     }
 }

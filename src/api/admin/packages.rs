@@ -21,7 +21,7 @@ use crate::envs::Prepare;
 use crate::envs::plan::Change;
 use crate::envs::spec::{Spec, parse_names};
 use crate::error::ApiError;
-use crate::generation::{NextGeneration, Outcome, roll_over};
+use crate::generation::{NextGeneration, Outcome, RolloverError, roll_over_in};
 
 /// `GET /v1/admin/packages`: the distributions of the serving environment.
 pub async fn list(
@@ -133,8 +133,14 @@ pub async fn sync(
     apply(&state, Change::Sync { specs }).await
 }
 
-/// Builds the environment `change` asks for, rolls over to it, records it.
+/// Builds the environment `change` asks for, rolls over to it, records it. The rollover's
+/// slot is taken first: a reload (or another change) arriving during the install gets the
+/// 409, not this change after its install.
 async fn apply(state: &SharedState, change: Change) -> Result<Json<Value>, ApiError> {
+    let slot = state
+        .rollovers
+        .reserve(&change.describe())
+        .map_err(RolloverError::into_api)?;
     let guard = state.envs.begin()?;
     let live = state.config();
     let before = state.envs.manifest();
@@ -160,7 +166,7 @@ async fn apply(state: &SharedState, change: Change) -> Result<Json<Value>, ApiEr
     };
     let started = Instant::now();
     // On failure `prepared` is dropped here, which deletes its directory.
-    let generation = match roll_over(state, next).await {
+    let generation = match roll_over_in(state, &slot, next).await {
         Ok(Outcome::RolledOver(generation)) => generation,
         // Not reached (a new environment directory is a new configuration), but if it
         // were: nothing switched, and the new directory goes with `prepared`.
