@@ -399,6 +399,7 @@ impl ErrorCode {
     pub fn for_status(status: StatusCode) -> ErrorCode {
         match status {
             StatusCode::UNAUTHORIZED => ErrorCode::Unauthorized,
+            StatusCode::FORBIDDEN => ErrorCode::Forbidden,
             StatusCode::NOT_FOUND => ErrorCode::NotFound,
             StatusCode::METHOD_NOT_ALLOWED => ErrorCode::MethodNotAllowed,
             StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
