@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::agents::{mcp_client_with, texts};
 use crate::backing::Haproxy;
-use crate::harness::Server;
+use crate::harness::{Server, check_error_body};
 use crate::reliability::eventually;
 
 /// Sums the samples of a metric whose line starts with `prefix` (`name{labels}` or `name`).
@@ -208,7 +208,7 @@ async fn mcp_reads_requests_up_to_the_limit_and_refuses_larger_ones_with_json_it
     .await;
     assert_eq!(status, 413, "{body}");
     assert_eq!(headers["content-type"], "application/json");
-    assert_eq!(body["code"], "payload_too_large");
+    assert_eq!(check_error_body(status, &body), "payload_too_large");
     let detail = body["detail"].as_str().unwrap();
     assert!(
         detail.contains("over 10485760 bytes (limits.max_request_bytes)"),
@@ -299,7 +299,7 @@ async fn mcp_protocol_errors_say_what_is_wrong() {
     // A body that is not JSON: a JSON-RPC parse error, in the service's error shape too.
     let (status, _, body) = rpc(&s.base, "{\"jsonrpc\": \"2.0\", ".into(), &[]).await;
     assert_eq!(status, 400, "{body}");
-    assert_eq!(body["code"], "bad_request");
+    assert_eq!(check_error_body(status, &body), "bad_request");
     assert_eq!(body["error"]["code"], -32700);
     assert!(
         body["detail"].as_str().unwrap().contains("not valid JSON"),
@@ -315,7 +315,7 @@ async fn mcp_protocol_errors_say_what_is_wrong() {
     .await;
     assert_eq!(headers["content-type"], "application/json");
     assert_eq!(status, 403, "{body}");
-    assert_eq!(body["code"], "forbidden");
+    assert_eq!(check_error_body(status, &body), "forbidden");
     assert!(
         body["detail"]
             .as_str()
@@ -328,7 +328,7 @@ async fn mcp_protocol_errors_say_what_is_wrong() {
     let (status, _, body) = s.get("/mcp").await;
     assert_eq!(status, 405, "{body}");
     let body: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(body["code"], "method_not_allowed");
+    assert_eq!(check_error_body(status, &body), "method_not_allowed");
     assert!(
         body["detail"].as_str().unwrap().contains("use POST"),
         "{body}"
