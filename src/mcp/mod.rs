@@ -296,3 +296,33 @@ impl Endpoint {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_tools_call_rmcp_could_not_read_is_invalid_params_saying_what_is_wrong() {
+        let problem = |params: Value| {
+            let e = malformed_request("tools/call", Some(&params));
+            assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
+            e.message.into_owned()
+        };
+        assert!(
+            problem(json!({"name": "run_python", "arguments": "print('é')"}))
+                .contains("`arguments` must be a JSON object of the tool's arguments")
+        );
+        assert!(problem(json!({"name": 7})).contains("`name` must be the tool's name"));
+        assert!(problem(json!({"arguments": {}})).contains("`name` (the tool to call) is missing"));
+        assert!(problem(json!([1])).contains("params must be an object"));
+        assert_eq!(
+            malformed_request("tools/list", Some(&json!({"cursor": 5}))).code,
+            ErrorCode::INVALID_PARAMS
+        );
+        assert_eq!(
+            malformed_request("shell/exec", None).code,
+            ErrorCode::METHOD_NOT_FOUND
+        );
+    }
+}
