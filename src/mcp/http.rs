@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use super::calls::{Client, InFlight, SESSION_HEADER};
 use crate::error::ErrorCode;
 
-/// Largest error body of rmcp's that is rewritten (its are a line of text).
+/// Largest error body of rmcp's that is rewritten (theirs are a line of text).
 const MAX_FOREIGN_ERROR_BODY: usize = 64 << 10;
 
 /// How much of a body over the limit is read (and dropped) so its sender sees the 413.
