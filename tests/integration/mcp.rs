@@ -108,31 +108,20 @@ async fn an_mcp_call_whose_client_leaves_stops_its_run_at_once() {
     let s = Server::start().await;
     let killed = r#"snakecage_workers_killed_total{reason="abandoned"}"#;
     let before = metric(&s, killed).await;
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(1))
-        .build()
-        .unwrap();
     let body = call(
         json!(1),
         "run_python",
         json!({"code": "import time\ntime.sleep(30)\nprint('fini')", "timeout_ms": 40000}),
     );
-    let left = client
-        .post(format!("{}/mcp", s.base))
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .body(body)
-        .send()
-        .await
-        .and_then(|r| r.error_for_status())
-        .map(|r| r.bytes());
-    let left = match left {
-        Ok(body) => body
-            .await
-            .expect_err("the client gave up before the run ended"),
-        Err(e) => e,
-    };
-    assert!(left.is_timeout(), "{left}");
+    let base = s.base.clone();
+    let client = tokio::spawn(async move { rpc(&base, body, &[]).await });
+    eventually(20, "the call's run started", async || {
+        s.health().await["pool"]["busy"] == 1
+    })
+    .await;
+    // The client goes away: its connection closes.
+    client.abort();
+    assert!(client.await.unwrap_err().is_cancelled());
     // The run would take 30 s: its worker is killed and its slot free well before.
     eventually(15, "the abandoned call's worker is killed", async || {
         s.health().await["pool"]["busy"] == 0 && metric(&s, killed).await == before + 1.0
@@ -145,12 +134,13 @@ async fn an_mcp_call_its_client_cancels_stops_its_run_and_the_client_goes_on() {
     let s = Server::start().await;
     let killed = r#"snakecage_workers_killed_total{reason="abandoned"}"#;
     let before = metric(&s, killed).await;
-    // The official SDK gives up after 1 s (it sends notifications/cancelled on its own POST
-    // and keeps the call's connection open), then watches /health for up to 20 s.
+    // The official SDK gives up on the call once it runs (it sends notifications/cancelled on
+    // a POST of its own and keeps the call's connection open), then watches /health.
     let base = s.base.clone();
     let r = tokio::task::spawn_blocking(move || mcp_client_with(&base, "cancel", &[]))
         .await
         .unwrap();
+    assert_eq!(r["busy_while_running"], 1, "{r}");
     assert_eq!(r["gave_up"], true, "{r}");
     assert_eq!(
         r["busy_after_cancel"], 0,
