@@ -323,6 +323,7 @@ pub enum ErrorCode {
     SessionGone,
     PayloadTooLarge,
     UnsupportedMediaType,
+    NotAcceptable,
     TenantLimit,
     QueueFull,
     InternalError,
@@ -338,7 +339,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::BadRequest,
         ErrorCode::InvalidRequest,
         ErrorCode::TimeoutTooLarge,
@@ -351,6 +352,7 @@ impl ErrorCode {
         ErrorCode::SessionGone,
         ErrorCode::PayloadTooLarge,
         ErrorCode::UnsupportedMediaType,
+        ErrorCode::NotAcceptable,
         ErrorCode::TenantLimit,
         ErrorCode::QueueFull,
         ErrorCode::InternalError,
@@ -379,6 +381,7 @@ impl ErrorCode {
             ErrorCode::SessionGone => "session_gone",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::UnsupportedMediaType => "unsupported_media_type",
+            ErrorCode::NotAcceptable => "not_acceptable",
             ErrorCode::TenantLimit => "tenant_limit",
             ErrorCode::QueueFull => "queue_full",
             ErrorCode::InternalError => "internal_error",
@@ -404,6 +407,7 @@ impl ErrorCode {
             StatusCode::METHOD_NOT_ALLOWED => ErrorCode::MethodNotAllowed,
             StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
             StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorCode::UnsupportedMediaType,
+            StatusCode::NOT_ACCEPTABLE => ErrorCode::NotAcceptable,
             StatusCode::UNPROCESSABLE_ENTITY => ErrorCode::InvalidRequest,
             StatusCode::TOO_MANY_REQUESTS => ErrorCode::QueueFull,
             StatusCode::SERVICE_UNAVAILABLE => ErrorCode::Unavailable,

@@ -314,6 +314,27 @@ async fn mcp_protocol_errors_say_what_is_wrong() {
         "{body}"
     );
 
+    // An Accept that does not take an SSE stream: 406, with rmcp's reason, in JSON.
+    let response = s
+        .client
+        .post(format!("{}/mcp", s.base))
+        .header("content-type", "application/json")
+        .header("accept", "application/json")
+        .body(call(json!(5), "list_packages", json!({})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 406);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(check_error_body(406, &body), "not_acceptable");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("text/event-stream"),
+        "{body}"
+    );
+
     // GET (no standing stream: /mcp keeps no session): 405 in JSON, saying to POST.
     let (status, _, body) = s.get("/mcp").await;
     assert_eq!(status, 405, "{body}");
