@@ -31,6 +31,8 @@ pub struct ToolContext {
     pub max_timeout_ms: u64,
     pub memory_limit_mb: u64,
     pub max_output_bytes: usize,
+    /// `limits.max_request_bytes`: the largest request a call may make (its code included).
+    pub max_request_bytes: usize,
     pub max_session_ttl_seconds: u64,
     /// Host tools the code may call (Code Mode): `(name, description)`, the caller's own
     /// where it is known (`GET /v1/tools`), else those offered to every caller.
@@ -52,6 +54,7 @@ impl ToolContext {
             max_timeout_ms: config.limits.max_timeout_ms,
             memory_limit_mb: config.limits.memory_limit_mb,
             max_output_bytes: config.limits.max_output_bytes,
+            max_request_bytes: config.limits.max_request_bytes,
             max_session_ttl_seconds: config.sessions.max_ttl_seconds,
             code_tools: Vec::new(),
             max_tool_calls: config.tools.max_calls_per_run,
@@ -121,8 +124,9 @@ impl ToolContext {
             "Python {py} in an isolated sandbox: no network access, no subprocesses, files only in \
              the working directory. Available: {packages}; call list_packages for the exact list. \
              Each call may run up to {timeout} ms by default (timeout_ms up to {max} ms) and \
-             allocate up to {mem} MB; stdout and stderr are each cut after {out} bytes. What the \
-             code prints to stdout is what you see, so print the results you need; a bare last \
+             allocate up to {mem} MB; stdout and stderr are each cut after {out} bytes. A call, its \
+             code and other arguments together, may be up to {req} bytes: pass larger data as \
+             stored files. What the code prints to stdout is what you see, so print the results you need; a bare last \
              expression is printed too, as in a notebook. matplotlib figures and DataFrames left \
              as the last expression come back as images and tables.{code_mode}",
             code_mode = self.code_mode(),
@@ -131,6 +135,7 @@ impl ToolContext {
             max = self.max_timeout_ms,
             mem = self.memory_limit_mb,
             out = self.max_output_bytes,
+            req = self.max_request_bytes,
         )
     }
 }
@@ -290,6 +295,45 @@ pub fn render(specs: &[ToolSpec], format: ToolFormat) -> Value {
     Value::Array(tools.collect())
 }
 
+/// Refuses arguments the tool's advertised schema does not name (its `additionalProperties`
+/// is false), naming each one and those the tool takes. The values themselves are checked by
+/// the API the call is carried out through, which says what is wrong with them.
+pub fn check_arguments(spec: &ToolSpec, arguments: &Value) -> Result<(), ToolCallError> {
+    let bad = |problem: String| ToolCallError::BadArguments {
+        tool: spec.name.to_owned(),
+        problem,
+    };
+    let object = arguments
+        .as_object()
+        .ok_or_else(|| bad("arguments must be a JSON object".into()))?;
+    if spec.input_schema["additionalProperties"] != false {
+        return Ok(());
+    }
+    let known = spec.input_schema["properties"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let unknown: Vec<String> = object
+        .keys()
+        .filter(|k| !known.contains_key(*k))
+        .map(|k| format!("`{k}`"))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let takes = if known.is_empty() {
+        "it takes no arguments".to_owned()
+    } else {
+        let names: Vec<&str> = known.keys().map(String::as_str).collect();
+        format!("it takes {}", names.join(", "))
+    };
+    Err(bad(format!(
+        "unknown argument{} {}; {takes}",
+        if unknown.len() == 1 { "" } else { "s" },
+        unknown.join(", ")
+    )))
+}
+
 /// The HTTP request that carries out a call of `tool` with `arguments`.
 pub fn request(tool: &str, arguments: &Value) -> Result<ToolRequest, ToolCallError> {
     use axum::http::Method;
@@ -370,6 +414,7 @@ mod tests {
         let mut config = Config::default();
         config.limits.memory_limit_mb = 123;
         config.limits.max_timeout_ms = 4567;
+        config.limits.max_request_bytes = 7654321;
         let ctx = ToolContext::new(
             &config,
             "3.12.1".into(),
@@ -382,6 +427,7 @@ mod tests {
         for needle in [
             "123 MB",
             "4567 ms",
+            "up to 7654321 bytes",
             "numpy 2.4.6",
             "no network",
             "Python 3.12.1",
@@ -481,5 +527,35 @@ mod tests {
             request("run_python", &json!("print(1)")),
             Err(ToolCallError::BadArguments { .. })
         ));
+    }
+
+    #[test]
+    fn arguments_the_schema_does_not_name_are_refused_by_name() {
+        let specs = catalog(&ctx());
+        let spec = |name: &str| specs.iter().find(|s| s.name == name).unwrap();
+        assert_eq!(
+            check_arguments(
+                spec("run_python"),
+                &json!({"code": "print('é')", "bogus": 1})
+            ),
+            Err(ToolCallError::BadArguments {
+                tool: "run_python".into(),
+                problem: "unknown argument `bogus`; it takes code, files, timeout_ms".into()
+            })
+        );
+        assert_eq!(
+            check_arguments(spec("list_packages"), &json!({"x": 1, "y": 2}))
+                .unwrap_err()
+                .to_string(),
+            "tool list_packages: unknown arguments `x`, `y`; it takes no arguments"
+        );
+        assert_eq!(
+            check_arguments(
+                spec("run_in_session"),
+                &json!({"session_id": "s", "code": "1"})
+            ),
+            Ok(())
+        );
+        assert!(check_arguments(spec("run_python"), &json!("print(1)")).is_err());
     }
 }

@@ -60,7 +60,7 @@ pub struct AppState {
     pub cluster: Arc<Cluster>,
     /// Operator package management: environment generations and their manifest.
     pub envs: Arc<crate::envs::EnvManager>,
-    /// Fires when shutdown begins: from then on `/ready` answers 503 and MCP streams end.
+    /// Fires when shutdown begins: from then on `/ready` answers 503.
     pub stopping: CancellationToken,
 }
 
@@ -150,11 +150,11 @@ pub fn router(state: SharedState) -> Router {
     // MCP tool calls are carried out through the routes above (and counted there), with the
     // caller's `Authorization` header: the same key, the same tenant, the same scoping.
     let live = state.live.clone();
-    let mcp = mcp::service(
+    let mcp = mcp::Endpoint::new(
         api.clone(),
         Arc::new(move || live.load().tool_context.clone()),
         config.mcp.allowed_hosts.clone(),
-        state.stopping.clone(),
+        body_limit,
     );
     let app = api
         .layer(middleware::from_fn(error_bodies::json_errors))
@@ -162,8 +162,9 @@ pub fn router(state: SharedState) -> Router {
             "/mcp",
             tower::ServiceBuilder::new()
                 .layer(require_key)
-                .layer(middleware::from_fn(mcp::session_closed_ok))
-                .service(mcp),
+                .layer(middleware::from_fn(mcp::http::json_errors))
+                .layer(middleware::from_fn_with_state(mcp.guard, mcp::http::guard))
+                .service(mcp.service),
         )
         .layer(middleware::from_fn_with_state(
             metrics,

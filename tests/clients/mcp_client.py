@@ -1,7 +1,7 @@
 """Drives snakecage's /mcp endpoint with the official MCP Python SDK, as an agent would,
 and prints what it saw as JSON for the Rust integration test to assert on.
 
-Usage: mcp_client.py URL stateless|session [API_KEY]
+Usage: mcp_client.py URL stateless|session|cancel|large [API_KEY]
        mcp_client.py URL foreign API_KEY SESSION_ID   (runs in a session that is not the key's)
 """
 
@@ -11,8 +11,11 @@ import json
 import logging
 import os
 import sys
+import time
 
-from mcp import ClientSession
+import anyio
+import httpx2
+from mcp import ClientSession, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -68,12 +71,57 @@ async def foreign(s, out):
     out["mine"] = summary(await s.call_tool("run_python", {"code": "print(6 * 7)"}))
 
 
+async def cancel(s, out):
+    """Gives up on a long call once it runs (the SDK then sends `notifications/cancelled` and
+    keeps the session open), then watches the service's /health until no worker is busy (or
+    20 s pass)."""
+    code = "import time\ntime.sleep(30)\nprint('finished')"
+    health = out["url"].rsplit("/mcp", 1)[0] + "/health"
+
+    async with httpx2.AsyncClient() as http:
+
+        async def busy():
+            return (await http.get(health)).json()["pool"]["busy"]
+
+        async def wait_for(predicate):
+            deadline = time.monotonic() + 20
+            while not predicate(n := await busy()) and time.monotonic() < deadline:
+                await anyio.sleep(0.05)
+            return n
+
+        async with anyio.create_task_group() as tg:
+
+            async def call():
+                await s.call_tool("run_python", {"code": code, "timeout_ms": 40000})
+                out["finished"] = True
+
+            tg.start_soon(call)
+            out["busy_while_running"] = await wait_for(lambda n: n > 0)
+            tg.cancel_scope.cancel()
+        out["gave_up"] = "finished" not in out
+        out["busy_after_cancel"] = await wait_for(lambda n: n == 0)
+    # The session still works after a cancellation.
+    out["after"] = summary(await s.call_tool("run_python", {"code": "print('après')"}))
+
+
+async def large(s, out):
+    """A call over 4 MiB but within limits.max_request_bytes, then one over it."""
+    within = "s = '" + "é" * (3 << 20) + "'\nprint(len(s))"
+    out["within"] = summary(await s.call_tool("run_python", {"code": within}))
+    over = "s = '" + "x" * (11 << 20) + "'"
+    try:
+        await s.call_tool("run_python", {"code": over})
+        out["over"] = "no error"
+    except MCPError as e:
+        out["over"] = {"code": e.error.code, "message": e.error.message}
+
+
 async def describe(s, out):
     """Only the listing main() already records (the tool descriptions)."""
 
 
 async def main(url, scenario, key):
-    out = {}
+    out = {"url": url}
     warnings = Warnings()
     logging.getLogger().addHandler(warnings)
     headers = {"Authorization": f"Bearer {key}"} if key else None
@@ -85,7 +133,8 @@ async def main(url, scenario, key):
                 tools = (await s.list_tools()).tools
                 out["tools"] = [t.name for t in tools]
                 out["run_python_description"] = next(t.description for t in tools if t.name == "run_python")
-                await {"stateless": stateless, "session": session, "foreign": foreign, "describe": describe}[scenario](s, out)
+                await {"stateless": stateless, "session": session, "foreign": foreign, "describe": describe,
+                       "cancel": cancel, "large": large}[scenario](s, out)
     out["warnings"] = warnings.messages
     print(json.dumps(out))
 

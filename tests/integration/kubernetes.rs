@@ -113,6 +113,23 @@ fn the_configmap_is_a_configuration_the_service_accepts() {
         config.auth.keys_file.is_some(),
         "beyond loopback, keys are required"
     );
+    // /mcp answers through the Service (its name, bare and fully qualified) and loopback.
+    let service = std::fs::read_to_string(base.join("service.yaml")).unwrap();
+    let name = service
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("name: "))
+        .expect("service.yaml names the Service");
+    for host in [
+        name.to_owned(),
+        format!("{name}.default.svc.cluster.local"),
+        "localhost".to_owned(),
+    ] {
+        assert!(
+            config.mcp.allowed_hosts.contains(&host),
+            "{host} missing from mcp.allowed_hosts {:?}",
+            config.mcp.allowed_hosts
+        );
+    }
     let template = config.cluster.peer_url_template.unwrap();
     assert!(
         template.contains("{replica}.snakecage-headless"),

@@ -19,6 +19,7 @@ mod harness;
 mod immortal;
 mod kubernetes;
 mod load;
+mod mcp;
 mod observability;
 mod overload;
 mod packages;

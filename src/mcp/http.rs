@@ -1,0 +1,310 @@
+//! The HTTP layer of `/mcp` in front of rmcp's transport: the `Host` check, the body limit
+//! (`limits.max_request_bytes`), a parse error for a body that is not JSON, the client's
+//! token at `initialize`, `notifications/cancelled` applied to the call it names, and error
+//! bodies in the service's JSON shape that MCP clients also read as JSON-RPC errors.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::middleware::Next;
+use axum::response::Response;
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+use super::calls::{Client, InFlight, SESSION_HEADER};
+use crate::error::ErrorCode;
+
+/// Largest error body of rmcp's that is rewritten (theirs are a line of text).
+const MAX_FOREIGN_ERROR_BODY: usize = 64 << 10;
+
+/// How much of a body over the limit is read (and dropped) so its sender sees the 413.
+const MAX_DRAIN: usize = 64 << 20;
+
+/// JSON-RPC's codes for a request refused before it was read, and for a body that is not JSON.
+const INVALID_REQUEST: i64 = -32600;
+const PARSE_ERROR: i64 = -32700;
+const INTERNAL_ERROR: i64 = -32603;
+
+/// What [`guard`] needs: the configuration it enforces and the calls in flight.
+pub struct Guard {
+    allowed_hosts: Vec<String>,
+    max_request_bytes: usize,
+    calls: Arc<InFlight>,
+}
+
+impl Guard {
+    pub fn new(allowed_hosts: Vec<String>, max_request_bytes: usize, calls: Arc<InFlight>) -> Self {
+        Self {
+            allowed_hosts,
+            max_request_bytes,
+            calls,
+        }
+    }
+}
+
+/// An error of `/mcp`'s HTTP layer: the service's `{"detail", "code"}`, and in the same
+/// object a JSON-RPC error (`id` null: the request was not read), which is what MCP clients
+/// surface to their user when a POST fails.
+pub fn error_response(status: StatusCode, detail: &str, rpc_code: i64) -> Response {
+    let body = json!({
+        "detail": detail,
+        "code": ErrorCode::for_status(status),
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": rpc_code, "message": detail},
+    });
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+/// Middleware around rmcp's service: its plain-text errors (a 405 for `GET`, a 406 for a
+/// missing `Accept`, a 415, a 400 for a bad protocol version header) get the body of
+/// [`error_response`]. JSON answers (JSON-RPC errors included) and streams pass unchanged.
+pub async fn json_errors(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, MAX_FOREIGN_ERROR_BODY)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let detail = match status {
+        StatusCode::METHOD_NOT_ALLOWED => format!("{method} is not allowed on /mcp; use POST"),
+        _ if text.is_empty() => status.canonical_reason().unwrap_or("error").to_owned(),
+        _ => text,
+    };
+    let rpc_code = if status.is_server_error() {
+        INTERNAL_ERROR
+    } else {
+        INVALID_REQUEST
+    };
+    let mut response = error_response(status, &detail, rpc_code);
+    for (name, value) in parts.headers.iter() {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            response.headers_mut().append(name, value.clone());
+        }
+    }
+    response
+}
+
+/// Middleware in front of rmcp's service (see the module's documentation).
+pub async fn guard(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
+    if let Some(refusal) = host_refusal(request.uri(), request.headers(), &guard.allowed_hosts) {
+        return refusal;
+    }
+    // Nothing to close: `/mcp` keeps no session. The client's token names nothing stored.
+    if request.method() == Method::DELETE && request.headers().contains_key(SESSION_HEADER) {
+        return Response::new(Body::empty());
+    }
+    let json_post = request.method() == Method::POST
+        && request
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| {
+                v.split(';')
+                    .next()
+                    .is_some_and(|e| e.trim().eq_ignore_ascii_case("application/json"))
+            });
+    if !json_post {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match read_body(&parts.headers, body, guard.max_request_bytes).await {
+        Ok(bytes) => bytes,
+        Err(response) => return response,
+    };
+    let message: Value = match serde_json::from_slice(&bytes) {
+        Ok(message) => message,
+        Err(e) => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                &format!("the request body is not valid JSON ({e}); send one JSON-RPC message"),
+                PARSE_ERROR,
+            );
+        }
+    };
+    let method = message["method"].as_str().unwrap_or_default();
+    let is_request = message.get("id").is_some_and(|id| !id.is_null());
+    let initialize = is_request && method == "initialize";
+    let cancelled = (!is_request && method == "notifications/cancelled")
+        .then(|| message["params"].get("requestId").cloned())
+        .flatten()
+        .and_then(|id| Some((Client::of(&parts.headers)?, id.to_string())));
+    let mut response = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    // rmcp accepted the notification (the Host, the headers and the message were valid).
+    if let Some((client, request_id)) = cancelled
+        && response.status() == StatusCode::ACCEPTED
+    {
+        let found = guard.calls.cancel(client, request_id.clone());
+        tracing::info!(request_id, found, "MCP call cancelled by its client");
+    }
+    // The client's token: it sends it back on every request, so that a cancellation names
+    // its own call. It is random and names nothing stored, so any replica accepts it.
+    if initialize
+        && response.status() == StatusCode::OK
+        && !response.headers().contains_key(SESSION_HEADER)
+        && let Ok(token) =
+            HeaderValue::from_str(&format!("mcp_{}", uuid::Uuid::new_v4().as_simple()))
+    {
+        response.headers_mut().insert(SESSION_HEADER, token);
+    }
+    response
+}
+
+/// Reads a body of at most `limit` bytes; a larger one is a 413 that says the limit. Its
+/// rest is read and dropped first (up to [`MAX_DRAIN`]): a client still sending when the
+/// answer comes (the official Python SDK is one) would otherwise see a reset connection
+/// instead of the answer.
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Response> {
+    let too_large = || {
+        error_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!(
+                "the request body is over {limit} bytes (limits.max_request_bytes); upload large \
+                 data with POST /v1/files and stage it into the run with `files`"
+            ),
+            INVALID_REQUEST,
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > (limit + MAX_DRAIN) as u64) {
+        return Err(too_large());
+    }
+    let mut stream = body.into_data_stream();
+    let mut bytes = Vec::new();
+    let mut dropped = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            error_response(
+                StatusCode::BAD_REQUEST,
+                &format!("the request body could not be read: {e}"),
+                INVALID_REQUEST,
+            )
+        })?;
+        if dropped > 0 || bytes.len() + chunk.len() > limit {
+            dropped += chunk.len();
+            if dropped > MAX_DRAIN {
+                break;
+            }
+            continue;
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    if dropped > 0 {
+        return Err(too_large());
+    }
+    Ok(Bytes::from(bytes))
+}
+
+/// The same rule as rmcp's own check (which stays on behind this one): the `Host` (or the
+/// URI's authority) must be one of `allowed` (`name` allows any port, `name:port` that
+/// one); an empty list allows any. The answer to a request that breaks it, if it does.
+fn host_refusal(uri: &Uri, headers: &HeaderMap, allowed: &[String]) -> Option<Response> {
+    let authority = match headers.get(header::HOST) {
+        Some(host) => host
+            .to_str()
+            .ok()
+            .and_then(|h| axum::http::uri::Authority::try_from(h).ok()),
+        None => uri.authority().cloned(),
+    };
+    let Some(authority) = authority else {
+        return Some(error_response(
+            StatusCode::BAD_REQUEST,
+            "the Host header is missing or is not a host name with an optional port",
+            INVALID_REQUEST,
+        ));
+    };
+    if host_is_allowed(&authority, allowed) {
+        return None;
+    }
+    tracing::warn!(host = %authority, "MCP request with a Host that is not allowed");
+    Some(error_response(
+        StatusCode::FORBIDDEN,
+        &format!(
+            "the Host {:?} is not allowed on /mcp (a defence against DNS rebinding); add the \
+             name clients use to reach the service to mcp.allowed_hosts",
+            authority.as_str()
+        ),
+        INVALID_REQUEST,
+    ))
+}
+
+fn host_is_allowed(host: &axum::http::uri::Authority, allowed: &[String]) -> bool {
+    let normalize = |h: &str| h.trim_matches(['[', ']']).to_ascii_lowercase();
+    let name = normalize(host.host());
+    allowed.is_empty()
+        || allowed.iter().any(|entry| {
+            let entry = entry.trim();
+            match axum::http::uri::Authority::try_from(entry) {
+                Ok(a) => {
+                    normalize(a.host()) == name
+                        && a.port_u16()
+                            .is_none_or(|port| host.port_u16() == Some(port))
+                }
+                Err(_) => !entry.is_empty() && normalize(entry) == name,
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::uri::Authority;
+
+    fn allowed(host: &str, list: &[&str]) -> bool {
+        let list: Vec<String> = list.iter().map(|s| s.to_string()).collect();
+        host_is_allowed(&Authority::try_from(host).unwrap(), &list)
+    }
+
+    #[test]
+    fn hosts_match_by_name_and_by_port_when_the_entry_names_one() {
+        let list = [
+            "localhost",
+            "snakecage:80",
+            "::1",
+            "Snakecage.ns.svc.cluster.local",
+        ];
+        assert!(allowed("localhost:8000", &list));
+        assert!(allowed("LOCALHOST", &list));
+        assert!(allowed("[::1]:8000", &list));
+        assert!(allowed("snakecage:80", &list));
+        assert!(!allowed("snakecage:8000", &list));
+        assert!(!allowed("snakecage", &list));
+        assert!(allowed("snakecage.ns.svc.cluster.local", &list));
+        assert!(!allowed("evil.example", &list));
+        assert!(allowed("anything", &[]));
+    }
+
+    #[tokio::test]
+    async fn an_error_is_both_the_service_shape_and_a_json_rpc_error() {
+        let response = error_response(StatusCode::PAYLOAD_TOO_LARGE, "too big", INVALID_REQUEST);
+        assert_eq!(response.status(), 413);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["detail"], "too big");
+        assert_eq!(body["code"], "payload_too_large");
+        assert_eq!(body["error"], json!({"code": -32600, "message": "too big"}));
+        assert_eq!(body["id"], Value::Null);
+    }
+}
