@@ -346,7 +346,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 25] = [
+    pub const ALL: [ErrorCode; 26] = [
         ErrorCode::BadRequest,
         ErrorCode::InvalidRequest,
         ErrorCode::TimeoutTooLarge,
