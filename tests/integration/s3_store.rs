@@ -174,3 +174,35 @@ async fn list_names(base: &str) -> Vec<Value> {
         .map(|f| f["filename"].clone())
         .collect()
 }
+
+/// A plain-HTTP endpoint without `s3.allow_http` would start and then fail every file
+/// request; start-up refuses it instead, naming the key to set and the endpoint.
+#[test]
+fn a_plain_http_endpoint_without_allow_http_fails_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["--listen", "127.0.0.1:0", "--venv"])
+        .arg(crate::harness::repo_root().join(".venv"))
+        .env("SNAKECAGE_WORKER__STATE_DIR", dir.path())
+        .env("SNAKECAGE_POOL__SIZE", "1")
+        .env("SNAKECAGE_FILES__BACKEND", "s3")
+        .env("SNAKECAGE_S3__BUCKET", "fichiers-été")
+        .env("SNAKECAGE_S3__ENDPOINT", "http://minio.storage:9000")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A service that starts anyway would never exit: stop waiting for it, generously.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "it started: {said}");
+    assert!(
+        said.contains("s3.allow_http") && said.contains("http://minio.storage:9000"),
+        "{said}"
+    );
+}
