@@ -50,6 +50,9 @@ pub enum ApiError {
     /// A session that ended on its own (expired, evicted, lost, failed replay).
     #[error("{0}")]
     Gone(String),
+    /// A run whose replica is gone (killed, scaled down, restarted): it ended with it.
+    #[error("{0}")]
+    RunGone(String),
     #[error("{0}")]
     NotImplemented(String),
     #[error("all workers are busy and the wait queue is full; retry later")]
@@ -103,7 +106,7 @@ impl ApiError {
                 StatusCode::NOT_FOUND
             }
             ApiError::Conflict(_) => StatusCode::CONFLICT,
-            ApiError::Gone(_) => StatusCode::GONE,
+            ApiError::Gone(_) | ApiError::RunGone(_) => StatusCode::GONE,
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -135,6 +138,7 @@ impl ApiError {
             ApiError::SessionNotFound(_) => ErrorCode::SessionNotFound,
             ApiError::Conflict(_) => ErrorCode::SessionBusy,
             ApiError::Gone(_) => ErrorCode::SessionGone,
+            ApiError::RunGone(_) => ErrorCode::RunGone,
             ApiError::NotImplemented(_) => ErrorCode::NotImplemented,
             ApiError::QueueFull { .. } => ErrorCode::QueueFull,
             ApiError::Unavailable(_) => ErrorCode::Unavailable,
@@ -321,6 +325,7 @@ pub enum ErrorCode {
     MethodNotAllowed,
     SessionBusy,
     SessionGone,
+    RunGone,
     PayloadTooLarge,
     UnsupportedMediaType,
     TenantLimit,
@@ -338,7 +343,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::BadRequest,
         ErrorCode::InvalidRequest,
         ErrorCode::TimeoutTooLarge,
@@ -349,6 +354,7 @@ impl ErrorCode {
         ErrorCode::MethodNotAllowed,
         ErrorCode::SessionBusy,
         ErrorCode::SessionGone,
+        ErrorCode::RunGone,
         ErrorCode::PayloadTooLarge,
         ErrorCode::UnsupportedMediaType,
         ErrorCode::TenantLimit,
@@ -377,6 +383,7 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::SessionBusy => "session_busy",
             ErrorCode::SessionGone => "session_gone",
+            ErrorCode::RunGone => "run_gone",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::UnsupportedMediaType => "unsupported_media_type",
             ErrorCode::TenantLimit => "tenant_limit",
@@ -458,6 +465,7 @@ mod tests {
             ),
             (ApiError::FileNotFound("x".into()), "file_not_found", 404),
             (ApiError::Gone("x".into()), "session_gone", 410),
+            (ApiError::RunGone("x".into()), "run_gone", 410),
             (
                 ApiError::QueueFull {
                     retry_after_secs: 1,

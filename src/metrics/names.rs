@@ -81,10 +81,11 @@ pub const FILE_STORE_OPERATION_SECONDS: &str = "snakecage_file_store_operation_s
 /// File store operations that failed because the store could not serve them (unreachable,
 /// refused), by `operation`. Not found, too large and quota are answers, not errors.
 pub const FILE_STORE_ERRORS_TOTAL: &str = "snakecage_file_store_errors_total";
-/// Session calls forwarded to the replica that owns the session, by `outcome` (answered,
-/// gone: the owner could not be reached, failed: it broke off mid-answer).
+/// Session and run calls forwarded to the replica that owns the session or run (the name
+/// is older than run forwarding), by `outcome` (answered, gone: the owner could not be
+/// reached, failed: it broke off mid-answer).
 pub const SESSION_FORWARDS_TOTAL: &str = "snakecage_session_forwards_total";
-/// From forwarding a session call to the owner's response head.
+/// From forwarding a session or run call to the owner's response head.
 pub const SESSION_FORWARD_SECONDS: &str = "snakecage_session_forward_seconds";
 
 /// HTTP requests answered, by `route` (the route template, or `unmatched`) and `status`.
