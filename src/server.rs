@@ -290,6 +290,11 @@ pub async fn serve(
         live: Arc::new(live),
         rollovers: Rollovers::default(),
         pool: pool.clone(),
+        store_watch: files::watch::StoreWatch::spawn(
+            store.clone(),
+            files::watch::CHECK_INTERVAL,
+            stop.clone(),
+        ),
         store,
         sessions,
         catalog: Arc::new(catalog),
