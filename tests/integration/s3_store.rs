@@ -224,18 +224,32 @@ async fn list_names(base: &str) -> Vec<Value> {
 }
 
 /// A plain-HTTP endpoint without `s3.allow_http` would start and then fail every file
-/// request; start-up refuses it instead, naming the key to set and the endpoint.
+/// request; start-up refuses it instead, naming the key to set and the endpoint, whether
+/// the endpoint is `s3.endpoint` or comes from the AWS environment.
 #[test]
 fn a_plain_http_endpoint_without_allow_http_fails_start_up() {
+    for endpoint_var in ["SNAKECAGE_S3__ENDPOINT", "AWS_ENDPOINT_URL"] {
+        let said = start_up_error(&[
+            ("SNAKECAGE_FILES__BACKEND", "s3"),
+            ("SNAKECAGE_S3__BUCKET", "fichiers-été"),
+            (endpoint_var, "http://minio.storage:9000"),
+        ]);
+        assert!(
+            said.contains("s3.allow_http") && said.contains("http://minio.storage:9000"),
+            "{endpoint_var}: {said}"
+        );
+    }
+}
+
+/// What the service wrote to stderr on failing to start with `env`.
+fn start_up_error(env: &[(&str, &str)]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_snakecage"))
         .args(["--listen", "127.0.0.1:0", "--venv"])
         .arg(crate::harness::repo_root().join(".venv"))
         .env("SNAKECAGE_WORKER__STATE_DIR", dir.path())
         .env("SNAKECAGE_POOL__SIZE", "1")
-        .env("SNAKECAGE_FILES__BACKEND", "s3")
-        .env("SNAKECAGE_S3__BUCKET", "fichiers-été")
-        .env("SNAKECAGE_S3__ENDPOINT", "http://minio.storage:9000")
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -247,10 +261,7 @@ fn a_plain_http_endpoint_without_allow_http_fails_start_up() {
     }
     let _ = child.kill();
     let out = child.wait_with_output().unwrap();
-    let said = String::from_utf8_lossy(&out.stderr);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "it started: {said}");
-    assert!(
-        said.contains("s3.allow_http") && said.contains("http://minio.storage:9000"),
-        "{said}"
-    );
+    said
 }
