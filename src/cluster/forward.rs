@@ -1,12 +1,11 @@
 //! The forwarding middleware: a call on `/v1/sessions/{id}` or `/v1/runs/{id}` or below
 //! them, whose session or run another replica owns, is sent there over HTTP and the
-//! owner's answer streamed back
-//! (request and response bodies are never buffered, so SSE streams pass through as they
-//! are written). The caller's headers go along, `Authorization` included: the owner
-//! authenticates and scopes the call exactly as if it had been sent there directly. A
-//! forwarded call carries [`FORWARDED_BY`] and is never forwarded again. An owner that
-//! cannot be reached has lost the session (or the run) with its worker: 410 with a
-//! `detail` saying so.
+//! owner's answer streamed back (request and response bodies are never buffered, so SSE
+//! streams pass through as they are written). The caller's headers go along,
+//! `Authorization` included: the owner authenticates and scopes the call exactly as if it
+//! had been sent there directly. A forwarded call carries [`FORWARDED_BY`] and is never
+//! forwarded again. An owner that cannot be reached has lost the session (or the run)
+//! with its worker: 410 with a `detail` saying so.
 
 use std::time::Instant;
 
