@@ -72,6 +72,9 @@ pub const FILES_QUOTA_BYTES: &str = "snakecage_files_quota_bytes";
 
 /// 1 while `/ready` answers 200, else 0 (no worker yet, zygote down, shutting down).
 pub const READY: &str = "snakecage_ready";
+/// 0 while the file store's last background check failed (`/health` says why), else 1.
+/// Not part of readiness: with S3 every replica shares the store.
+pub const FILE_STORE_AVAILABLE: &str = "snakecage_file_store_available";
 /// 1 when the current zygote reports the sandbox `layer` active, else 0 (off by
 /// configuration, unavailable on this host, or no zygote yet). One series per layer.
 pub const SANDBOX_LAYER_ACTIVE: &str = "snakecage_sandbox_layer_active";
@@ -128,7 +131,7 @@ pub mod label {
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
 /// Every metric family name, for checks that nothing refers to a name that does not exist.
-pub const ALL: [&str; 42] = [
+pub const ALL: [&str; 43] = [
     TOOL_CALLS_TOTAL,
     TOOL_CALL_DURATION_SECONDS,
     EXECUTIONS_TOTAL,
@@ -160,6 +163,7 @@ pub const ALL: [&str; 42] = [
     FILES_STORED_BYTES,
     FILES_QUOTA_BYTES,
     READY,
+    FILE_STORE_AVAILABLE,
     SANDBOX_LAYER_ACTIVE,
     HTTP_REQUESTS_TOTAL,
     PROCESS_RESIDENT_MEMORY_BYTES,

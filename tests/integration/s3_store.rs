@@ -190,6 +190,16 @@ async fn the_s3_store_keeps_every_promise_of_the_local_one() {
         .find(|l| l.starts_with("snakecage_file_store_errors_total{operation=\"put\"}"))
         .unwrap();
     assert!(!errors.ends_with(" 0"), "{errors}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "snakecage_file_store_available 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.lines().any(|l| l == "snakecage_ready 1"),
+        "{metrics}"
+    );
 }
 
 /// `/health` once the file store's first background check has run.
