@@ -53,6 +53,9 @@ pub enum ApiError {
     /// A session that ended on its own (expired, evicted, lost, failed replay).
     #[error("{0}")]
     Gone(String),
+    /// A run whose replica is gone (killed, scaled down, restarted): it ended with it.
+    #[error("{0}")]
+    RunGone(String),
     #[error("{0}")]
     NotImplemented(String),
     #[error("all workers are busy and the wait queue is full; retry later")]
@@ -106,7 +109,7 @@ impl ApiError {
                 StatusCode::NOT_FOUND
             }
             ApiError::SessionBusy(_) | ApiError::ToolCallNotWaiting(_) => StatusCode::CONFLICT,
-            ApiError::Gone(_) => StatusCode::GONE,
+            ApiError::Gone(_) | ApiError::RunGone(_) => StatusCode::GONE,
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -139,6 +142,7 @@ impl ApiError {
             ApiError::SessionBusy(_) => ErrorCode::SessionBusy,
             ApiError::ToolCallNotWaiting(_) => ErrorCode::ToolCallNotWaiting,
             ApiError::Gone(_) => ErrorCode::SessionGone,
+            ApiError::RunGone(_) => ErrorCode::RunGone,
             ApiError::NotImplemented(_) => ErrorCode::NotImplemented,
             ApiError::QueueFull { .. } => ErrorCode::QueueFull,
             ApiError::Unavailable(_) => ErrorCode::Unavailable,
@@ -327,6 +331,7 @@ pub enum ErrorCode {
     MethodNotAllowed,
     SessionBusy,
     SessionGone,
+    RunGone,
     PayloadTooLarge,
     UnsupportedMediaType,
     NotAcceptable,
@@ -346,7 +351,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 26] = [
+    pub const ALL: [ErrorCode; 27] = [
         ErrorCode::BadRequest,
         ErrorCode::InvalidRequest,
         ErrorCode::TimeoutTooLarge,
@@ -357,6 +362,7 @@ impl ErrorCode {
         ErrorCode::MethodNotAllowed,
         ErrorCode::SessionBusy,
         ErrorCode::SessionGone,
+        ErrorCode::RunGone,
         ErrorCode::PayloadTooLarge,
         ErrorCode::UnsupportedMediaType,
         ErrorCode::NotAcceptable,
@@ -387,6 +393,7 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::SessionBusy => "session_busy",
             ErrorCode::SessionGone => "session_gone",
+            ErrorCode::RunGone => "run_gone",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::UnsupportedMediaType => "unsupported_media_type",
             ErrorCode::NotAcceptable => "not_acceptable",
@@ -478,6 +485,7 @@ mod tests {
                 "tool_call_not_waiting",
                 409,
             ),
+            (ApiError::RunGone("x".into()), "run_gone", 410),
             (
                 ApiError::QueueFull {
                     retry_after_secs: 1,

@@ -2,7 +2,9 @@
 //! one, `POST /v1/runs/{run_id}/tool_calls/{call_id}` answers a tool call it is waiting
 //! on. Each run belongs to the API key that started it; for another key it does not
 //! exist (404, like another tenant's files). A run leaves the registry when it ends, and
-//! its pending calls with it.
+//! its pending calls with it. In a cluster a run id names the replica that runs it
+//! (`run_<replica>_<incarnation>_<random>`, [`crate::cluster::ids`]), so a call on it that
+//! lands on another replica is forwarded there.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,6 +23,9 @@ pub enum CallerAnswer {
 #[derive(Default)]
 pub struct Runs {
     runs: Mutex<HashMap<String, Arc<RunEntry>>>,
+    /// What goes between `run_` and the random part of a new id: this replica's id and
+    /// incarnation in a cluster, nothing otherwise.
+    id_prefix: String,
 }
 
 pub struct RunEntry {
@@ -61,10 +66,19 @@ pub enum AnswerError {
 }
 
 impl Runs {
+    /// A registry whose run ids carry `id_prefix` after `run_` (see
+    /// [`crate::cluster::Cluster::id_prefix`]).
+    pub fn with_id_prefix(id_prefix: String) -> Arc<Self> {
+        Arc::new(Self {
+            runs: Mutex::default(),
+            id_prefix,
+        })
+    }
+
     /// A new run of `owner` (`None` without API keys), with a fresh id.
     pub fn register(self: &Arc<Self>, owner: Option<&str>) -> RunHandle {
         let entry = Arc::new(RunEntry {
-            id: format!("run_{}", uuid::Uuid::new_v4().simple()),
+            id: format!("run_{}{}", self.id_prefix, uuid::Uuid::new_v4().simple()),
             owner: owner.map(str::to_owned),
             cancel: CancellationToken::new(),
             pending: Mutex::new(HashMap::new()),

@@ -258,7 +258,7 @@ pub async fn serve(
         files::spawn_sweeper(store.clone(), files::sweep_interval(ttl), stop.clone());
     }
     let mut session_settings = session_settings(&config);
-    session_settings.id_prefix = cluster.session_id_prefix();
+    session_settings.id_prefix = cluster.id_prefix();
     let sessions = Sessions::new(
         pool.clone(),
         session_settings,
@@ -290,10 +290,15 @@ pub async fn serve(
         live: Arc::new(live),
         rollovers: Rollovers::default(),
         pool: pool.clone(),
+        store_watch: files::watch::StoreWatch::spawn(
+            store.clone(),
+            files::watch::CHECK_INTERVAL,
+            stop.clone(),
+        ),
         store,
         sessions,
         catalog: Arc::new(catalog),
-        runs: Arc::default(),
+        runs: crate::runs::Runs::with_id_prefix(cluster.id_prefix()),
         metrics,
         keys,
         cluster,

@@ -1,11 +1,13 @@
 //! `GET /health`: Onyx's `{"status": "ok"}` plus the pool, the interpreter, the zygote
-//! generation serving (id, reason, when; sessions per generation) and the state of every
-//! sandbox layer; `"degraded"` with the reason (`last_spawn_error`) while the
-//! zygote is down or workers cannot be started. `GET /ready`: 200 once every tier that
-//! keeps idle workers has had one ready (no job then waits for a zygote or a spawn), 503
-//! before that, while the zygote is down or workers cannot be started, while
-//! the file store cannot be reached, and once shutdown has begun (for load balancers and
-//! Kubernetes probes).
+//! generation serving (id, reason, when; sessions per generation), the file store and the
+//! state of every sandbox layer; `"degraded"` with the reason (`last_spawn_error`) while
+//! the zygote is down or workers cannot be started, and (`file_store.detail`) while the
+//! file store cannot serve. `GET /ready`: 200 once every tier that keeps idle workers has
+//! had one ready (no job then waits for a zygote or a spawn), 503 before that, while the
+//! zygote is down or workers cannot be started, and once shutdown has begun (for load
+//! balancers and Kubernetes probes). The file store is not part of readiness: replicas
+//! share it, so its outage would take every replica out of the balancer at once, though
+//! runs that need no file can still be served.
 
 use axum::Json;
 use axum::extract::State;
@@ -14,12 +16,15 @@ use serde_json::{Value, json};
 
 use super::SharedState;
 use crate::error::ApiError;
+use crate::files::watch::StoreState;
 
 pub async fn health(State(state): State<SharedState>) -> Json<Value> {
     let pool = state.pool.status();
     let zygote = state.pool.zygote_info();
     let alive = pool.zygote.as_ref().is_some_and(|z| z.alive);
-    let healthy = alive && pool.last_spawn_error.is_none();
+    let store = state.store_watch.state();
+    let healthy =
+        alive && pool.last_spawn_error.is_none() && !matches!(store, StoreState::Unavailable(_));
     let sandbox: serde_json::Map<String, Value> = zygote
         .sandbox
         .iter()
@@ -43,27 +48,25 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
             "by_generation": state.sessions.by_generation(),
         },
         "generation": state.generation(),
+        "file_store": file_store(&state, store),
         "sandbox": sandbox,
     }))
 }
 
-pub async fn ready(State(state): State<SharedState>) -> Result<Json<Value>, ApiError> {
-    if let Some(why) = not_ready(&state) {
-        return Err(ApiError::NotReady(why));
-    }
-    // A shared store that cannot be reached fails every file request: say so here too.
-    match tokio::time::timeout(STORE_CHECK_TIMEOUT, state.store.check()).await {
-        Ok(Ok(())) => Ok(Json(json!({ "status": "ready" }))),
-        Ok(Err(e)) => Err(ApiError::NotReady(e.to_string())),
-        Err(_) => Err(ApiError::NotReady(format!(
-            "the file store did not answer within {} ms",
-            STORE_CHECK_TIMEOUT.as_millis()
-        ))),
-    }
+/// `{"backend", "state", "detail"}`: the state and error as the last background check
+/// found them (`/health` never waits on the store).
+fn file_store(state: &SharedState, store: StoreState) -> Value {
+    let mut entry = serde_json::to_value(store).expect("a store state serialises");
+    entry["backend"] = json!(state.config().files.backend);
+    entry
 }
 
-/// How long `/ready` waits for the file store's answer.
-const STORE_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+pub async fn ready(State(state): State<SharedState>) -> Result<Json<Value>, ApiError> {
+    match not_ready(&state) {
+        Some(why) => Err(ApiError::NotReady(why)),
+        None => Ok(Json(json!({ "status": "ready" }))),
+    }
+}
 
 /// Why the service should not be sent requests now, if it should not.
 pub(super) fn not_ready(state: &SharedState) -> Option<String> {

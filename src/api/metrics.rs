@@ -36,6 +36,10 @@ pub async fn observe(state: &SharedState) {
     let quota_mb = state.config().files.quota_mb;
     state.metrics.observe_health(&HealthReport {
         ready: super::health::not_ready(state).is_none(),
+        file_store_available: !matches!(
+            state.store_watch.state(),
+            crate::files::watch::StoreState::Unavailable(_)
+        ),
         sandbox: &zygote.sandbox,
         files_quota_bytes: (quota_mb > 0).then(|| quota_mb.saturating_mul(1 << 20)),
     });

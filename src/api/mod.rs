@@ -48,6 +48,8 @@ pub struct AppState {
     pub rollovers: Rollovers,
     pub pool: Pool,
     pub store: SharedStore,
+    /// Whether the file store can serve, as its last background check found (`/health`).
+    pub store_watch: Arc<crate::files::watch::StoreWatch>,
     pub sessions: Sessions,
     /// The operator's tools for sandboxed code (Code Mode), scoped per API key.
     pub catalog: Arc<crate::codemode::Catalog>,

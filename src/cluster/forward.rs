@@ -1,10 +1,11 @@
-//! The forwarding middleware: a call on `/v1/sessions/{id}` or below it, whose session
-//! another replica owns, is sent there over HTTP and the owner's answer streamed back
-//! (request and response bodies are never buffered, so SSE streams pass through as they
-//! are written). The caller's headers go along, `Authorization` included: the owner
-//! authenticates and scopes the call exactly as if it had been sent there directly. A
-//! forwarded call carries [`FORWARDED_BY`] and is never forwarded again. An owner that
-//! cannot be reached has lost the session with its worker: 410 with a `detail` saying so.
+//! The forwarding middleware: a call on `/v1/sessions/{id}` or `/v1/runs/{id}` or below
+//! them, whose session or run another replica owns, is sent there over HTTP and the
+//! owner's answer streamed back (request and response bodies are never buffered, so SSE
+//! streams pass through as they are written). The caller's headers go along,
+//! `Authorization` included: the owner authenticates and scopes the call exactly as if it
+//! had been sent there directly. A forwarded call carries [`FORWARDED_BY`] and is never
+//! forwarded again. An owner that cannot be reached has lost the session (or the run)
+//! with its worker: 410 with a `detail` saying so.
 
 use std::time::Instant;
 
@@ -15,7 +16,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::TryStreamExt;
 
-use super::Route;
+use super::{Kind, Route};
 use crate::api::SharedState;
 use crate::error::ApiError;
 use crate::metrics::cluster::ForwardOutcome;
@@ -25,23 +26,16 @@ pub const FORWARDED_BY: &str = "x-snakecage-forwarded-by";
 /// Set on a forwarded call's answer: the replica that served it.
 pub const SERVED_BY: &str = "x-snakecage-served-by";
 
-/// The session id in a session route's path, if it is one.
-pub fn session_id_in(path: &str) -> Option<&str> {
-    let rest = path.strip_prefix("/v1/sessions/")?;
-    let id = rest.split('/').next()?;
-    (!id.is_empty()).then_some(id)
-}
-
 pub async fn middleware(
     State(state): State<SharedState>,
     request: Request,
     next: Next,
 ) -> Response {
-    let Some(id) = session_id_in(request.uri().path()) else {
+    let Some((kind, id)) = Kind::id_in(request.uri().path()) else {
         return next.run(request).await;
     };
     let cluster = &state.cluster;
-    match cluster.route(id) {
+    match cluster.route(kind, id) {
         Route::Local => {
             let mut response = next.run(request).await;
             if let Some(me) = cluster
@@ -52,29 +46,36 @@ pub async fn middleware(
             }
             response
         }
-        Route::Gone(reason) => gone(id, &reason).into_response(),
+        Route::Gone(reason) => gone(kind, id, &reason).into_response(),
         Route::Forward { replica, .. } if request.headers().contains_key(FORWARDED_BY) => {
             let reason = format!(
                 "it belongs to replica '{replica}', and the replica that forwarded this call \
                  reached another one (cluster.peers differ between replicas)"
             );
-            gone(id, &reason).into_response()
+            gone(kind, id, &reason).into_response()
         }
         Route::Forward { replica, base } => {
             let id = id.to_owned();
-            forward(&state, &id, &replica, &base, request).await
+            forward(&state, kind, &id, &replica, &base, request).await
         }
     }
 }
 
-fn gone(id: &str, reason: &str) -> ApiError {
-    ApiError::Gone(format!(
-        "Session '{id}' is gone: {reason}. Its state is lost; create a new session."
-    ))
+fn gone(kind: Kind, id: &str, reason: &str) -> ApiError {
+    match kind {
+        Kind::Session => ApiError::Gone(format!(
+            "Session '{id}' is gone: {reason}. Its state is lost; create a new session."
+        )),
+        Kind::Run => ApiError::RunGone(format!(
+            "Run '{id}' is gone: {reason}. It ended with its worker; its tool calls cannot \
+             be answered and there is nothing to cancel."
+        )),
+    }
 }
 
 async fn forward(
     state: &SharedState,
+    kind: Kind,
     id: &str,
     replica: &str,
     base: &str,
@@ -117,13 +118,14 @@ async fn forward(
         }
         Err(e) => {
             metrics.forwarded(ForwardOutcome::Gone, started.elapsed());
-            tracing::warn!(session = %id, replica, %url, error = %e, "forwarding a session call failed");
+            tracing::warn!(id, replica, %url, error = %e, "forwarding a call to its owner failed");
             let why = if e.is_connect() {
                 "cannot be reached"
             } else {
                 "broke off the call"
             };
             gone(
+                kind,
                 id,
                 &format!("replica '{replica}', which owns it, {why} ({e})"),
             )
@@ -154,19 +156,6 @@ fn without_hop_by_hop(headers: &HeaderMap) -> HeaderMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_calls_on_one_session_carry_an_id() {
-        assert_eq!(session_id_in("/v1/sessions/sess_a_1_2"), Some("sess_a_1_2"));
-        assert_eq!(
-            session_id_in("/v1/sessions/sess_a_1_2/execute/stream"),
-            Some("sess_a_1_2")
-        );
-        assert_eq!(session_id_in("/v1/sessions"), None);
-        assert_eq!(session_id_in("/v1/sessions/"), None);
-        assert_eq!(session_id_in("/v1/execute"), None);
-        assert_eq!(session_id_in("/v1/files/x"), None);
-    }
 
     #[test]
     fn hop_by_hop_headers_stay_behind_and_the_key_goes_along() {

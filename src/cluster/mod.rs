@@ -1,9 +1,10 @@
-//! Running as one replica of several: which replica owns a session, and forwarding calls on
-//! a session to its owner.
+//! Running as one replica of several: which replica owns a session or a run, and
+//! forwarding calls on one to its owner.
 //!
-//! - [`ids`]: session ids that name their replica and its incarnation.
-//! - [`forward`]: the middleware that sends `/v1/sessions/{id}…` calls to the owner over
-//!   HTTP (streaming both ways, with the caller's `Authorization`), or answers 410.
+//! - [`ids`]: session and run ids that name their replica and its incarnation.
+//! - [`forward`]: the middleware that sends `/v1/sessions/{id}…` and `/v1/runs/{id}…`
+//!   calls to the owner over HTTP (streaming both ways, with the caller's
+//!   `Authorization`), or answers 410.
 //!
 //! Replicas share nothing but the file store; there is no membership protocol. A replica
 //! knows its own id from configuration (a StatefulSet pod name) and finds a peer by the
@@ -12,6 +13,8 @@
 
 pub mod forward;
 pub mod ids;
+
+pub use ids::Kind;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -28,14 +31,14 @@ pub struct Cluster {
     client: reqwest::Client,
 }
 
-/// Where a call on a session goes.
+/// Where a call on a session or a run goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
-    /// Here (a session of this replica, or an id that names no replica).
+    /// Here (a session or run of this replica, or an id that names no replica).
     Local,
     /// To the owner, at this base URL.
     Forward { replica: String, base: String },
-    /// Nowhere: the session cannot exist any more; the reason says why.
+    /// Nowhere: the session or run cannot exist any more; the reason says why.
     Gone(String),
 }
 
@@ -81,20 +84,20 @@ impl Cluster {
         self.replica.as_deref()
     }
 
-    /// What goes between `sess_` and the random part of the session ids made here.
-    pub fn session_id_prefix(&self) -> String {
+    /// What goes between `sess_` (or `run_`) and the random part of the ids made here.
+    pub fn id_prefix(&self) -> String {
         match &self.replica {
             Some(replica) => ids::prefix(replica, &self.incarnation),
             None => String::new(),
         }
     }
 
-    /// Where a call on `session_id` should be served.
-    pub fn route(&self, session_id: &str) -> Route {
+    /// Where a call on `id`, a session's or a run's, should be served.
+    pub fn route(&self, kind: Kind, id: &str) -> Route {
         let Some(me) = &self.replica else {
             return Route::Local;
         };
-        let Some(owner) = ids::owner(session_id) else {
+        let Some(owner) = ids::owner(kind, id) else {
             return Route::Local;
         };
         if owner.replica == me {
@@ -144,19 +147,19 @@ mod tests {
     #[test]
     fn a_session_is_served_by_its_owner_and_forwarded_by_the_others() {
         let a = cluster(Some("a"));
-        let mine = format!("sess_{}ff", a.session_id_prefix());
-        assert_eq!(a.route(&mine), Route::Local);
+        let mine = format!("sess_{}ff", a.id_prefix());
+        assert_eq!(a.route(Kind::Session, &mine), Route::Local);
         let b = cluster(Some("b"));
-        let theirs = format!("sess_{}ff", b.session_id_prefix());
+        let theirs = format!("sess_{}ff", b.id_prefix());
         assert_eq!(
-            a.route(&theirs),
+            a.route(Kind::Session, &theirs),
             Route::Forward {
                 replica: "b".into(),
                 base: "http://10.0.0.2:8000".into()
             }
         );
         assert_eq!(
-            b.route(&mine),
+            b.route(Kind::Session, &mine),
             Route::Forward {
                 replica: "a".into(),
                 base: "http://a.headless:8000".into()
@@ -164,13 +167,44 @@ mod tests {
         );
         // The same replica id after a restart: that session's worker is gone.
         let a_again = cluster(Some("a"));
-        assert!(matches!(a_again.route(&mine), Route::Gone(r) if r.contains("restarted")));
+        assert!(
+            matches!(a_again.route(Kind::Session, &mine), Route::Gone(r) if r.contains("restarted"))
+        );
         // Ids that name no replica are served (or not found) here.
-        assert_eq!(a.route("sess_0123abcd"), Route::Local);
+        assert_eq!(a.route(Kind::Session, "sess_0123abcd"), Route::Local);
         // A single replica never forwards.
         let single = cluster(None);
-        assert_eq!(single.session_id_prefix(), "");
-        assert_eq!(single.route(&theirs), Route::Local);
+        assert_eq!(single.id_prefix(), "");
+        assert_eq!(single.route(Kind::Session, &theirs), Route::Local);
+    }
+
+    #[test]
+    fn a_run_is_served_by_its_owner_and_forwarded_by_the_others() {
+        let a = cluster(Some("a"));
+        let b = cluster(Some("b"));
+        let runs_of_b = crate::runs::Runs::with_id_prefix(b.id_prefix());
+        let run = runs_of_b.register(Some("алиса"));
+        let id = run.entry.id.clone();
+        assert!(id.starts_with(&format!("run_b_{}", b.incarnation)), "{id}");
+        assert_eq!(b.route(Kind::Run, &id), Route::Local);
+        assert_eq!(
+            a.route(Kind::Run, &id),
+            Route::Forward {
+                replica: "b".into(),
+                base: "http://10.0.0.2:8000".into()
+            }
+        );
+        // A restarted owner lost its runs with its workers.
+        let b_again = cluster(Some("b"));
+        assert!(matches!(b_again.route(Kind::Run, &id), Route::Gone(r) if r.contains("restarted")));
+        // A single replica's run ids keep their form and never name a replica.
+        let single = crate::runs::Runs::with_id_prefix(cluster(None).id_prefix());
+        let plain = single.register(None).entry.id.clone();
+        assert!(
+            plain.starts_with("run_") && plain.len() == 4 + 32,
+            "{plain}"
+        );
+        assert_eq!(a.route(Kind::Run, &plain), Route::Local);
     }
 
     #[test]
@@ -181,6 +215,8 @@ mod tests {
         })
         .unwrap();
         let id = format!("sess_{}ff", ids::prefix("zz", "0123abcd"));
-        assert!(matches!(c.route(&id), Route::Gone(r) if r.contains("not a known peer")));
+        assert!(
+            matches!(c.route(Kind::Session, &id), Route::Gone(r) if r.contains("not a known peer"))
+        );
     }
 }

@@ -1,5 +1,5 @@
-//! `[cluster]`: this replica's id and how to reach its peers, so a session call that lands
-//! on the wrong replica is forwarded to the one whose worker holds the session.
+//! `[cluster]`: this replica's id and how to reach its peers, so a call on a session or a
+//! run that lands on the wrong replica is forwarded to the one whose worker holds it.
 
 use std::collections::BTreeMap;
 
@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// This replica's id, written into every session id it creates: letters, digits and
+    /// This replica's id, written into every session and run id it creates: letters, digits and
     /// `-`, at most 63 (a DNS label, so a StatefulSet pod name such as `snakecage-2`
     /// works as it is).
     pub replica_id: Option<String>,
@@ -20,8 +20,8 @@ pub struct ClusterConfig {
     /// `http://{replica}.snakecage-headless.default.svc.cluster.local:8000` (the DNS
     /// names a headless Service gives a StatefulSet's pods).
     pub peer_url_template: Option<String>,
-    /// Connecting to the owner of a session gives up after this long; the session is
-    /// then reported gone (410).
+    /// Connecting to the owner of a session or run gives up after this long; it is then
+    /// reported gone (410).
     pub forward_connect_timeout_ms: u64,
 }
 

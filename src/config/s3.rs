@@ -85,6 +85,44 @@ impl S3Config {
                 "s3.endpoint {endpoint:?} must be an http:// or https:// URL"
             ));
         }
+        // The S3 client refuses plain HTTP unless told otherwise, but only when it sends
+        // its first request: say so now rather than answer every file request with 503.
+        if let Some(endpoint) = &self.endpoint
+            && endpoint.starts_with("http://")
+            && !self.allow_http
+        {
+            return Some(format!(
+                "s3.endpoint {endpoint:?} is plain HTTP, which s3.allow_http = false (the \
+                 default) refuses: set s3.allow_http = true (SNAKECAGE_S3__ALLOW_HTTP=true) \
+                 for a store reached over plain HTTP, or give an https:// endpoint"
+            ));
+        }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_http_endpoint_needs_allow_http() {
+        let mut c = S3Config {
+            bucket: "fichiers-é".into(),
+            endpoint: Some("http://minio.storage:9000".into()),
+            ..S3Config::default()
+        };
+        let problem = c.problem().expect("http:// without allow_http accepted");
+        assert!(
+            problem.contains("s3.allow_http") && problem.contains("http://minio.storage:9000"),
+            "{problem}"
+        );
+        c.allow_http = true;
+        assert_eq!(c.problem(), None);
+        c.allow_http = false;
+        c.endpoint = Some("https://minio.storage:9000".into());
+        assert_eq!(c.problem(), None);
+        c.endpoint = None;
+        assert_eq!(c.problem(), None);
     }
 }

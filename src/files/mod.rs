@@ -4,6 +4,7 @@
 //! - [`local`]: [`LocalStore`], the embedded default: a directory on local disk.
 //! - [`s3`]: [`S3Store`], an S3-compatible object store shared by every replica.
 //! - [`observed`]: a decorator that times every store operation and counts its errors.
+//! - [`watch`]: whether the store can serve, checked in the background for `/health`.
 //! - [`workspace`]: staging stored files into a run's workspace and storing what the run
 //!   wrote.
 //!
@@ -14,6 +15,7 @@
 pub mod local;
 pub mod observed;
 pub mod s3;
+pub mod watch;
 pub mod workspace;
 
 use std::io;
@@ -163,7 +165,7 @@ pub trait FileStore: Send + Sync + 'static {
     /// at once (deleting a file twice is no error).
     async fn remove_expired(&self) -> Result<usize, StoreError>;
 
-    /// Whether the store can serve requests now (for `/ready`): `Unavailable` when not.
+    /// Whether the store can serve requests now (for `/health`): `Unavailable` when not.
     async fn check(&self) -> Result<(), StoreError> {
         Ok(())
     }

@@ -55,7 +55,7 @@ impl StoreOp {
 pub enum ForwardOutcome {
     /// The owner answered (whatever its status).
     Answered,
-    /// The owner could not be reached: the session is reported gone.
+    /// The owner could not be reached: the session or run is reported gone.
     Gone,
 }
 
@@ -93,12 +93,12 @@ impl ClusterMetrics {
             ),
             forwards: reg.counter_vec(
                 names::SESSION_FORWARDS_TOTAL,
-                "Session calls forwarded to the replica that owns the session, by outcome.",
+                "Session and run calls forwarded to the replica that owns the session or run, by outcome.",
                 &[label::OUTCOME],
             ),
             forward_seconds: reg.histogram(
                 names::SESSION_FORWARD_SECONDS,
-                "From forwarding a session call to the owner's response head.",
+                "From forwarding a session or run call to the owner's response head.",
                 &STORE_BUCKETS,
             ),
         };

@@ -13,6 +13,9 @@ use super::names::{self, label};
 pub struct HealthReport<'a> {
     /// Whether `/ready` answers 200.
     pub ready: bool,
+    /// Whether the file store's last check found it able to serve (or it was not checked
+    /// yet).
+    pub file_store_available: bool,
     /// The current zygote's report of each sandbox layer; a layer not listed is not active.
     pub sandbox: &'a [LayerReport],
     /// The file store's quota (`files.quota_mb`); `None`: no quota.
@@ -21,6 +24,7 @@ pub struct HealthReport<'a> {
 
 pub(super) struct HealthGauges {
     ready: IntGauge,
+    file_store_available: IntGauge,
     sandbox_layer_active: IntGaugeVec,
     files_quota_bytes: IntGauge,
 }
@@ -31,6 +35,10 @@ impl HealthGauges {
             ready: reg.gauge(
                 names::READY,
                 "1 while /ready answers 200 (workers ready, zygote up, not shutting down), else 0.",
+            ),
+            file_store_available: reg.gauge(
+                names::FILE_STORE_AVAILABLE,
+                "0 while the file store's last background check failed (GET /health says why), else 1.",
             ),
             sandbox_layer_active: reg.gauge_vec(
                 names::SANDBOX_LAYER_ACTIVE,
@@ -53,6 +61,8 @@ impl HealthGauges {
 
     pub(super) fn observe(&self, report: &HealthReport<'_>) {
         self.ready.set(i64::from(report.ready));
+        self.file_store_available
+            .set(i64::from(report.file_store_available));
         for layer in Layer::ALL {
             let active = report
                 .sandbox
@@ -102,11 +112,13 @@ mod tests {
         ];
         m.observe_health(&HealthReport {
             ready: true,
+            file_store_available: true,
             sandbox: &sandbox,
             files_quota_bytes: Some(5 << 20),
         });
         let text = m.encode();
         assert!(text.contains("snakecage_ready 1"), "{text}");
+        assert!(text.contains("snakecage_file_store_available 1"), "{text}");
         assert!(
             text.contains("snakecage_sandbox_layer_active{layer=\"seccomp\"} 1"),
             "{text}"
@@ -127,6 +139,7 @@ mod tests {
         let active = [report(Layer::Seccomp, LayerState::Active)];
         m.observe_health(&HealthReport {
             ready: true,
+            file_store_available: true,
             sandbox: &active,
             files_quota_bytes: Some(1),
         });
@@ -134,6 +147,7 @@ mod tests {
         let lost = [report(Layer::Seccomp, LayerState::Unavailable)];
         m.observe_health(&HealthReport {
             ready: false,
+            file_store_available: false,
             sandbox: &lost,
             files_quota_bytes: None,
         });
@@ -143,6 +157,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("snakecage_ready 0"), "{text}");
+        assert!(text.contains("snakecage_file_store_available 0"), "{text}");
         assert!(text.contains("snakecage_files_quota_bytes 0"), "{text}");
     }
 }

@@ -72,6 +72,9 @@ pub const FILES_QUOTA_BYTES: &str = "snakecage_files_quota_bytes";
 
 /// 1 while `/ready` answers 200, else 0 (no worker yet, zygote down, shutting down).
 pub const READY: &str = "snakecage_ready";
+/// 0 while the file store's last background check failed (`/health` says why), else 1.
+/// Not part of readiness: with S3 every replica shares the store.
+pub const FILE_STORE_AVAILABLE: &str = "snakecage_file_store_available";
 /// 1 when the current zygote reports the sandbox `layer` active, else 0 (off by
 /// configuration, unavailable on this host, or no zygote yet). One series per layer.
 pub const SANDBOX_LAYER_ACTIVE: &str = "snakecage_sandbox_layer_active";
@@ -81,10 +84,11 @@ pub const FILE_STORE_OPERATION_SECONDS: &str = "snakecage_file_store_operation_s
 /// File store operations that failed because the store could not serve them (unreachable,
 /// refused), by `operation`. Not found, too large and quota are answers, not errors.
 pub const FILE_STORE_ERRORS_TOTAL: &str = "snakecage_file_store_errors_total";
-/// Session calls forwarded to the replica that owns the session, by `outcome` (answered,
-/// gone: the owner could not be reached, failed: it broke off mid-answer).
+/// Session and run calls forwarded to the replica that owns the session or run (the name
+/// is older than run forwarding), by `outcome` (answered, gone: the owner could not be
+/// reached, failed: it broke off mid-answer).
 pub const SESSION_FORWARDS_TOTAL: &str = "snakecage_session_forwards_total";
-/// From forwarding a session call to the owner's response head.
+/// From forwarding a session or run call to the owner's response head.
 pub const SESSION_FORWARD_SECONDS: &str = "snakecage_session_forward_seconds";
 
 /// HTTP requests answered, by `route` (the route template, or `unmatched`) and `status`.
@@ -127,7 +131,7 @@ pub mod label {
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
 /// Every metric family name, for checks that nothing refers to a name that does not exist.
-pub const ALL: [&str; 42] = [
+pub const ALL: [&str; 43] = [
     TOOL_CALLS_TOTAL,
     TOOL_CALL_DURATION_SECONDS,
     EXECUTIONS_TOTAL,
@@ -159,6 +163,7 @@ pub const ALL: [&str; 42] = [
     FILES_STORED_BYTES,
     FILES_QUOTA_BYTES,
     READY,
+    FILE_STORE_AVAILABLE,
     SANDBOX_LAYER_ACTIVE,
     HTTP_REQUESTS_TOTAL,
     PROCESS_RESIDENT_MEMORY_BYTES,

@@ -1,6 +1,7 @@
 //! Three replicas with the S3 file store (SeaweedFS) and distinct replica ids behind
 //! HAProxy (round-robin, health checks on `/ready`): files are shared, sessions are found
-//! wherever a call lands (streaming included), and a replica killed with SIGKILL costs
+//! wherever a call lands (streaming included), a run's tool calls are answered and the
+//! run cancelled through any replica, and a replica killed with SIGKILL costs
 //! only its sessions (410), never a stored file or a stateless request.
 
 use std::time::{Duration, Instant};
@@ -11,6 +12,7 @@ use crate::backing::{Haproxy, Seaweed, free_port};
 use crate::harness::Server;
 use crate::s3_store::{download, s3_options, upload};
 use crate::stream::read_events;
+use crate::tools_caller::Events;
 
 const IDS: [&str; 3] = ["r0", "r1", "r2"];
 
@@ -187,6 +189,76 @@ async fn three_replicas_behind_haproxy_share_files_and_find_their_sessions() {
         assert!(Instant::now() < deadline, "the run was never interrupted");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // Code Mode through the balancer: a run's caller tool calls are answered, and a run is
+    // cancelled, through replicas other than the one running it.
+    let tool = json!([{"name": "lookup", "description": "Die Temperatur einer Stadt",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    let code = "from snakecage import tools\n\
+                print(sum(tools.lookup(city=c)['temp'] for c in ['Zürich', 'Genève', 'Chur']))";
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/execute/stream", lb.base))
+        .json(&json!({"code": code, "tools": tool, "timeout_ms": 30000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
+    let runner = IDS
+        .iter()
+        .position(|id| run_id.starts_with(&format!("run_{id}_")))
+        .unwrap_or_else(|| panic!("{run_id} names no replica"));
+    let mut events = Events::new(resp);
+    for i in 1..=3 {
+        let call = loop {
+            let (event, data) = events.next().await.expect("the stream ended early");
+            if event == "tool_call" {
+                break data;
+            }
+        };
+        let elsewhere = &bases[(runner + i) % 3];
+        let path = format!(
+            "/v1/runs/{run_id}/tool_calls/{}",
+            call["call_id"].as_str().unwrap()
+        );
+        let (status, headers, r) = post(elsewhere, &path, &json!({"result": {"temp": i}})).await;
+        assert_eq!(status, 204, "{r}");
+        assert_eq!(headers["x-snakecage-served-by"], IDS[runner]);
+    }
+    let result = loop {
+        let (event, data) = events.next().await.expect("no result");
+        if event == "result" {
+            break data;
+        }
+    };
+    assert_eq!(result["stdout"], "6\n", "{result}");
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/execute/stream", lb.base))
+        .json(&json!({"code": "import time\nprint('läuft', flush=True)\ntime.sleep(60)", "timeout_ms": 60000}))
+        .send()
+        .await
+        .unwrap();
+    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
+    let runner = IDS
+        .iter()
+        .position(|id| run_id.starts_with(&format!("run_{id}_")))
+        .unwrap_or_else(|| panic!("{run_id} names no replica"));
+    let mut events = Events::new(resp);
+    assert_eq!(events.next().await.unwrap().0, "output");
+    let cancelled = reqwest::Client::new()
+        .delete(format!("{}/v1/runs/{run_id}", bases[(runner + 1) % 3]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status(), 204);
+    assert_eq!(cancelled.headers()["x-snakecage-served-by"], IDS[runner]);
+    let result = loop {
+        let (event, data) = events.next().await.expect("no result");
+        if event == "result" {
+            break data;
+        }
+    };
+    assert_eq!(result["verdict"], "killed", "{result}");
 
     // The owner dies. Once HAProxy's checks drop it, stateless traffic sees no 5xx, its
     // session is 410 wherever asked, and every stored file is still served.

@@ -5,6 +5,7 @@ mod agents;
 mod auth;
 mod backing;
 mod cluster;
+mod cluster_runs;
 mod collect_limits;
 mod core;
 mod dashboard;

@@ -1,7 +1,8 @@
 //! The S3 file store against a real S3-compatible server (SeaweedFS): what the local store
 //! promises holds (streaming, limits, quota, run outputs, tenant-free round trips with
 //! awkward names, survival across a restart), and an unreachable store is a clear 503,
-//! never a 500, with `/ready` saying so.
+//! never a 500, with `/health` saying so while `/ready` stays 200 (every replica shares
+//! the store: its outage must not take them all out of the load balancer).
 
 use serde_json::{Value, json};
 
@@ -121,18 +122,32 @@ async fn the_s3_store_keeps_every_promise_of_the_local_one() {
     assert!(download(&s.base, &out_id).await == (200, expected));
     assert_eq!(list_names(&s.base).await.len(), 3);
     assert_eq!(s.get("/ready").await.0, 200);
+    let health = store_checked(&s).await;
+    assert_eq!(health["status"], "ok", "{health}");
+    assert_eq!(
+        health["file_store"],
+        json!({"backend": "s3", "state": "ok"}),
+        "{health}"
+    );
 
-    // A bucket that does not exist: not ready, and the detail says why.
+    // A bucket that does not exist: ready (code runs), /health degraded saying why.
     let mut missing = s3_options(&weed, "promises");
     missing = missing.env("SNAKECAGE_S3__BUCKET", "no-such-bucket");
     let m = Server::start_with(missing).await;
+    let health = store_checked(&m).await;
+    assert_eq!(health["status"], "degraded", "{health}");
+    assert_eq!(health["file_store"]["state"], "unavailable", "{health}");
+    let detail = health["file_store"]["detail"].as_str().unwrap();
+    assert!(detail.contains("NoSuchBucket"), "{health}");
     let (status, _, ready) = m.get("/ready").await;
-    assert_eq!(status, 503, "{ready}");
-    assert!(ready.contains("NoSuchBucket"), "{ready}");
+    assert_eq!(status, 200, "{ready}");
+    let (status, _, body) = m.get("/v1/files").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("NoSuchBucket"), "{body}");
     drop(m);
 
-    // The store goes away: file requests get 503 with the store's error, /ready says so,
-    // and code that needs no file still runs.
+    // The store goes away: file requests get 503 with the store's error, /health says so,
+    // /ready stays 200 and code that needs no file still runs.
     weed.kill();
     let (status, body) = upload(&s.base, "x.txt", b"x".to_vec()).await;
     assert_eq!(status, 503, "{body}");
@@ -148,8 +163,25 @@ async fn the_s3_store_keeps_every_promise_of_the_local_one() {
     let (status, _) = download(&s.base, &out_id).await;
     assert_eq!(status, 503);
     let (status, _, ready) = s.get("/ready").await;
-    assert_eq!(status, 503, "{ready}");
-    assert!(ready.contains("file store"), "{ready}");
+    assert_eq!(status, 200, "{ready}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let health = loop {
+        // The background check notices within its interval.
+        let health = s.health().await;
+        if health["file_store"]["state"] == "unavailable" {
+            break health;
+        }
+        assert_eq!(health["file_store"]["state"], "ok", "{health}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never noticed: {health}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_eq!(health["status"], "degraded", "{health}");
+    assert_eq!(health["ready"], true, "{health}");
+    let detail = health["file_store"]["detail"].as_str().unwrap();
+    assert!(detail.contains("file store is unavailable"), "{health}");
     let (status, r) = s.post("/v1/execute", &json!({"code": "print(6*7)"})).await;
     assert_eq!((status, r["stdout"].as_str()), (200, Some("42\n")), "{r}");
     let (_, _, metrics) = s.get("/metrics").await;
@@ -158,6 +190,32 @@ async fn the_s3_store_keeps_every_promise_of_the_local_one() {
         .find(|l| l.starts_with("snakecage_file_store_errors_total{operation=\"put\"}"))
         .unwrap();
     assert!(!errors.ends_with(" 0"), "{errors}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "snakecage_file_store_available 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.lines().any(|l| l == "snakecage_ready 1"),
+        "{metrics}"
+    );
+}
+
+/// `/health` once the file store's first background check has run.
+async fn store_checked(s: &Server) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let health = s.health().await;
+        if health["file_store"]["state"] != "unchecked" {
+            return health;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never checked: {health}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 async fn list_names(base: &str) -> Vec<Value> {
@@ -173,4 +231,47 @@ async fn list_names(base: &str) -> Vec<Value> {
         .iter()
         .map(|f| f["filename"].clone())
         .collect()
+}
+
+/// A plain-HTTP endpoint without `s3.allow_http` would start and then fail every file
+/// request; start-up refuses it instead, naming the key to set and the endpoint, whether
+/// the endpoint is `s3.endpoint` or comes from the AWS environment.
+#[test]
+fn a_plain_http_endpoint_without_allow_http_fails_start_up() {
+    for endpoint_var in ["SNAKECAGE_S3__ENDPOINT", "AWS_ENDPOINT_URL"] {
+        let said = start_up_error(&[
+            ("SNAKECAGE_FILES__BACKEND", "s3"),
+            ("SNAKECAGE_S3__BUCKET", "fichiers-été"),
+            (endpoint_var, "http://minio.storage:9000"),
+        ]);
+        assert!(
+            said.contains("s3.allow_http") && said.contains("http://minio.storage:9000"),
+            "{endpoint_var}: {said}"
+        );
+    }
+}
+
+/// What the service wrote to stderr on failing to start with `env`.
+fn start_up_error(env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["--listen", "127.0.0.1:0", "--venv"])
+        .arg(crate::harness::repo_root().join(".venv"))
+        .env("SNAKECAGE_WORKER__STATE_DIR", dir.path())
+        .env("SNAKECAGE_POOL__SIZE", "1")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A service that starts anyway would never exit: stop waiting for it, generously.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "it started: {said}");
+    said
 }

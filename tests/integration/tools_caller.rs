@@ -8,20 +8,20 @@ use serde_json::{Value, json};
 use crate::tools::server_with_tools;
 
 /// Reads SSE events (`(event, data)`) from a streamed response.
-struct Events {
+pub struct Events {
     resp: reqwest::Response,
     buf: String,
 }
 
 impl Events {
-    fn new(resp: reqwest::Response) -> Self {
+    pub fn new(resp: reqwest::Response) -> Self {
         Self {
             resp,
             buf: String::new(),
         }
     }
 
-    async fn next(&mut self) -> Option<(String, Value)> {
+    pub async fn next(&mut self) -> Option<(String, Value)> {
         loop {
             if let Some(end) = self.buf.find("\n\n") {
                 let block: String = self.buf.drain(..end + 2).collect();

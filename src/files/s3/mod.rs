@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::buffered::BufWriter;
 use object_store::path::Path;
 use object_store::{
@@ -89,6 +89,25 @@ impl S3Store {
         }
         if let Some(region) = &config.region {
             builder = builder.with_region(region);
+        }
+        // s3.endpoint itself is checked with the configuration; one from the environment
+        // (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL) would otherwise only fail at the first
+        // request.
+        let endpoint = [AmazonS3ConfigKey::S3Endpoint, AmazonS3ConfigKey::Endpoint]
+            .iter()
+            .find_map(|key| builder.get_config_value(key));
+        if let Some(endpoint) = endpoint
+            && endpoint.starts_with("http://")
+            && !config.allow_http
+        {
+            return Err(StoreError::Unavailable {
+                doing: "configuring the S3 client",
+                detail: format!(
+                    "the endpoint {endpoint:?} (from the environment) is plain HTTP, which \
+                     s3.allow_http = false refuses: set s3.allow_http = true \
+                     (SNAKECAGE_S3__ALLOW_HTTP=true) or give an https:// endpoint"
+                ),
+            });
         }
         let store = builder
             .build()
