@@ -393,6 +393,24 @@ async fn a_full_or_read_only_file_store_answers_507_runs_go_on_and_nothing_is_co
     let (status, r) = refused.expect("the 4 MiB store never filled");
     assert_eq!(status, 507, "{r}");
     assert!(r["detail"].as_str().unwrap().contains("no space"), "{r}");
+    // Small uploads into what is left, until one is refused: each is stored whole or
+    // refused. A write that failed for want of space used to be reported only by the next
+    // write, and a small upload has no next write: it was answered 201, its bytes empty.
+    let mut small = Vec::new();
+    for i in 0..4000 {
+        let bytes = format!("petit fichier {i} — ").repeat(100).into_bytes();
+        let (status, r) = upload_alone(&s, &format!("petit{i}.txt"), bytes.clone()).await;
+        tally.add(status.to_string());
+        match status {
+            201 => small.push((r["file_id"].as_str().unwrap().to_owned(), bytes)),
+            507 => break,
+            other => panic!("{other}: {r}"),
+        }
+        assert!(i < 3999, "the store never filled with small uploads");
+    }
+    for (id, bytes) in small.iter().rev().take(30) {
+        assert_eq!(&download_bytes(&s, id).await, bytes, "{id}");
+    }
     // Runs still run; what they write is skipped with the reason.
     let run = s
         .run("print('still running')\nn = open('out.bin','wb').write(b'x' * 2_000_000)")

@@ -169,6 +169,10 @@ impl LocalStore {
             },
         )
         .await?;
+        // tokio's File writes in the background and keeps a failed write's error (ENOSPC on
+        // a full disk) for the next write or flush: sync_all alone drops it, and an upload
+        // cut short would be stored as if whole.
+        file.flush().await.map_err(io_err("writing", tmp))?;
         file.sync_all().await.map_err(io_err("syncing", tmp))?;
         Ok(written)
     }
@@ -184,10 +188,16 @@ impl LocalStore {
         let written = async {
             let mut f = tokio::fs::File::create(&tmp_meta).await?;
             f.write_all(&json).await?;
+            f.flush().await?; // the write's own error, as above
             f.sync_all().await
         }
         .await;
-        written.map_err(io_err("writing", &tmp_meta))?;
+        if let Err(e) = written {
+            // Nothing half-stored: an object without its metadata would only take space.
+            let _ = tokio::fs::remove_file(&object).await;
+            let _ = tokio::fs::remove_file(&tmp_meta).await;
+            return Err(io_err("writing", &tmp_meta)(e));
+        }
         let meta_path = self.meta_path(id);
         let renamed = tokio::fs::rename(&tmp_meta, &meta_path).await;
         if let Err(e) = renamed {
