@@ -182,6 +182,7 @@ impl Config {
     /// Checks the values together (ranges, consistency); [`Config::load`] calls it.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |msg: &str| Err(ConfigError::Invalid(msg.to_owned()));
+        self.log.check_level().map_err(ConfigError::Invalid)?;
         if self.pool.size == 0 {
             return bad("pool.size must be at least 1");
         }
@@ -309,6 +310,33 @@ fn default_workspace_base() -> Option<PathBuf> {
 mod tests {
     use super::*;
     use snakecage_worker::protocol::Layer;
+
+    #[test]
+    fn a_log_level_that_would_silence_the_log_is_refused() {
+        let with = |level: &str| {
+            let mut c = Config::default();
+            c.log.level = level.into();
+            c.validate()
+        };
+        for good in [
+            "info",
+            "WARN",
+            "warn,snakecage=debug",
+            "snakecage::pool=trace",
+            "off",
+        ] {
+            with(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+        for bad in ["warning", "verbose", "", "info,", "info,débogage"] {
+            let e = with(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("log.level") && e.contains("is not a log filter"),
+                "{bad}: {e}"
+            );
+        }
+        let e = with("snakecage=loud").unwrap_err().to_string();
+        assert!(e.contains("log.level"), "{e}");
+    }
 
     #[test]
     fn defaults_are_valid_and_documented_values() {

@@ -207,6 +207,36 @@ pub struct LogConfig {
     pub level: String,
 }
 
+impl LogConfig {
+    /// `log.level` as a `tracing` filter: levels, `target=level` pairs, comma-separated.
+    /// `tracing` reads a bare word that is no level (`warning`, `verbose`) as a target to
+    /// log everything of, which silences every other line, errors included: refused.
+    pub fn check_level(&self) -> Result<(), String> {
+        const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+        let what_to_give = "give a level (error, warn, info, debug, trace, off) or \
+                            target=level pairs, e.g. \"info,snakecage=debug\"";
+        for directive in self.level.split(',').map(str::trim) {
+            let bare_word = !directive.contains(['=', '[', ':']);
+            if directive.is_empty()
+                || bare_word && !LEVELS.contains(&&*directive.to_ascii_lowercase())
+            {
+                return Err(format!(
+                    "log.level {:?} is not a log filter: {directive:?} is no level; {what_to_give}",
+                    self.level
+                ));
+            }
+        }
+        tracing_subscriber::EnvFilter::try_new(&self.level)
+            .map(drop)
+            .map_err(|e| {
+                format!(
+                    "log.level {:?} is not a log filter ({e}); {what_to_give}",
+                    self.level
+                )
+            })
+    }
+}
+
 impl Default for AuthConfig {
     fn default() -> Self {
         Self {

@@ -496,3 +496,24 @@ async fn the_status_page_shows_the_numbers_the_metrics_have() {
         png.len()
     );
 }
+
+/// `log.level` a bare word that is no level (`warning`): `tracing` would read it as a
+/// target and log nothing else, errors included, so the service ran silent. Refused.
+#[test]
+fn a_log_level_that_is_no_level_stops_start_up_saying_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["--listen", "127.0.0.1:0", "--venv"])
+        .arg(repo_root().join(".venv"))
+        .env("SNAKECAGE_WORKER__STATE_DIR", dir.path())
+        .env("SNAKECAGE_LOG__LEVEL", "warning")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(r#"log.level "warning" is not a log filter"#) && stderr.contains("warn"),
+        "{stderr}"
+    );
+}
