@@ -139,6 +139,22 @@ async fn every_request_gets_an_id_and_its_log_lines_carry_it_but_never_code_or_o
     let (_, headers, _) = s.get("/health").await;
     let generated = headers["x-request-id"].to_str().unwrap();
     assert_eq!(generated.len(), 36, "a UUID: {generated}");
+    // One that could pass for log fields of its own, or too long, is replaced by ours.
+    for forged in [
+        "abc method=DELETE path=/v1/admin/packages status=200".to_owned(),
+        "x".repeat(6000),
+        "ümlaut".to_owned(),
+    ] {
+        let resp = s
+            .client
+            .get(format!("{}/health", s.base))
+            .header("x-request-id", forged.as_bytes())
+            .send()
+            .await
+            .unwrap();
+        let echoed = resp.headers()["x-request-id"].to_str().unwrap();
+        assert_eq!(echoed.len(), 36, "a UUID, not {forged:.40}: {echoed}");
+    }
 
     let upload = reqwest::multipart::Form::new().part(
         "file",
