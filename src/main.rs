@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use snakecage::auth::{KeyEntry, KeysFile};
+use snakecage::auth::{KeyEntry, KeysError, KeysFile};
 use snakecage::config::{Config, LogFormat, Overrides};
 use snakecage::{server, shutdown};
 use tracing_subscriber::EnvFilter;
@@ -127,7 +127,8 @@ fn init_logging(config: &Config) {
     }
 }
 
-/// `snakecage keys …`: the keys file is rewritten atomically; a new key goes to stdout.
+/// `snakecage keys …`: the keys file is changed under a lock and replaced atomically; a new
+/// key goes to stdout.
 fn keys(command: KeysCommand, config: &Config) -> Result<(), String> {
     let file_of = |given: Option<PathBuf>| {
         given
@@ -150,7 +151,6 @@ fn keys(command: KeysCommand, config: &Config) -> Result<(), String> {
                 scopes.push(snakecage::auth::ADMIN_SCOPE.to_owned());
             }
             let path = file_of(keys_file)?;
-            let mut file = KeysFile::read(&path).map_err(|e| e.to_string())?;
             let limits = KeyEntry {
                 max_concurrent,
                 max_sessions,
@@ -158,8 +158,7 @@ fn keys(command: KeysCommand, config: &Config) -> Result<(), String> {
                 scopes,
                 ..KeyEntry::default()
             };
-            let key = file.add(&name, limits).map_err(|e| e.to_string())?;
-            file.write(&path).map_err(|e| e.to_string())?;
+            let key = KeysFile::add_to(&path, &name, limits).map_err(|e| e.to_string())?;
             eprintln!(
                 "snakecage: added key {name:?} to {} (only its SHA-256 is stored; this is the only time the key is shown)",
                 path.display()
@@ -168,6 +167,9 @@ fn keys(command: KeysCommand, config: &Config) -> Result<(), String> {
         }
         KeysCommand::List { keys_file } => {
             let path = file_of(keys_file)?;
+            if !path.exists() {
+                return Err(KeysError::Missing { path }.to_string());
+            }
             for key in KeysFile::read(&path).map_err(|e| e.to_string())?.keys {
                 println!("{}", key.name);
             }

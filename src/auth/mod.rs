@@ -82,17 +82,19 @@ pub struct Keys {
 
 impl Keys {
     /// The keys of `config` (inline) and of its keys file, checked: valid hashes, unique
-    /// names and unique keys.
+    /// names and unique keys; a keys file that is set must exist and hold a key.
     pub fn load(config: &AuthConfig) -> Result<Self, KeysError> {
         let mut entries = config.keys.clone();
         if let Some(path) = &config.keys_file {
             if !path.is_file() {
-                return Err(KeysError::Read {
-                    path: path.clone(),
-                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
-                });
+                return Err(KeysError::Missing { path: path.clone() });
             }
-            entries.extend(KeysFile::read(path)?.keys);
+            let from_file = KeysFile::read(path)?.keys;
+            // An empty file would turn authentication off without a word.
+            if from_file.is_empty() {
+                return Err(KeysError::Empty { path: path.clone() });
+            }
+            entries.extend(from_file);
         }
         let mut names = HashSet::new();
         let mut digests = HashSet::new();
