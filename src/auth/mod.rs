@@ -8,6 +8,7 @@
 
 mod admin;
 mod keys_file;
+mod ring;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -30,6 +31,7 @@ use self::keys_file::validate;
 pub use self::keys_file::{
     ADMIN_SCOPE, KEY_PREFIX, KeyEntry, KeysError, KeysFile, SCOPES, generate_key, sha256_hex,
 };
+pub use self::ring::{KeyRing, KeysChange};
 
 /// One tenant (a configured key): its name, limits and the executions it has running.
 #[derive(Debug)]
@@ -216,11 +218,13 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 /// valid `Authorization: Bearer <key>` (else 401); its tenant goes into the request's
 /// extensions as a [`Caller`].
 pub async fn require_key(
-    State(keys): State<Arc<Keys>>,
+    State(ring): State<Arc<KeyRing>>,
     mut request: Request,
     next: Next,
 ) -> Response {
-    // The admin routes' extractor decides with the keys (see `AdminCaller`).
+    // The keys in force now: a reload that changes them applies to the next request.
+    let keys = ring.load();
+    // The admin routes' extractor decides with the same keys (see `AdminCaller`).
     request.extensions_mut().insert(keys.clone());
     if !keys.enabled() {
         return next.run(request).await;

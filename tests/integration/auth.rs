@@ -2,7 +2,7 @@
 //! invisible to another (even by id), per-key limits, hashed keys on disk, MCP as the
 //! caller, and the refusal to serve beyond loopback without keys. The keys CLI: concurrent
 //! adds all land, the file keeps its comments and mode; a missing file to list and a keys
-//! file without keys are errors.
+//! file without keys are errors. Rotating keys on a running service is in `keys_rotation`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -18,6 +18,7 @@ mod files;
 mod grafana;
 mod harness;
 mod immortal;
+mod keys_rotation;
 mod kubernetes;
 mod load;
 mod mcp;
