@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use snakecage::auth::{KeyEntry, KeysError, KeysFile};
 use snakecage::config::{Config, LogFormat, Overrides};
-use snakecage::{server, shutdown};
+use snakecage::{hangup, server, shutdown};
 use tracing_subscriber::EnvFilter;
 
 /// Runs untrusted Python in pre-forked, sandboxed CPython workers behind an HTTP API.
@@ -98,6 +98,8 @@ async fn main() -> ExitCode {
     init_logging(&config);
     // Before anything that can take time: a SIGTERM from here on stops the service in order.
     let shutdown = shutdown::shutdown_signal();
+    // Likewise SIGHUP, which would otherwise end the process: it reloads once serving.
+    let hangups = hangup::reload_signal();
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
         Err(e) => {
@@ -105,7 +107,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match server::serve(listener, config, shutdown).await {
+    match server::serve_with(listener, config, shutdown, Some(hangups)).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "snakecage failed");

@@ -165,8 +165,18 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
 
 pub async fn serve(
     listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    serve_with(listener, config, shutdown, None).await
+}
+
+/// [`serve`], reloading on each `hangups` (SIGHUP, see [`crate::hangup`]) once serving.
+pub async fn serve_with(
+    listener: TcpListener,
     mut config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    hangups: Option<crate::hangup::ReloadSignal>,
 ) -> Result<(), ServeError> {
     let local_addr = listener.local_addr()?;
     let keys = Arc::new(KeyRing::new(load_keys(&config, listener.local_addr()?)?));
@@ -305,6 +315,9 @@ pub async fn serve(
         envs,
         stopping: stopping.clone(),
     });
+    if let Some(hangups) = hangups {
+        crate::hangup::spawn(hangups, state.clone(), stopping.clone());
+    }
     // Outermost first: the id is set, then echoed in the response, then the span made.
     let app = api::router(state)
         .layer(

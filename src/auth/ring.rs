@@ -1,4 +1,4 @@
-//! The keys in force, swappable: a reload re-reads `auth.keys_file` and,
+//! The keys in force, swappable: a reload (HTTP or SIGHUP) re-reads `auth.keys_file` and,
 //! once the reload has gone through, the new keys replace the old at once for every
 //! request that starts after it. A keys file that does not parse, or holds no key, is
 //! refused and the keys in force stay: a reload never turns authentication off.

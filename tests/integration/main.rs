@@ -16,6 +16,7 @@ mod faults;
 mod file_store;
 mod files;
 mod grafana;
+mod hangup;
 mod harness;
 mod immortal;
 mod keys_rotation;

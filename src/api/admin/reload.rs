@@ -7,7 +7,7 @@
 //! (`"rolled_over": false`) unless `?force=true`. The keys file (`auth.keys_file`) is
 //! re-read too: its keys are in force from the end of the reload, and a keys file that
 //! does not parse or holds no key is refused with 422 (the keys in force stay). Answers
-//! the generation serving after it.
+//! the generation serving after it. SIGHUP runs the same reload ([`crate::hangup`]).
 
 use axum::Json;
 use axum::extract::{Query, State};
@@ -56,7 +56,8 @@ pub async fn reload(
         .map(Json)
 }
 
-/// The reload itself (`by` says who asked, for the logs): the configuration and the keys file re-read, checked, rolled over to.
+/// The reload itself, for `POST /v1/admin/reload` and SIGHUP alike (`by` says who asked,
+/// for the logs): the configuration and the keys file re-read, checked, rolled over to.
 /// The new keys are put in force only once the rollover has gone through (or found
 /// nothing else to change): a refused or failed reload changes nothing at all.
 pub(crate) async fn reload_service(
