@@ -72,13 +72,13 @@ pub(crate) async fn reload_service(
     // The operator's package changes live in the managed environment, not in the file:
     // the reloaded configuration runs on it too.
     state.envs.overlay(&mut config);
-    tracing::info!(by, force, "reloading the configuration");
     // Held from the keys file's read to its keys being in force, so that two reloads
     // cannot interleave them.
     let slot = state
         .rollovers
         .reserve("reload")
         .map_err(RolloverError::into_api)?;
+    tracing::info!(by, force, "reloading the configuration");
     // The keys file the service runs with (`auth.*` itself changes only with a restart).
     let keys = state.keys.reread(&state.config().auth).map_err(|e| {
         ApiError::Validation(format!(
