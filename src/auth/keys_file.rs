@@ -255,7 +255,8 @@ fn replace(path: &Path, text: &str) -> Result<(), KeysError> {
             .mode(0o600)
             .open(&tmp)?;
         if let Some(meta) = &existing {
-            if (meta.uid(), meta.gid()) != (f.metadata()?.uid(), f.metadata()?.gid()) {
+            let created = f.metadata()?;
+            if (meta.uid(), meta.gid()) != (created.uid(), created.gid()) {
                 std::os::unix::fs::fchown(&f, Some(meta.uid()), Some(meta.gid()))?;
             }
             f.set_permissions(std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
