@@ -2,7 +2,8 @@
 //! HTTP API compatible with the Onyx code interpreter.
 //!
 //! - [`config`]: defaults, TOML file, `SNAKECAGE_*` environment, CLI flags.
-//! - [`server`]: `serve(listener, config, shutdown)`, used by `main` and by the tests.
+//! - [`server`]: `serve(listener, config, shutdown)`, used by the tests and benches;
+//!   `main` calls `serve_with` to have SIGHUP reload.
 //! - [`api`]: the router and its handlers.
 //! - [`auth`]: API keys, tenants and their limits, the middleware that requires a key.
 //! - [`cli`]: command-line clients of a running service (`snakecage packages …`).
@@ -17,6 +18,7 @@
 //! - [`pool`]: the zygotes (one per tier), the pre-forked workers, one run of one job.
 //! - [`imports`]: the modules a job's code imports, read statically to pick its tier.
 //! - [`shutdown`]: the SIGTERM/SIGINT future, and start-up steps that give way to it.
+//! - [`hangup`]: SIGHUP, which reloads as `POST /v1/admin/reload` does.
 //! - [`state_lock`]: the lock by which one running instance owns a state directory.
 //! - [`codemode`]: host tools sandboxed code calls (`from snakecage import tools`): the
 //!   catalog, its providers (caller over SSE, HTTP, upstream MCP), per-run limits.
@@ -41,6 +43,7 @@ pub mod envs;
 pub mod error;
 pub mod files;
 pub mod generation;
+pub mod hangup;
 pub mod imports;
 pub mod live;
 pub mod markdown;

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use snakecage::auth::{KeyEntry, KeysFile};
+use snakecage::auth::{KeyEntry, KeysError, KeysFile};
 use snakecage::config::{Config, LogFormat, Overrides};
-use snakecage::{server, shutdown};
+use snakecage::{hangup, server, shutdown};
 use tracing_subscriber::EnvFilter;
 
 /// Runs untrusted Python in pre-forked, sandboxed CPython workers behind an HTTP API.
@@ -98,6 +98,8 @@ async fn main() -> ExitCode {
     init_logging(&config);
     // Before anything that can take time: a SIGTERM from here on stops the service in order.
     let shutdown = shutdown::shutdown_signal();
+    // Likewise SIGHUP, which would otherwise end the process: it reloads once serving.
+    let hangups = hangup::reload_signal();
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
         Err(e) => {
@@ -105,7 +107,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match server::serve(listener, config, shutdown).await {
+    match server::serve_with(listener, config, shutdown, Some(hangups)).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "snakecage failed");
@@ -127,7 +129,8 @@ fn init_logging(config: &Config) {
     }
 }
 
-/// `snakecage keys …`: the keys file is rewritten atomically; a new key goes to stdout.
+/// `snakecage keys …`: the keys file is changed under a lock and replaced atomically; a new
+/// key goes to stdout.
 fn keys(command: KeysCommand, config: &Config) -> Result<(), String> {
     let file_of = |given: Option<PathBuf>| {
         given
@@ -150,7 +153,6 @@ fn keys(command: KeysCommand, config: &Config) -> Result<(), String> {
                 scopes.push(snakecage::auth::ADMIN_SCOPE.to_owned());
             }
             let path = file_of(keys_file)?;
-            let mut file = KeysFile::read(&path).map_err(|e| e.to_string())?;
             let limits = KeyEntry {
                 max_concurrent,
                 max_sessions,
@@ -158,8 +160,7 @@ fn keys(command: KeysCommand, config: &Config) -> Result<(), String> {
                 scopes,
                 ..KeyEntry::default()
             };
-            let key = file.add(&name, limits).map_err(|e| e.to_string())?;
-            file.write(&path).map_err(|e| e.to_string())?;
+            let key = KeysFile::add_to(&path, &name, limits).map_err(|e| e.to_string())?;
             eprintln!(
                 "snakecage: added key {name:?} to {} (only its SHA-256 is stored; this is the only time the key is shown)",
                 path.display()
@@ -168,6 +169,9 @@ fn keys(command: KeysCommand, config: &Config) -> Result<(), String> {
         }
         KeysCommand::List { keys_file } => {
             let path = file_of(keys_file)?;
+            if !path.exists() {
+                return Err(KeysError::Missing { path }.to_string());
+            }
             for key in KeysFile::read(&path).map_err(|e| e.to_string())?.keys {
                 println!("{}", key.name);
             }

@@ -22,7 +22,7 @@ use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
 use crate::api::{self, AppState};
-use crate::auth::{Keys, KeysError};
+use crate::auth::{KeyRing, Keys, KeysError};
 use crate::cluster::{Cluster, ClusterError};
 use crate::config::FilesBackend;
 use crate::config::{Config, ConfigError};
@@ -165,11 +165,21 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
 
 pub async fn serve(
     listener: TcpListener,
-    mut config: Config,
+    config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    serve_with(listener, config, shutdown, None).await
+}
+
+/// [`serve`], reloading on each `hangups` (SIGHUP, see [`crate::hangup`]) once serving.
+pub async fn serve_with(
+    listener: TcpListener,
+    mut config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    hangups: Option<crate::hangup::ReloadSignal>,
+) -> Result<(), ServeError> {
     let local_addr = listener.local_addr()?;
-    let keys = Arc::new(load_keys(&config, listener.local_addr()?)?);
+    let keys = Arc::new(KeyRing::new(load_keys(&config, listener.local_addr()?)?));
     // A CA file that cannot be read is the operator's to fix: said before any zygote starts.
     let trust_roots = crate::codemode::tls::TrustRoots::load(config.tools.ca_file.as_deref())
         .map_err(ServeError::Tools)?;
@@ -179,7 +189,7 @@ pub async fn serve(
     let metrics = Arc::new(Metrics::new());
     let store = open_store(&config, metrics.clone())?;
     prepare_mpl_config_dir(&settings.tiers[0].zygote.mpl_config_dir)?;
-    metrics.set_tenants(keys.names());
+    metrics.set_tenants(keys.load().names());
     // Answer at once while the zygotes start (503, Retry-After, what is happening); the
     // real router takes over when the pool is ready.
     let router_cell = api::starting::RouterCell::default();
@@ -305,6 +315,9 @@ pub async fn serve(
         envs,
         stopping: stopping.clone(),
     });
+    if let Some(hangups) = hangups {
+        crate::hangup::spawn(hangups, state.clone(), stopping.clone());
+    }
     // Outermost first: the id is set, then echoed in the response, then the span made.
     let app = api::router(state)
         .layer(

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::sessions::Sessions;
 
-use crate::auth::{self, Keys};
+use crate::auth::{self, KeyRing};
 use crate::cluster::{self, Cluster};
 use crate::config::Config;
 use crate::files::SharedStore;
@@ -56,8 +56,8 @@ pub struct AppState {
     /// Runs in progress, by id (cancel, answer a tool call).
     pub runs: Arc<crate::runs::Runs>,
     pub metrics: Arc<Metrics>,
-    /// The configured API keys (none: no authentication).
-    pub keys: Arc<Keys>,
+    /// The API keys in force (none: no authentication); a reload re-reads the keys file.
+    pub keys: Arc<KeyRing>,
     /// This replica's place in a cluster (which replica owns a session).
     pub cluster: Arc<Cluster>,
     /// Operator package management: environment generations and their manifest.

@@ -1,5 +1,9 @@
 //! The keys file and its entries: a key's tenant name, SHA-256, limits and scopes; creating
 //! keys (only their hash is stored) and checking entries.
+//!
+//! `snakecage keys add` changes the file under an exclusive lock (`FILE.lock` beside it,
+//! held from the read to the rename), so concurrent adds all land; it edits the TOML in
+//! place (the operator's comments and layout stay) and keeps the file's mode and owner.
 
 use std::path::{Path, PathBuf};
 
@@ -53,6 +57,19 @@ pub enum KeysError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "keys file {path} does not exist; give the right path, or create it with `snakecage keys add NAME --keys-file {path}`"
+    )]
+    Missing { path: PathBuf },
+    #[error(
+        "auth.keys_file {path} holds no keys; add one with `snakecage keys add` or unset auth.keys_file to run without keys"
+    )]
+    Empty { path: PathBuf },
+    #[error("locking keys file {path}: {source}")]
+    Lock {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("keys file {path}: {source}")]
     Parse {
         path: PathBuf,
@@ -84,39 +101,50 @@ impl KeysFile {
                 });
             }
         };
-        toml::from_str(&text).map_err(|source| KeysError::Parse {
+        Self::parse(path, &text)
+    }
+
+    /// Replaces `path` atomically with these keys (see [`replace`]); a new file is
+    /// readable by its owner only.
+    pub fn write(&self, path: &Path) -> Result<(), KeysError> {
+        replace(path, &toml::to_string(self).expect("keys serialise"))
+    }
+
+    /// Adds a new key named `name` with `limits` to the file at `path` (created when
+    /// missing) and returns the key. The whole read-modify-write holds an exclusive lock
+    /// on `path.lock`, so concurrent adds each land; the entry is appended to the TOML as
+    /// written (comments, order and layout stay); the file keeps its mode and owner.
+    pub fn add_to(path: &Path, name: &str, limits: KeyEntry) -> Result<String, KeysError> {
+        let _lock = lock(path)?;
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(source) => {
+                return Err(KeysError::Read {
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+        };
+        let mut file = Self::parse(path, &text)?;
+        let key = file.add(name, limits)?;
+        let entry = file.keys.last().expect("just added");
+        let mut document: toml_edit::DocumentMut =
+            text.parse()
+                .map_err(|e: toml_edit::TomlError| KeysError::Write {
+                    path: path.to_owned(),
+                    source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+                })?;
+        append_entry(&mut document, entry);
+        replace(path, &document.to_string())?;
+        Ok(key)
+    }
+
+    fn parse(path: &Path, text: &str) -> Result<Self, KeysError> {
+        toml::from_str(text).map_err(|source| KeysError::Parse {
             path: path.to_owned(),
             source: Box::new(source),
         })
-    }
-
-    /// Replaces `path` atomically (a temporary file beside it, fsynced, renamed over it),
-    /// readable by its owner only.
-    pub fn write(&self, path: &Path) -> Result<(), KeysError> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let err = |source| KeysError::Write {
-            path: path.to_owned(),
-            source,
-        };
-        let text = toml::to_string(self).expect("keys serialise");
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(format!(".tmp{}", std::process::id()));
-        let tmp = PathBuf::from(tmp);
-        let written = (|| {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(text.as_bytes())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)
-        })();
-        if written.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written.map_err(err)
     }
 
     /// Adds a new key named `name` with `limits`; returns the key, which exists nowhere
@@ -135,6 +163,112 @@ impl KeysFile {
         self.keys.push(entry);
         Ok(key)
     }
+}
+
+/// Holds an exclusive advisory lock on `path.lock` (created beside the keys file, kept)
+/// until dropped. A lock file rather than the keys file itself: the keys file is replaced
+/// by a rename, and a lock on the old inode would not exclude a writer that opened the new.
+fn lock(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, KeysError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut lock_path = path.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let lock_path = PathBuf::from(lock_path);
+    let err = |source| KeysError::Lock {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&lock_path)
+        .map_err(err)?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, errno)| err(std::io::Error::from(errno)))
+}
+
+/// Appends `entry` as one more `[[keys]]` table (or one more element of an inline
+/// `keys = [...]` array) to `document`, leaving everything else as it was.
+fn append_entry(document: &mut toml_edit::DocumentMut, entry: &KeyEntry) {
+    use toml_edit::{Item, Table, value};
+    let mut table = Table::new();
+    table.insert("name", value(entry.name.as_str()));
+    table.insert("sha256", value(entry.sha256.as_str()));
+    let limits = [
+        ("max_concurrent", entry.max_concurrent.map(|n| n as u64)),
+        ("max_sessions", entry.max_sessions.map(|n| n as u64)),
+        ("max_stored_mb", entry.max_stored_mb),
+    ];
+    for (key, limit) in limits {
+        if let Some(limit) = limit {
+            table.insert(key, value(i64::try_from(limit).unwrap_or(i64::MAX)));
+        }
+    }
+    if !entry.scopes.is_empty() {
+        let scopes: toml_edit::Array = entry.scopes.iter().map(String::as_str).collect();
+        table.insert("scopes", value(scopes));
+    }
+    match document.get_mut("keys") {
+        Some(Item::Value(toml_edit::Value::Array(inline))) => {
+            inline.push(table.into_inline_table());
+        }
+        Some(Item::ArrayOfTables(tables)) => tables.push(table),
+        _ => {
+            // A file of comments only holds them after its (absent) tables: they stay
+            // above the first key instead of moving below it.
+            let leading = document.trailing().as_str().unwrap_or_default().to_owned();
+            if !leading.trim().is_empty() {
+                table.decor_mut().set_prefix(leading);
+                document.set_trailing("");
+            }
+            let mut tables = toml_edit::ArrayOfTables::new();
+            tables.push(table);
+            document.insert("keys", Item::ArrayOfTables(tables));
+        }
+    }
+}
+
+/// Replaces `path` with `text` atomically: a temporary file beside it, given the mode and
+/// owner of the file it replaces (a new file: 0600, this process's), fsynced, renamed over
+/// it.
+fn replace(path: &Path, text: &str) -> Result<(), KeysError> {
+    use std::io::Write;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let err = |source| KeysError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    let existing = match std::fs::metadata(path) {
+        Ok(meta) => Some(meta),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(source) => return Err(err(source)),
+    };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        if let Some(meta) = &existing {
+            let created = f.metadata()?;
+            if (meta.uid(), meta.gid()) != (created.uid(), created.gid()) {
+                std::os::unix::fs::fchown(&f, Some(meta.uid()), Some(meta.gid()))?;
+            }
+            f.set_permissions(std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+        }
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map_err(err)
 }
 
 /// A new key: `sc_` and 32 random bytes in hex.
@@ -193,4 +327,50 @@ pub(super) fn validate(entry: &KeyEntry) -> Result<[u8; 32], KeysError> {
     }
     parse_hex32(&entry.sha256.to_ascii_lowercase())
         .ok_or_else(|| invalid("sha256 must be 64 hex digits (the SHA-256 of the key)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_added_key_is_appended_and_the_operators_comments_and_layout_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.toml");
+        let written = "# Schlüssel des Teams — monatlich rotiert\n\n\
+                       [[keys]]\n# Bereitschaft\nname = \"ops\"  # Jörg\n\
+                       sha256 = \"{hash}\"\nscopes = [\"admin\"]\n";
+        let written = written.replace("{hash}", &sha256_hex("sc_ops"));
+        std::fs::write(&path, &written).unwrap();
+        let key = KeysFile::add_to(
+            &path,
+            "alice",
+            KeyEntry {
+                max_concurrent: Some(2),
+                scopes: vec![ADMIN_SCOPE.into()],
+                ..KeyEntry::default()
+            },
+        )
+        .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let added = format!(
+            "\n[[keys]]\nname = \"alice\"\nsha256 = \"{}\"\nmax_concurrent = 2\nscopes = [\"admin\"]\n",
+            sha256_hex(&key)
+        );
+        assert_eq!(text, format!("{written}{added}"));
+        let names: Vec<String> = KeysFile::read(&path)
+            .unwrap()
+            .keys
+            .into_iter()
+            .map(|k| k.name)
+            .collect();
+        assert_eq!(names, ["ops", "alice"]);
+
+        // Keys written as an inline array get one more element.
+        std::fs::write(&path, "keys = [] # noch keine\n").unwrap();
+        KeysFile::add_to(&path, "bob", KeyEntry::default()).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.ends_with("# noch keine\n"), "{text}");
+        assert_eq!(KeysFile::read(&path).unwrap().keys[0].name, "bob");
+    }
 }

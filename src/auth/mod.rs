@@ -8,6 +8,7 @@
 
 mod admin;
 mod keys_file;
+mod ring;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -30,6 +31,7 @@ use self::keys_file::validate;
 pub use self::keys_file::{
     ADMIN_SCOPE, KEY_PREFIX, KeyEntry, KeysError, KeysFile, SCOPES, generate_key, sha256_hex,
 };
+pub use self::ring::{KeyRing, KeysChange};
 
 /// One tenant (a configured key): its name, limits and the executions it has running.
 #[derive(Debug)]
@@ -82,17 +84,19 @@ pub struct Keys {
 
 impl Keys {
     /// The keys of `config` (inline) and of its keys file, checked: valid hashes, unique
-    /// names and unique keys.
+    /// names and unique keys; a keys file that is set must exist and hold a key.
     pub fn load(config: &AuthConfig) -> Result<Self, KeysError> {
         let mut entries = config.keys.clone();
         if let Some(path) = &config.keys_file {
             if !path.is_file() {
-                return Err(KeysError::Read {
-                    path: path.clone(),
-                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
-                });
+                return Err(KeysError::Missing { path: path.clone() });
             }
-            entries.extend(KeysFile::read(path)?.keys);
+            let from_file = KeysFile::read(path)?.keys;
+            // An empty file would turn authentication off without a word.
+            if from_file.is_empty() {
+                return Err(KeysError::Empty { path: path.clone() });
+            }
+            entries.extend(from_file);
         }
         let mut names = HashSet::new();
         let mut digests = HashSet::new();
@@ -214,11 +218,13 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 /// valid `Authorization: Bearer <key>` (else 401); its tenant goes into the request's
 /// extensions as a [`Caller`].
 pub async fn require_key(
-    State(keys): State<Arc<Keys>>,
+    State(ring): State<Arc<KeyRing>>,
     mut request: Request,
     next: Next,
 ) -> Response {
-    // The admin routes' extractor decides with the keys (see `AdminCaller`).
+    // The keys in force now: a reload that changes them applies to the next request.
+    let keys = ring.load();
+    // The admin routes' extractor decides with the same keys (see `AdminCaller`).
     request.extensions_mut().insert(keys.clone());
     if !keys.enabled() {
         return next.run(request).await;

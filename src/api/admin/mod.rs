@@ -6,7 +6,7 @@
 //! - `packages`: `GET/POST/DELETE /v1/admin/packages`, `POST /v1/admin/packages/sync`.
 
 mod packages;
-mod reload;
+pub(crate) mod reload;
 
 use axum::Router;
 use axum::routing::{get, post};

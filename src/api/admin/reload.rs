@@ -4,16 +4,19 @@
 //! one, and nothing changes. Packages added with `/v1/admin/packages` stay: the managed
 //! environment is laid over the re-read configuration. When the configuration and the
 //! environment's files are as the serving generation has them, nothing is started
-//! (`"rolled_over": false`) unless `?force=true`. Answers the generation serving after it.
+//! (`"rolled_over": false`) unless `?force=true`. The keys file (`auth.keys_file`) is
+//! re-read too: its keys are in force from the end of the reload, and a keys file that
+//! does not parse or holds no key is refused with 422 (the keys in force stay). Answers
+//! the generation serving after it. SIGHUP runs the same reload ([`crate::hangup`]).
 
 use axum::Json;
 use axum::extract::{Query, State};
 use serde::{Deserialize, Serialize};
 
-use crate::api::SharedState;
-use crate::auth::AdminCaller;
+use crate::api::{AppState, SharedState};
+use crate::auth::{AdminCaller, KeysChange};
 use crate::error::ApiError;
-use crate::generation::{GenerationInfo, NextGeneration, Outcome, roll_over};
+use crate::generation::{GenerationInfo, NextGeneration, Outcome, RolloverError, roll_over_in};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -23,14 +26,18 @@ pub struct ReloadQuery {
     force: bool,
 }
 
-/// The generation serving after the reload, and whether the reload started it.
+/// The generation serving after the reload, whether the reload started it, and what it
+/// changed in the API keys (with a keys file).
 #[derive(Debug, Serialize)]
 pub struct ReloadAnswer {
     #[serde(flatten)]
-    generation: GenerationInfo,
-    rolled_over: bool,
+    pub generation: GenerationInfo,
+    pub rolled_over: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    message: Option<String>,
+    pub message: Option<String>,
+    /// The keys file re-read, and the key names added, removed and changed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keys: Option<KeysChange>,
 }
 
 pub async fn reload(
@@ -44,6 +51,20 @@ pub async fn reload(
             e.body_text()
         ))
     })?;
+    reload_service(&state, query.force, admin.who())
+        .await
+        .map(Json)
+}
+
+/// The reload itself, for `POST /v1/admin/reload` and SIGHUP alike (`by` says who asked,
+/// for the logs): the configuration and the keys file re-read, checked, rolled over to.
+/// The new keys are put in force only once the rollover has gone through (or found
+/// nothing else to change): a refused or failed reload changes nothing at all.
+pub(crate) async fn reload_service(
+    state: &AppState,
+    force: bool,
+    by: &str,
+) -> Result<ReloadAnswer, ApiError> {
     let mut config = state
         .config()
         .reload()
@@ -51,33 +72,69 @@ pub async fn reload(
     // The operator's package changes live in the managed environment, not in the file:
     // the reloaded configuration runs on it too.
     state.envs.overlay(&mut config);
-    tracing::info!(
-        by = admin.who(),
-        force = query.force,
-        "reloading the configuration"
-    );
+    // Held from the keys file's read to its keys being in force, so that two reloads
+    // cannot interleave them.
+    let slot = state
+        .rollovers
+        .reserve("reload")
+        .map_err(RolloverError::into_api)?;
+    tracing::info!(by, force, "reloading the configuration");
+    // The keys file the service runs with (`auth.*` itself changes only with a restart).
+    let keys = state.keys.reread(&state.config().auth).map_err(|e| {
+        ApiError::Validation(format!(
+            "{e}; nothing changed: the API keys in force stay, and no new generation was started"
+        ))
+    })?;
     let next = NextGeneration {
         config,
         probe_imports: Vec::new(),
         reason: "reload".into(),
-        force: query.force,
+        force,
     };
-    match roll_over(&state, next).await {
-        Ok(Outcome::RolledOver(generation)) => Ok(Json(ReloadAnswer {
+    let outcome = roll_over_in(state, &slot, next)
+        .await
+        .map_err(RolloverError::into_api)?;
+    let keys = keys.map(|(keys, change)| {
+        if !change.is_empty() {
+            state.metrics.set_tenants(keys.names());
+            state.keys.store(keys);
+            tracing::info!(
+                by,
+                file = %change.file.display(),
+                keys = %change.summary(),
+                "API keys re-read from the keys file"
+            );
+        }
+        change
+    });
+    drop(slot);
+    Ok(match outcome {
+        Outcome::RolledOver(generation) => ReloadAnswer {
             generation,
             rolled_over: true,
             message: None,
-        })),
-        Ok(Outcome::Unchanged(generation)) => Ok(Json(ReloadAnswer {
-            message: Some(format!(
-                "nothing changed: the configuration and the environment's files are those \
-                 generation {} runs with; no new generation was started (?force=true starts \
-                 one anyway)",
+            keys,
+        },
+        Outcome::Unchanged(generation) => {
+            let unchanged = format!(
+                "the configuration and the environment's files are those generation {} runs \
+                 with; no new generation was started (?force=true starts one anyway)",
                 generation.id
-            )),
-            generation,
-            rolled_over: false,
-        })),
-        Err(e) => Err(e.into_api()),
-    }
+            );
+            let message = match &keys {
+                Some(change) if !change.is_empty() => format!(
+                    "API keys re-read from {}: {}. Nothing else changed: {unchanged}",
+                    change.file.display(),
+                    change.summary(),
+                ),
+                _ => format!("nothing changed: {unchanged}"),
+            };
+            ReloadAnswer {
+                message: Some(message),
+                generation,
+                rolled_over: false,
+                keys,
+            }
+        }
+    })
 }
