@@ -10,6 +10,7 @@
 //! - [`s3`]: the file store backend (`files.backend`) and the object store (`[s3]`).
 //! - [`cluster`]: this replica's id and its peers (`[cluster]`).
 //! - [`reload`]: which keys a running service can take without a restart.
+//! - [`explain`]: what a `--config` path or a `listen` address that cannot work is.
 //! - [`minimums`]: the least value of each numeric key the service can work with.
 //! - [`tools`]: Code Mode: tool call limits and the operator's tools (`[tools]`).
 //! - [`packages`]: operator package management: installer, environment generations (`[packages]`).
@@ -17,6 +18,7 @@
 //! A new area of configuration gets a file of its own here and one field in [`Config`].
 
 mod cluster;
+mod explain;
 mod minimums;
 mod packages;
 mod python;
@@ -34,6 +36,8 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 pub use self::cluster::{ClusterConfig, valid_replica_id};
+pub use self::explain::LISTEN_HINT;
+use self::explain::{check_config_file, explain_load_error, parse_listen};
 pub use self::packages::{ImportNames, PackagesConfig, normalize_dist_name};
 pub use self::python::{PythonConfig, PythonLayout};
 pub use self::reload::{RELOADABLE, same_settings, unreloadable_changes};
@@ -295,41 +299,6 @@ impl Config {
     }
 }
 
-/// Refuses a `--config` path that cannot be a configuration file, saying what it is. Any
-/// readable file goes (an empty one, `/dev/null` too, is valid TOML with no keys).
-fn check_config_file(file: &Path) -> Result<(), ConfigError> {
-    let refuse = |what: String| {
-        Err(ConfigError::Invalid(format!(
-            "config file {}: {what}; give the path of a TOML file (snakecage.example.toml \
-             lists every key)",
-            file.display()
-        )))
-    };
-    match std::fs::metadata(file) {
-        Ok(meta) if meta.is_dir() => refuse("is a directory".into()),
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => refuse("not found".into()),
-        Err(e) => refuse(format!("cannot be read: {e}")),
-    }
-}
-
-/// A load error, with what to write instead where the parser's own words do not say it.
-fn explain_load_error(error: figment::Error) -> ConfigError {
-    if error.path == ["listen"] {
-        return ConfigError::Invalid(format!("listen: {error}: {LISTEN_HINT}"));
-    }
-    ConfigError::Load(Box::new(error))
-}
-
-/// What `listen` (and `--listen`) takes.
-pub const LISTEN_HINT: &str = "give an IP address and port, e.g. 127.0.0.1:8000 (a host name such as localhost is not \
-     resolved; 0.0.0.0:8000 listens on every interface)";
-
-/// `--listen`: a socket address, or an error that says what to give.
-fn parse_listen(value: &str) -> Result<SocketAddr, String> {
-    value.parse().map_err(|e| format!("{e}: {LISTEN_HINT}"))
-}
-
 /// `/dev/shm/snakecage` when /dev/shm is a tmpfs of at least 1 GiB: creating and
 /// removing a workspace per request there costs no disk metadata work (on ext4 it showed
 /// up in the supervisor's profile). Smaller ones (containers default to 64 MiB) would not
@@ -400,46 +369,6 @@ mod tests {
             Err(ConfigError::Invalid(_))
         ));
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_config_path_that_is_no_file_and_a_host_name_to_listen_on_are_explained() {
-        let dir = tempfile::tempdir().unwrap();
-        let load = |file: &Path| match Config::load(Some(file), &Overrides::default()) {
-            Ok(_) => "accepted".to_owned(),
-            Err(e) => e.to_string(),
-        };
-        assert_eq!(
-            load(dir.path()),
-            format!(
-                "configuration: config file {}: is a directory; give the path of a TOML file \
-                 (snakecage.example.toml lists every key)",
-                dir.path().display()
-            )
-        );
-        let missing = dir.path().join("réglages.toml");
-        assert_eq!(
-            load(&missing),
-            format!(
-                "configuration: config file {}: not found; give the path of a TOML file \
-                 (snakecage.example.toml lists every key)",
-                missing.display()
-            )
-        );
-        // An empty file is valid TOML without keys: the defaults.
-        assert_eq!(load(Path::new("/dev/null")), "accepted");
-        let file = dir.path().join("snakecage.toml");
-        std::fs::write(&file, "listen = \"localhost:8000\"\n").unwrap();
-        let error = load(&file);
-        assert!(
-            error.starts_with("configuration: listen: invalid socket address syntax"),
-            "{error}"
-        );
-        assert!(error.ends_with(LISTEN_HINT), "{error}");
-        assert_eq!(
-            parse_listen("localhost:8000").unwrap_err(),
-            format!("invalid socket address syntax: {LISTEN_HINT}")
-        );
     }
 
     #[test]
