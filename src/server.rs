@@ -227,20 +227,27 @@ pub async fn serve_with(
         )
     };
     // Given up, the start-up's zygotes are killed with it (`kill_on_drop`, and their
-    // `PR_SET_PDEATHSIG` once this process exits); the workspace root is left to the next
-    // start, as after a crash.
+    // `PR_SET_PDEATHSIG` once this process exits) and its workspace root is removed (the
+    // root's guard is dropped with the start-up). A start-up that fails past this point
+    // shuts the pool down, which does the same.
     let Some((environment, started, cluster)) = until_requested(starting, &requested).await else {
         return stopped_while_starting(stop, server).await;
     };
-    let started = started
-        .map_err(ServeError::from)
-        .and_then(|pool| Ok((pool, Arc::new(cluster?))));
-    let (pool, cluster) = match started {
-        Ok(started) => started,
+    let pool = match started {
+        Ok(pool) => pool,
         Err(e) => {
             stop.cancel();
             let _ = server.await;
-            return Err(e);
+            return Err(e.into());
+        }
+    };
+    let cluster = match cluster {
+        Ok(cluster) => Arc::new(cluster),
+        Err(e) => {
+            pool.shutdown().await;
+            stop.cancel();
+            let _ = server.await;
+            return Err(e.into());
         }
     };
     let first_generation = GenerationInfo::first(
@@ -280,7 +287,15 @@ pub async fn serve_with(
         pool.shutdown().await;
         return stopped_while_starting(stop, server).await;
     };
-    let catalog = catalog.map_err(|e| ServeError::Tools(e.to_string()))?;
+    let catalog = match catalog {
+        Ok(catalog) => catalog,
+        Err(e) => {
+            pool.shutdown().await;
+            stop.cancel();
+            let _ = server.await;
+            return Err(ServeError::Tools(e.to_string()));
+        }
+    };
     metrics.set_tool_names(catalog.names());
     let packages = Packages::new(&info);
     // The MCP server's descriptions are the same for every caller: they name the host

@@ -2,7 +2,8 @@
 //! generation serving (id, reason, when; sessions per generation), the file store and the
 //! state of every sandbox layer; `"degraded"` with the reason (`last_spawn_error`) while
 //! the zygote is down or workers cannot be started, and (`file_store.detail`) while the
-//! file store cannot serve. `GET /ready`: 200 once every tier that keeps idle workers has
+//! file store cannot serve (with `file_store.last_recovery` once a local store's directory
+//! had to be recreated). `GET /ready`: 200 once every tier that keeps idle workers has
 //! had one ready (no job then waits for a zygote or a spawn), 503 before that, while the
 //! zygote is down or workers cannot be started, and once shutdown has begun (for load
 //! balancers and Kubernetes probes). The file store is not part of readiness: replicas
@@ -58,6 +59,11 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
 fn file_store(state: &SharedState, store: StoreState) -> Value {
     let mut entry = serde_json::to_value(store).expect("a store state serialises");
     entry["backend"] = json!(state.config().files.backend);
+    // The store's directory had been removed under the service and was recreated: what
+    // was lost, for as long as this process runs.
+    if let Some(recovery) = state.store.last_recovery() {
+        entry["last_recovery"] = json!(recovery);
+    }
     entry
 }
 

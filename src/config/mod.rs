@@ -10,12 +10,16 @@
 //! - [`s3`]: the file store backend (`files.backend`) and the object store (`[s3]`).
 //! - [`cluster`]: this replica's id and its peers (`[cluster]`).
 //! - [`reload`]: which keys a running service can take without a restart.
+//! - [`explain`]: what a `--config` path or a `listen` address that cannot work is.
+//! - [`minimums`]: the least value of each numeric key the service can work with.
 //! - [`tools`]: Code Mode: tool call limits and the operator's tools (`[tools]`).
 //! - [`packages`]: operator package management: installer, environment generations (`[packages]`).
 //!
 //! A new area of configuration gets a file of its own here and one field in [`Config`].
 
 mod cluster;
+mod explain;
+mod minimums;
 mod packages;
 mod python;
 mod reload;
@@ -32,6 +36,8 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 pub use self::cluster::{ClusterConfig, valid_replica_id};
+pub use self::explain::LISTEN_HINT;
+use self::explain::{check_config_file, explain_load_error, parse_listen};
 pub use self::packages::{ImportNames, PackagesConfig, normalize_dist_name};
 pub use self::python::{PythonConfig, PythonLayout};
 pub use self::reload::{RELOADABLE, same_settings, unreloadable_changes};
@@ -103,7 +109,7 @@ impl Default for Config {
 #[derive(Debug, Default, Clone, clap::Args)]
 pub struct Overrides {
     /// Address to listen on, e.g. 127.0.0.1:8000.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_listen)]
     pub listen: Option<SocketAddr>,
     /// Virtualenv with the packages user code may import.
     #[arg(long = "venv")]
@@ -137,12 +143,7 @@ impl Config {
     pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
         let mut fig = Figment::from(Serialized::defaults(Config::default()));
         if let Some(file) = file {
-            if !file.is_file() {
-                return Err(ConfigError::Invalid(format!(
-                    "config file {} not found",
-                    file.display()
-                )));
-            }
+            check_config_file(file)?;
             fig = fig.merge(Toml::file(file));
         }
         fig = fig.merge(Env::prefixed("SNAKECAGE_").split("__").ignore(&[
@@ -165,7 +166,7 @@ impl Config {
         if overrides.allow_unauthenticated {
             fig = fig.merge(Serialized::default("auth.allow_unauthenticated", true));
         }
-        let mut config: Config = fig.extract().map_err(Box::new)?;
+        let mut config: Config = fig.extract().map_err(explain_load_error)?;
         config.source = ConfigSource {
             file: file.map(Path::to_path_buf),
             overrides: overrides.clone(),
@@ -219,6 +220,12 @@ impl Config {
         }
         if self.sessions.max_sessions == 0 {
             return bad("sessions.max_sessions must be at least 1");
+        }
+        if let Some(problem) = self.python.problem() {
+            return Err(ConfigError::Invalid(problem));
+        }
+        if let Some(problem) = minimums::problem(self) {
+            return Err(ConfigError::Invalid(problem));
         }
         if self.limits.max_bundle_bytes < 1024 {
             return bad("limits.max_bundle_bytes must be at least 1024");

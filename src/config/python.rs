@@ -37,6 +37,23 @@ pub struct PythonLayout {
 }
 
 impl PythonConfig {
+    /// A `site_packages` entry that is not a directory: named, rather than left out of
+    /// `sys.path` without a word (its imports would fail in every run).
+    pub fn problem(&self) -> Option<String> {
+        self.site_packages.iter().find_map(|dir| {
+            let what = match std::fs::metadata(dir) {
+                Ok(meta) if meta.is_dir() => return None,
+                Ok(_) => "is not a directory".to_owned(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist".to_owned(),
+                Err(e) => format!("cannot be read: {e}"),
+            };
+            Some(format!(
+                "python.site_packages entry {} {what}; give directories of importable modules",
+                dir.display()
+            ))
+        })
+    }
+
     /// Resolves the venv (if present) into a home and its site-packages directory. A
     /// configured venv that does not exist is an error: silently running without the
     /// packages the operator asked for would be worse.
@@ -94,6 +111,33 @@ fn venv_home(cfg: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn site_packages_entries_must_be_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("modulé.py");
+        std::fs::write(&file, "x = 1\n").unwrap();
+        let missing = dir.path().join("absent-ü");
+        let with = |paths: Vec<PathBuf>| PythonConfig {
+            site_packages: paths,
+            ..PythonConfig::default()
+        };
+        assert_eq!(with(vec![dir.path().to_path_buf()]).problem(), None);
+        assert_eq!(
+            with(vec![dir.path().to_path_buf(), missing.clone()]).problem(),
+            Some(format!(
+                "python.site_packages entry {} does not exist; give directories of importable modules",
+                missing.display()
+            ))
+        );
+        assert_eq!(
+            with(vec![file.clone()]).problem(),
+            Some(format!(
+                "python.site_packages entry {} is not a directory; give directories of importable modules",
+                file.display()
+            ))
+        );
+    }
 
     #[test]
     fn pyvenv_home_is_the_prefix_above_bin() {

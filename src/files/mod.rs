@@ -169,6 +169,22 @@ pub trait FileStore: Send + Sync + 'static {
     async fn check(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    /// The last time the store had to be rebuilt under the running service (its directory
+    /// removed from outside), for `/health`; `None` if it never had to.
+    fn last_recovery(&self) -> Option<StoreRecovery> {
+        None
+    }
+}
+
+/// A store rebuilt under the running service: when, and what was lost.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StoreRecovery {
+    /// RFC 3339, UTC.
+    pub at: String,
+    /// Stored files whose bytes or metadata were gone, now forgotten.
+    pub lost_files: usize,
+    pub detail: String,
 }
 
 pub type SharedStore = Arc<dyn FileStore>;

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use tokio::io::AsyncRead;
 
-use super::{ByteReader, FileMeta, FileOwner, FileStore, StoreError};
+use super::{ByteReader, FileMeta, FileOwner, FileStore, StoreError, StoreRecovery};
 use crate::metrics::Metrics;
 use crate::metrics::cluster::StoreOp;
 
@@ -96,5 +96,9 @@ impl<S: FileStore> FileStore for Observed<S> {
         let result = self.inner.check().await;
         self.record(StoreOp::Check, started, &result);
         result
+    }
+
+    fn last_recovery(&self) -> Option<StoreRecovery> {
+        self.inner.last_recovery()
     }
 }

@@ -1,7 +1,8 @@
 //! The workspace root: the directory this instance's workspaces live in, claimed with a
 //! lock held for the process's lifetime ([`crate::state_lock`]), recreated if it vanishes,
-//! and the roots of dead instances (their lock free) removed. Another live instance's root
-//! is never touched, whatever PID namespace it runs in.
+//! removed when its owner is dropped (a start-up that fails or is interrupted leaves
+//! nothing behind), and the roots of dead instances (their lock free) removed. Another
+//! live instance's root is never touched, whatever PID namespace it runs in.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -12,7 +13,8 @@ use crate::state_lock::{DirLock, Lock};
 /// Prefix of every instance's workspace root under the shared base directory.
 const ROOT_PREFIX: &str = "workspaces-";
 
-/// The claimed root and its lock.
+/// The claimed root and its lock; dropping it removes the directory, on every path out
+/// of a start-up as at shutdown.
 #[derive(Debug)]
 pub struct WorkspaceRoot {
     path: PathBuf,
@@ -85,8 +87,17 @@ impl WorkspaceRoot {
 
     /// Removes the root; the lock goes with it.
     pub fn remove(&self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-        self.lock.lock().expect("root lock").take();
+        let mut lock = self.lock.lock().expect("root lock");
+        if lock.is_some() {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+        lock.take();
+    }
+}
+
+impl Drop for WorkspaceRoot {
+    fn drop(&mut self) {
+        self.remove();
     }
 }
 
@@ -174,11 +185,18 @@ mod tests {
         );
         // A root without a lock file is not judged abandoned.
         std::fs::create_dir(base.path().join("workspaces-7")).unwrap();
-        // B "dies" (its lock released, its directory left): the next claim removes it.
+        // Dropped, B removes its root.
         let b_path = b.path().to_path_buf();
         drop(b);
-        let c = WorkspaceRoot::claim(&base.path().join("workspaces-2")).unwrap();
         assert!(!b_path.exists());
+        // An instance that died (a lock file nobody holds, its directory left): the next
+        // claim removes its root.
+        let dead = base.path().join("workspaces-9");
+        std::fs::create_dir(&dead).unwrap();
+        std::fs::write(dead.join(crate::state_lock::LOCK_FILE), "").unwrap();
+        std::fs::write(dead.join("left"), "é").unwrap();
+        let c = WorkspaceRoot::claim(&base.path().join("workspaces-2")).unwrap();
+        assert!(!dead.exists());
         assert!(a.path().join("keep").exists());
         assert!(base.path().join("workspaces-7").exists());
         // Removed under a running instance: recreated, with the lock taken again.

@@ -581,3 +581,57 @@ async fn files_expire_after_their_ttl_and_a_full_store_answers_507() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A tmp cleaner removes the store's directory under the running service: the store
+/// recreates it at the next write (or listing, or background check), uploads and run
+/// outputs are stored again, the files stored before are gone from the listing as from
+/// the disk, and `/health` says what happened and what was lost.
+#[tokio::test]
+async fn a_store_directory_removed_under_the_service_is_recreated_and_its_loss_reported() {
+    let s = Server::start().await;
+    let before = id(&upload(&s, "avant-été.csv", CSV.as_bytes().to_vec()).await);
+    let (_, health) = s.get_json("/health").await;
+    assert_eq!(health["file_store"].get("last_recovery"), None, "{health}");
+
+    let dir = s.state_dir().join("files");
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let after = id(&upload(&s, "après-été.csv", "é,ü\n1,2\n".as_bytes().to_vec()).await);
+    assert_eq!(download_bytes(&s, &after).await, "é,ü\n1,2\n".as_bytes());
+    let r = s
+        .run("open('résultat.txt', 'w', encoding='utf-8').write('données')")
+        .await;
+    let written = output(&r, "résultat.txt")["file_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not stored: {r}"))
+        .to_owned();
+    assert_eq!(
+        download_bytes(&s, &written).await,
+        "données".as_bytes(),
+        "{r}"
+    );
+    let mut listed: Vec<String> = list(&s).await.iter().map(id).collect();
+    listed.sort();
+    let mut expected = vec![after.clone(), written];
+    expected.sort();
+    assert_eq!(listed, expected);
+    assert_eq!(download(&s, &before).await.status(), 404);
+
+    let (_, health) = s.get_json("/health").await;
+    let recovery = &health["file_store"]["last_recovery"];
+    assert_eq!(recovery["lost_files"], 1, "{health}");
+    assert_eq!(
+        recovery["detail"],
+        format!(
+            "the file store's directory {} had been removed from outside the service; \
+             recreated it: the 1 file(s) stored before are lost",
+            dir.display()
+        ),
+        "{health}"
+    );
+    assert!(
+        s.log()
+            .contains("had been removed from outside the service"),
+        "not logged"
+    );
+}

@@ -7,6 +7,7 @@ mod backing;
 mod cluster;
 mod cluster_runs;
 mod collect_limits;
+mod config;
 mod core;
 mod dashboard;
 mod errors;

@@ -162,7 +162,7 @@ async fn lighter_zygotes_prepare_at_a_lower_priority_than_the_fullest() {
 /// A SIGTERM while the zygotes start (minutes, with big preloads) stops the service in
 /// order: it exits with success (not killed by the signal, and not carrying on: as PID 1 of
 /// a container the kernel would discard a signal it has no handler for yet), promptly, and
-/// leaves no zygote behind.
+/// leaves no zygote and no workspace root behind.
 #[tokio::test]
 async fn sigterm_during_start_up_stops_the_service_at_once_and_cleanly() {
     let dir = tempfile::tempdir().unwrap();
@@ -215,6 +215,11 @@ async fn sigterm_during_start_up_stops_the_service_at_once_and_cleanly() {
     }
     let left: Vec<u32> = family.into_iter().filter(|&p| process_exists(p)).collect();
     assert!(left.is_empty(), "processes left behind: {left:?}");
+    // Nor its workspace root.
+    assert_eq!(
+        workspace_roots(&dir.path().join("state")),
+        Vec::<String>::new()
+    );
 }
 
 /// Stops the service when the test ends, passed or failed: SIGTERM, then SIGKILL if it is
@@ -234,4 +239,40 @@ impl Drop for Stop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The names under `dir` that are workspace roots (`workspaces-<pid>`).
+fn workspace_roots(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("workspaces-"))
+        .collect()
+}
+
+/// A start-up that fails once its workspace root is claimed (here: the zygote binary is
+/// missing) says why and removes the root, as a shutdown does: nothing is left for the
+/// next start to clean up.
+#[test]
+fn a_failed_start_up_leaves_no_workspace_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("bin-ünknown").join("snakecage-worker");
+    let output = Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["--listen", "127.0.0.1:0"])
+        .arg("--venv")
+        .arg(repo_root().join(".venv"))
+        .env("SNAKECAGE_WORKER__STATE_DIR", dir.path())
+        .env("SNAKECAGE_WORKSPACE__DIR", dir.path())
+        .env("SNAKECAGE_WORKER__BINARY", &missing)
+        .env("SNAKECAGE_POOL__SIZE", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "started without a worker binary");
+    assert!(
+        log.contains(&missing.display().to_string()),
+        "the error does not name the missing binary: {log}"
+    );
+    assert_eq!(workspace_roots(dir.path()), Vec::<String>::new(), "{log}");
 }

@@ -19,8 +19,13 @@
 //! can never see a half-written file. Deletion removes the metadata first. At start-up the
 //! metadata is loaded into memory (listing and quota accounting never touch the disk), and
 //! objects without metadata (a crash between the two renames) are removed.
+//!
+//! A directory removed under the running store (a tmp cleaner sweeping the state dir) is
+//! recreated ([`recover`]): found by a write that cannot create its file, by a listing and
+//! by the background check; the files stored before are lost and forgotten.
 
 mod index;
+mod recover;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -30,8 +35,10 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWriteExt};
 
 use self::index::State;
+use self::recover::Recovery;
 use super::{
-    ByteReader, FileMeta, FileOwner, FileStore, StoreError, clean_filename, mime_for, now_unix_ms,
+    ByteReader, FileMeta, FileOwner, FileStore, StoreError, StoreRecovery, clean_filename,
+    mime_for, now_unix_ms,
 };
 use crate::state_lock::{DirLock, Lock};
 
@@ -48,7 +55,8 @@ pub struct LocalStoreSettings {
 pub struct LocalStore {
     settings: LocalStoreSettings,
     state: Mutex<State>,
-    _lock: DirLock,
+    /// The lock on the directory, and what its last recreation found.
+    recovery: Mutex<Recovery>,
 }
 
 fn io_err(doing: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError {
@@ -75,7 +83,7 @@ impl LocalStore {
         Ok(Self {
             settings,
             state: Mutex::new(state),
-            _lock: lock,
+            recovery: Mutex::new(Recovery::new(lock)),
         })
     }
 
@@ -219,7 +227,14 @@ impl FileStore for LocalStore {
     ) -> Result<FileMeta, StoreError> {
         let id = uuid::Uuid::new_v4().to_string();
         let tmp = self.tmp_path(&id);
-        let size = match self.receive(&tmp, owner, body).await {
+        let mut received = self.receive(&tmp, owner, body).await;
+        // The directory was removed from outside: nothing of the body was read yet, so
+        // the write can start again once it is recreated.
+        if received.as_ref().is_err_and(recover::cannot_create) {
+            self.recover()?;
+            received = self.receive(&tmp, owner, body).await;
+        }
+        let size = match received {
             Ok(size) => size,
             Err(e) => {
                 let _ = tokio::fs::remove_file(&tmp).await;
@@ -288,11 +303,21 @@ impl FileStore for LocalStore {
     }
 
     async fn list(&self, owner: Option<&str>) -> Result<Vec<FileMeta>, StoreError> {
+        // Never list files whose directory is gone.
+        self.recover()?;
         Ok(self.live_files(|m| m.visible_to(owner)))
     }
 
     async fn list_all(&self) -> Result<Vec<FileMeta>, StoreError> {
         Ok(self.live_files(|_| true))
+    }
+
+    async fn check(&self) -> Result<(), StoreError> {
+        self.recover().map(drop)
+    }
+
+    fn last_recovery(&self) -> Option<StoreRecovery> {
+        self.recovery.lock().expect("recovery lock").last.clone()
     }
 
     async fn delete(&self, file_id: &str, owner: Option<&str>) -> Result<(), StoreError> {

@@ -177,3 +177,43 @@ async fn a_file_is_visible_only_to_its_owner_and_owners_have_their_own_quota() {
     s.delete(id, Some("alice")).await.unwrap();
     s.put(alice, "c.txt", &mut &b"world"[..]).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_directory_removed_under_the_store_is_recreated_its_files_forgotten_and_its_quota_freed()
+{
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("fichiers");
+    let s = store(&dir, 1 << 20, Some(10), None);
+    let owner = FileOwner::default();
+    s.put(owner, "vieux-é.txt", &mut &b"12345678"[..])
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    // The quota counted the lost file: this put fits only once it is forgotten.
+    let meta = s
+        .put(owner, "neuf-é.txt", &mut &b"abcdef"[..])
+        .await
+        .unwrap();
+    assert_eq!(s.list(None).await.unwrap(), vec![meta.clone()]);
+    let recovery = s.last_recovery().unwrap();
+    assert_eq!(recovery.lost_files, 1);
+    // A second instance cannot take the recreated directory.
+    assert!(matches!(
+        LocalStore::open(LocalStoreSettings {
+            dir: dir.clone(),
+            max_file_bytes: 1,
+            quota_bytes: None,
+            ttl: None,
+        }),
+        Err(StoreError::InUse { .. })
+    ));
+    // A directory that cannot be recreated: the check says so, until it can.
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::write(&dir, "not a directory").unwrap();
+    assert!(s.check().await.is_err());
+    assert!(s.list(None).await.is_err());
+    std::fs::remove_file(&dir).unwrap();
+    s.check().await.unwrap();
+    assert_eq!(s.list(None).await.unwrap(), Vec::<FileMeta>::new());
+    assert_eq!(s.last_recovery().unwrap().lost_files, 1);
+}

@@ -1,0 +1,114 @@
+//! Configurations the service cannot work with are refused at start-up, before anything
+//! starts, with a message that names the key and says what to give instead.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::harness::repo_root;
+
+/// Starts the binary with `args` and `env` and returns what it printed to stderr: it must
+/// refuse to start (exit code 2, the configuration's), and a binary that starts instead is
+/// stopped and fails the test.
+fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
+    let state = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_snakecage"));
+    // `--listen` would override the address a test gives in the environment.
+    if !env.iter().any(|(key, _)| *key == "SNAKECAGE_LISTEN") {
+        cmd.args(["--listen", "127.0.0.1:0"]);
+    }
+    let mut child = cmd
+        .arg("--venv")
+        .arg(repo_root().join(".venv"))
+        .args(args)
+        .env("SNAKECAGE_WORKER__STATE_DIR", state.path())
+        .env("SNAKECAGE_WORKSPACE__DIR", state.path())
+        .env("SNAKECAGE_POOL__SIZE", "1")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = status.unwrap_or_else(|| panic!("started instead of refusing: {stderr}"));
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    stderr
+}
+
+#[test]
+fn a_zero_that_would_break_every_run_is_refused_naming_the_key() {
+    let stderr = refused(&[], &[("SNAKECAGE_LIMITS__MAX_OUTPUT_BYTES", "0")]);
+    assert_eq!(
+        stderr,
+        "snakecage: configuration: limits.max_output_bytes is 0 but must be at least 1024 \
+         (below it every run's output would be cut to nothing); raise it in the configuration \
+         file or SNAKECAGE_LIMITS__MAX_OUTPUT_BYTES\n"
+    );
+}
+
+#[test]
+fn a_directory_given_as_the_config_file_is_called_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("réglages");
+    std::fs::create_dir(&config).unwrap();
+    let stderr = refused(&["--config", config.to_str().unwrap()], &[]);
+    assert_eq!(
+        stderr,
+        format!(
+            "snakecage: configuration: config file {}: is a directory; give the path of a TOML \
+             file (snakecage.example.toml lists every key)\n",
+            config.display()
+        )
+    );
+}
+
+#[test]
+fn a_host_name_to_listen_on_gets_an_example_of_what_works() {
+    let stderr = refused(&[], &[("SNAKECAGE_LISTEN", "localhost:8000")]);
+    assert!(
+        stderr.starts_with("snakecage: configuration: listen: invalid socket address syntax"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.ends_with(
+            ": give an IP address and port, e.g. 127.0.0.1:8000 (a host name such \
+             as localhost is not resolved; 0.0.0.0:8000 listens on every interface)\n"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_site_packages_entry_that_does_not_exist_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("paquets-absents");
+    let value = format!("[{:?}]", missing.display().to_string());
+    let stderr = refused(&[], &[("SNAKECAGE_PYTHON__SITE_PACKAGES", &value)]);
+    assert_eq!(
+        stderr,
+        format!(
+            "snakecage: configuration: python.site_packages entry {} does not exist; give \
+             directories of importable modules\n",
+            missing.display()
+        )
+    );
+}
