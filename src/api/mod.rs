@@ -160,7 +160,8 @@ pub fn router(state: SharedState) -> Router {
     );
     let app = api
         .layer(middleware::from_fn(error_bodies::json_errors))
-        .nest_service(
+        // `/mcp` itself, not every path below it (`/mcp/x` is no endpoint: 404).
+        .route_service(
             "/mcp",
             tower::ServiceBuilder::new()
                 .layer(require_key)

@@ -344,4 +344,19 @@ async fn mcp_protocol_errors_say_what_is_wrong() {
         body["detail"].as_str().unwrap().contains("use POST"),
         "{body}"
     );
+
+    // Only /mcp itself is the endpoint: a path below it is no route, and no call runs.
+    let response = s
+        .client
+        .post(format!("{}/mcp/outils", s.base))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(call(json!(6), "run_python", json!({"code": "print(1)"})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(check_error_body(404, &body), "not_found");
+    assert_eq!(metric(&s, "snakecage_executions_total{").await, 0.0);
 }
