@@ -185,12 +185,35 @@ impl ToolsConfig {
                     let url = reqwest::Url::parse(url).map_err(|e| format!("{at}: url: {e}"))?;
                     check_scheme(&at, &url)?;
                 }
-                (None, Some(argv)) if !argv.is_empty() => {}
+                (None, Some(argv)) if !argv.is_empty() => {
+                    if !is_a_command(&argv[0]) {
+                        return Err(format!(
+                            "{at}: command {:?} is not an executable file, nor one found on \
+                             PATH; give its absolute path",
+                            argv[0]
+                        ));
+                    }
+                }
                 _ => return Err(format!("{at}: give exactly one of url and command")),
             }
         }
         Ok(())
     }
+}
+
+/// Whether `program` names an executable file: as a path when it has a `/`, else on
+/// `PATH`, as the process spawn will look for it. Checked with the configuration, so a
+/// typo stops start-up before the zygotes preload, not after the service says it listens.
+fn is_a_command(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        return executable(std::path::Path::new(program));
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| executable(&dir.join(program))))
 }
 
 #[cfg(test)]
@@ -212,6 +235,34 @@ mod tests {
 
     fn invalid(config: ToolsConfig) -> String {
         config.validate().unwrap_err()
+    }
+
+    #[test]
+    fn a_stdio_server_whose_command_is_nowhere_is_refused_with_the_configuration() {
+        assert!(is_a_command("sh") && is_a_command("/bin/sh"));
+        assert!(!is_a_command("sans-serveur-mcp-é") && !is_a_command("/nulle/part/serveur"));
+        let plain = tempfile::NamedTempFile::new().unwrap(); // mode 0600
+        assert!(
+            !is_a_command(plain.path().to_str().unwrap()),
+            "a file, not executable"
+        );
+        let server = |program: &str| ToolsConfig {
+            mcp: vec![McpServerConfig {
+                name: "m".into(),
+                url: None,
+                command: Some(vec![program.into(), "serveur.py".into()]),
+                env: BTreeMap::new(),
+                tenants: None,
+            }],
+            ..ToolsConfig::default()
+        };
+        let e = invalid(server("pyhton3-é"));
+        assert!(
+            e.contains(r#"command "pyhton3-é" is not an executable file"#),
+            "{e}"
+        );
+        server("sh").validate().unwrap();
+        assert!(!is_a_command("/usr/bin"), "a directory");
     }
 
     #[test]
