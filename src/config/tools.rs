@@ -186,7 +186,7 @@ impl ToolsConfig {
                     check_scheme(&at, &url)?;
                 }
                 (None, Some(argv)) if !argv.is_empty() => {
-                    if !is_a_command(&argv[0]) {
+                    if !is_a_command(&argv[0], server.env.get("PATH").map(String::as_str)) {
                         return Err(format!(
                             "{at}: command {:?} is not an executable file, nor one found on \
                              PATH; give its absolute path",
@@ -202,9 +202,10 @@ impl ToolsConfig {
 }
 
 /// Whether `program` names an executable file: as a path when it has a `/`, else on
-/// `PATH`, as the process spawn will look for it. Checked with the configuration, so a
-/// typo stops start-up before the zygotes preload, not after the service says it listens.
-fn is_a_command(program: &str) -> bool {
+/// the server's own `PATH` (its `env`) or ours, where the spawn will look for it. Checked
+/// with the configuration, so a typo stops start-up before the zygotes preload, not after
+/// the service says it listens.
+fn is_a_command(program: &str, server_path: Option<&str>) -> bool {
     use std::os::unix::fs::PermissionsExt;
     let executable = |p: &std::path::Path| {
         std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
@@ -212,8 +213,10 @@ fn is_a_command(program: &str) -> bool {
     if program.contains('/') {
         return executable(std::path::Path::new(program));
     }
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| executable(&dir.join(program))))
+    let on = |path: &std::ffi::OsStr| {
+        std::env::split_paths(path).any(|dir| executable(&dir.join(program)))
+    };
+    server_path.is_some_and(|p| on(p.as_ref())) || std::env::var_os("PATH").is_some_and(|p| on(&p))
 }
 
 #[cfg(test)]
@@ -239,11 +242,21 @@ mod tests {
 
     #[test]
     fn a_stdio_server_whose_command_is_nowhere_is_refused_with_the_configuration() {
-        assert!(is_a_command("sh") && is_a_command("/bin/sh"));
-        assert!(!is_a_command("sans-serveur-mcp-é") && !is_a_command("/nulle/part/serveur"));
+        assert!(is_a_command("sh", None) && is_a_command("/bin/sh", None));
+        // On the server's own PATH only.
+        let dir = tempfile::tempdir().unwrap();
+        let own = dir.path().join("serveur-é");
+        std::fs::write(&own, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&own, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        assert!(is_a_command("serveur-é", dir.path().to_str()));
+        assert!(!is_a_command("serveur-é", None));
+        assert!(
+            !is_a_command("sans-serveur-mcp-é", None) && !is_a_command("/nulle/part/serveur", None)
+        );
         let plain = tempfile::NamedTempFile::new().unwrap(); // mode 0600
         assert!(
-            !is_a_command(plain.path().to_str().unwrap()),
+            !is_a_command(plain.path().to_str().unwrap(), None),
             "a file, not executable"
         );
         let server = |program: &str| ToolsConfig {
@@ -262,7 +275,7 @@ mod tests {
             "{e}"
         );
         server("sh").validate().unwrap();
-        assert!(!is_a_command("/usr/bin"), "a directory");
+        assert!(!is_a_command("/usr/bin", None), "a directory");
     }
 
     #[test]
