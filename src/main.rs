@@ -121,6 +121,10 @@ fn init_logging(config: &Config) {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.log.level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // A log line that cannot be written (stderr a pipe whose reader is gone) is dropped.
+        // Reporting it would eprintln! to the same stderr, which panics, and the task that
+        // logged dies: a SIGTERM's "shutting down" then left the service running for good.
+        .log_internal_errors(false)
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match config.log.format {

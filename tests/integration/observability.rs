@@ -533,3 +533,53 @@ fn a_log_level_that_is_no_level_stops_start_up_saying_so() {
         "{stderr}"
     );
 }
+
+/// A service whose stderr is a pipe nobody reads any more (the terminal or log shipper
+/// that started it is gone) still stops on SIGTERM. Logging "shutting down" to it failed,
+/// the failure was reported to the same stderr with `eprintln!`, which panics, and the
+/// task that would have stopped the service died: it ran on, for good.
+#[tokio::test]
+async fn a_service_whose_log_reader_is_gone_still_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = crate::backing::free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--venv"])
+        .arg(repo_root().join(".venv"))
+        .env("SNAKECAGE_WORKER__STATE_DIR", dir.path())
+        .env("SNAKECAGE_WORKSPACE__DIR", dir.path().join("espaces"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let client = reqwest::Client::new();
+    let ready = format!("http://127.0.0.1:{port}/ready");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !client
+        .get(&ready)
+        .send()
+        .await
+        .is_ok_and(|r| r.status() == 200)
+    {
+        assert!(Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(child.stderr.take()); // the reader goes away
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("still running 60 s after SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status}");
+}
