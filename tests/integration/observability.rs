@@ -535,11 +535,11 @@ fn a_log_level_that_is_no_level_stops_start_up_saying_so() {
 }
 
 /// A service whose stderr is a pipe nobody reads any more (the terminal or log shipper
-/// that started it is gone) still stops on SIGTERM. Logging "shutting down" to it failed,
+/// that started it is gone) still serves and still stops on SIGTERM. Logging "shutting down" to it failed,
 /// the failure was reported to the same stderr with `eprintln!`, which panics, and the
 /// task that would have stopped the service died: it ran on, for good.
 #[tokio::test]
-async fn a_service_whose_log_reader_is_gone_still_stops_on_sigterm() {
+async fn a_service_whose_log_reader_is_gone_still_serves_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let port = crate::backing::free_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_snakecage"))
@@ -565,6 +565,20 @@ async fn a_service_whose_log_reader_is_gone_still_stops_on_sigterm() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     drop(child.stderr.take()); // the reader goes away
+    // Requests are still served: each one's log lines failed the same way, and the
+    // request's task died with them, its connection closed without an answer.
+    for _ in 0..3 {
+        let r: Value = client
+            .post(format!("http://127.0.0.1:{port}/v1/execute"))
+            .json(&json!({"code": "print('toujours là ✓')"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(r["stdout"], "toujours là ✓\n", "{r}");
+    }
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
