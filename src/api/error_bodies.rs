@@ -13,6 +13,33 @@ use crate::error::ErrorCode;
 /// Largest error body of a lower layer that is rewritten (theirs are a line of text).
 const MAX_FOREIGN_ERROR_BODY: usize = 64 << 10;
 
+/// An error response without a JSON body (a router's or extractor's plain text, a library
+/// service's): its parts and its text, trimmed, or the status's reason when it has none.
+/// Any other response (a success, a JSON error, a stream) is handed back untouched.
+pub async fn plain_error(
+    response: Response,
+) -> Result<(axum::http::response::Parts, String), Response> {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return Err(response);
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, MAX_FOREIGN_ERROR_BODY)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let text = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    Ok((parts, text))
+}
+
 /// Middleware: an error answered below the handlers (axum's 405 with its `Allow` header, an
 /// extractor's plain-text rejection) gets the same JSON body as an [`ApiError`], so every
 /// 4xx/5xx of the API carries `detail` and `code`.
@@ -20,26 +47,11 @@ pub async fn json_errors(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let response = next.run(request).await;
-    let status = response.status();
-    let is_json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if !(status.is_client_error() || status.is_server_error()) || is_json {
-        return response;
-    }
-    let (mut parts, body) = response.into_parts();
-    let text = axum::body::to_bytes(body, MAX_FOREIGN_ERROR_BODY)
-        .await
-        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
-        .unwrap_or_default();
-    let detail = if text.is_empty() {
-        status.canonical_reason().unwrap_or("error").to_owned()
-    } else {
-        text
+    let (mut parts, detail) = match plain_error(next.run(request).await).await {
+        Ok(plain) => plain,
+        Err(response) => return response,
     };
-    let body = json!({ "detail": detail, "code": ErrorCode::for_status(status) });
+    let body = json!({ "detail": detail, "code": ErrorCode::for_status(parts.status) });
     parts.headers.remove(header::CONTENT_LENGTH);
     parts.headers.insert(
         header::CONTENT_TYPE,

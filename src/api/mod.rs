@@ -3,7 +3,7 @@
 pub mod admin;
 mod agents;
 mod code_field;
-mod error_bodies;
+pub(crate) mod error_bodies;
 mod execute;
 mod files;
 mod health;

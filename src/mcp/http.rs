@@ -14,10 +14,8 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 use super::calls::{Client, InFlight, SESSION_HEADER};
+use crate::api::error_bodies::plain_error;
 use crate::error::ErrorCode;
-
-/// Largest error body of rmcp's that is rewritten (theirs are a line of text).
-const MAX_FOREIGN_ERROR_BODY: usize = 64 << 10;
 
 /// How much of a body over the limit is read (and dropped) so its sender sees the 413.
 const MAX_DRAIN: usize = 64 << 20;
@@ -67,23 +65,13 @@ pub fn error_response(status: StatusCode, detail: &str, rpc_code: i64) -> Respon
 /// [`error_response`]. JSON answers (JSON-RPC errors included) and streams pass unchanged.
 pub async fn json_errors(request: Request, next: Next) -> Response {
     let method = request.method().clone();
-    let response = next.run(request).await;
-    let status = response.status();
-    let is_json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if !(status.is_client_error() || status.is_server_error()) || is_json {
-        return response;
-    }
-    let (parts, body) = response.into_parts();
-    let text = axum::body::to_bytes(body, MAX_FOREIGN_ERROR_BODY)
-        .await
-        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
-        .unwrap_or_default();
+    let (parts, text) = match plain_error(next.run(request).await).await {
+        Ok(plain) => plain,
+        Err(response) => return response,
+    };
+    let status = parts.status;
     let detail = match status {
         StatusCode::METHOD_NOT_ALLOWED => format!("{method} is not allowed on /mcp; use POST"),
-        _ if text.is_empty() => status.canonical_reason().unwrap_or("error").to_owned(),
         _ => text,
     };
     let rpc_code = if status.is_server_error() {
