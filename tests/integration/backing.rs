@@ -222,6 +222,26 @@ impl Haproxy {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self._dir.path().join("haproxy.log")).unwrap_or_default()
     }
+
+    /// Waits until `GET /ready` through it answers 200, then until every backend's checks
+    /// have passed (two at 200 ms each).
+    pub async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while reqwest::get(format!("{}/ready", self.base))
+            .await
+            .map(|r| r.status().as_u16())
+            .ok()
+            != Some(200)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "haproxy never ready:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
 }
 
 impl Drop for Haproxy {

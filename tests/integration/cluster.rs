@@ -69,21 +69,7 @@ async fn three_replicas_behind_haproxy_share_files_and_find_their_sessions() {
         .collect();
     let backends: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let lb = Haproxy::start(&backends);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while reqwest::get(format!("{}/ready", lb.base))
-        .await
-        .map(|r| r.status().as_u16())
-        .ok()
-        != Some(200)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "haproxy never ready:\n{}",
-            lb.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(600)).await; // every backend's checks passed
+    lb.wait_ready().await;
 
     // A file uploaded through one replica is staged by every replica.
     let data = "x\n1\n2\n3\n";

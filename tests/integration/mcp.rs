@@ -2,8 +2,6 @@
 //! that stop their run when their client leaves or cancels them, the request limit, and
 //! protocol errors that say what is wrong. (The tools through the official SDK: agents.rs.)
 
-use std::time::{Duration, Instant};
-
 use serde_json::{Value, json};
 
 use crate::agents::{mcp_client_with, texts};
@@ -60,21 +58,7 @@ async fn mcp_works_through_a_round_robin_load_balancer_over_two_replicas() {
         .map(|s| s.base.trim_start_matches("http://").to_owned())
         .collect();
     let lb = Haproxy::start(&backends);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while reqwest::get(format!("{}/ready", lb.base))
-        .await
-        .map(|r| r.status().as_u16())
-        .ok()
-        != Some(200)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "haproxy never ready:\n{}",
-            lb.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(600)).await; // every backend's checks passed
+    lb.wait_ready().await;
 
     // The official SDK: initialize, list, five calls, close; each request to the next replica.
     let base = lb.base.clone();
