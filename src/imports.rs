@@ -23,6 +23,9 @@ pub struct Scan {
     /// The code calls a `.plot`, `.hist` or `.boxplot` method (pandas draws those with
     /// matplotlib, importing it on first use).
     pub plots: bool,
+    /// The code uses `async` or `await`: a top-level `await` runs on asyncio's event loop,
+    /// and a coroutine is run by it, whether or not the code imports asyncio itself.
+    pub asynchronous: bool,
 }
 
 /// Names whose use means imports may happen that no import statement shows.
@@ -39,10 +42,14 @@ pub fn scan(source: &str) -> Scan {
     let plots = tokens
         .windows(2)
         .any(|pair| matches!(pair, [Tok::Dot, Tok::Name(n)] if PLOTTING_METHODS.contains(n)));
+    let asynchronous = tokens
+        .iter()
+        .any(|t| matches!(t, Tok::Name("async" | "await")));
     Scan {
         modules: modules_in(&tokens),
         dynamic,
         plots,
+        asynchronous,
     }
 }
 
@@ -480,6 +487,26 @@ import real3  # import fake12
         assert!(super::scan("df['a'].hist()").plots);
         assert!(!super::scan("plot = 1\nprint(plot)").plots);
         assert!(!super::scan("s = 'df.plot()'").plots);
+    }
+
+    #[test]
+    fn async_code_is_noticed_as_keywords_only() {
+        for src in [
+            "await tools.acall('x')",
+            "async def f():\n    pass",
+            "x = [await f() for f in fs]",
+            "async with lock:\n    pass",
+        ] {
+            assert!(super::scan(src).asynchronous, "{src}");
+        }
+        for src in [
+            "s = 'await me'  # async",
+            "awaited = 1\nasync_mode = 2",
+            "x.await_ = 3",
+            "print('ça await')",
+        ] {
+            assert!(!super::scan(src).asynchronous, "{src}");
+        }
     }
 
     #[test]

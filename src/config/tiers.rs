@@ -85,7 +85,13 @@ impl Default for TiersConfig {
                 TierProfile::new("scientific", &["numpy", "pandas"], &[Python, Numpy, Pandas]),
                 TierProfile::new(
                     "plotting",
-                    &["numpy", "pandas", "matplotlib", "matplotlib.pyplot"],
+                    &[
+                        "numpy",
+                        "pandas",
+                        "matplotlib",
+                        "matplotlib.pyplot",
+                        "asyncio",
+                    ],
                     &[Python, Numpy, Pandas, Matplotlib],
                 ),
             ],

@@ -61,7 +61,8 @@ impl TierTable {
     /// The tier for a job: from the modules `code` imports; the fullest tier when the code
     /// is not known (an entrypoint file) or imports in ways a scan cannot read
     /// (`__import__`, `importlib`, `exec`). Plotting methods (`df.plot()`) and
-    /// `pandas.plotting` count as an import of matplotlib, which pandas imports for them.
+    /// `pandas.plotting` count as an import of matplotlib, which pandas imports for them;
+    /// `async` and `await` as one of asyncio, whose event loop runs them.
     pub(super) fn route(&self, code: Option<&str>) -> usize {
         let fullest = self.covers.len() - 1;
         let Some(code) = code else {
@@ -77,6 +78,9 @@ impl TierTable {
         };
         if found.plots || found.modules.iter().any(pandas_plotting) {
             found.modules.push("matplotlib".to_owned());
+        }
+        if found.asynchronous {
+            found.modules.push("asyncio".to_owned());
         }
         self.route_imports(&found.modules)
     }
@@ -174,7 +178,13 @@ mod tests {
             &[
                 vec![],
                 strings(&["numpy", "pandas"]),
-                strings(&["numpy", "pandas", "matplotlib", "matplotlib.pyplot"]),
+                strings(&[
+                    "numpy",
+                    "pandas",
+                    "matplotlib",
+                    "matplotlib.pyplot",
+                    "asyncio",
+                ]),
             ],
             2,
             1,
@@ -218,6 +228,11 @@ mod tests {
             0
         );
         assert_eq!(t.route(Some("s = 'import matplotlib'  # import pandas")), 0);
+        // async and await run on asyncio's loop: the tier that preloads it.
+        assert_eq!(t.route(Some("await tools.acall('search', q='é')")), 2);
+        assert_eq!(t.route(Some("async def f():\n    return 1")), 2);
+        assert_eq!(t.route(Some("import asyncio")), 2);
+        assert_eq!(t.route(Some("awaiting = 'await'")), 0);
         // An entrypoint's code is not known here: the fullest tier.
         assert_eq!(t.route(None), 2);
     }

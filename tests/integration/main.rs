@@ -2,6 +2,7 @@
 //! zygote and workers. One module per area; `harness` starts and stops servers.
 
 mod agents;
+mod asyncio;
 mod auth;
 mod backing;
 mod cluster;

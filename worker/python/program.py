@@ -77,7 +77,10 @@ def _decode_source(data):
 
 
 def compile_program(program, interactive):
-    """Return ``(body, last)`` code objects; ``last`` is the displayed expression or None."""
+    """Return ``(body, last)`` code objects; ``last`` is the displayed expression or None.
+
+    Either is a coroutine's code (``CO_COROUTINE``) when it awaits at top level.
+    """
     source, filename = program.source, program.filename
     if "\0" in source:
         raise _null_byte_error(source, filename)
@@ -89,9 +92,12 @@ def compile_program(program, interactive):
             if not _ends_with_semicolon(source, tree.body[-1]):
                 # 'single' mode makes the expression statement call sys.displayhook.
                 last = ast.Interactive(body=[tree.body.pop()])
-        body = compile(tree, filename, "exec", dont_inherit=True)
+        # A ``code`` job may ``await`` at top level, as a notebook cell may; an entrypoint
+        # is a script, and ``python script.py`` refuses it.
+        flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT if program.data is None else 0
+        body = compile(tree, filename, "exec", flags=flags, dont_inherit=True)
         if last is not None:
-            last = compile(last, filename, "single", dont_inherit=True)
+            last = compile(last, filename, "single", flags=flags, dont_inherit=True)
         return body, last
     except SyntaxError as exc:
         _use_own_source_line(exc, source, filename)

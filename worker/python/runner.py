@@ -13,7 +13,9 @@ contract): it runs in a fresh ``__main__`` module compiled as ``__main__.py``,
 uncaught exceptions print CPython's usual traceback (without any frame of
 this file) to stderr and give exit code 1, ``SystemExit`` gives its code.
 With ``last_line_interactive`` a trailing bare expression is shown through
-``sys.displayhook`` like in a REPL or notebook cell.
+``sys.displayhook`` like in a REPL or notebook cell. Like a notebook cell, ``code``
+may ``await`` at top level: it then runs as a coroutine on an asyncio event loop
+(a fresh one per one-shot job, closed with it; one per session, kept between jobs).
 
 A job may name an ``entrypoint`` instead: a file in the working directory (the
 workspace) that runs as under ``python <entrypoint> <args...>``: as
@@ -27,6 +29,7 @@ third-party package is known to be importable.
 This module owns the entry points and one job's life around the user code
 (its ``__main__``, stdin, argv, display hook, the threads it leaves running).
 It is loaded last; the parts it imports are loaded before it, in this order:
+``aio.py`` (asyncio in the sandbox, the loop top-level ``await`` runs on),
 ``display.py`` (rich outputs), ``report.py`` (how a job ends: results, exit
 status, tracebacks), ``program.py`` (reading and compiling the program) and
 ``state.py`` (interpreter state set once, per child, around a warm-up).
@@ -37,12 +40,15 @@ import io
 import sys
 import types
 
+import _snakecage_aio as _aio
 import _snakecage_display as _display
 import _snakecage_program as _program
 import _snakecage_report as _report
 import _snakecage_state as _state
 
 _report.hide_frames_of((lambda: 0).__code__.co_filename)
+# aio.py loads before report.py, so its frames (a top-level ``await``'s) are hidden here.
+_report.hide_frames_of(_aio.is_coroutine_code.__code__.co_filename)
 
 
 # --------------------------------------------------------------------------
@@ -57,6 +63,8 @@ class Session:
     def __init__(self):
         self._module = types.ModuleType("__main__")
         _init_main_globals(self._module.__dict__)
+        # Top-level ``await`` runs on this loop, made when a job first needs it.
+        self._loop = _aio.Loop()
 
     def run(self, job):
         """Run one job in this session's globals; see ``run`` for the result."""
@@ -70,8 +78,11 @@ class Session:
         collector = _display.begin(job.get("max_bundle_bytes") or 0)
         try:
             with _JobContext(self._module, stdin, program, collector):
-                result = _execute(program, namespace, interactive and program.data is None)
+                result = _execute(program, namespace, interactive and program.data is None, self._loop)
                 if self._wait_for_threads:
+                    # Like ``asyncio.run`` at the end of a script: what the job's
+                    # top-level ``await`` left running is cancelled, then threads joined.
+                    result = _close_loop(self._loop, result, program)
                     result = _wait_for_new_threads(threads_before, result, program)
         finally:
             results = _display.end()
@@ -85,6 +96,12 @@ class Session:
 
     def reset(self):
         """Forget every user global; the module object itself is kept."""
+        # The tasks of the state go with it, cancelled while their globals still exist.
+        loop, self._loop = self._loop, _aio.Loop()
+        try:
+            loop.close()
+        except BaseException:
+            pass  # a task that fails to cancel cleanly belongs to the state being dropped
         namespace = self._module.__dict__
         namespace.clear()
         _init_main_globals(namespace)
@@ -121,6 +138,10 @@ def warm_up():
         sys.stderr = io.StringIO()
         for job in _WARM_UP_JOBS:
             run(job)
+        if "asyncio" in sys.modules:
+            # A tier that preloads asyncio: a job's first loop, its tasks and their
+            # cancellation at the job's end, built once here rather than in each job.
+            run(_ASYNC_WARM_UP_JOB)
         _warm_up_rich_outputs()
     finally:
         _state.restore_interpreter_state(saved)
@@ -285,8 +306,9 @@ class _JobContext:
 # Compiling and executing
 
 
-def _execute(program, namespace, interactive):
-    """Compile and run ``program`` in ``namespace``; report what escaped it."""
+def _execute(program, namespace, interactive, loop):
+    """Compile and run ``program`` in ``namespace``; report what escaped it. Code that
+    awaits at top level runs as a coroutine on ``loop`` (an ``_aio.Loop``)."""
     try:
         _report.register_source(program)
         body, last = _program.compile_program(program, interactive)
@@ -295,9 +317,12 @@ def _execute(program, namespace, interactive):
         # reported without a traceback (its frames would be ours and ast's).
         return _report.report_uncaught(exc.with_traceback(None), program)
     try:
-        exec(body, namespace)
-        if last is not None:
-            exec(last, namespace)
+        if _aio.is_coroutine_code(body) or _aio.is_coroutine_code(last):
+            loop.run(body, last, namespace, program.filename)
+        else:
+            exec(body, namespace)
+            if last is not None:
+                exec(last, namespace)
     except SystemExit as exc:
         return _report.result(_report.system_exit_status(exc))
     except BaseException as exc:
@@ -306,7 +331,20 @@ def _execute(program, namespace, interactive):
 
 
 # --------------------------------------------------------------------------
-# Threads left running by a one-shot job
+# Tasks and threads left running by a one-shot job
+
+
+def _close_loop(loop, result, program):
+    """Close a one-shot job's event loop, cancelling its tasks; report what that raised."""
+    try:
+        loop.close()
+    except SystemExit as exc:
+        if result["exit_code"] == 0:
+            return _report.result(_report.system_exit_status(exc))
+    except BaseException as exc:
+        if result["exit_code"] == 0:
+            return _report.report_uncaught(exc, program)
+    return result
 
 
 def _live_threads():
@@ -357,5 +395,18 @@ _WARM_UP_JOBS = (
     {"code": "import sys\nsys.exit('stopped')\n", "stdin": None, "last_line_interactive": False},
     {"code": "x = (1,\n", "stdin": None, "last_line_interactive": True},
 )
+
+_ASYNC_WARM_UP_JOB = {
+    "code": (
+        "import asyncio\n"
+        "async def double(x):\n"
+        "    await asyncio.sleep(0)\n"
+        "    return 2 * x\n"
+        "left = asyncio.ensure_future(asyncio.sleep(3600))\n"
+        "await asyncio.gather(*(double(i) for i in range(3)))\n"
+    ),
+    "stdin": None,
+    "last_line_interactive": True,
+}
 
 

@@ -22,7 +22,8 @@ const TOOLS_SOURCE: &str = include_str!("../python/tools.py");
 /// imports only those before it. `(name, source)`: executed as the module
 /// `_snakecage_<name>`, its code objects named `snakecage/<name>.py`. Executing a code
 /// module registers it in `sys.modules`, where the next ones import it.
-const RUNNER_MODULES: [(&str, &str); 5] = [
+const RUNNER_MODULES: [(&str, &str); 6] = [
+    ("aio", include_str!("../python/aio.py")),
     ("display", include_str!("../python/display.py")),
     ("report", include_str!("../python/report.py")),
     ("program", include_str!("../python/program.py")),

@@ -1,6 +1,6 @@
 //! Network attacks: a TCP connection to a listener on the host, DNS lookups.
 
-use super::fixture::{EPERM, Fixture, audit, denied, import_denied};
+use super::fixture::{EPERM, Fixture, audit, denied, import_denied, prints};
 
 /// Stopped by the import guard and the audit hook.
 pub(super) fn python_layer(port: u16) -> Vec<Fixture> {
@@ -20,6 +20,33 @@ pub(super) fn python_layer(port: u16) -> Vec<Fixture> {
             "import sys\nsys.modules['socket'].getaddrinfo('example.com', 443)",
             audit("socket.getaddrinfo"),
         ),
+        // asyncio is allowed: its loop wakes itself through a pipe, and what it would
+        // reach the network with is refused like any socket.
+        denied(
+            "asyncio connection to a listener on the host (top-level await)",
+            format!("import asyncio\nawait asyncio.open_connection('127.0.0.1', {port})"),
+            audit("socket.__new__"),
+        ),
+        denied(
+            "asyncio connection to a listener on the host (asyncio.run)",
+            format!("import asyncio\nasyncio.run(asyncio.open_connection('127.0.0.1', {port}))"),
+            audit("socket.__new__"),
+        ),
+        denied(
+            "asyncio DNS lookup",
+            "import asyncio\nawait asyncio.get_running_loop().getaddrinfo('example.com', 443)",
+            audit("socket.getaddrinfo"),
+        ),
+        denied(
+            "the socketpair asyncio's loop would have made",
+            "import asyncio\nasyncio.base_events.socket.socketpair()",
+            EPERM,
+        ),
+        prints(
+            "an asyncio server on the host listens nowhere",
+            "import asyncio\nserver = await asyncio.start_server(lambda r, w: None, '127.0.0.1', 0)\nprint(server.sockets)",
+            "()\n",
+        ),
     ]
 }
 
@@ -35,6 +62,21 @@ pub(super) fn os_layers(port: u16) -> Vec<Fixture> {
             "DNS lookup (no sockets, no resolver files)",
             "import socket\nsocket.getaddrinfo('example.com', 443)",
             "socket.gaierror: [Errno -3] Temporary failure in name resolution",
+        ),
+        denied(
+            "asyncio connection to the host (seccomp, empty netns)",
+            format!("import asyncio\nawait asyncio.open_connection('127.0.0.1', {port})"),
+            EPERM,
+        ),
+        denied(
+            "asyncio's socketpair (seccomp)",
+            "import asyncio\nasyncio.base_events.socket.socketpair()",
+            EPERM,
+        ),
+        prints(
+            "an asyncio server on the host listens nowhere (seccomp)",
+            "import asyncio\nserver = await asyncio.start_server(lambda r, w: None, '127.0.0.1', 0)\nprint(server.sockets)",
+            "()\n",
         ),
     ]
 }

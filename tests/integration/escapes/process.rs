@@ -79,6 +79,21 @@ pub(super) fn python_layer(zygote_pid: i64) -> Vec<Fixture> {
             audit("subprocess.Popen"),
         ),
         denied(
+            "asyncio subprocess (top-level await)",
+            "import asyncio\nawait asyncio.create_subprocess_exec('id')",
+            audit("subprocess.Popen"),
+        ),
+        denied(
+            "asyncio shell (asyncio.run)",
+            "import asyncio\nasyncio.run(asyncio.create_subprocess_shell('id'))",
+            audit("subprocess.Popen"),
+        ),
+        denied(
+            "os.fork through asyncio's executor",
+            "import asyncio\nawait asyncio.get_running_loop().run_in_executor(None, asyncio.base_events.os.fork)",
+            audit("os.fork"),
+        ),
+        denied(
             "os.kill(os.getppid(), 9)",
             "import os\nos.kill(os.getppid(), 9)",
             audit("os.kill"),
@@ -118,6 +133,16 @@ pub(super) fn os_layers(supervisor_pid: u32) -> Vec<Fixture> {
         denied(
             "subprocess.run (seccomp)",
             "import subprocess\nsubprocess.run(['id'])",
+            EPERM,
+        ),
+        denied(
+            "asyncio subprocess (seccomp)",
+            "import asyncio\nawait asyncio.create_subprocess_exec('id')",
+            EPERM,
+        ),
+        denied(
+            "os.fork through asyncio's executor (seccomp)",
+            "import asyncio\nawait asyncio.get_running_loop().run_in_executor(None, asyncio.base_events.os.fork)",
             EPERM,
         ),
         denied(

@@ -17,8 +17,7 @@ use super::{filesystem, python_layer_fixtures};
 use crate::harness::{Options, Server, descendants_of};
 
 /// `tiers.profile` with one tier preloading everything the default tiers preload.
-const FULL_TIER_ONLY: &str =
-    r#"[{name = "full", preload = ["numpy", "pandas", "matplotlib", "matplotlib.pyplot"]}]"#;
+const FULL_TIER_ONLY: &str = r#"[{name = "full", preload = ["numpy", "pandas", "matplotlib", "matplotlib.pyplot", "asyncio"]}]"#;
 
 #[tokio::test]
 async fn hostile_programs_are_stopped_by_the_python_layer_with_exact_messages() {

@@ -490,3 +490,107 @@ def test_warm_up_leaves_no_trace(runner, capfd, monkeypatch, had_entries):
         assert not hasattr(builtins, "_")
         assert "__main__.py" not in linecache.cache
     assert capfd.readouterr() == ("", "")
+
+
+# --------------------------------------------------------------------------
+# Top-level await
+
+
+def test_top_level_await_runs_and_shows_the_last_expression(runner, capsys):
+    code = "import asyncio\nawait asyncio.sleep(0)\nprint('après')\nawait asyncio.sleep(0, 6 * 7)"
+    result = runner.run(job(code, interactive=True))
+    assert result == {**OK, "results": [{"text/plain": "42"}]}
+    assert capsys.readouterr() == ("après\n42\n", "")
+
+
+def test_code_without_await_is_not_run_on_a_loop(runner, capsys):
+    # asyncio.run inside sync code needs no running loop around it.
+    code = "import asyncio\nprint(asyncio.run(asyncio.sleep(0, 'run')))"
+    assert runner.run(job(code)) == OK
+    assert capsys.readouterr().out == "run\n"
+
+
+def test_an_awaited_exception_shows_only_the_jobs_frames(runner, capsys):
+    code = "import asyncio\nasync def f():\n    raise ValueError('échec')\nawait f()"
+    assert runner.run(job(code)) == error("ValueError", "échec")
+    assert capsys.readouterr().err == (
+        "Traceback (most recent call last):\n"
+        '  File "__main__.py", line 4, in <module>\n'
+        "    await f()\n"
+        '  File "__main__.py", line 3, in f\n'
+        "    raise ValueError('échec')\n"
+        "ValueError: échec\n"
+    )
+
+
+def test_a_one_shot_job_cancels_the_tasks_it_leaves(runner, capsys):
+    code = (
+        "import asyncio\n"
+        "async def background():\n"
+        "    try:\n"
+        "        await asyncio.sleep(3600)\n"
+        "    finally:\n"
+        "        print('cancelled')\n"
+        "task = asyncio.ensure_future(background())\n"
+        "await asyncio.sleep(0)\n"
+        "print('end')\n"
+    )
+    assert runner.run(job(code)) == OK
+    assert capsys.readouterr().out == "end\ncancelled\n"
+
+
+def test_an_interrupted_await_reads_like_an_interrupt_of_sync_code(runner, capsys):
+    # The supervisor's SIGINT, sent while the job awaits: the coroutine is cancelled (its
+    # finally runs) and the job ends with KeyboardInterrupt at the await.
+    code = (
+        "import asyncio, os\n"
+        "asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), 2)\n"
+        "try:\n"
+        "    await asyncio.sleep(30)\n"
+        "finally:\n"
+        "    print('cleanup')\n"
+    )
+    assert runner.run(job(code)) == error("KeyboardInterrupt", "")
+    out, err = capsys.readouterr()
+    assert out == "cleanup\n"
+    assert err.startswith(
+        "Traceback (most recent call last):\n"
+        '  File "__main__.py", line 4, in <module>\n'
+        "    await asyncio.sleep(30)\n"
+    ), err
+    assert err.endswith("\nKeyboardInterrupt\n"), err
+    assert "CancelledError" not in err, err
+
+
+def test_a_session_keeps_its_loop_and_a_reset_cancels_its_tasks(runner, capsys):
+    session = runner.Session()
+    start = (
+        "import asyncio\n"
+        "stopped = []\n"
+        "async def wait():\n"
+        "    try:\n"
+        "        return await queue.get()\n"
+        "    finally:\n"
+        "        stopped.append(True)\n"
+        "queue = asyncio.Queue()\n"
+        "waiter = asyncio.create_task(wait())\n"
+        "await asyncio.sleep(0)\n"
+    )
+    assert session.run(job(start)) == OK
+    assert session.run(job("queue.put_nowait('é')\nawait waiter", interactive=True)) == {
+        **OK,
+        "results": [{"text/plain": "'é'"}],
+    }
+    assert session.run(job("waiter = asyncio.create_task(wait())\nawait asyncio.sleep(0)")) == OK
+    kept = session._module.__dict__["stopped"]
+    assert kept == [True]
+    session.reset()
+    assert kept == [True, True]
+    capsys.readouterr()
+
+
+def test_an_entrypoint_may_not_await_at_top_level(runner, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "main.py").write_text("import asyncio\nawait asyncio.sleep(0)\n", encoding="utf-8")
+    result = runner.run({"entrypoint": "main.py", "stdin": None, "last_line_interactive": False})
+    assert result["error"] == {"type": "SyntaxError", "message": "'await' outside function"}

@@ -176,3 +176,57 @@ def test_output_matches_python_running_main_py(runner, capsys, tmp_path, code):
     result = runner.run(job(code))
     out, err = capsys.readouterr()
     assert (result["exit_code"], out, err) == (real.returncode, real.stdout, real_err)
+
+
+# --------------------------------------------------------------------------
+# asyncio without sockets
+
+
+def test_asyncio_imported_after_the_runner_wakes_its_loop_through_a_pipe():
+    # The sandbox refuses every new socket; asyncio's loop used to make a socketpair.
+    # Here asyncio is imported after the runner (a tier that does not preload it), so the
+    # finder on sys.meta_path patches it as it loads.
+    proc = run_child(
+        """\
+        import socket
+
+        def refused(*args, **kwargs):
+            raise PermissionError(1, "Operation not permitted")
+
+        socket.socketpair = refused
+        report("asyncio" in sys.modules)
+        code = (
+            "import asyncio, threading\\n"
+            "async def main():\\n"
+            "    loop = asyncio.get_running_loop()\\n"
+            "    woken = loop.create_future()\\n"
+            "    threading.Thread(target=loop.call_soon_threadsafe, args=(woken.set_result, 'é')).start()\\n"
+            "    return await woken\\n"
+            "print(asyncio.run(main()))\\n"
+        )
+        report(runner.run({"code": code, "stdin": None, "last_line_interactive": False}))
+        report(type(asyncio_loop := sys.modules["asyncio"].new_event_loop()._ssock).__name__)
+        """
+    )
+    assert proc.returncode == 0, proc.stdout
+    assert child_results(proc.stdout) == [False, OK, "_PipeEnd"]
+    assert "é\n" in proc.stdout
+
+
+def test_asyncio_loaded_before_the_runner_is_patched_at_once():
+    # A zygote loads the runner before its preloads, but install() also covers the other
+    # order: an already loaded selector_events module is patched in place.
+    proc = run_child(
+        """\
+        import types
+        aio = sys.modules["_snakecage_aio"]
+        loaded = types.ModuleType("asyncio.selector_events")
+        loaded.BaseSelectorEventLoop = type("BaseSelectorEventLoop", (), {"_make_self_pipe": None})
+        sys.modules["asyncio.selector_events"] = loaded
+        aio.install()
+        report(loaded.BaseSelectorEventLoop._make_self_pipe is aio._make_self_pipe)
+        report(sum(finder is aio._Finder for finder in sys.meta_path))
+        """
+    )
+    assert proc.returncode == 0, proc.stdout
+    assert child_results(proc.stdout) == [True, 1]
