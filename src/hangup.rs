@@ -30,7 +30,7 @@ pub(crate) fn spawn(mut hangups: ReloadSignal, state: SharedState, stop: Cancell
                 received = hangups.0.recv() => if received.is_none() { return },
                 () = stop.cancelled() => return,
             }
-            tracing::info!("SIGHUP received: reloading the configuration and the keys file");
+            tracing::info!("SIGHUP received: reloading the configuration and the API keys");
             match reload_service(&state, false, "SIGHUP").await {
                 Ok(answer) if answer.rolled_over => tracing::info!(
                     generation = answer.generation.id,

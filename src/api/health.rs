@@ -55,8 +55,8 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
 }
 
 /// `{"backend", "state", "detail"}`: the state and error as the last background check
-/// found them (`/health` never waits on the store).
-fn file_store(state: &SharedState, store: StoreState) -> Value {
+/// found them (`/health` and the status page never wait on the store).
+pub(super) fn file_store(state: &SharedState, store: StoreState) -> Value {
     let mut entry = serde_json::to_value(store).expect("a store state serialises");
     entry["backend"] = json!(state.config().files.backend);
     // The store's directory had been removed under the service and was recreated: what

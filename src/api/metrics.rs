@@ -21,16 +21,13 @@ pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
 
 /// Reads the state gauges (pool, file store, memory, health) into the metrics.
 pub async fn observe(state: &SharedState) {
-    let usage = match state.store.list_all().await {
-        Ok(files) => Some(StoreUsage {
-            files: files.len() as u64,
-            bytes: files.iter().map(|f| f.size_bytes).sum(),
-        }),
-        Err(e) => {
-            tracing::warn!(error = %e, "listing the file store for the metrics failed");
-            None
-        }
-    };
+    let listed = state.store.list_all().await;
+    // Logged once per outage, not on every scrape.
+    state.store_watch.usage_listed(listed.as_ref().map(drop));
+    let usage = listed.ok().map(|files| StoreUsage {
+        files: files.len() as u64,
+        bytes: files.iter().map(|f| f.size_bytes).sum(),
+    });
     state.metrics.observe(&state.pool.status(), usage);
     let zygote = state.pool.zygote_info();
     let quota_mb = state.config().files.quota_mb;

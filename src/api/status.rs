@@ -36,6 +36,10 @@ pub struct Status {
     /// Code Mode: tool calls made so far, and runs waiting on a caller's answer now.
     pub tools: ToolActivity,
     pub sandbox_layers: Vec<String>,
+    /// The file store as `/health` reports it: `backend`, `state` (`ok`, `unavailable`
+    /// with the store's error in `detail`, `unchecked`) and, once a local store's directory
+    /// had to be recreated, `last_recovery`.
+    pub file_store: serde_json::Value,
     /// Third-party packages user code can import (installed ones), with their versions: the
     /// same list as `GET /v1/packages`.
     pub packages: Vec<PreloadedModule>,
@@ -99,6 +103,7 @@ pub async fn status(State(state): State<SharedState>) -> Json<Status> {
             configured: state.catalog.names().len(),
         },
         sandbox_layers: metrics.build().sandbox_layers,
+        file_store: super::health::file_store(&state, state.store_watch.state()),
         packages: state
             .packages()
             .installed()

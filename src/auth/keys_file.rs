@@ -84,6 +84,16 @@ pub enum KeysError {
     Invalid { name: String, reason: String },
     #[error("an API key named {0:?} already exists; key names are unique")]
     Duplicate(String),
+    /// A reload of a configuration that has no key left.
+    #[error(
+        "the configuration has no API key left (no [[auth.keys]] and no auth.keys_file): a reload never turns authentication off; put a key back, or restart the service to run without keys"
+    )]
+    NoneLeft,
+    /// A reload of a configuration with keys, for a service started without any.
+    #[error(
+        "the configuration has API keys now, but the service started without any: requiring keys needs a restart"
+    )]
+    WouldTurnOn,
     #[error("the OS random number generator failed: {0}")]
     Random(String),
 }

@@ -80,6 +80,9 @@ pub struct Keys {
     /// Whether the service listens on loopback only: without keys, the admin routes are
     /// open only then.
     loopback: bool,
+    /// Whether some keys are given inline (`[[auth.keys]]`), for saying where a reload
+    /// re-read them from.
+    inline: bool,
 }
 
 impl Keys {
@@ -127,6 +130,7 @@ impl Keys {
             public_metrics: config.public_metrics,
             public_status: config.public_status,
             loopback: false,
+            inline: !config.keys.is_empty(),
         })
     }
 

@@ -1,9 +1,12 @@
-//! The keys in force, swappable: a reload (HTTP or SIGHUP) re-reads `auth.keys_file` and,
-//! once the reload has gone through, the new keys replace the old at once for every
-//! request that starts after it. A keys file that does not parse, or holds no key, is
-//! refused and the keys in force stay: a reload never turns authentication off.
+//! The keys in force, swappable: a reload (HTTP or SIGHUP) re-reads `auth.keys_file` and
+//! the inline `[[auth.keys]]` of the configuration file and, once the reload has gone
+//! through, the new key set replaces the old one whole, at once, for every request that
+//! starts after it. Keys that do not parse or check, a keys file that holds no key, or a
+//! configuration left with no key at all are refused and the keys in force stay: a reload
+//! never turns authentication off (nor on: a service started without keys needs a
+//! restart to require them).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use serde::Serialize;
@@ -15,11 +18,16 @@ use crate::config::AuthConfig;
 #[derive(Debug)]
 pub struct KeyRing(RwLock<Arc<Keys>>);
 
-/// What a re-read of the keys file changed, by key name (tenant).
+/// What a re-read of the keys changed, by key name (tenant).
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct KeysChange {
-    /// The keys file that was re-read.
-    pub file: PathBuf,
+    /// The keys file that was re-read, if one is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<PathBuf>,
+    /// The configuration file whose inline keys (`[[auth.keys]]`) were re-read, when it
+    /// has some or had some before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config_file: Option<PathBuf>,
     pub added: Vec<String>,
     pub removed: Vec<String>,
     /// Names whose key, limits or scopes changed.
@@ -29,6 +37,22 @@ pub struct KeysChange {
 impl KeysChange {
     pub fn is_empty(&self) -> bool {
         self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
+    }
+
+    /// Where the keys were re-read from, for a message or a log line: the keys file, "the
+    /// [[auth.keys]] of FILE", or both.
+    pub fn source(&self) -> String {
+        let inline = self.config_file.as_ref().map_or_else(
+            || "the [[auth.keys]] of the configuration".to_owned(),
+            |f| format!("the [[auth.keys]] of {}", f.display()),
+        );
+        match &self.file {
+            Some(file) if self.config_file.is_some() => {
+                format!("{} and {inline}", file.display())
+            }
+            Some(file) => file.display().to_string(),
+            None => inline,
+        }
     }
 
     /// For a message or a log line: "added bob; removed alice", or "no key changed".
@@ -60,21 +84,34 @@ impl KeyRing {
         self.0.read().expect("keys lock").clone()
     }
 
-    /// Re-reads the keys of `config` (its keys file and inline keys), checked as at start
-    /// (a keys file that is missing, does not parse or holds no key is an error), and
-    /// says what differs from the keys in force. Installs nothing: see [`Self::store`].
-    /// `None` when no keys file is configured (inline keys change only with a restart).
-    /// A tenant whose key, limits and scopes are unchanged keeps its running executions'
-    /// count.
-    pub fn reread(&self, config: &AuthConfig) -> Result<Option<(Keys, KeysChange)>, KeysError> {
-        let Some(file) = &config.keys_file else {
-            return Ok(None);
-        };
-        let mut next = Keys::load(config)?;
+    /// Reads the keys of `config` (a re-read configuration: its keys file and its inline
+    /// keys, from `config_file`), checked as at start (a keys file that is missing, does
+    /// not parse or holds no key is an error, as are entries that do not check), and says
+    /// what differs from the keys in force. Installs nothing: see [`Self::store`]. `None`
+    /// when the service runs without keys and `config` has none either. A configuration
+    /// with no key left, or with keys for a service started without, is an error: a
+    /// reload never turns authentication off or on. A tenant whose key, limits and scopes
+    /// are unchanged keeps its running executions' count.
+    pub fn reread(
+        &self,
+        config: &AuthConfig,
+        config_file: Option<&Path>,
+    ) -> Result<Option<(Keys, KeysChange)>, KeysError> {
         let current = self.load();
+        let configured = config.keys_file.is_some() || !config.keys.is_empty();
+        match (current.enabled(), configured) {
+            (false, false) => return Ok(None),
+            (false, true) => return Err(KeysError::WouldTurnOn),
+            (true, false) => return Err(KeysError::NoneLeft),
+            (true, true) => {}
+        }
+        let mut next = Keys::load(config)?;
         next.loopback = current.loopback;
         let mut change = KeysChange {
-            file: file.clone(),
+            file: config.keys_file.clone(),
+            config_file: (next.inline || current.inline)
+                .then(|| config_file.map(Path::to_path_buf))
+                .flatten(),
             ..KeysChange::default()
         };
         for tenant in &mut next.tenants {
@@ -129,7 +166,7 @@ mod tests {
         file.keys.retain(|k| k.name != "bob");
         let carol = file.add("carol", KeyEntry::default()).unwrap();
         file.write(&path).unwrap();
-        let (keys, change) = ring.reread(&config).unwrap().unwrap();
+        let (keys, change) = ring.reread(&config, None).unwrap().unwrap();
         assert_eq!(change.added, ["carol"]);
         assert_eq!(change.removed, ["bob"]);
         assert!(change.changed.is_empty());
@@ -142,15 +179,59 @@ mod tests {
         assert!(Arc::ptr_eq(&before, &keys.tenant(&alice).unwrap()));
 
         std::fs::write(&path, "[[keys]]\nname = \"dave\"\n").unwrap();
-        let err = ring.reread(&config).unwrap_err();
+        let err = ring.reread(&config, None).unwrap_err();
         assert!(err.to_string().contains("clés.toml"), "{err}");
         std::fs::write(&path, "# every key was removed\n").unwrap();
-        let err = ring.reread(&config).unwrap_err();
+        let err = ring.reread(&config, None).unwrap_err();
         assert!(
             err.to_string()
                 .contains("holds no keys; add one with `snakecage keys add`"),
             "{err}"
         );
         assert_eq!(ring.load().tenant(&carol).unwrap().name, "carol");
+    }
+
+    #[test]
+    fn inline_keys_are_reread_and_a_reread_never_turns_keys_off_or_on() {
+        let mut file = KeysFile::default();
+        let alice = file.add("alice", KeyEntry::default()).unwrap();
+        let bob = file.add("bob", KeyEntry::default()).unwrap();
+        let inline = |keys: &[KeyEntry]| AuthConfig {
+            keys: keys.to_vec(),
+            ..AuthConfig::default()
+        };
+        let toml = Path::new("/etc/snakecage/snakecage.toml");
+        let ring = KeyRing::new(Keys::load(&inline(&file.keys[..1])).unwrap());
+
+        let faster = KeyEntry {
+            max_concurrent: Some(4),
+            ..file.keys[0].clone()
+        };
+        let (keys, change) = ring
+            .reread(&inline(&[faster, file.keys[1].clone()]), Some(toml))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (change.added, change.changed),
+            (vec!["bob".to_owned()], vec!["alice".to_owned()])
+        );
+        assert_eq!(change.config_file.as_deref(), Some(toml));
+        assert_eq!(change.file, None);
+        ring.store(keys);
+        assert_eq!(ring.load().tenant(&alice).unwrap().max_concurrent, Some(4));
+        assert!(ring.load().tenant(&bob).is_some());
+
+        let err = ring.reread(&inline(&[]), Some(toml)).unwrap_err();
+        assert!(matches!(err, KeysError::NoneLeft), "{err}");
+        let mut broken = file.keys.clone();
+        broken[1].sha256 = "pas-un-hash".into();
+        let err = ring.reread(&inline(&broken), Some(toml)).unwrap_err();
+        assert!(err.to_string().contains("API key \"bob\""), "{err}");
+        assert!(ring.load().tenant(&bob).is_some());
+
+        let without = KeyRing::new(Keys::default());
+        assert!(without.reread(&inline(&[]), Some(toml)).unwrap().is_none());
+        let err = without.reread(&inline(&file.keys), Some(toml)).unwrap_err();
+        assert!(matches!(err, KeysError::WouldTurnOn), "{err}");
     }
 }

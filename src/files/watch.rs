@@ -5,13 +5,14 @@
 //! file would stop running too). `/health` reports it instead, without waiting on the
 //! store: a liveness probe must not hang on an object store that hangs.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::SharedStore;
+use super::{SharedStore, StoreError};
 
 /// How often the store is checked.
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(5);
@@ -32,12 +33,16 @@ pub enum StoreState {
 /// The file store's state for `/health`, refreshed by [`StoreWatch::spawn`].
 pub struct StoreWatch {
     state: Mutex<StoreState>,
+    /// Whether the last listing for the metrics failed (so that an outage is logged once,
+    /// not on every scrape).
+    usage_failing: AtomicBool,
 }
 
 impl Default for StoreWatch {
     fn default() -> Self {
         Self {
             state: Mutex::new(StoreState::Unchecked),
+            usage_failing: AtomicBool::new(false),
         }
     }
 }
@@ -65,6 +70,24 @@ impl StoreWatch {
     /// What the last check found.
     pub fn state(&self) -> StoreState {
         self.state.lock().expect("store state lock").clone()
+    }
+
+    /// Records how listing the store for the metrics (every scrape of `/metrics` and every
+    /// refresh of the status page) went, and logs only the changes: a warning when it
+    /// starts failing, an info line when it works again. Returns whether it logged.
+    pub fn usage_listed(&self, result: Result<(), &StoreError>) -> bool {
+        let failing = result.is_err();
+        if self.usage_failing.swap(failing, Ordering::Relaxed) == failing {
+            return false;
+        }
+        match result {
+            Err(error) => tracing::warn!(
+                %error,
+                "listing the file store for the metrics failed"
+            ),
+            Ok(()) => tracing::info!("listing the file store for the metrics works again"),
+        }
+        true
     }
 
     fn set(&self, state: StoreState) {
@@ -111,5 +134,19 @@ mod tests {
         watch.set(StoreState::Unavailable("down".into()));
         watch.set(StoreState::Ok);
         assert_eq!(watch.state(), StoreState::Ok);
+    }
+
+    #[test]
+    fn a_failing_listing_is_logged_when_it_starts_and_when_it_ends_only() {
+        let watch = StoreWatch::default();
+        let down = StoreError::Unavailable {
+            doing: "listing files",
+            detail: "connection refused".into(),
+        };
+        let logged: Vec<bool> = [Ok(()), Err(&down), Err(&down), Err(&down), Ok(()), Ok(())]
+            .into_iter()
+            .map(|r| watch.usage_listed(r))
+            .collect();
+        assert_eq!(logged, [false, true, false, false, true, false]);
     }
 }

@@ -30,6 +30,8 @@ pub struct Seaweed {
     child: Child,
     pub endpoint: String,
     _dir: tempfile::TempDir,
+    /// `weed`'s arguments (its ports and data directory), to start it again as it was.
+    args: Vec<String>,
 }
 
 impl Seaweed {
@@ -71,26 +73,41 @@ impl Seaweed {
         std::fs::write(&iam, identities.to_string()).unwrap();
         let s3 = free_port();
         let port = |name: &str| format!("-{name}={}", free_port());
-        let child = Command::new(&weed)
-            .arg("server")
-            .arg(format!("-dir={}", data.display()))
-            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1"])
-            .args([port("master.port"), port("master.port.grpc")])
-            .args([port("volume.port"), port("volume.port.grpc")])
-            .args(["-filer".into(), port("filer.port"), port("filer.port.grpc")])
-            .args(["-s3".into(), format!("-s3.port={s3}"), port("s3.port.grpc")])
-            .args(["-s3.port.iceberg=0", "-s3.port.lance=0", "-metricsPort=0"])
-            .arg(format!("-s3.config={}", iam.display()))
-            .args(["-master.volumeSizeLimitMB=64", "-volume.max=16"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("weed.log")).unwrap())
-            .spawn()
-            .expect("start weed");
+        let mut args = vec![
+            "server".to_owned(),
+            format!("-dir={}", data.display()),
+            "-ip=127.0.0.1".into(),
+            "-ip.bind=127.0.0.1".into(),
+            port("master.port"),
+            port("master.port.grpc"),
+            port("volume.port"),
+            port("volume.port.grpc"),
+            "-filer".into(),
+            port("filer.port"),
+            port("filer.port.grpc"),
+            "-s3".into(),
+            format!("-s3.port={s3}"),
+            port("s3.port.grpc"),
+        ];
+        args.extend(["-s3.port.iceberg=0", "-s3.port.lance=0", "-metricsPort=0"].map(String::from));
+        args.push(format!("-s3.config={}", iam.display()));
+        args.extend(["-master.volumeSizeLimitMB=64", "-volume.max=16"].map(String::from));
         Self {
-            child,
+            child: run_weed(&weed, &args, dir.path()),
             endpoint: format!("http://127.0.0.1:{s3}"),
             _dir: dir,
+            args,
+        }
+    }
+
+    /// Starts the store again after [`Self::kill`], on the same ports with the same data
+    /// (the end of an outage), and waits until it serves.
+    pub async fn restart(&mut self) {
+        self.kill();
+        let weed = repo_root().join(".venv-cluster/bin/weed");
+        self.child = run_weed(&weed, &self.args, self._dir.path());
+        if let Err(log) = self.create_bucket().await {
+            panic!("SeaweedFS exited on restarting:\n{log}");
         }
     }
 
@@ -163,6 +180,22 @@ impl Seaweed {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `weed ARGS`, logging to `dir/weed.log` (appended to across restarts).
+fn run_weed(weed: &std::path::Path, args: &[String], dir: &std::path::Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("weed.log"))
+        .unwrap();
+    Command::new(weed)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start weed")
 }
 
 impl Drop for Seaweed {

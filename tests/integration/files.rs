@@ -635,3 +635,81 @@ async fn a_store_directory_removed_under_the_service_is_recreated_and_its_loss_r
         "not logged"
     );
 }
+
+/// The store's directory is gone and cannot be recreated (a file where it was): the store
+/// is unavailable, so an upload, a download, a listing, a deletion and a run that sends
+/// files each get 503 `unavailable` with `Retry-After`, as an unreachable S3 store does,
+/// and a `detail` naming the directory and why; never a 500. Once the directory is back,
+/// the files stored before are served again: nothing was forgotten meanwhile.
+#[tokio::test]
+async fn a_store_directory_that_cannot_be_recreated_is_a_503_saying_why() {
+    let s = Server::start().await;
+    let kept = id(&upload(&s, "gardé.csv", CSV.as_bytes().to_vec()).await);
+    let dir = s.state_dir().join("files");
+    let aside = s.state_dir().join("files-aside");
+    std::fs::rename(&dir, &aside).unwrap();
+    std::fs::write(&dir, "a file where the store's directory was").unwrap();
+
+    let check = |what: &str, status: u16, headers: &reqwest::header::HeaderMap, body: &Value| {
+        assert_eq!(status, 503, "{what}: {body}");
+        assert_eq!(
+            crate::harness::check_error_body(status, body),
+            "unavailable",
+            "{what}: {body}"
+        );
+        assert_eq!(headers["retry-after"], "1", "{what}");
+        let detail = body["detail"].as_str().unwrap();
+        assert!(
+            detail.starts_with("the file store is unavailable")
+                && detail.contains(&dir.display().to_string())
+                && detail.contains("Not a directory")
+                && detail.contains("files.dir"),
+            "{what}: {detail}"
+        );
+    };
+    let form = reqwest::multipart::Form::new().part(
+        "file",
+        reqwest::multipart::Part::bytes(b"x".to_vec()).file_name("x.txt"),
+    );
+    let requests = [
+        (
+            "upload",
+            s.client
+                .post(format!("{}/v1/files", s.base))
+                .multipart(form),
+        ),
+        (
+            "download",
+            s.client.get(format!("{}/v1/files/{kept}", s.base)),
+        ),
+        ("listing", s.client.get(format!("{}/v1/files", s.base))),
+        (
+            "deletion",
+            s.client.delete(format!("{}/v1/files/{kept}", s.base)),
+        ),
+        (
+            "run with files",
+            s.client
+                .post(format!("{}/v1/execute", s.base))
+                .json(&json!({
+                    "code": "print(open('in/d.csv').read())",
+                    "files": [{"path": "in/d.csv", "file_id": kept}],
+                })),
+        ),
+    ];
+    for (what, request) in requests {
+        let resp = request.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body: Value = resp.json().await.unwrap();
+        check(what, status, &headers, &body);
+    }
+    // Code that needs no file still runs.
+    assert_eq!(s.run("print(6 * 7)").await["stdout"], "42\n");
+    assert!(!s.log().contains("internal error"), "{}", s.log());
+
+    std::fs::remove_file(&dir).unwrap();
+    std::fs::rename(&aside, &dir).unwrap();
+    assert_eq!(download_bytes(&s, &kept).await, CSV.as_bytes());
+    assert_eq!(list(&s).await.iter().map(id).collect::<Vec<_>>(), [kept]);
+}

@@ -1,7 +1,8 @@
-//! Rotating API keys on a running service: a reload re-reads `auth.keys_file`. A key added
-//! with `snakecage keys add` works after it, one removed from the file gets 401 at once,
-//! and a keys file that does not parse or holds no key is refused (422) with the keys in
-//! force kept.
+//! Rotating API keys on a running service: a reload re-reads `auth.keys_file` and the
+//! inline `[[auth.keys]]` of the configuration file. A key added (with `snakecage keys
+//! add`, or inline) works after it, one removed gets 401 at once, a changed one has its new
+//! limits, and keys that do not parse or check, a keys file that holds no key, or a
+//! configuration left without any key are refused (422) with the keys in force kept.
 
 use reqwest::header::AUTHORIZATION;
 use serde_json::{Value, json};
@@ -117,5 +118,173 @@ async fn a_reload_rotates_the_keys_file_and_a_broken_or_empty_one_keeps_the_keys
             .starts_with("nothing changed:"),
         "{body}"
     );
+    assert_eq!(generation(&s).await, 1);
+}
+
+/// A made-up key for `name` (as `snakecage keys add` makes them) and its SHA-256.
+fn inline_key(name: &str) -> (String, String) {
+    let key = format!(
+        "sc_{:0>64}",
+        name.bytes().map(|b| format!("{b:02x}")).collect::<String>()
+    );
+    let hash = snakecage::auth::sha256_hex(&key);
+    (key, hash)
+}
+
+/// `[[auth.keys]]` tables: (name, sha256, more TOML lines).
+fn inline_keys(keys: &[(&str, &str, &str)]) -> String {
+    let mut toml = String::new();
+    for (name, sha256, more) in keys {
+        toml.push_str(&format!(
+            "\n[[auth.keys]]\nname = {name:?}\nsha256 = {sha256:?}\n{more}\n"
+        ));
+    }
+    toml
+}
+
+/// Keys given inline in the configuration file (`[[auth.keys]]`) are re-read by a reload,
+/// as the keys file is: a key added works, a changed one has its new limits, a removed one
+/// gets 401, the whole set at once; a configuration whose keys are broken, or that has no
+/// key left, is refused (422 naming what to fix) and the keys in force stay. SIGHUP does
+/// the same. No new generation is started for a change of keys alone.
+#[tokio::test]
+async fn a_reload_rereads_inline_keys_and_refuses_broken_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("snakecage.toml");
+    let (ops_key, ops) = inline_key("ops");
+    let (alice_key, alice) = inline_key("alice");
+    let (bob_key, bob) = inline_key("bob");
+    let (carol_key, carol) = inline_key("carol");
+    let admin = ("ops", ops.as_str(), "scopes = [\"admin\"]");
+    let write = |keys: &[(&str, &str, &str)]| write_config(&config, &["numpy"], &inline_keys(keys));
+    write(&[admin, ("alice", &alice, "max_concurrent = 1")]);
+    let s = start(&config, Options::default()).await;
+    assert_eq!(run_as(&s, &bob_key).await.0, 401);
+
+    // alice at her max_concurrent of 1.
+    let long = {
+        let client = s.client.clone();
+        let url = format!("{}/v1/execute", s.base);
+        let key = alice_key.clone();
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .header(AUTHORIZATION, format!("Bearer {key}"))
+                .json(&json!({"code": "import time\ntime.sleep(50)", "timeout_ms": 60000}))
+                .send()
+                .await
+        })
+    };
+    crate::reliability::eventually(20, "alice's long run is running", async || {
+        s.health().await["pool"]["busy"] == 1
+    })
+    .await;
+    let (status, body) = run_as(&s, &alice_key).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("already has 1 executions running, its max_concurrent limit"),
+        "{body}"
+    );
+
+    // bob added, alice's limit raised: both in force from the reload's answer on.
+    write(&[
+        admin,
+        ("alice", &alice, "max_concurrent = 2"),
+        ("bob", &bob, ""),
+    ]);
+    let (status, body) = reload(&s, Some(&ops_key)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["rolled_over"], false, "{body}");
+    assert_eq!(body["keys"]["added"], json!(["bob"]), "{body}");
+    assert_eq!(body["keys"]["changed"], json!(["alice"]), "{body}");
+    assert_eq!(body["keys"]["removed"], json!([]), "{body}");
+    assert_eq!(
+        body["keys"]["config_file"],
+        config.display().to_string(),
+        "{body}"
+    );
+    assert_eq!(body["keys"].get("file"), None, "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!(
+            "API keys re-read from the [[auth.keys]] of {}: added bob; changed alice",
+            config.display()
+        )),
+        "{message}"
+    );
+    let (status, ran) = run_as(&s, &alice_key).await;
+    assert_eq!(
+        (status, ran["stdout"].as_str()),
+        (200, Some("grüß dich\n")),
+        "{ran}"
+    );
+    assert_eq!(run_as(&s, &bob_key).await.0, 200);
+    assert!(!long.is_finished(), "alice's long run ended early");
+
+    // alice removed: 401 from the reload on.
+    write(&[admin, ("bob", &bob, "")]);
+    let (status, body) = reload(&s, Some(&ops_key)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["keys"]["removed"], json!(["alice"]), "{body}");
+    assert_eq!(run_as(&s, &alice_key).await.0, 401);
+    assert_eq!(run_as(&s, &bob_key).await.0, 200);
+
+    // Broken: a hash that is no hash, a table without one, no key at all. Each is refused
+    // naming what to fix, and the keys in force stay.
+    let refused = async |keys: &[(&str, &str, &str)], says: &[&str]| {
+        write(keys);
+        let (status, body) = reload(&s, Some(&ops_key)).await;
+        assert_eq!(status, 422, "{body}");
+        let detail = body["detail"].as_str().unwrap();
+        for said in says {
+            assert!(detail.contains(said), "{said:?} not in {detail}");
+        }
+        assert!(detail.contains("nothing changed"), "{detail}");
+        assert_eq!(run_as(&s, &bob_key).await.0, 200);
+        assert_eq!(run_as(&s, &carol_key).await.0, 401);
+    };
+    refused(
+        &[admin, ("bob", &bob, ""), ("carol", "pas-un-hash", "")],
+        &["API key \"carol\"", "sha256 must be 64 hex digits"],
+    )
+    .await;
+    write_config(
+        &config,
+        &["numpy"],
+        &format!(
+            "{}\n[[auth.keys]]\nname = \"carol\"\n",
+            inline_keys(&[admin, ("bob", &bob, "")])
+        ),
+    );
+    let (status, body) = reload(&s, Some(&ops_key)).await;
+    assert_eq!(status, 422, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("missing field `sha256`")
+            && detail.contains("auth.keys")
+            && detail.contains(&config.display().to_string())
+            && detail.contains("nothing changed"),
+        "{detail}"
+    );
+    assert_eq!(run_as(&s, &carol_key).await.0, 401);
+    refused(&[], &["never turns authentication off"]).await;
+    let (status, body) = s.post("/v1/execute", &json!({"code": "print(1)"})).await;
+    assert_eq!(status, 401, "{body}");
+
+    // SIGHUP re-reads them too.
+    write(&[admin, ("bob", &bob, ""), ("carol", &carol, "")]);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(s.pid() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    crate::reliability::eventually(30, "carol's key works after SIGHUP", async || {
+        run_as(&s, &carol_key).await.0 == 200
+    })
+    .await;
+    assert_eq!(run_as(&s, &bob_key).await.0, 200);
     assert_eq!(generation(&s).await, 1);
 }

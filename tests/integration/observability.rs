@@ -513,6 +513,76 @@ async fn the_status_page_shows_the_numbers_the_metrics_have() {
     );
 }
 
+/// The opening tag and the text of the element with `id` in a DOM dump (its text up to
+/// the first child element).
+fn dom_element<'a>(dom: &'a str, id: &str) -> (&'a str, &'a str) {
+    let at = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id} in the page:\n{dom}"));
+    let end = at + dom[at..].find('>').unwrap();
+    let text = &dom[end + 1..];
+    (&dom[at..end], &text[..text.find('<').unwrap_or(text.len())])
+}
+
+/// During a file store outage the status page says so in red, with the backend, the
+/// store's error and the last recovery of its directory, as `/health` has them: an
+/// operator looking at it no longer sees all green. (A local store whose directory was
+/// removed, recreated, then replaced by a file: its recovery is on record and it cannot
+/// be recreated again.)
+#[tokio::test]
+async fn the_status_page_shows_the_file_store_down_with_why_and_its_last_recovery() {
+    let s = Server::start().await;
+    let url = format!("{}/", s.base);
+    let dir = s.state_dir().join("files");
+    let dom = chromium(&["--virtual-time-budget=5000", "--dump-dom"], &url);
+    assert!(dom.contains("data-loaded=\"true\""), "{dom}");
+    let (tag, text) = dom_element(&dom, "file-store-state");
+    assert!(tag.contains("class=\"ok\""), "{tag}");
+    assert_eq!(text, "available");
+    assert_eq!(dom_element(&dom, "file-store-recovery").1, "none");
+
+    crate::files::upload(&s, "perdu.csv", b"a,b\n1,2\n".to_vec()).await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    let (status, _, body) = s.get("/v1/files").await;
+    assert_eq!(status, 200, "{body}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::write(&dir, "a file where the store's directory was").unwrap();
+    crate::reliability::eventually(
+        30,
+        "the background check finds the store down",
+        async || s.health().await["file_store"]["state"] == "unavailable",
+    )
+    .await;
+    let health = s.health().await;
+    let (_, status) = s.get_json("/v1/status").await;
+    assert_eq!(status["file_store"], health["file_store"], "{status}");
+
+    let dom = chromium(&["--virtual-time-budget=5000", "--dump-dom"], &url);
+    let (tag, text) = dom_element(&dom, "file-store-state");
+    assert!(
+        tag.contains("class=\"bad\"") && tag.contains("data-value=\"unavailable\""),
+        "{tag}"
+    );
+    assert_eq!(text, "unavailable");
+    assert_eq!(dom_element(&dom, "file-store-backend").1, "local");
+    let (_, detail) = dom_element(&dom, "file-store-detail");
+    assert!(
+        detail.starts_with("the file store is unavailable")
+            && detail.contains(&dir.display().to_string())
+            && detail.contains("Not a directory"),
+        "{detail}"
+    );
+    let (tag, recovery) = dom_element(&dom, "file-store-recovery");
+    assert!(tag.contains("class=\"warn\""), "{tag}");
+    let recorded = &health["file_store"]["last_recovery"];
+    assert!(
+        recovery.contains(recorded["at"].as_str().unwrap())
+            && recovery.contains("had been removed from outside the service")
+            && recovery.contains("the 1 file(s) stored before are lost"),
+        "{recovery}"
+    );
+}
+
 /// `log.level` a bare word that is no level (`warning`): `tracing` would read it as a
 /// target and log nothing else, errors included, so the service ran silent. Refused.
 #[test]

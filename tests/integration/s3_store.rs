@@ -275,3 +275,47 @@ fn start_up_error(env: &[(&str, &str)]) -> String {
     assert!(!out.status.success(), "it started: {said}");
     said
 }
+
+/// The log lines (JSON) of `s` whose message is `message`.
+fn logged(s: &Server, message: &str) -> usize {
+    s.log()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|v| v["fields"]["message"] == message)
+        .count()
+}
+
+/// While the store is down, every scrape of `/metrics` (and every refresh of the status
+/// page, which reads the same gauges) fails to list it: that is logged once when it starts
+/// failing and once, as info, when it works again, not on every scrape.
+#[tokio::test]
+async fn a_store_outage_is_logged_once_however_often_the_metrics_are_scraped() {
+    const FAILED: &str = "listing the file store for the metrics failed";
+    const WORKS: &str = "listing the file store for the metrics works again";
+    let mut weed = Seaweed::start().await;
+    let s = Server::start_with(s3_options(&weed, "scrapes")).await;
+    let (status, up) = upload(&s.base, "été.txt", b"x".to_vec()).await;
+    assert_eq!(status, 201, "{up}");
+    let scrape = async || {
+        let (status, _, metrics) = s.get("/metrics").await;
+        assert_eq!(status, 200);
+        metrics
+    };
+    assert!(scrape().await.contains("snakecage_files_stored 1"));
+
+    weed.kill();
+    for _ in 0..5 {
+        scrape().await;
+        let (status, _) = s.get_json("/v1/status").await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(logged(&s, FAILED), 1, "{}", s.log());
+    assert_eq!(logged(&s, WORKS), 0, "{}", s.log());
+
+    weed.restart().await;
+    for _ in 0..3 {
+        assert!(scrape().await.contains("snakecage_files_stored 1"));
+    }
+    assert_eq!(logged(&s, FAILED), 1, "{}", s.log());
+    assert_eq!(logged(&s, WORKS), 1, "{}", s.log());
+}

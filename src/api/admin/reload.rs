@@ -4,10 +4,13 @@
 //! one, and nothing changes. Packages added with `/v1/admin/packages` stay: the managed
 //! environment is laid over the re-read configuration. When the configuration and the
 //! environment's files are as the serving generation has them, nothing is started
-//! (`"rolled_over": false`) unless `?force=true`. The keys file (`auth.keys_file`) is
-//! re-read too: its keys are in force from the end of the reload, and a keys file that
-//! does not parse or holds no key is refused with 422 (the keys in force stay). Answers
-//! the generation serving after it. SIGHUP runs the same reload ([`crate::hangup`]).
+//! (`"rolled_over": false`) unless `?force=true`. The API keys are re-read too, from the
+//! keys file (`auth.keys_file`) and inline (`[[auth.keys]]` of the configuration file):
+//! the new set is in force, whole, from the end of the reload (a change of keys alone
+//! starts no generation), and keys that do not parse or check, a keys file that holds no
+//! key or a configuration left without any key are refused with 422 (the keys in force
+//! stay). Answers the generation serving after it. SIGHUP runs the same reload
+//! ([`crate::hangup`]).
 
 use axum::Json;
 use axum::extract::{Query, State};
@@ -15,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::{AppState, SharedState};
 use crate::auth::{AdminCaller, KeysChange};
+use crate::config::AuthConfig;
 use crate::error::ApiError;
 use crate::generation::{GenerationInfo, NextGeneration, Outcome, RolloverError, roll_over_in};
 
@@ -27,7 +31,7 @@ pub struct ReloadQuery {
 }
 
 /// The generation serving after the reload, whether the reload started it, and what it
-/// changed in the API keys (with a keys file).
+/// changed in the API keys (when the service has keys).
 #[derive(Debug, Serialize)]
 pub struct ReloadAnswer {
     #[serde(flatten)]
@@ -35,7 +39,7 @@ pub struct ReloadAnswer {
     pub rolled_over: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// The keys file re-read, and the key names added, removed and changed.
+    /// Where the keys were re-read from, and the key names added, removed and changed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keys: Option<KeysChange>,
 }
@@ -57,7 +61,7 @@ pub async fn reload(
 }
 
 /// The reload itself, for `POST /v1/admin/reload` and SIGHUP alike (`by` says who asked,
-/// for the logs): the configuration and the keys file re-read, checked, rolled over to.
+/// for the logs): the configuration and the API keys re-read, checked, rolled over to.
 /// The new keys are put in force only once the rollover has gone through (or found
 /// nothing else to change): a refused or failed reload changes nothing at all.
 pub(crate) async fn reload_service(
@@ -72,15 +76,21 @@ pub(crate) async fn reload_service(
     // The operator's package changes live in the managed environment, not in the file:
     // the reloaded configuration runs on it too.
     state.envs.overlay(&mut config);
-    // Held from the keys file's read to its keys being in force, so that two reloads
-    // cannot interleave them.
+    // Held from the keys' read to their being in force, so that two reloads cannot
+    // interleave them.
     let slot = state
         .rollovers
         .reserve("reload")
         .map_err(RolloverError::into_api)?;
     tracing::info!(by, force, "reloading the configuration");
-    // The keys file the service runs with (`auth.*` itself changes only with a restart).
-    let keys = state.keys.reread(&state.config().auth).map_err(|e| {
+    // The re-read configuration's inline keys, and the keys file the service runs with:
+    // its path, like the rest of `auth.*`, changes only with a restart (the rollover
+    // below refuses a new one, naming it).
+    let auth = AuthConfig {
+        keys: config.auth.keys.clone(),
+        ..state.config().auth.clone()
+    };
+    let keys = state.keys.reread(&auth, config.source.file.as_deref()).map_err(|e| {
         ApiError::Validation(format!(
             "{e}; nothing changed: the API keys in force stay, and no new generation was started"
         ))
@@ -100,9 +110,9 @@ pub(crate) async fn reload_service(
             state.keys.store(keys);
             tracing::info!(
                 by,
-                file = %change.file.display(),
+                from = %change.source(),
                 keys = %change.summary(),
-                "API keys re-read from the keys file"
+                "API keys re-read"
             );
         }
         change
@@ -124,7 +134,7 @@ pub(crate) async fn reload_service(
             let message = match &keys {
                 Some(change) if !change.is_empty() => format!(
                     "API keys re-read from {}: {}. Nothing else changed: {unchanged}",
-                    change.file.display(),
+                    change.source(),
                     change.summary(),
                 ),
                 _ => format!("nothing changed: {unchanged}"),

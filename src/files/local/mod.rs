@@ -21,8 +21,9 @@
 //! objects without metadata (a crash between the two renames) are removed.
 //!
 //! A directory removed under the running store (a tmp cleaner sweeping the state dir) is
-//! recreated ([`recover`]): found by a write that cannot create its file, by a listing and
-//! by the background check; the files stored before are lost and forgotten.
+//! recreated ([`recover`]): found by a write that cannot create its file, by every read,
+//! listing and deletion, and by the background check; the files stored before are lost
+//! and forgotten. While it cannot be recreated the store is `Unavailable` (503).
 
 mod index;
 mod recover;
@@ -283,6 +284,9 @@ impl FileStore for LocalStore {
     }
 
     async fn meta(&self, file_id: &str, owner: Option<&str>) -> Result<FileMeta, StoreError> {
+        // A store whose directory is gone cannot serve the file: unavailable, or (once
+        // recreated) the file is lost.
+        self.recover()?;
         self.live(file_id, owner)
     }
 
@@ -291,6 +295,7 @@ impl FileStore for LocalStore {
         file_id: &str,
         owner: Option<&str>,
     ) -> Result<(FileMeta, ByteReader), StoreError> {
+        self.recover()?;
         let meta = self.live(file_id, owner)?;
         // Once open, the bytes stay readable even if the file is deleted meanwhile.
         match tokio::fs::File::open(self.object_path(file_id)).await {
@@ -321,6 +326,7 @@ impl FileStore for LocalStore {
     }
 
     async fn delete(&self, file_id: &str, owner: Option<&str>) -> Result<(), StoreError> {
+        self.recover()?;
         let meta = self.live(file_id, owner)?;
 
         // The metadata goes first: from then on the file does not exist for anyone.

@@ -29,10 +29,10 @@ impl Recovery {
 }
 
 /// Whether `error` is a write that could not create its file because its directory is
-/// gone (nothing of the body was read then).
+/// gone, or is no directory any more (nothing of the body was read then).
 pub(super) fn cannot_create(error: &StoreError) -> bool {
     matches!(error, StoreError::Io { doing: "creating", source, .. }
-        if source.kind() == io::ErrorKind::NotFound)
+        if matches!(source.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory))
 }
 
 /// Whether every directory of the store (and its lock file) is in place.
@@ -43,13 +43,33 @@ fn intact(dir: &Path) -> bool {
 impl LocalStore {
     /// Recreates the store's directories and lock if any is missing, forgets the files
     /// that went with them; returns whether it had to. An error: the directory cannot be
-    /// recreated (the store is unavailable until it can).
+    /// recreated, and the store is [`StoreError::Unavailable`] until it can be (a 503
+    /// saying why, as for an object store that cannot be reached; the files it knows of
+    /// are kept, and served again if the directory comes back).
     pub(super) fn recover(&self) -> Result<bool, StoreError> {
         let dir = &self.settings.dir;
         let mut recovery = self.recovery.lock().expect("recovery lock");
         if intact(dir) {
             return Ok(false);
         }
+        self.recreate(&mut recovery)
+            .map_err(|e| StoreError::Unavailable {
+                doing: "recreating its directory",
+                detail: match e {
+                    // Another instance took the recreated directory: its own words say
+                    // what to do.
+                    e @ StoreError::InUse { .. } => e.to_string(),
+                    e => format!(
+                        "its directory {} is gone and cannot be recreated ({e}); make it a \
+                         directory the service can write, or set files.dir",
+                        dir.display()
+                    ),
+                },
+            })
+    }
+
+    fn recreate(&self, recovery: &mut Recovery) -> Result<bool, StoreError> {
+        let dir = &self.settings.dir;
         // Our lock file still there: the lock we hold is on it.
         let relock = !dir.join(LOCK_FILE).is_file();
         for sub in SUBDIRS {

@@ -207,11 +207,22 @@ async fn a_directory_removed_under_the_store_is_recreated_its_files_forgotten_an
         }),
         Err(StoreError::InUse { .. })
     ));
-    // A directory that cannot be recreated: the check says so, until it can.
+    // A directory that cannot be recreated: the store is unavailable (every operation
+    // says so, never an internal error), until it can be.
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::write(&dir, "not a directory").unwrap();
-    assert!(s.check().await.is_err());
-    assert!(s.list(None).await.is_err());
+    let unavailable = |r: Result<(), StoreError>| match r {
+        Err(StoreError::Unavailable { detail, .. }) => {
+            assert!(detail.contains("Not a directory"), "{detail}")
+        }
+        other => panic!("{other:?}"),
+    };
+    unavailable(s.check().await);
+    unavailable(s.list(None).await.map(drop));
+    unavailable(s.put(owner, "x", &mut &b"x"[..]).await.map(drop));
+    unavailable(s.get(&meta.file_id, None).await.map(drop));
+    unavailable(s.meta(&meta.file_id, None).await.map(drop));
+    unavailable(s.delete(&meta.file_id, None).await);
     std::fs::remove_file(&dir).unwrap();
     s.check().await.unwrap();
     assert_eq!(s.list(None).await.unwrap(), Vec::<FileMeta>::new());
