@@ -35,7 +35,7 @@ use serde_json::json;
 use stats::{CpuSnapshot, Summary};
 use target::Server;
 
-const SNIPPETS: [(&str, &str); 4] = [
+const SNIPPETS: [(&str, &str); 5] = [
     ("print", "print(1+1)"),
     // Pure Python of the kind agents write: a function, comprehensions, an f-string, a
     // caught exception, the last expression displayed (bare tier).
@@ -48,6 +48,11 @@ const SNIPPETS: [(&str, &str); 4] = [
     (
         "numpy_pandas",
         "import numpy as np, pandas as pd\ndf = pd.DataFrame({'k': np.arange(1000) % 7, 'v': np.arange(1000.0)})\nprint(df.groupby('k')['v'].sum().iloc[3])",
+    ),
+    // Top-level await over a few coroutines (the async tier).
+    (
+        "asyncio",
+        "import asyncio\nasync def twice(x):\n    await asyncio.sleep(0)\n    return 2 * x\nprint(sum(await asyncio.gather(*(twice(i) for i in range(10)))))",
     ),
 ];
 

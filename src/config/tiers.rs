@@ -76,13 +76,18 @@ impl TierProfile {
 
 impl Default for TiersConfig {
     fn default() -> Self {
-        use WarmUp::{Matplotlib, Numpy, Pandas, Python};
+        use WarmUp::{Asyncio, Matplotlib, Numpy, Pandas, Python};
         Self {
             min_idle: 1,
             session: None,
             profile: vec![
                 TierProfile::new("bare", &[], &[Python]),
-                TierProfile::new("scientific", &["numpy", "pandas"], &[Python, Numpy, Pandas]),
+                TierProfile::new("async", &["asyncio"], &[Python, Asyncio]),
+                TierProfile::new(
+                    "scientific",
+                    &["numpy", "pandas", "asyncio"],
+                    &[Python, Numpy, Pandas],
+                ),
                 TierProfile::new(
                     "plotting",
                     &[
@@ -154,7 +159,7 @@ mod tests {
     #[test]
     fn sessions_default_to_the_fullest_tier_or_the_named_one() {
         let mut tiers = TiersConfig::default();
-        assert_eq!(tiers.session_tier(), 2);
+        assert_eq!(tiers.session_tier(), 3);
         tiers.session = Some("bare".into());
         assert_eq!(tiers.session_tier(), 0);
         assert!(tiers.validate().is_ok());
@@ -162,7 +167,7 @@ mod tests {
         let err = tiers.validate().unwrap_err().to_string();
         assert!(
             err.contains(
-                "\"huge\", which is not a tier (the tiers are: bare, scientific, plotting)"
+                "\"huge\", which is not a tier (the tiers are: bare, async, scientific, plotting)"
             ),
             "{err}"
         );

@@ -178,13 +178,7 @@ mod tests {
             &[
                 vec![],
                 strings(&["numpy", "pandas"]),
-                strings(&[
-                    "numpy",
-                    "pandas",
-                    "matplotlib",
-                    "matplotlib.pyplot",
-                    "asyncio",
-                ]),
+                strings(&["numpy", "pandas", "matplotlib", "matplotlib.pyplot"]),
             ],
             2,
             1,
@@ -228,13 +222,46 @@ mod tests {
             0
         );
         assert_eq!(t.route(Some("s = 'import matplotlib'  # import pandas")), 0);
-        // async and await run on asyncio's loop: the tier that preloads it.
-        assert_eq!(t.route(Some("await tools.acall('search', q='é')")), 2);
-        assert_eq!(t.route(Some("async def f():\n    return 1")), 2);
-        assert_eq!(t.route(Some("import asyncio")), 2);
-        assert_eq!(t.route(Some("awaiting = 'await'")), 0);
         // An entrypoint's code is not known here: the fullest tier.
         assert_eq!(t.route(None), 2);
+    }
+
+    #[test]
+    fn the_default_tiers_send_async_code_to_the_lightest_tier_with_asyncio() {
+        let defaults = crate::config::TiersConfig::default();
+        let names: Vec<&str> = defaults.profile.iter().map(|p| p.name.as_str()).collect();
+        let preloads: Vec<Vec<String>> =
+            defaults.profile.iter().map(|p| p.preload.clone()).collect();
+        let t = TierTable::new(&preloads, 2, 1, 4);
+        let tier = |code: &str| names[t.route(Some(code))];
+        assert_eq!(tier("print(1+1)"), "bare");
+        // async and await run on asyncio's loop, whether or not asyncio is imported.
+        assert_eq!(tier("await tools.acall('recherche', q='é')"), "async");
+        assert_eq!(tier("async def f():\n    return 1"), "async");
+        assert_eq!(tier("import asyncio\nasyncio.run(main())"), "async");
+        assert_eq!(tier("awaiting = 'await'  # async"), "bare");
+        // With numpy or pandas, the scientific tier, which preloads asyncio too.
+        assert_eq!(
+            tier("import pandas as pd\nawait asyncio.sleep(0)"),
+            "scientific"
+        );
+        assert_eq!(tier("import pandas as pd"), "scientific");
+        assert_eq!(tier("import matplotlib.pyplot as plt\nawait x"), "plotting");
+        // A bare job may be served by any fuller tier, the async one first.
+        assert_eq!(
+            t.candidates(0)
+                .iter()
+                .map(|&i| names[i])
+                .collect::<Vec<_>>(),
+            ["bare", "async", "scientific", "plotting"]
+        );
+        assert_eq!(
+            t.candidates(1)
+                .iter()
+                .map(|&i| names[i])
+                .collect::<Vec<_>>(),
+            ["async", "scientific", "plotting"]
+        );
     }
 
     #[test]

@@ -101,8 +101,7 @@ async fn asyncio_and_top_level_await_work_in_a_hardened_worker() {
     let s =
         Server::start_with(Options::default().env("SNAKECAGE_SANDBOX__REQUIRE", ALL_LAYERS)).await;
     asyncio_works(&s).await;
-    // The fullest tier preloads asyncio and serves async code: asyncio is already in the
-    // worker when the job starts.
+    // Async code runs on a tier that preloads asyncio: it is in the worker before the job.
     let r = s
         .run("import sys\nprint('asyncio' in sys.modules)\nawait __import__('asyncio').sleep(0)")
         .await;

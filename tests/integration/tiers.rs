@@ -7,7 +7,7 @@ use snakecage::metrics::names;
 use crate::harness::{Options, Server};
 use crate::prom::promtool_check;
 
-const TIERS: [&str; 3] = ["bare", "scientific", "plotting"];
+const TIERS: [&str; 4] = ["bare", "async", "scientific", "plotting"];
 
 /// Waits until every tier has at least one idle worker, so the next job is served by the
 /// tier it is routed to rather than by a fuller one.
@@ -92,6 +92,21 @@ async fn a_job_runs_on_the_lightest_tier_its_imports_need() {
     assert_eq!(bundles[0]["text/plain"], "Text(0.5, 1.0, 'ünïcode')");
     assert_eq!((tier.as_str(), routed.as_str()), ("plotting", "plotting"));
 
+    // async and await need asyncio's loop: the light tier that preloads it, or with
+    // pandas the scientific one, which preloads it too.
+    let code = "async def double(x):\n    return 2 * x\nprint(await double(21), 'é')";
+    let (r, tier, routed) = run_on_some_tier(&s, code).await;
+    assert_eq!(r["stdout"], "42 é\n", "{r}");
+    assert_eq!((tier.as_str(), routed.as_str()), ("async", "async"));
+    let code =
+        "import asyncio, pandas as pd\nawait asyncio.sleep(0)\nprint(pd.Series([1, 2]).sum())";
+    let (r, tier, routed) = run_on_some_tier(&s, code).await;
+    assert_eq!(r["stdout"], "3\n", "{r}");
+    assert_eq!(
+        (tier.as_str(), routed.as_str()),
+        ("scientific", "scientific")
+    );
+
     // Imports inside strings and comments do not count.
     let code = "s = '''\nimport pandas\n'''  # import matplotlib\nprint(len(s))";
     let (r, tier, _) = run_on_some_tier(&s, code).await;
@@ -172,13 +187,14 @@ async fn health_and_metrics_show_every_tier() {
     let names_seen: Vec<&str> = tiers.iter().map(|t| t["name"].as_str().unwrap()).collect();
     assert_eq!(names_seen, TIERS);
     assert_eq!(tiers[0]["preload"], json!([]));
-    assert_eq!(tiers[1]["preload"], json!(["numpy", "pandas"]));
+    assert_eq!(tiers[1]["preload"], json!(["asyncio"]));
+    assert_eq!(tiers[2]["preload"], json!(["numpy", "pandas", "asyncio"]));
     let pids: Vec<i64> = tiers
         .iter()
         .map(|t| t["zygote"]["pid"].as_i64().unwrap())
         .collect();
     assert!(
-        pids[0] != pids[1] && pids[1] != pids[2],
+        pids[0] != pids[1] && pids[1] != pids[2] && pids[2] != pids[3],
         "one zygote per tier: {pids:?}"
     );
     assert!(tiers.iter().all(|t| t["zygote"]["alive"] == true));
@@ -209,7 +225,7 @@ async fn health_and_metrics_show_every_tier() {
     let status: Value = serde_json::from_str(&status.2).unwrap();
     assert_eq!(
         status["pool"]["tiers"].as_array().map(Vec::len),
-        Some(3),
+        Some(TIERS.len()),
         "{status}"
     );
 }

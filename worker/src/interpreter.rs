@@ -41,6 +41,7 @@ fn warm_up_source(warm_up: WarmUp) -> &'static str {
         WarmUp::Numpy => include_str!("../python/warmup_numpy.py"),
         WarmUp::Pandas => include_str!("../python/warmup_pandas.py"),
         WarmUp::Matplotlib => include_str!("../python/warmup_matplotlib.py"),
+        WarmUp::Asyncio => include_str!("../python/warmup_asyncio.py"),
     }
 }
 

@@ -14,7 +14,7 @@ import pytest
 from runner_modules import load_runner
 
 PYTHON_DIR = Path(__file__).resolve().parents[1]
-WARM_UPS = ("python", "numpy", "pandas", "matplotlib")
+WARM_UPS = ("python", "numpy", "pandas", "matplotlib", "asyncio")
 
 
 def source(name):
@@ -44,6 +44,8 @@ def test_each_warm_up_job_runs_cleanly_and_shows_its_result(runner, name, capsys
         assert out.strip(), "each job prints a result"
     if name == "pandas":
         assert out == "679.0\n"
+    if name == "asyncio":
+        assert out == "[0, 2, 4]\n"
 
 
 def test_the_warm_up_leaves_no_trace_a_job_could_see(runner, capfd, monkeypatch):
@@ -77,6 +79,12 @@ def test_the_warm_up_leaves_no_trace_a_job_could_see(runner, capfd, monkeypatch)
     # The next figure a job makes is figure 1, as in a process that never drew one.
     assert plt.figure().number == 1
     plt.close("all")
+    # No event loop is left running or set: a job's asyncio.run() starts from scratch.
+    import asyncio
+
+    assert asyncio.events._get_running_loop() is None
+    with pytest.raises(RuntimeError):
+        asyncio.get_running_loop()
 
 
 def test_no_warm_up_runs_nothing(runner, capfd):

@@ -76,14 +76,17 @@ pub enum WarmUp {
     /// A figure drawn and rendered to PNG (matplotlib clears its font cache in every
     /// forked child: the first figure pays for loading the fonts again).
     Matplotlib,
+    /// Top-level `await` over a few tasks: the event loop made, run and closed.
+    Asyncio,
 }
 
 impl WarmUp {
-    pub const ALL: [WarmUp; 4] = [
+    pub const ALL: [WarmUp; 5] = [
         WarmUp::Python,
         WarmUp::Numpy,
         WarmUp::Pandas,
         WarmUp::Matplotlib,
+        WarmUp::Asyncio,
     ];
 
     /// The module whose presence this warm-up needs (`None`: the standard library).
@@ -93,6 +96,7 @@ impl WarmUp {
             WarmUp::Numpy => Some("numpy"),
             WarmUp::Pandas => Some("pandas"),
             WarmUp::Matplotlib => Some("matplotlib.pyplot"),
+            WarmUp::Asyncio => Some("asyncio"),
         }
     }
 }
