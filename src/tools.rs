@@ -128,7 +128,8 @@ impl ToolContext {
              code and other arguments together, may be up to {req} bytes: pass larger data as \
              stored files. What the code prints to stdout is what you see, so print the results you need; a bare last \
              expression is printed too, as in a notebook. matplotlib figures and DataFrames left \
-             as the last expression come back as images and tables.{code_mode}",
+             as the last expression come back as images and tables. asyncio works, and `await` \
+             may be used at top level as in a notebook.{code_mode}",
             code_mode = self.code_mode(),
             py = self.python_version,
             timeout = self.default_timeout_ms,
@@ -432,6 +433,7 @@ mod tests {
             "no network",
             "Python 3.12.1",
             "stdout",
+            "`await` may be used at top level",
         ] {
             assert!(
                 run.description.contains(needle),
