@@ -82,6 +82,14 @@ async fn asyncio_works(s: &Server) {
     assert_eq!(stdout(&r), "fin\nnettoyé\n", "{r}");
     assert_eq!(r["verdict"], "ok", "{r}");
 
+    // The pre-3.10 idiom: get_event_loop() outside a loop makes one (with a deprecation
+    // warning), whatever loop the worker's warm-up ran before the job.
+    let r = s
+        .run("import asyncio\nloop = asyncio.get_event_loop()\nprint(loop.run_until_complete(asyncio.sleep(0, 'ok')))")
+        .await;
+    assert_eq!(stdout(&r), "ok\n", "{r}");
+    assert_eq!(r["verdict"], "ok", "{r}");
+
     // A sync job may still call asyncio.run: no loop runs around it.
     let r = s
         .run("import asyncio\nprint(asyncio.run(asyncio.sleep(0, 'sync')))")
@@ -169,7 +177,7 @@ async fn a_session_keeps_its_event_loop_and_survives_an_interrupted_await() {
             &id,
             "import asyncio\n\
              ticks = 0\n\
-             async def tick():\n    global ticks\n    try:\n        while True:\n            await asyncio.sleep(0.005)\n            ticks += 1\n    finally:\n        open('arrêté.txt', 'w').write('oui')\n\
+             async def tick():\n    global ticks\n    try:\n        while True:\n            await asyncio.sleep(0.005)\n            ticks += 1\n    finally:\n        open('arrêté.txt', 'w').write('oui')\n        print('arrêté')\n\
              ticker = asyncio.create_task(tick())\n\
              queue = asyncio.Queue()\n\
              await asyncio.sleep(0.05)\n\
@@ -217,8 +225,22 @@ async fn a_session_keeps_its_event_loop_and_survives_an_interrupted_await() {
         .await;
     assert_eq!(stdout(&r), "True False\n", "{r}");
 
+    // A run that a task's SystemExit ends is over: the rest of it never runs later.
+    let r = s
+        .session_run(
+            &id,
+            "import sys\nasync def stop():\n    sys.exit(3)\nasyncio.create_task(stop())\nawait asyncio.sleep(0.2)\nprint('reste du premier')\nflag = 1",
+        )
+        .await;
+    assert_eq!(r["exit_code"], 3, "{r}");
+    assert_eq!(stdout(&r), "", "{r}");
+    let r = s
+        .session_run(&id, "await asyncio.sleep(0.3)\nprint('flag' in globals())")
+        .await;
+    assert_eq!(stdout(&r), "False\n", "{r}");
+
     // A reset cancels the tasks of the state it drops (the ticker's `finally` writes its
-    // file); the next run starts afresh.
+    // file, and what it prints goes nowhere); the next run starts afresh.
     let r = s
         .session_run(&id, "import os\nprint(os.path.exists('arrêté.txt'))")
         .await;
@@ -230,7 +252,7 @@ async fn a_session_keeps_its_event_loop_and_survives_an_interrupted_await() {
     let r = s
         .session_run(
             &id,
-            "import asyncio, os\nprint(open('arrêté.txt').read(), 'ticker' in globals())\nawait asyncio.sleep(0, 'prêt')",
+            "import asyncio\nprint(open('arrêté.txt').read(), 'ticker' in globals())\nawait asyncio.sleep(0, 'prêt')",
         )
         .await;
     assert_eq!(stdout(&r), "oui False\n'prêt'\n", "{r}");

@@ -10,7 +10,8 @@ from ``os.pipe2`` instead: it carries the same single bytes (``call_soon_threads
 wake-ups) through the same ``recv``/``send``/``fileno``/``close`` calls, and
 opens nothing a worker could reach the outside with.  Sockets and subprocesses
 stay refused: ``asyncio.open_connection`` and ``create_subprocess_exec`` fail
-as any socket or process creation does.
+as any socket or process creation does, and so does ``start_server``, which
+would otherwise return a server listening nowhere.
 
 The patch is applied where asyncio's ``selector_events`` module is executed:
 at once when it is already loaded, otherwise by a finder on ``sys.meta_path``
@@ -63,6 +64,30 @@ def _make_self_pipe(self):
 
 def _patch(module):
     module.BaseSelectorEventLoop._make_self_pipe = _make_self_pipe
+    base = module.base_events.BaseEventLoop
+    if not getattr(base.create_server, "snakecage_aio", False):
+        base.create_server = _refusing_create_server(base.create_server)
+
+
+def _refusing_create_server(create_server):
+    """``create_server`` skips an address whose socket cannot be made (it takes the
+    failure for an unsupported family) and may return a server listening nowhere, which
+    a program would take for a server that works. Here no socket can be made: such a
+    server is closed and the sandbox's own refusal raised, as a client connection gets."""
+
+    async def refusing(self, *args, **kwargs):
+        server = await create_server(self, *args, **kwargs)
+        if not server.sockets:
+            server.close()
+            import socket
+
+            socket.socket().close()  # raises the sandbox's refusal; outside one, nothing
+        return server
+
+    refusing.__doc__ = create_server.__doc__
+    refusing.__name__ = refusing.__qualname__ = "create_server"
+    refusing.snakecage_aio = True
+    return refusing
 
 
 class _PatchingLoader:
@@ -131,7 +156,9 @@ class Loop:
 
     ``asyncio.Runner`` turns the supervisor's SIGINT into a cancellation of the job's
     coroutine, so ``finally`` blocks and ``async with`` exits run before the job ends
-    with ``KeyboardInterrupt``.
+    with ``KeyboardInterrupt``. However a job ends, its own coroutine ends with it: one
+    left pending (the loop stopped, or a task's ``SystemExit`` escaped it) is cancelled,
+    so the rest of a failed job never runs during a later one.
     """
 
     def __init__(self):
@@ -143,23 +170,58 @@ class Loop:
 
         if self._runner is None:
             self._runner = asyncio.Runner()
+        started = []
         try:
-            return self._runner.run(_program(body, last, namespace))
+            return self._runner.run(_program(body, last, namespace, started))
         except KeyboardInterrupt as exc:
             _point_at_user_code(exc, filename)
             raise
         except BaseException as exc:
             exc.__traceback__ = _from_first_frame_of(exc.__traceback__, filename)
             raise
+        finally:
+            if started and not started[0].done():
+                self._cancel(started[0])
+            if started and started[0].done() and not started[0].cancelled():
+                # Reported above already; unretrieved, the task would log it again as
+                # "Task exception was never retrieved" when collected, during a later job.
+                started[0].exception()
 
-    def close(self):
-        """Cancel what is left running and close the loop (a no-op when none was made)."""
+    def _cancel(self, task):
+        """Cancel the job's own coroutine and let it unwind (its ``finally`` blocks). The
+        job is ending with an exception already; what the unwinding raises, an interrupt
+        included, ends it no differently."""
+        import asyncio
+
+        task.cancel()
+        try:
+            self._runner.get_loop().run_until_complete(asyncio.wait([task]))
+        except BaseException:
+            pass
+
+    def close(self, *, one_shot=False):
+        """Cancel what is left running and close the loop (a no-op when none was made).
+
+        After a one-shot job, asyncio's global event loop policy is reset as well: the
+        runner set and unset the thread's loop, after which ``asyncio.get_event_loop()``
+        refuses to make one, and a warm-up's loop must not change what a job sees.
+        """
         runner, self._runner = self._runner, None
-        if runner is not None:
+        if runner is None:
+            return
+        try:
             runner.close()
+        finally:
+            if one_shot:
+                import asyncio
+
+                asyncio.set_event_loop_policy(None)
 
 
-async def _program(body, last, namespace):
+async def _program(body, last, namespace, started):
+    import asyncio
+
+    started.append(asyncio.current_task())
     for code in (body, last):
         if code is not None:
             outcome = eval(code, namespace)
@@ -189,11 +251,20 @@ def _point_at_user_code(exc, filename):
     like an interrupt of synchronous code."""
     own = _first_frame_of(exc.__traceback__, filename)
     if own is not None:
-        exc.__traceback__ = own  # raised in the job's code (a second SIGINT)
+        # Raised in the job's code by a second SIGINT: through asyncio's handler, whose
+        # frame ends the traceback where CPython's own handler (C) leaves none.
+        exc.__traceback__ = own
+        last = own
+        while last.tb_next is not None and last.tb_next.tb_next is not None:
+            last = last.tb_next
+        if last.tb_next is not None and last.tb_next.tb_frame.f_code.co_name == "_on_sigint":
+            last.tb_next = None
         return
     cancelled = exc.__context__
+    where = None
     if cancelled is not None and type(cancelled).__name__ == "CancelledError":
         where = _first_frame_of(cancelled.__traceback__, filename)
-        if where is not None:
-            exc.__traceback__ = where
-            exc.__suppress_context__ = True
+    # Without a frame of the job's (a coroutine that ignored its cancellation, a
+    # blocking call), the loop's own frames would be all there is to show: none is.
+    exc.__traceback__ = where
+    exc.__suppress_context__ = True

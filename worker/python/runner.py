@@ -97,11 +97,17 @@ class Session:
     def reset(self):
         """Forget every user global; the module object itself is kept."""
         # The tasks of the state go with it, cancelled while their globals still exist.
+        # What they print as they unwind has no run to go to (the next one is not
+        # theirs), so it is dropped.
         loop, self._loop = self._loop, _aio.Loop()
+        saved = sys.stdout, sys.stderr
+        sys.stdout = sys.stderr = io.StringIO()
         try:
             loop.close()
         except BaseException:
             pass  # a task that fails to cancel cleanly belongs to the state being dropped
+        finally:
+            sys.stdout, sys.stderr = saved
         namespace = self._module.__dict__
         namespace.clear()
         _init_main_globals(namespace)
@@ -337,7 +343,7 @@ def _execute(program, namespace, interactive, loop):
 def _close_loop(loop, result, program):
     """Close a one-shot job's event loop, cancelling its tasks; report what that raised."""
     try:
-        loop.close()
+        loop.close(one_shot=True)
     except SystemExit as exc:
         if result["exit_code"] == 0:
             return _report.result(_report.system_exit_status(exc))

@@ -1,6 +1,6 @@
 //! Network attacks: a TCP connection to a listener on the host, DNS lookups.
 
-use super::fixture::{EPERM, Fixture, audit, denied, import_denied, prints};
+use super::fixture::{EPERM, Fixture, audit, denied, import_denied};
 
 /// Stopped by the import guard and the audit hook.
 pub(super) fn python_layer(port: u16) -> Vec<Fixture> {
@@ -42,10 +42,10 @@ pub(super) fn python_layer(port: u16) -> Vec<Fixture> {
             "import asyncio\nasyncio.base_events.socket.socketpair()",
             EPERM,
         ),
-        prints(
-            "an asyncio server on the host listens nowhere",
-            "import asyncio\nserver = await asyncio.start_server(lambda r, w: None, '127.0.0.1', 0)\nprint(server.sockets)",
-            "()\n",
+        denied(
+            "an asyncio server on the host",
+            "import asyncio\nserver = await asyncio.start_server(lambda r, w: None, '127.0.0.1', 8080)\nprint('listening on', server.sockets)",
+            audit("socket.__new__"),
         ),
     ]
 }
@@ -73,10 +73,10 @@ pub(super) fn os_layers(port: u16) -> Vec<Fixture> {
             "import asyncio\nasyncio.base_events.socket.socketpair()",
             EPERM,
         ),
-        prints(
-            "an asyncio server on the host listens nowhere (seccomp)",
-            "import asyncio\nserver = await asyncio.start_server(lambda r, w: None, '127.0.0.1', 0)\nprint(server.sockets)",
-            "()\n",
+        denied(
+            "an asyncio server on the host (seccomp)",
+            "import asyncio\nserver = await asyncio.start_server(lambda r, w: None, '127.0.0.1', 8080)\nprint('listening on', server.sockets)",
+            EPERM,
         ),
     ]
 }

@@ -594,3 +594,102 @@ def test_an_entrypoint_may_not_await_at_top_level(runner, capsys, tmp_path, monk
     (tmp_path / "main.py").write_text("import asyncio\nawait asyncio.sleep(0)\n", encoding="utf-8")
     result = runner.run({"entrypoint": "main.py", "stdin": None, "last_line_interactive": False})
     assert result["error"] == {"type": "SyntaxError", "message": "'await' outside function"}
+
+
+@pytest.mark.parametrize(
+    "ending, code, exit_code",
+    [
+        ("a task's SystemExit", "async def stop():\n    sys.exit(3)\nasyncio.create_task(stop())\n", 3),
+        ("the loop stopped", "asyncio.get_running_loop().stop()\n", 1),
+    ],
+)
+def test_a_session_job_that_ends_early_does_not_run_on_in_later_jobs(runner, capsys, ending, code, exit_code):
+    session = runner.Session()
+    job_code = "import asyncio, sys\n" + code + "await asyncio.sleep(0.1)\nprint('rest of the job')\nflag = 1\n"
+    assert session.run(job(job_code))["exit_code"] == exit_code, ending
+    capsys.readouterr()
+    later = session.run(job("await asyncio.sleep(0.2)\nprint('flag' in globals(), len(asyncio.all_tasks()))"))
+    assert later == OK
+    assert capsys.readouterr().out == "False 1\n", ending
+
+
+def test_an_async_job_leaves_asyncio_as_a_fresh_process_has_it(runner, capsys, recwarn):
+    # asyncio.Runner sets and unsets the thread's loop; after that, get_event_loop()
+    # refuses to make one. A job after a warm-up's loop must still get one.
+    assert runner.run(job("import asyncio\nawait asyncio.sleep(0)")) == OK
+    code = "import asyncio\nloop = asyncio.get_event_loop()\nprint(loop.run_until_complete(asyncio.sleep(0, 'ok')))\nloop.close()"
+    assert runner.run(job(code)) == OK
+    assert capsys.readouterr().out == "ok\n"
+
+
+def test_what_cancelled_tasks_print_during_a_reset_goes_nowhere(runner, capsys):
+    session = runner.Session()
+    code = (
+        "import asyncio\n"
+        "async def worker():\n"
+        "    try:\n"
+        "        await asyncio.sleep(3600)\n"
+        "    finally:\n"
+        "        print('worker stopped')\n"
+        "task = asyncio.create_task(worker())\n"
+        "await asyncio.sleep(0)\n"
+    )
+    assert session.run(job(code)) == OK
+    session.reset()
+    assert capsys.readouterr() == ("", "")
+    assert session.run(job("print(1 + 1)")) == OK
+    assert capsys.readouterr().out == "2\n"
+
+
+def _interrupts(n):
+    """The supervisor's interrupt of an overdue session job: SIGINT, then again every 250 ms
+    of its grace period (here ``n``, 30 ms apart, from a thread of the job: exactly as many
+    as the job takes, since one more would land in the test run)."""
+    return (
+        "import os, threading, time\n"
+        "def _interrupt():\n"
+        f"    for _ in range({n}):\n"
+        "        time.sleep(0.03)\n"
+        "        os.kill(os.getpid(), 2)\n"
+        "threading.Thread(target=_interrupt, daemon=True).start()\n"
+    )
+
+
+def test_an_interrupt_with_no_frame_of_the_job_shows_no_loop_frames(runner, capsys):
+    # A coroutine that ignores its cancellation: the second SIGINT raises in asyncio's own
+    # handler, with no frame of the job's on the stack; the third ends the unwinding.
+    code = _interrupts(3) + (
+        "import asyncio\n"
+        "async def stubborn():\n"
+        "    while True:\n"
+        "        try:\n"
+        "            await asyncio.sleep(10)\n"
+        "        except asyncio.CancelledError:\n"
+        "            pass\n"
+        "await stubborn()\n"
+    )
+    # A session's job (only those are interrupted); a one-shot job's end would cancel the
+    # stubborn task forever, which the supervisor's kill at the deadline settles.
+    assert runner.Session().run(job(code)) == error("KeyboardInterrupt", "")
+    assert capsys.readouterr().err == "KeyboardInterrupt\n"
+
+
+def test_a_second_interrupt_in_the_jobs_code_shows_where_without_asyncios_handler(runner, capsys):
+    code = _interrupts(2) + (
+        "import asyncio\n"
+        "async def stubborn():\n"
+        "    try:\n"
+        "        await asyncio.sleep(10)\n"
+        "    except asyncio.CancelledError:\n"
+        "        while True:\n"
+        "            time.sleep(0.001)\n"
+        "await stubborn()\n"
+    )
+    assert runner.Session().run(job(code)) == error("KeyboardInterrupt", "")
+    err = capsys.readouterr().err
+    assert err.endswith(
+        '  File "__main__.py", line 13, in stubborn\n'
+        "    time.sleep(0.001)\n"
+        "KeyboardInterrupt\n"
+    ), err
+    assert "runners.py" not in err, err

@@ -222,11 +222,15 @@ def test_asyncio_loaded_before_the_runner_is_patched_at_once():
         aio = sys.modules["_snakecage_aio"]
         loaded = types.ModuleType("asyncio.selector_events")
         loaded.BaseSelectorEventLoop = type("BaseSelectorEventLoop", (), {"_make_self_pipe": None})
+        async def create_server(self):
+            pass
+        loaded.base_events = types.SimpleNamespace(BaseEventLoop=type("BaseEventLoop", (), {"create_server": create_server}))
         sys.modules["asyncio.selector_events"] = loaded
         aio.install()
         report(loaded.BaseSelectorEventLoop._make_self_pipe is aio._make_self_pipe)
+        report(loaded.base_events.BaseEventLoop.create_server.snakecage_aio)
         report(sum(finder is aio._Finder for finder in sys.meta_path))
         """
     )
     assert proc.returncode == 0, proc.stdout
-    assert child_results(proc.stdout) == [True, 1]
+    assert child_results(proc.stdout) == [True, True, 1]
