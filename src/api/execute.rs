@@ -404,6 +404,7 @@ pub fn job(req: ExecuteRequest, inputs: &[StageInput]) -> Result<Job, ApiError> 
         args: req.args,
         max_bundle_bytes: 0,
         tools: Vec::new(),
+        max_concurrent_tool_calls: 1,
     })
 }
 
