@@ -139,6 +139,18 @@ async fn server(extra: &str) -> (Server, Arc<Seen>, tempfile::TempDir) {
     (server, seen, dir)
 }
 
+/// Runs `code` in session `sid` with room to spare (the default deadline is 2 s).
+async fn session_run(s: &Server, sid: &str, code: &str) -> Value {
+    let (status, r) = s
+        .post(
+            &format!("/v1/sessions/{sid}/execute"),
+            &json!({"code": code, "timeout_ms": 60000}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    r
+}
+
 fn stdout(body: &Value) -> &str {
     body["stdout"].as_str().unwrap_or_default()
 }
@@ -231,22 +243,20 @@ for t in threads:
 while tools.status()['holding'] < 3:
     pass
 print('holding 3')";
-    let r = s.session_run(&sid, first).await;
+    let r = session_run(&s, &sid, first).await;
     assert_eq!(stdout(&r), "holding 3\n", "{r}");
     let second = "for t in threads:
     t.join()
 print(sorted(set(outcomes)), len(outcomes))
 print(tools.echo(word='zwei ✓')['word'])";
-    let r = s.session_run(&sid, second).await;
+    let r = session_run(&s, &sid, second).await;
     assert_eq!(
         stdout(&r),
         "[('cancelled', 'the run ended while this call was pending')] 3\nzwei ✓\n",
         "{r}"
     );
     assert_eq!(r["exit_code"], 0, "{r}");
-    let third = s
-        .session_run(&sid, "print(tools.echo(n=3)['n'], len(outcomes))")
-        .await;
+    let third = session_run(&s, &sid, "print(tools.echo(n=3)['n'], len(outcomes))").await;
     assert_eq!(stdout(&third), "3 3\n", "{third}");
     assert!(!seen.released.load(Ordering::SeqCst));
 }
@@ -314,9 +324,7 @@ print(sorted(set(outcomes)), len(outcomes))";
         "holding\ninterrupted\n[('cancelled', 'the run was interrupted while this call was pending')] 3\n",
         "{result}"
     );
-    let after = s
-        .session_run(&sid, "print(tools.echo(word='danach')['word'])")
-        .await;
+    let after = session_run(&s, &sid, "print(tools.echo(word='danach')['word'])").await;
     assert_eq!(stdout(&after), "danach\n", "{after}");
 }
 
