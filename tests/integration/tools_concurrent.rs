@@ -415,12 +415,14 @@ time.sleep(60)"
             .run_with(json!({"code": frames(ids), "timeout_ms": 60000}))
             .await;
         assert_eq!(body["verdict"], "killed", "{body}");
-        let stderr = body["stderr"].as_str().unwrap();
-        assert!(
-            stderr.ends_with(&format!(
+        assert_eq!(body["exit_code"], Value::Null, "{body}");
+        assert_eq!(stdout(&body), "", "{body}");
+        assert_eq!(
+            body["stderr"],
+            format!(
                 "\nThe worker broke the job protocol and was killed: its job socket (fd 3) \
                  carried {why}, which is what a job writing to fd 3 causes."
-            )),
+            ),
             "{body}"
         );
     }
