@@ -205,12 +205,13 @@ print(n, held[0]['released'])";
 #[tokio::test]
 async fn the_cap_on_calls_in_flight_holds_and_calls_past_it_wait() {
     let (s, seen, _dir) = server("max_concurrent_calls = 2\nmax_calls_per_run = 6").await;
-    // Each call waits for a third in flight, which never comes, then answers.
+    // Each call waits for a third in flight, which never comes, then answers: the first two
+    // are in flight together for 1.5 s.
     let code = "from snakecage import tools
 from concurrent.futures import ThreadPoolExecutor
 def one(i):
     try:
-        return tools.gate(city=f'Stadt {i}', together=3, wait_ms=300)['city']
+        return tools.gate(city=f'Stadt {i}', together=3, wait_ms=1500)['city']
     except tools.ToolLimitError as e:
         return 'limit'
 with ThreadPoolExecutor(max_workers=8) as pool:
