@@ -32,10 +32,10 @@ for a free slot).  Fan them out with threads, or with asyncio::
     now = await tools.acall("get_weather", city="Bern")    # the same, by name
 
 ``tools.acall`` and ``tools.aio.<name>`` run the blocking call on a small pool
-of threads of their own (created on first use, as large as the cap), so the
-event loop goes on meanwhile; they raise the same ``ToolError`` classes.  An
-awaiting task that is cancelled stops waiting; the call itself still runs to
-its answer, which is dropped.
+of daemon threads of their own (started on first use, at most as many as the
+cap), so the event loop goes on meanwhile; they raise the same ``ToolError``
+classes.  An awaiting task that is cancelled stops waiting; the call itself
+still runs to its answer, which is dropped.
 
 The Rust zygote executes this file as the module ``snakecage.tools`` inside a
 package ``snakecage`` that exists only in ``sys.modules``; the native half,
@@ -140,23 +140,53 @@ def call(name, /, **arguments):
     raise error(answer.get("message", ""), data=answer.get("data"), tool=name, kind=kind)
 
 
-# The threads ``acall`` runs calls on: created on first use only (asyncio and
-# concurrent.futures are not imported before), never in the zygote.
-_pool = None
+# The threads ``acall`` runs calls on: started on first use (nothing is imported
+# for them before), never in the zygote, at most as many as the run's cap. They
+# are daemon threads: a one-shot run ends when its program does, as it would
+# without them (the runner waits for the non-daemon threads a program leaves).
 _pool_lock = _thread.allocate_lock()
+_pool_queue = None
+_pool_threads = 0
+_pool_idle = 0
 
 
-def _executor():
-    global _pool
+def _pool_worker():
+    global _pool_idle
+    while True:
+        work = _pool_queue.get()
+        work()
+        del work
+        with _pool_lock:
+            _pool_idle += 1
+
+
+def _submit(work):
+    """Runs ``work()`` on a thread of the pool: an idle one, a new one below the
+    cap, or the next one free."""
+    global _pool_queue, _pool_threads, _pool_idle
     with _pool_lock:
-        if _pool is None:
-            from concurrent.futures import ThreadPoolExecutor
+        if _pool_queue is None:
+            import queue
 
-            _pool = ThreadPoolExecutor(
-                max_workers=max(1, _native.max_concurrent_calls()),
-                thread_name_prefix="snakecage-tools",
-            )
-        return _pool
+            _pool_queue = queue.SimpleQueue()
+        _pool_queue.put(work)
+        if _pool_idle > 0:
+            _pool_idle -= 1
+        elif _pool_threads < max(1, _native.max_concurrent_calls()):
+            import threading
+
+            _pool_threads += 1
+            name = f"snakecage-tools-{_pool_threads}"
+            threading.Thread(target=_pool_worker, name=name, daemon=True).start()
+
+
+def _settle(future, result, error):
+    if future.done():  # the awaiting task was cancelled meanwhile
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 async def acall(name, /, **arguments):
@@ -165,13 +195,28 @@ async def acall(name, /, **arguments):
     The call runs on a thread of a small pool, so the event loop (and every
     other task) goes on while it waits; fan calls out with
     ``asyncio.gather``.  Raises the same ``ToolError`` classes as ``call``.
+    A cancelled task stops waiting; the call still runs to its answer, which
+    is dropped.
     """
     if not isinstance(name, str):
         raise TypeError(f"the tool name must be a string, not {type(name).__name__}")
     import asyncio
 
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_executor(), lambda: call(name, **arguments))
+    future = loop.create_future()
+
+    def work():
+        try:
+            result, error = call(name, **arguments), None
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
+            result, error = None, e
+        try:
+            loop.call_soon_threadsafe(_settle, future, result, error)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    _submit(work)
+    return await future
 
 
 def _known(name):

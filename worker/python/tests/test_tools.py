@@ -42,7 +42,7 @@ class FakeNative:
 
     def call(self, name, arguments):
         self.sent.append((name, json.loads(arguments)))
-        self.threads.add(threading.current_thread().name)
+        self.threads.add(threading.current_thread())
         if self.barrier is not None:
             self.barrier.wait()
         answer = self.answer
@@ -61,9 +61,7 @@ def tools(monkeypatch):
     module = types.ModuleType("snakecage.tools")
     exec(compile(TOOLS_PATH.read_text(encoding="utf-8"), "snakecage/tools.py", "exec"), module.__dict__)
     module.native = native
-    yield module
-    if module._pool is not None:
-        module._pool.shutdown()
+    return module
 
 
 def test_call_and_attribute_sugar_send_json_arguments(tools):
@@ -129,8 +127,20 @@ def test_acall_and_aio_run_calls_together_on_the_pool_sized_to_the_cap(tools):
         )
 
     assert asyncio.run(main()) == [{"city": "Zürich"}, {"city": "東京"}, {"n": 3}]
-    assert tools._pool._max_workers == 3
-    assert all(name.startswith("snakecage-tools") for name in tools.native.threads)
+    # On three threads of the pool, daemon ones: a one-shot run does not wait for them.
+    pool = tools.native.threads
+    assert len(pool) == 3 and all(t.daemon for t in pool), pool
+    assert {t.name for t in pool} == {"snakecage-tools-1", "snakecage-tools-2", "snakecage-tools-3"}
+    # Idle threads take the next calls; the pool never grows past the cap.
+    tools.native.barrier = None
+    tools.native.threads = set()
+
+    async def more():
+        return await asyncio.gather(*(tools.acall("get_weather", i=i) for i in range(7)))
+
+    assert asyncio.run(more()) == [{"i": i} for i in range(7)]
+    assert tools.native.threads <= pool
+    assert tools._pool_threads == 3
 
 
 def test_async_errors_raise_the_same_classes_as_call(tools):
