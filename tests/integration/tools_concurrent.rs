@@ -176,6 +176,20 @@ print([a['city'] for a in answers] == cities, answers[2]['city'], min(a['seen'] 
     );
 }
 
+/// The fan-out an agent often writes: an executor never shut down (no `with`). The run
+/// ends with its program, as `python __main__.py` would, not at its deadline.
+#[tokio::test]
+async fn a_fan_out_over_an_executor_never_shut_down_ends_with_the_program() {
+    let (s, _seen, _dir) = server("").await;
+    let code = "from snakecage import tools
+from concurrent.futures import ThreadPoolExecutor
+pool = ThreadPoolExecutor(4)
+print([a['city'] for a in pool.map(lambda c: tools.gate(city=c, together=2), ['Chur', 'Sion'])])";
+    let body = s.run_with(json!({"code": code, "timeout_ms": 30000})).await;
+    assert_eq!(stdout(&body), "['Chur', 'Sion']\n", "{body}");
+    assert_eq!(body["verdict"], "ok", "{body}");
+}
+
 /// While one thread's call waits, another thread runs Python (here: counts, then makes
 /// calls of its own): the waiting call does not hold the GIL.
 #[tokio::test]
