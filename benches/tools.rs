@@ -11,7 +11,13 @@
 //!   supervisor's loop and checks, the answer frame back) without a provider, i.e. the
 //!   dispatch overhead.
 //!
-//! Per call: (loop − loop_1000_no_calls) / 1000.
+//! - `fan_out/sequential_8x100ms` and `fan_out/thread_pool_8x100ms`: 8 calls of a tool
+//!   that sleeps 100 ms before answering, made one after the other, then fanned out over a
+//!   `ThreadPoolExecutor(8)` (`tools.max_concurrent_calls` is 8 by default): concurrent
+//!   calls make the second about as long as one call, the first about as long as eight.
+//!
+//! Per call: (loop − loop_1000_no_calls) / 1000. Fan-out: sequential / thread_pool is the
+//! speed-up (8 at best).
 //!
 //! Needs the release zygote: `cargo build --release -p snakecage-worker`, then
 //! `cargo bench --bench tools`.
@@ -26,6 +32,10 @@ use tokio::runtime::Runtime;
 mod common;
 
 const CALLS: u64 = 1000;
+
+/// The fan-out group: calls per run, and how long the tool takes to answer each.
+const FAN_OUT: u64 = 8;
+const SLEEP: Duration = Duration::from_millis(100);
 
 struct Bench {
     rt: Runtime,
@@ -43,25 +53,35 @@ fn start(max_calls: u64) -> Bench {
         .unwrap();
     let tool_url = format!("http://{}/noop", tool_listener.local_addr().unwrap());
     rt.spawn(async move {
-        let app = axum::Router::new().route(
-            "/noop",
-            axum::routing::post(|| async { axum::Json(json!({})) }),
-        );
+        let app = axum::Router::new()
+            .route(
+                "/noop",
+                axum::routing::post(|| async { axum::Json(json!({})) }),
+            )
+            .route(
+                "/sleep",
+                axum::routing::post(|| async {
+                    tokio::time::sleep(SLEEP).await;
+                    axum::Json(json!({}))
+                }),
+            );
         axum::serve(tool_listener, app).await.unwrap();
     });
     let state = tempfile::tempdir().unwrap();
     let mut config = common::config(state.path());
     config.tools.max_calls_per_run = max_calls as u32;
-    config.tools.http.push(HttpToolConfig {
-        name: "noop".into(),
-        description: "Does nothing".into(),
-        parameters: json!({"type": "object"}),
-        url: tool_url,
-        method: "POST".into(),
-        headers: Default::default(),
-        headers_from_env: Default::default(),
-        tenants: None,
-    });
+    for (name, description) in [("noop", "Does nothing"), ("sleep", "Sleeps, then answers")] {
+        config.tools.http.push(HttpToolConfig {
+            name: name.into(),
+            description: description.into(),
+            parameters: json!({"type": "object"}),
+            url: tool_url.replace("/noop", &format!("/{name}")),
+            method: "POST".into(),
+            headers: Default::default(),
+            headers_from_env: Default::default(),
+            tenants: None,
+        });
+    }
     let (base, stop) = common::serve(&rt, config);
     let client = reqwest::Client::new();
     let run_url = rt.block_on(async {
@@ -101,6 +121,31 @@ fn tool_calls(c: &mut Criterion) {
         (
             "loop_1000_http_noop",
             "from snakecage import tools\nfor _ in range(1000):\n    tools.noop()",
+        ),
+    ] {
+        let body = json!({ "code": code, "timeout_ms": 60000 });
+        group.bench_function(name, |bench| {
+            bench.to_async(&b.rt).iter(|| run_ok(&b, &body))
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("fan_out");
+    group.measurement_time(Duration::from_secs(15));
+    group.sample_size(10);
+    group.throughput(Throughput::Elements(FAN_OUT));
+    for (name, code) in [
+        (
+            "sequential_8x100ms",
+            format!("from snakecage import tools\nfor _ in range({FAN_OUT}):\n    tools.sleep()"),
+        ),
+        (
+            "thread_pool_8x100ms",
+            format!(
+                "from snakecage import tools\nfrom concurrent.futures import ThreadPoolExecutor\n\
+                 with ThreadPoolExecutor({FAN_OUT}) as pool:\n    \
+                 list(pool.map(lambda _: tools.sleep(), range({FAN_OUT})))"
+            ),
         ),
     ] {
         let body = json!({ "code": code, "timeout_ms": 60000 });

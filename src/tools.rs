@@ -39,6 +39,8 @@ pub struct ToolContext {
     pub code_tools: Vec<(String, String)>,
     /// `tools.max_calls_per_run`.
     pub max_tool_calls: u32,
+    /// `tools.max_concurrent_calls`.
+    pub max_concurrent_tool_calls: u32,
 }
 
 impl ToolContext {
@@ -58,6 +60,7 @@ impl ToolContext {
             max_session_ttl_seconds: config.sessions.max_ttl_seconds,
             code_tools: Vec::new(),
             max_tool_calls: config.tools.max_calls_per_run,
+            max_concurrent_tool_calls: config.tools.max_concurrent_calls,
         }
     }
 
@@ -97,9 +100,15 @@ impl ToolContext {
              parameters, tools.<name>(**kwargs) calls one and returns its JSON result, a failure \
              raises tools.ToolError (message, data). Offered: {}{more}. Prefer ONE program that \
              searches, calls the tools in loops, filters and aggregates, and prints only the \
-             final answer, over one tool call per turn; a run may make up to {} tool calls.",
+             final answer, over one tool call per turn; a run may make up to {} tool calls. \
+             Calls run concurrently: fan independent calls out with a ThreadPoolExecutor \
+             (pool.map(lambda x: tools.<name>(arg=x), items)), or in asyncio code await \
+             asyncio.gather(*(tools.aio.<name>(arg=x) for x in items)); up to {} are in flight \
+             at once (more wait their turn), so the run takes as long as the slowest call, not \
+             the sum.",
             listed.join(", "),
-            self.max_tool_calls
+            self.max_tool_calls,
+            self.max_concurrent_tool_calls
         )
     }
 
@@ -461,6 +470,9 @@ mod tests {
             "get_weather (Current weather for a city)",
             "ONE program",
             "up to 1000 tool calls",
+            "fan independent calls out with a ThreadPoolExecutor",
+            "tools.aio.<name>(arg=x)",
+            "up to 8 are in flight at once",
         ] {
             assert!(text.contains(needle), "{needle:?} missing from {text:?}");
         }

@@ -24,7 +24,7 @@ use crate::markdown;
 use crate::metrics::labels::{Kind, Outcome};
 use crate::pool::Stager;
 use crate::pool::events::KillReason;
-use crate::pool::run::{OutputChunk, RunLimits, RunOutcome, RunVerdict};
+use crate::pool::run::{OutputChunk, ProtocolViolation, RunLimits, RunOutcome, RunVerdict};
 use crate::sessions::SessionIndicator;
 
 /// An unknown field is refused (422 naming it and the known ones): a misspelt
@@ -110,11 +110,11 @@ impl From<RunOutcome> for ExecuteResponse {
             stderr.push_str("\nThe run was cancelled by its client; its worker was killed.");
         } else if matches!(o.kill, Some(KillReason::ProtocolViolation)) {
             // Whatever its exit status: a job that wrote to the job socket itself exits 0.
-            stderr.push_str(
+            let violation = o.violation.unwrap_or(ProtocolViolation::Garbled);
+            stderr.push_str(&format!(
                 "\nThe worker broke the job protocol and was killed: its job socket (fd 3) \
-                 carried bytes that are not a frame, which is what a job writing to fd 3 \
-                 causes.",
-            );
+                 {violation}, which is what a job writing to fd 3 causes."
+            ));
         } else if o.verdict == RunVerdict::Killed {
             let why = match (o.signal, o.exited) {
                 (Some(sig), _) => format!(
@@ -404,6 +404,7 @@ pub fn job(req: ExecuteRequest, inputs: &[StageInput]) -> Result<Job, ApiError> 
         args: req.args,
         max_bundle_bytes: 0,
         tools: Vec::new(),
+        max_concurrent_tool_calls: 1,
     })
 }
 

@@ -56,13 +56,16 @@ pub fn attach_tools(
             tools.push(Arc::new(tool));
         }
     }
+    let config = state.config();
     let toolbox = Toolbox::new(
         tools,
-        CallLimits::from_config(&state.config().tools),
+        CallLimits::from_config(&config.tools),
         state.metrics.clone(),
     );
     if !toolbox.is_empty() {
         prepared.job.tools = toolbox.specs();
+        // The worker and the supervisor both hold the run to it.
+        prepared.job.max_concurrent_tool_calls = config.tools.max_concurrent_calls;
         prepared.limits.tools = Some(RunTools(Arc::new(toolbox)));
     }
     prepared.limits.cancel = Some(run.entry.cancel.clone());

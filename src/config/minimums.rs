@@ -64,6 +64,12 @@ fn minimums(c: &Config) -> Vec<Minimum> {
             10,
             "no call could be forwarded to its replica",
         ),
+        m(
+            "tools.max_concurrent_calls",
+            u64::from(c.tools.max_concurrent_calls),
+            1,
+            "no tool call could ever be made",
+        ),
     ];
     if c.files.backend == FilesBackend::S3 {
         all.push(m(
@@ -108,7 +114,7 @@ mod tests {
     #[test]
     fn zero_is_refused_for_each_key_that_breaks_the_service_naming_it() {
         type Set = fn(&mut Config);
-        let cases: [(&str, Set, &str); 7] = [
+        let cases: [(&str, Set, &str); 8] = [
             (
                 "pool.queue_timeout_ms",
                 |c| c.pool.queue_timeout_ms = 0,
@@ -144,6 +150,11 @@ mod tests {
                 |c| c.cluster.forward_connect_timeout_ms = 0,
                 "10",
             ),
+            (
+                "tools.max_concurrent_calls",
+                |c| c.tools.max_concurrent_calls = 0,
+                "1",
+            ),
         ];
         for (key, set, least) in cases {
             let mut c = Config::default();
@@ -170,6 +181,7 @@ mod tests {
         c.limits.max_file_size_mb = 1;
         c.workspace.max_total_mb = 1;
         c.cluster.forward_connect_timeout_ms = 10;
+        c.tools.max_concurrent_calls = 1;
         c.s3.request_timeout_ms = 0;
         c.validate().unwrap();
         c.files.backend = FilesBackend::S3;

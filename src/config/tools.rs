@@ -16,6 +16,9 @@ pub struct ToolsConfig {
     pub max_calls_per_run: u32,
     /// How long one call may wait for its answer; then it raises `ToolTimeoutError`.
     pub call_timeout_ms: u64,
+    /// Tool calls one run may have in flight at once (its threads or asyncio tasks fan
+    /// out); a call past it waits in the worker for a free slot.
+    pub max_concurrent_calls: u32,
     /// Largest arguments of one call (as JSON).
     pub max_argument_bytes: usize,
     /// Largest result of one call (as JSON; an HTTP tool's response body).
@@ -36,6 +39,7 @@ impl Default for ToolsConfig {
         Self {
             max_calls_per_run: 1000,
             call_timeout_ms: 30_000,
+            max_concurrent_calls: 8,
             max_argument_bytes: 1 << 20,
             max_result_bytes: 4 << 20,
             max_caller_tools: 128,

@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use snakecage_worker::protocol::{JobRequest, JobResult, ToolResult, WorkerMessage};
+use snakecage_worker::protocol::{JobRequest, JobResult, ToolOutcome, ToolResult, WorkerMessage};
 use tokio_util::sync::CancellationToken;
 
 use super::capture::Capture;
-use super::run::{Interrupt, RunLimits, Stream};
-use super::toolcalls::{self, Pending};
+use super::run::{Interrupt, ProtocolViolation, RunLimits, Stream};
+use super::toolcalls::{self, InFlight};
 use super::worker::{Worker, read_nonblocking};
 
 /// How often an interrupted job is sent SIGINT again during its grace period.
@@ -18,8 +18,10 @@ const INTERRUPT_REPEAT: Duration = Duration::from_millis(250);
 /// `interrupt` the deadline ends the wait (the caller kills); with it, the deadline (or
 /// `interrupt.now`) sends SIGINT and the wait goes on for the grace period.
 ///
-/// Tool calls are answered meanwhile (see [`toolcalls`]): the deadline keeps running
-/// while one is pending; an interrupt answers it `cancelled`, an ending drops it.
+/// Tool calls are answered meanwhile (see [`toolcalls`]), up to `tool_cap` pending at
+/// once, each as soon as its answer is there: the deadline keeps running while they are
+/// pending; an interrupt answers them all `cancelled`; an ending drops them, and a result
+/// that comes while some are pending is followed by a `cancelled` answer for each.
 pub(super) async fn drive(
     worker: &mut Worker,
     capture: &mut Capture,
@@ -27,13 +29,14 @@ pub(super) async fn drive(
     deadline: tokio::time::Instant,
     interrupt: Option<&Interrupt<'_>>,
     limits: &RunLimits,
+    tool_cap: usize,
 ) -> Ending {
     let mut deadline = deadline;
     let mut interrupted = false;
     let never = CancellationToken::new();
     let interrupt_now = interrupt.map_or(&never, |i| i.now);
     let cancel = limits.cancel.as_ref().unwrap_or(&never);
-    let mut pending: Option<Pending> = None;
+    let mut calls = InFlight::new(tool_cap);
     // Background work still running after its patience gets normal priority.
     let mut raise_at = limits
         .background
@@ -49,7 +52,7 @@ pub(super) async fn drive(
                     worker.interrupt();
                     interrupted = true;
                     deadline = tokio::time::Instant::now() + i.grace;
-                    cancel_pending(worker, &mut pending).await;
+                    cancel_all(worker, &mut calls, toolcalls::cancelled()).await;
                 }
                 _ => return Ending::Deadline,
             },
@@ -68,29 +71,38 @@ pub(super) async fn drive(
                 worker.interrupt();
                 interrupted = true;
                 deadline = tokio::time::Instant::now() + grace;
-                cancel_pending(worker, &mut pending).await;
+                cancel_all(worker, &mut calls, toolcalls::cancelled()).await;
             }
             () = tokio::time::sleep(INTERRUPT_REPEAT), if interrupted => worker.interrupt(),
-            outcome = toolcalls::answer(&mut pending) => {
-                if let Some(done) = pending.take() {
-                    let answer = JobRequest::ToolResult(ToolResult { id: done.id, outcome });
-                    // A worker gone meanwhile is noticed by the next receive.
-                    let _ = worker.channel.send(&answer).await;
-                }
+            (id, outcome) = calls.next() => {
+                let answer = JobRequest::ToolResult(ToolResult { id, outcome });
+                // A worker gone meanwhile is noticed by the next receive.
+                let _ = worker.channel.send(&answer).await;
             }
             msg = worker.channel.recv() => match msg {
-                Ok(Some(WorkerMessage::Result(result))) => return Ending::Reported(result),
-                Ok(Some(WorkerMessage::ToolCall(call))) if pending.is_none() => {
+                Ok(Some(WorkerMessage::Result(result))) => {
+                    // Its own threads' calls still pending were answered in the worker;
+                    // a thread of a session's worker blocked reading is woken by these.
+                    cancel_all(worker, &mut calls, toolcalls::ended()).await;
+                    return Ending::Reported(result);
+                }
+                Ok(Some(WorkerMessage::ToolCall(call))) => {
+                    if let Err(violation) = calls.admit(&call) {
+                        return Ending::ProtocolViolation(ProtocolViolation::ToolCall(violation));
+                    }
                     capture.tool_calls += 1;
                     if interrupted {
                         // Past its deadline: no new work is started for it.
-                        pending = Some(toolcalls::start(None, call));
-                        cancel_pending(worker, &mut pending).await;
+                        let answer = JobRequest::ToolResult(ToolResult {
+                            id: call.id,
+                            outcome: toolcalls::cancelled(),
+                        });
+                        let _ = worker.channel.send(&answer).await;
                     } else {
-                        pending = Some(toolcalls::start(limits.tools.as_ref(), call));
+                        calls.start(limits.tools.as_ref(), call);
                     }
                 }
-                Ok(Some(_)) | Err(_) => return Ending::ProtocolViolation,
+                Ok(Some(_)) | Err(_) => return Ending::ProtocolViolation(ProtocolViolation::Garbled),
                 Ok(None) => return Ending::Died,
             },
             ready = worker.stdout.readable(), if capture.stdout_open => {
@@ -115,13 +127,13 @@ pub(super) async fn drive(
     }
 }
 
-/// Answers the pending call, if any, `cancelled`: an interrupted job must not stay
-/// blocked on a tool.
-async fn cancel_pending(worker: &mut Worker, pending: &mut Option<Pending>) {
-    if let Some(p) = pending.take() {
+/// Answers every pending call with `outcome` (`cancelled`) and drops its future, which
+/// cancels the call: an interrupted job must not stay blocked on a tool.
+async fn cancel_all(worker: &mut Worker, calls: &mut InFlight, outcome: ToolOutcome) {
+    for id in calls.cancel_all() {
         let answer = JobRequest::ToolResult(ToolResult {
-            id: p.id,
-            outcome: toolcalls::cancelled(),
+            id,
+            outcome: outcome.clone(),
         });
         let _ = worker.channel.send(&answer).await;
     }
@@ -132,7 +144,7 @@ pub(super) enum Ending {
     Reported(JobResult),
     Deadline,
     Died,
-    ProtocolViolation,
+    ProtocolViolation(ProtocolViolation),
     /// Cancelled by its client (stateless runs; a session's job is interrupted instead).
     Cancelled,
 }

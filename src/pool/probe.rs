@@ -32,6 +32,7 @@ pub(super) async fn probe(mut worker: Worker, imports: &[String]) -> Result<(), 
         args: Vec::new(),
         max_bundle_bytes: 0,
         tools: Vec::new(),
+        max_concurrent_tool_calls: 1,
     };
     let limits = RunLimits {
         timeout: PROBE_TIMEOUT,

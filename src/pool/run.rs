@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::capture::{Capture, Finish};
 use super::drive::{Ending, drive};
 use super::events::KillReason;
-use super::toolcalls::RunTools;
+use super::toolcalls::{CallViolation, RunTools};
 use super::worker::Worker;
 
 /// How a run ended, from the user's point of view.
@@ -72,6 +72,25 @@ pub struct OutputChunk {
     pub data: Vec<u8>,
 }
 
+/// How a worker broke the job protocol (it is killed for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProtocolViolation {
+    /// Bytes on the job socket that are not a frame, or a message out of place.
+    Garbled,
+    /// A tool call that breaks the rules of calls in flight.
+    ToolCall(CallViolation),
+}
+
+impl std::fmt::Display for ProtocolViolation {
+    /// What the job socket carried: "its job socket (fd 3) {this}".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProtocolViolation::Garbled => f.write_str("carried bytes that are not a frame"),
+            ProtocolViolation::ToolCall(v) => write!(f, "carried {v}"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct RunLimits {
     pub timeout: Duration,
@@ -106,6 +125,8 @@ pub struct RunOutcome {
     pub exited: Option<i32>,
     /// Why the worker was killed before it reported, when it was (for the metrics).
     pub kill: Option<KillReason>,
+    /// How it broke the job protocol, when that is why it was killed.
+    pub violation: Option<ProtocolViolation>,
     /// Cancelled by its client before it ended.
     pub cancelled: bool,
 }
@@ -143,6 +164,7 @@ pub async fn run(
     if limits.background.is_none() {
         worker.foreground();
     }
+    let tool_cap = job.tool_call_cap();
     worker
         .channel
         .send(&JobRequest::Run(job))
@@ -151,7 +173,16 @@ pub async fn run(
     let deadline = tokio::time::Instant::from_std(started + limits.timeout);
     let mut capture = Capture::new(limits.max_output_bytes, chunks);
     let mut buf = vec![0u8; 64 << 10];
-    let ending = drive(worker, &mut capture, &mut buf, deadline, None, limits).await;
+    let ending = drive(
+        worker,
+        &mut capture,
+        &mut buf,
+        deadline,
+        None,
+        limits,
+        tool_cap,
+    )
+    .await;
     let duration = started.elapsed();
     // A worker that reported exits in the background; one killed mid-job keeps its
     // priority, as its exit is awaited below before the response.
@@ -164,16 +195,20 @@ pub async fn run(
     worker.kill();
     capture.drain(worker, &mut buf).await;
 
-    if ending == Ending::ProtocolViolation {
+    let violation = match ending {
+        Ending::ProtocolViolation(v) => Some(v),
+        _ => None,
+    };
+    if let Some(violation) = violation {
         tracing::warn!(
             worker = worker.id,
             pid = worker.pid,
-            "worker violated the job protocol; killed"
+            "worker violated the job protocol (its job socket {violation}); killed"
         );
     }
     let reported = matches!(ending, Ending::Reported(_));
     let died = ending == Ending::Died;
-    let protocol_violation = ending == Ending::ProtocolViolation;
+    let protocol_violation = violation.is_some();
     let cancelled = ending == Ending::Cancelled;
     let mut exited = None;
     let (result, signal, exit_code, timed_out) = match ending {
@@ -183,7 +218,7 @@ pub async fn run(
         }
         Ending::Deadline => (None, None, None, true),
         Ending::Cancelled => (None, None, None, false),
-        Ending::Died | Ending::ProtocolViolation => {
+        Ending::Died | Ending::ProtocolViolation(_) => {
             match worker.exit_status(EXIT_STATUS_WAIT).await {
                 // SIGXCPU: the CPU-time backstop, a timeout by another clock.
                 Some(ExitStatus::Signal(sig)) if sig == libc::SIGXCPU => {
@@ -237,6 +272,7 @@ pub async fn run(
         signal,
         exited,
         kill,
+        violation,
         cancelled,
     })
 }
@@ -268,6 +304,7 @@ pub async fn run_in_session(
     interrupt: Interrupt<'_>,
 ) -> Result<SessionRun, RunError> {
     let started = Instant::now();
+    let tool_cap = job.tool_call_cap();
     worker
         .channel
         .send(&JobRequest::Run(job))
@@ -283,6 +320,7 @@ pub async fn run_in_session(
         deadline,
         Some(&interrupt),
         limits,
+        tool_cap,
     )
     .await;
     let duration = started.elapsed();
@@ -292,7 +330,7 @@ pub async fn run_in_session(
     let kill = match ending {
         Ending::Reported(_) => None,
         Ending::Deadline => Some(KillReason::Timeout),
-        Ending::ProtocolViolation => Some(KillReason::ProtocolViolation),
+        Ending::ProtocolViolation(_) => Some(KillReason::ProtocolViolation),
         Ending::Died | Ending::Cancelled => Some(KillReason::Crashed),
     };
     if !reported {
@@ -300,6 +338,10 @@ pub async fn run_in_session(
     }
     capture.drain(worker, &mut buf).await;
     let mut exited = None;
+    let violation = match ending {
+        Ending::ProtocolViolation(v) => Some(v),
+        _ => None,
+    };
     let (result, lost, signal) = match ending {
         Ending::Reported(result) => (Some(result), None, None),
         Ending::Deadline => (
@@ -311,11 +353,11 @@ pub async fn run_in_session(
             )),
             None,
         ),
-        Ending::ProtocolViolation => {
+        Ending::ProtocolViolation(violation) => {
             tracing::warn!(
                 worker = worker.id,
                 pid = worker.pid,
-                "session worker violated the job protocol; killed"
+                "session worker violated the job protocol (its job socket {violation}); killed"
             );
             (
                 None,
@@ -367,6 +409,7 @@ pub async fn run_in_session(
             signal,
             exited,
             kill,
+            violation,
             // An interrupted job reports (KeyboardInterrupt); only a kill is news here.
             cancelled: !reported && limits.cancel.as_ref().is_some_and(|c| c.is_cancelled()),
         },

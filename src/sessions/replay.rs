@@ -242,6 +242,7 @@ mod tests {
             args: Vec::new(),
             max_bundle_bytes: 0,
             tools: Vec::new(),
+            max_concurrent_tool_calls: 1,
         }
     }
 

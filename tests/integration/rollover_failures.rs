@@ -196,6 +196,7 @@ async fn a_probe_import_that_raises_fails_the_generation_with_its_traceback() {
         args: Vec::new(),
         max_bundle_bytes: 0,
         tools: Vec::new(),
+        max_concurrent_tool_calls: 1,
     };
     let limits = snakecage::pool::run::RunLimits {
         timeout: Duration::from_secs(30),

@@ -328,7 +328,7 @@ async fn sessions_keep_tools_across_runs() {
 }
 
 /// Tools are the program's, not its main thread's: a `ThreadPoolExecutor` fans calls out
-/// (they go over the job socket one at a time) and every result comes back to its caller.
+/// (in flight together, see `tools_concurrent`) and every result comes back to its caller.
 #[tokio::test]
 async fn threads_of_a_program_call_tools_and_each_gets_its_own_answer() {
     let (s, _dir) = server_with_tools("").await;

@@ -359,19 +359,41 @@ def _live_threads():
 
 
 def _wait_for_new_threads(threads_before, result, program):
-    """Join non-daemon threads the job started, as interpreter shutdown would."""
+    """Join non-daemon threads the job started, as interpreter shutdown would:
+    threading's exit hooks first (an executor the program never shut down tells
+    its idle threads to stop there), then a join of each thread."""
     threading = sys.modules.get("threading")
     if threading is None:
         return result
     current = threading.current_thread()
+
+    def left():
+        return [
+            t
+            for t in threading.enumerate()
+            if t is not current and not t.daemon and t not in threads_before
+        ]
+
     try:
-        for thread in threading.enumerate():
-            if thread is not current and not thread.daemon and thread not in threads_before:
-                thread.join()
+        if left():
+            # Only then: warm-up jobs leave no thread, and must not stop the
+            # executors of the process they warm.
+            _run_threading_exit_hooks(threading)
+        for thread in left():
+            thread.join()
     except KeyboardInterrupt as exc:
         if result["exit_code"] == 0:
             return _report.report_uncaught(exc, program)
     return result
+
+
+def _run_threading_exit_hooks(threading):
+    # What ``threading._shutdown`` does before it joins (CPython 3.9+), e.g.
+    # ``concurrent.futures``' hook that stops the idle threads of every
+    # executor. A one-shot worker exits after its job: nothing is scheduled on
+    # an executor after this.
+    for hook in reversed(getattr(threading, "_threading_atexits", ())):
+        hook()
 
 
 # --------------------------------------------------------------------------

@@ -14,10 +14,28 @@ this run are its only reach beyond the process.  Find them, then call them::
     except tools.ToolError as e:
         print(e.message, e.data)
 
-A call blocks the program until the tool answers; the run's deadline keeps
-running meanwhile.  Arguments are keyword arguments of JSON values, checked
-against the tool's JSON Schema before anything is sent; the result is the
-tool's JSON answer as Python objects.
+A call blocks the calling thread until the tool answers; the run's deadline
+keeps running meanwhile.  Arguments are keyword arguments of JSON values,
+checked against the tool's JSON Schema before anything is sent; the result is
+the tool's JSON answer as Python objects.
+
+Calls run concurrently: a waiting call releases the GIL, so the program's
+other threads run, and calls from several threads are in flight at once (up
+to the service's ``tools.max_concurrent_calls`` per run; a call past it waits
+for a free slot).  Fan them out with threads, or with asyncio::
+
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(8) as pool:
+        temps = list(pool.map(lambda c: tools.get_weather(city=c), cities))
+
+    results = await asyncio.gather(*(tools.aio.get_weather(city=c) for c in cities))
+    now = await tools.acall("get_weather", city="Bern")    # the same, by name
+
+``tools.acall`` and ``tools.aio.<name>`` run the blocking call on a small pool
+of daemon threads of their own (started on first use, at most as many as the
+cap), so the event loop goes on meanwhile; they raise the same ``ToolError``
+classes.  An awaiting task that is cancelled stops waiting; the call itself
+still runs to its answer, which is dropped.
 
 The Rust zygote executes this file as the module ``snakecage.tools`` inside a
 package ``snakecage`` that exists only in ``sys.modules``; the native half,
@@ -25,6 +43,7 @@ package ``snakecage`` that exists only in ``sys.modules``; the native half,
 socket.
 """
 
+import _thread
 import json as _json
 import sys as _sys
 
@@ -36,6 +55,8 @@ __all__ = [
     "ToolArgumentsError",
     "ToolLimitError",
     "ToolTimeoutError",
+    "acall",
+    "aio",
     "call",
     "list",
     "search",
@@ -119,6 +140,124 @@ def call(name, /, **arguments):
     raise error(answer.get("message", ""), data=answer.get("data"), tool=name, kind=kind)
 
 
+# The threads ``acall`` runs calls on: started on first use (nothing is imported
+# for them before), never in the zygote, at most as many as the run's cap. They
+# are daemon threads: a one-shot run ends when its program does, as it would
+# without them (the runner waits for the non-daemon threads a program leaves).
+_pool_lock = _thread.allocate_lock()
+_pool_queue = None
+_pool_threads = 0
+_pool_idle = 0
+
+
+def _pool_worker():
+    global _pool_idle
+    while True:
+        work = _pool_queue.get()
+        work()
+        del work
+        with _pool_lock:
+            _pool_idle += 1
+
+
+def _submit(work):
+    """Runs ``work()`` on a thread of the pool: an idle one, a new one below the
+    cap, or the next one free."""
+    global _pool_queue, _pool_threads, _pool_idle
+    with _pool_lock:
+        if _pool_queue is None:
+            import queue
+
+            _pool_queue = queue.SimpleQueue()
+        _pool_queue.put(work)
+        if _pool_idle > 0:
+            _pool_idle -= 1
+        elif _pool_threads < max(1, _native.max_concurrent_calls()):
+            import threading
+
+            _pool_threads += 1
+            name = f"snakecage-tools-{_pool_threads}"
+            threading.Thread(target=_pool_worker, name=name, daemon=True).start()
+
+
+def _settle(future, result, error):
+    if future.done():  # the awaiting task was cancelled meanwhile
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+async def acall(name, /, **arguments):
+    """``await tools.acall(name, **arguments)``: ``call`` for asyncio code.
+
+    The call runs on a thread of a small pool, so the event loop (and every
+    other task) goes on while it waits; fan calls out with
+    ``asyncio.gather``.  Raises the same ``ToolError`` classes as ``call``.
+    A cancelled task stops waiting; the call still runs to its answer, which
+    is dropped.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"the tool name must be a string, not {type(name).__name__}")
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def work():
+        try:
+            result, error = call(name, **arguments), None
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
+            result, error = None, e
+        try:
+            loop.call_soon_threadsafe(_settle, future, result, error)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    _submit(work)
+    return await future
+
+
+def _known(name):
+    """Raises UnknownToolError unless this run offers a tool ``name``."""
+    if not any(t["name"] == name for t in list()):
+        raise UnknownToolError(
+            f"unknown tool '{name}'; tools.list() shows the tools of this run",
+            tool=name,
+            kind="unknown_tool",
+        )
+
+
+class _Aio:
+    """``tools.aio.<name>(**kwargs)`` is ``tools.acall("<name>", **kwargs)``: the
+    tools of this run as coroutine functions (every tool whose name is a
+    Python identifier, ``search`` and ``list`` included)."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        _known(name)
+
+        async def tool(**arguments):
+            return await acall(name, **arguments)
+
+        tool.__name__ = name
+        tool.__qualname__ = f"aio.{name}"
+        return tool
+
+    def __dir__(self):
+        return sorted(t["name"] for t in list() if t["name"].isidentifier())
+
+    def __repr__(self):
+        return "<snakecage.tools.aio: await tools.aio.<name>(**arguments)>"
+
+
+aio = _Aio()
+
+
 def _flush_output():
     # What the program printed before the call reaches the client before the call does.
     for stream in (_sys.stdout, _sys.stderr):
@@ -132,12 +271,7 @@ def __getattr__(name):
     """``tools.<name>(**kwargs)`` is ``tools.call("<name>", **kwargs)``."""
     if name.startswith("__"):
         raise AttributeError(name)
-    if not any(t["name"] == name for t in list()):
-        raise UnknownToolError(
-            f"unknown tool '{name}'; tools.list() shows the tools of this run",
-            tool=name,
-            kind="unknown_tool",
-        )
+    _known(name)
 
     def tool(**arguments):
         return call(name, **arguments)

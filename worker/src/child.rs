@@ -12,13 +12,14 @@ use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
 
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
 use nix::unistd::Pid;
-use snakecage_worker::frame::{self, FrameError, MAX_FRAME_LEN};
+use snakecage_worker::frame::{self, FrameError};
 use snakecage_worker::protocol::{
     EXIT_HARDENING_FAILED, EXIT_PROTOCOL, JobRequest, WorkerLimits, WorkerMessage,
 };
 
 use crate::hooks;
 use crate::interpreter::{InterpreterError, Runner};
+use crate::jobsocket::JOB;
 use crate::priority;
 use crate::sandbox::layers::Sandbox;
 use crate::sandbox::{self, fds, rlimits};
@@ -36,6 +37,8 @@ enum ChildError {
     Frame(#[from] FrameError),
     #[error("the supervisor sent {0} out of place")]
     Protocol(&'static str),
+    #[error("job socket: {0}")]
+    Socket(String),
 }
 
 fn step(step: &'static str) -> impl FnOnce(io::Error) -> ChildError {
@@ -161,14 +164,13 @@ fn skip_warm_up_asked() -> Result<bool, ChildError> {
 const MAX_EARLY_FRAME_LEN: usize = 64;
 
 fn serve(runner: &Runner<'_>, warmed: bool) -> Result<(), ChildError> {
-    // SAFETY: fd 3 is the job socket placed by `fds::arrange`; ManuallyDrop keeps this File
-    // from closing it, the process exits without unwinding anyway.
-    let mut sock = ManuallyDrop::new(unsafe { File::from_raw_fd(fds::JOB_FD) });
-    frame::write_frame(&mut *sock, &WorkerMessage::Ready { warmed })?;
-    let mut request = frame::read_frame::<_, JobRequest>(&mut *sock, MAX_FRAME_LEN)?;
+    // Every frame goes through the job socket's demultiplexer (`jobsocket`): tool calls of
+    // the job's threads share it with this loop.
+    JOB.send(&WorkerMessage::Ready { warmed })?;
+    let mut request = JOB.next_request().map_err(ChildError::Socket)?;
     if let Some(JobRequest::SkipWarmUp) = request {
         // Asked for after the warm-up had begun: it goes before any job.
-        request = frame::read_frame::<_, JobRequest>(&mut *sock, MAX_FRAME_LEN)?;
+        request = JOB.next_request().map_err(ChildError::Socket)?;
     }
     let Some(request) = request else {
         return Ok(()); // the supervisor let this worker go without a job
@@ -176,14 +178,15 @@ fn serve(runner: &Runner<'_>, warmed: bool) -> Result<(), ChildError> {
     match request {
         JobRequest::Run(job) => {
             let result = runner.run(&job)?;
-            frame::write_frame(&mut *sock, &WorkerMessage::Result(result))?;
+            JOB.send(&WorkerMessage::Result(result))?;
         }
-        JobRequest::StartSession => serve_session(runner, &mut sock)?,
+        JobRequest::StartSession => serve_session(runner)?,
         JobRequest::Reset | JobRequest::Inspect => {
             return Err(ChildError::Protocol(
                 "a session request to a stateless worker",
             ));
         }
+        // Tool answers are filed by the demultiplexer, never handed to the job loop.
         JobRequest::ToolResult(_) => {
             return Err(ChildError::Protocol("a tool result before a job"));
         }
@@ -199,9 +202,13 @@ fn serve(runner: &Runner<'_>, warmed: bool) -> Result<(), ChildError> {
 /// with it, the state is kept), in the runner (reported the same way, see
 /// `Session::run`), or between jobs, after the result went out: then it waits as a
 /// pending signal, and is discarded before the next request is served.
-fn serve_session(runner: &Runner<'_>, sock: &mut File) -> Result<(), ChildError> {
+///
+/// A thread an earlier job left running may be blocked on a tool call, reading the job
+/// socket: the next request reaches this loop through the same demultiplexer, whichever
+/// thread reads it, and the supervisor's answers to calls of ended jobs are discarded.
+fn serve_session(runner: &Runner<'_>) -> Result<(), ChildError> {
     let session = runner.new_session()?;
-    while let Some(request) = frame::read_frame::<_, JobRequest>(&mut *sock, MAX_FRAME_LEN)? {
+    while let Some(request) = JOB.next_request().map_err(ChildError::Socket)? {
         runner.discard_pending_interrupt();
         let reply = match request {
             JobRequest::Run(job) => WorkerMessage::Result(session.run(runner, &job)?),
@@ -221,7 +228,7 @@ fn serve_session(runner: &Runner<'_>, sock: &mut File) -> Result<(), ChildError>
                 return Err(ChildError::Protocol("a SkipWarmUp after Ready"));
             }
         };
-        frame::write_frame(&mut *sock, &reply)?;
+        JOB.send(&reply)?;
     }
     Ok(())
 }

@@ -265,7 +265,7 @@ impl<'py> Runner<'py> {
     /// Runs `job` through `target.run(job)`: the module (a fresh `__main__`) or a session.
     fn run_on(&self, target: &Bound<'py, PyAny>, job: &Job) -> Result<JobResult, InterpreterError> {
         let py = self.module.py();
-        crate::tools::offer(&job.tools);
+        crate::tools::offer(&job.tools, job.tool_call_cap());
         let result = (|| {
             let arg = PyDict::new(py);
             arg.set_item("code", &job.code)?;

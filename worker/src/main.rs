@@ -8,6 +8,7 @@ mod hooks;
 mod hugepages;
 mod immortal;
 mod interpreter;
+mod jobsocket;
 mod packages;
 mod priority;
 mod sandbox;

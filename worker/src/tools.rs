@@ -1,33 +1,41 @@
 //! `_snakecage_tools`: the native half of `snakecage.tools` (Code Mode). It holds the
 //! tools offered to the current job, searches them, checks a call's arguments against the
 //! tool's JSON Schema, and carries the call over the job socket: a `ToolCall` frame out,
-//! then a blocking read of the `ToolResult` frame with the same id. The Python half
+//! then a wait for the `ToolResult` frame with the same id. The Python half
 //! (`python/tools.py`) turns answers into return values and exceptions.
 //!
 //! Nothing here is trusted by the supervisor: it checks every call again. The checks here
 //! give user code a clear exception before anything is sent.
 //!
-//! The offered tools are the process's, not a thread's: a program fans its calls out over
-//! `threading` or a `ThreadPoolExecutor` as readily as it loops. Calls still go over the
-//! job socket one at a time (the supervisor answers one pending call per run): a call holds
-//! the GIL from its check to its answer, and the worker's own job loop holds it whenever it
-//! reads or writes the socket, so no two frames ever interleave. The tools are withdrawn
-//! when the job ends: a thread that outlives its job (in a session) finds none until the
-//! next job, and then only that job's.
+//! The offered tools are the process's, not a thread's, and calls run concurrently: a
+//! program fans its calls out over `threading`, a `ThreadPoolExecutor` or asyncio
+//! (`tools.acall`, which runs calls on a small pool of threads) as readily as it loops.
+//! A call releases the GIL from the moment its arguments are checked until its answer is
+//! there, so the program's other threads run meanwhile, and several calls, each with its
+//! own id, are in flight at once. The job socket is shared with the job loop
+//! ([`crate::jobsocket`]): one write lock for every frame, and one reader at a time that
+//! hands each answer to the thread waiting for its id.
+//!
+//! Per job, at most [`Job::max_concurrent_tool_calls`] calls are in flight (the
+//! supervisor kills a worker that sends more): a call past the cap waits, GIL released,
+//! for a free slot. The tools are withdrawn when the job ends, under the write lock, so
+//! no `ToolCall` frame can follow the job's `Result`: every call still in flight, or
+//! waiting for a slot, is answered `cancelled` here and wakes up (the supervisor's own
+//! answers to them, sent after the `Result`, are discarded). A thread that outlives its
+//! job (in a session) finds no tools until the next job, and then only that job's.
+//!
+//! [`Job::max_concurrent_tool_calls`]: snakecage_worker::protocol::Job::max_concurrent_tool_calls
 
-use std::fs::File;
-use std::mem::ManuallyDrop;
-use std::os::fd::FromRawFd;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use serde_json::Value;
-use snakecage_worker::frame::{self, MAX_FRAME_LEN};
-use snakecage_worker::protocol::{JobRequest, ToolCall, ToolErrorKind, ToolOutcome, WorkerMessage};
+use snakecage_worker::frame;
+use snakecage_worker::protocol::{ToolCall, ToolErrorKind, ToolOutcome, WorkerMessage};
 use snakecage_worker::toolspec::{self, ToolSpec};
 
-use crate::sandbox::fds;
+use crate::jobsocket::{JOB, JobSocket};
 
 /// The most schema violations one exception lists.
 const MAX_REPORTED_VIOLATIONS: usize = 5;
@@ -38,40 +46,48 @@ struct Offered {
     validator: Option<jsonschema::Validator>,
 }
 
-#[derive(Default)]
 struct State {
     tools: Vec<Offered>,
+    /// Which job the tools belong to: changed by every offer and withdrawal, so a call
+    /// checked during one job is never sent during another.
+    job: u64,
+    /// Calls of this job in flight at most, and now (a slot is taken before the frame
+    /// goes out and given back once the answer is in).
+    cap: usize,
+    in_flight: usize,
+    /// Calls waiting for a slot (tests look).
+    #[cfg_attr(not(test), allow(dead_code))]
+    waiting_for_slot: usize,
     next_id: u64,
 }
 
+/// The tools of the current job and their calls over one job socket.
+pub struct Tools {
+    state: Mutex<State>,
+    /// Signalled when a slot is given back or the job ends.
+    slot_freed: Condvar,
+    socket: &'static JobSocket,
+}
+
 /// The current job's tools, seen from every thread of the worker.
-static STATE: Mutex<State> = Mutex::new(State {
-    tools: Vec::new(),
-    next_id: 0,
-});
+static TOOLS: Tools = Tools::new(&JOB);
 
-/// The state; a panic elsewhere while it was held leaves nothing half-written in it.
-fn state() -> MutexGuard<'static, State> {
-    STATE
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+/// A call checked against the tools of job `job`, to be sent.
+struct Checked {
+    job: u64,
+    name: String,
+    arguments: Value,
 }
 
-/// Offers `tools` to the job about to run (each job of a session brings its own).
-pub fn offer(tools: &[ToolSpec]) {
-    state().tools = tools
-        .iter()
-        .map(|spec| Offered {
-            validator: jsonschema::validator_for(&spec.parameters).ok(),
-            spec: spec.clone(),
-        })
-        .collect();
+/// Offers `tools` to the job about to run (each job of a session brings its own), with at
+/// most `cap` calls in flight at once.
+pub fn offer(tools: &[ToolSpec], cap: usize) {
+    TOOLS.offer(tools, cap);
 }
 
-/// Withdraws the tools of the job that just ended: until the next job offers its own,
-/// every call is refused unsent (nothing may reach the socket between jobs).
+/// Withdraws the tools of the job that just ended (see the module docs).
 pub fn withdraw() {
-    state().tools.clear();
+    TOOLS.withdraw();
 }
 
 /// The module, to be placed in `sys.modules` as `_snakecage_tools`.
@@ -80,13 +96,14 @@ pub fn native_module(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     module.add_function(wrap_pyfunction!(catalog, &module)?)?;
     module.add_function(wrap_pyfunction!(search, &module)?)?;
     module.add_function(wrap_pyfunction!(call, &module)?)?;
+    module.add_function(wrap_pyfunction!(max_concurrent_calls, &module)?)?;
     Ok(module)
 }
 
 /// Every offered tool, as a JSON list of `{name, description, parameters}`.
 #[pyfunction]
 fn catalog() -> String {
-    let state = state();
+    let state = TOOLS.state();
     let specs: Vec<&ToolSpec> = state.tools.iter().map(|t| &t.spec).collect();
     serde_json::to_string(&specs).unwrap_or_else(|_| "[]".into())
 }
@@ -94,7 +111,7 @@ fn catalog() -> String {
 /// The offered tools matching `query`, best first, as a JSON list.
 #[pyfunction]
 fn search(query: &str, limit: usize) -> String {
-    let specs: Vec<ToolSpec> = state().tools.iter().map(|t| t.spec.clone()).collect();
+    let specs: Vec<ToolSpec> = TOOLS.state().tools.iter().map(|t| t.spec.clone()).collect();
     let found: Vec<&ToolSpec> = toolspec::search(&specs, query, limit)
         .into_iter()
         .map(|i| &specs[i])
@@ -102,47 +119,175 @@ fn search(query: &str, limit: usize) -> String {
     serde_json::to_string(&found).unwrap_or_else(|_| "[]".into())
 }
 
+/// How many calls of the current job may be in flight at once (the last job's between
+/// jobs): what `tools.acall` sizes its thread pool to.
+#[pyfunction]
+fn max_concurrent_calls() -> usize {
+    TOOLS.state().cap
+}
+
 /// Calls `name` with `arguments` (a JSON object); returns the JSON of the outcome
 /// (`{"status": "ok", "result"}` or `{"status": "error", "kind", "message", "data"}`).
-/// An unknown tool or arguments that fail the schema are answered here, unsent.
+/// An unknown tool or arguments that fail the schema are answered here, unsent. The wait
+/// for a slot and for the answer runs with the GIL released.
 #[pyfunction]
-fn call(name: &str, arguments: &str) -> PyResult<String> {
-    let outcome = match prepare(name, arguments) {
-        Ok((id, arguments)) => send(id, name, arguments)?,
+fn call(py: Python<'_>, name: &str, arguments: &str) -> PyResult<String> {
+    let outcome = match TOOLS.check(name, arguments) {
+        Ok(checked) => py
+            .detach(|| TOOLS.send(checked))
+            .map_err(|what| PyRuntimeError::new_err(format!("the tool channel broke: {what}")))?,
         Err(refused) => refused,
     };
     serde_json::to_string(&outcome).map_err(|e| PyRuntimeError::new_err(e.to_string()))
 }
 
-fn prepare(name: &str, arguments: &str) -> Result<(u64, Value), ToolOutcome> {
-    let arguments: Value = serde_json::from_str(arguments).map_err(|e| {
-        ToolOutcome::error(
-            ToolErrorKind::InvalidArguments,
-            format!("the arguments are not JSON: {e}"),
-        )
-    })?;
-    let mut state = state();
-    let Some(tool) = state.tools.iter().find(|t| t.spec.name == name) else {
-        return Err(unknown(name, &state.tools));
-    };
-    if let Some(validator) = &tool.validator {
-        let problems: Vec<String> = validator
-            .iter_errors(&arguments)
-            .take(MAX_REPORTED_VIOLATIONS)
-            .map(|e| describe_violation(&e.instance_path().to_string(), &e.to_string()))
-            .collect();
-        if !problems.is_empty() {
-            return Err(ToolOutcome::error(
-                ToolErrorKind::InvalidArguments,
-                format!(
-                    "arguments of tool '{name}' do not match its schema: {}",
-                    problems.join("; ")
-                ),
-            ));
+/// What a call still in flight, or waiting for a slot, gets when its job ends.
+fn run_ended() -> ToolOutcome {
+    ToolOutcome::error(
+        ToolErrorKind::Cancelled,
+        "the run ended while this call was pending",
+    )
+}
+
+impl Tools {
+    const fn new(socket: &'static JobSocket) -> Self {
+        Self {
+            state: Mutex::new(State {
+                tools: Vec::new(),
+                job: 0,
+                cap: 1,
+                in_flight: 0,
+                waiting_for_slot: 0,
+                next_id: 0,
+            }),
+            slot_freed: Condvar::new(),
+            socket,
         }
     }
-    state.next_id += 1;
-    Ok((state.next_id, arguments))
+
+    /// The state; a panic elsewhere while it was held leaves nothing half-written in it.
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn offer(&self, tools: &[ToolSpec], cap: usize) {
+        let mut state = self.state();
+        state.tools = tools
+            .iter()
+            .map(|spec| Offered {
+                validator: jsonschema::validator_for(&spec.parameters).ok(),
+                spec: spec.clone(),
+            })
+            .collect();
+        state.job += 1;
+        state.cap = cap.max(1);
+        state.in_flight = 0;
+    }
+
+    /// Until the next job offers its own, every call is refused unsent; the calls in
+    /// flight and those waiting for a slot are answered `cancelled`. Under the write lock:
+    /// a call checked before this either went out before it, or never goes.
+    fn withdraw(&self) {
+        let _writer = self.socket.writer();
+        {
+            let mut state = self.state();
+            state.tools.clear();
+            state.job += 1;
+            state.in_flight = 0;
+        }
+        self.slot_freed.notify_all();
+        self.socket.answer_all_locally(&run_ended());
+    }
+
+    fn check(&self, name: &str, arguments: &str) -> Result<Checked, ToolOutcome> {
+        let arguments: Value = serde_json::from_str(arguments).map_err(|e| {
+            ToolOutcome::error(
+                ToolErrorKind::InvalidArguments,
+                format!("the arguments are not JSON: {e}"),
+            )
+        })?;
+        let state = self.state();
+        let Some(tool) = state.tools.iter().find(|t| t.spec.name == name) else {
+            return Err(unknown(name, &state.tools));
+        };
+        if let Some(validator) = &tool.validator {
+            let problems: Vec<String> = validator
+                .iter_errors(&arguments)
+                .take(MAX_REPORTED_VIOLATIONS)
+                .map(|e| describe_violation(&e.instance_path().to_string(), &e.to_string()))
+                .collect();
+            if !problems.is_empty() {
+                return Err(ToolOutcome::error(
+                    ToolErrorKind::InvalidArguments,
+                    format!(
+                        "arguments of tool '{name}' do not match its schema: {}",
+                        problems.join("; ")
+                    ),
+                ));
+            }
+        }
+        Ok(Checked {
+            job: state.job,
+            name: name.to_owned(),
+            arguments,
+        })
+    }
+
+    /// Sends a checked call and waits for its answer: first for a slot, then for the
+    /// answer. Blocks: call it with the GIL released. `Err`: the job socket broke.
+    fn send(&self, call: Checked) -> Result<ToolOutcome, String> {
+        let job = call.job;
+        let id = {
+            let mut state = self.state();
+            state.waiting_for_slot += 1;
+            while state.job == job && state.in_flight >= state.cap {
+                state = self
+                    .slot_freed
+                    .wait(state)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+            }
+            state.waiting_for_slot -= 1;
+            if state.job != job {
+                return Ok(run_ended());
+            }
+            state.in_flight += 1;
+            state.next_id += 1;
+            state.next_id
+        };
+        let answered = self.send_in_slot(id, call);
+        let mut state = self.state();
+        if state.job == job {
+            state.in_flight -= 1;
+            drop(state);
+            self.slot_freed.notify_all();
+        }
+        answered
+    }
+
+    fn send_in_slot(&self, id: u64, call: Checked) -> Result<ToolOutcome, String> {
+        let message = WorkerMessage::ToolCall(ToolCall {
+            id,
+            name: call.name,
+            arguments: call.arguments,
+        });
+        let bytes = frame::encode(&message).map_err(|e| e.to_string())?;
+        {
+            let mut writer = self.socket.writer();
+            // Still this job's, under the lock `withdraw` takes: nothing of a job that has
+            // ended goes out.
+            if self.state().job != call.job {
+                return Ok(run_ended());
+            }
+            self.socket.expect(&writer, id);
+            if let Err(e) = writer.send_encoded(&bytes) {
+                self.socket.forget(id);
+                return Err(e.to_string());
+            }
+        }
+        self.socket.wait_answer(id).map_err(|e| e.to_string())
+    }
 }
 
 /// One schema violation, located: `city: 3 is not of type "string"`.
@@ -172,31 +317,10 @@ fn unknown(name: &str, tools: &[Offered]) -> ToolOutcome {
     ToolOutcome::error(ToolErrorKind::UnknownTool, message)
 }
 
-/// Sends the call and blocks until its answer. The GIL stays held (see the module docs):
-/// the program waits for the tool, calls from several threads go out one at a time, and
-/// the job loop cannot read or write the socket meanwhile.
-fn send(id: u64, name: &str, arguments: Value) -> PyResult<ToolOutcome> {
-    // SAFETY: fd 3 is the job socket placed by `fds::arrange` and open for the life of the
-    // process; ManuallyDrop keeps this File from closing it.
-    let mut sock = ManuallyDrop::new(unsafe { File::from_raw_fd(fds::JOB_FD) });
-    let broken = |what: String| PyRuntimeError::new_err(format!("the tool channel broke: {what}"));
-    let message = WorkerMessage::ToolCall(ToolCall {
-        id,
-        name: name.to_owned(),
-        arguments,
-    });
-    frame::write_frame(&mut *sock, &message).map_err(|e| broken(e.to_string()))?;
-    match frame::read_frame::<_, JobRequest>(&mut *sock, MAX_FRAME_LEN) {
-        Ok(Some(JobRequest::ToolResult(answer))) if answer.id == id => Ok(answer.outcome),
-        Ok(Some(_)) => Err(broken("an unexpected answer".into())),
-        Ok(None) => Err(broken("the supervisor hung up".into())),
-        Err(e) => Err(broken(e.to_string())),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::net::UnixStream;
 
     #[test]
     fn violations_name_the_argument() {
@@ -208,9 +332,8 @@ mod tests {
         assert_eq!(describe_violation("/a/0", "m"), "a.0: m");
     }
 
-    #[test]
-    fn unknown_tools_and_bad_arguments_are_refused_before_sending() {
-        offer(&[ToolSpec {
+    fn weather() -> ToolSpec {
+        ToolSpec {
             name: "weather".into(),
             description: "d".into(),
             parameters: serde_json::json!({
@@ -218,29 +341,70 @@ mod tests {
                 "properties": {"city": {"type": "string"}},
                 "required": ["city"]
             }),
-        }]);
-        let Err(ToolOutcome::Error { kind, message, .. }) = prepare("nope", "{}") else {
+        }
+    }
+
+    /// Tools over a socket pair of their own, and the supervisor's end.
+    fn tools() -> (&'static Tools, UnixStream) {
+        let (socket, supervisor) = crate::jobsocket::tests::pair();
+        (Box::leak(Box::new(Tools::new(socket))), supervisor)
+    }
+
+    fn call(tools: &'static Tools, city: &str) -> std::thread::JoinHandle<ToolOutcome> {
+        let arguments = serde_json::json!({ "city": city }).to_string();
+        std::thread::spawn(move || {
+            let checked = tools.check("weather", &arguments).unwrap();
+            tools.send(checked).unwrap()
+        })
+    }
+
+    /// The next frame the worker sent.
+    fn sent(supervisor: &mut UnixStream) -> WorkerMessage {
+        frame::read_frame(supervisor, frame::MAX_FRAME_LEN)
+            .unwrap()
+            .unwrap()
+    }
+
+    fn sent_call(supervisor: &mut UnixStream) -> ToolCall {
+        match sent(supervisor) {
+            WorkerMessage::ToolCall(call) => call,
+            other => panic!("not a call: {other:?}"),
+        }
+    }
+
+    fn wait_until(what: impl Fn() -> bool) {
+        while !what() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn unknown_tools_and_bad_arguments_are_refused_before_sending() {
+        let (tools, _supervisor) = tools();
+        tools.offer(&[weather()], 4);
+        let Err(ToolOutcome::Error { kind, message, .. }) = tools.check("nope", "{}") else {
             panic!("an unknown tool went through")
         };
         assert_eq!(kind, ToolErrorKind::UnknownTool);
         assert!(message.contains("weather"), "{message}");
-        let Err(ToolOutcome::Error { kind, message, .. }) = prepare("weather", r#"{"city": 3}"#)
+        let Err(ToolOutcome::Error { kind, message, .. }) =
+            tools.check("weather", r#"{"city": 3}"#)
         else {
             panic!("bad arguments went through")
         };
         assert_eq!(kind, ToolErrorKind::InvalidArguments);
         assert!(message.contains("city: 3 is not of type"), "{message}");
-        let (first, _) = prepare("weather", r#"{"city": "Zürich"}"#).unwrap();
+        let first = tools.check("weather", r#"{"city": "Zürich"}"#).unwrap();
         // Another thread sees the same tools (a program's threads fan calls out).
-        let (second, _) = std::thread::spawn(|| prepare("weather", r#"{"city": "Bern"}"#))
+        let second = std::thread::spawn(|| tools.check("weather", r#"{"city": "Bern"}"#))
             .join()
             .unwrap()
             .unwrap();
-        assert_eq!(second, first + 1);
+        assert_eq!(second.job, first.job);
         // Once the job ends, no thread may call them.
-        withdraw();
+        tools.withdraw();
         let Err(ToolOutcome::Error { kind, message, .. }) =
-            std::thread::spawn(|| prepare("weather", r#"{"city": "Chur"}"#))
+            std::thread::spawn(|| tools.check("weather", r#"{"city": "Chur"}"#))
                 .join()
                 .unwrap()
         else {
@@ -248,5 +412,72 @@ mod tests {
         };
         assert_eq!(kind, ToolErrorKind::UnknownTool);
         assert!(message.contains("this run has no tools"), "{message}");
+        // A call checked before the end is not sent after it.
+        assert_eq!(tools.send(first).unwrap(), run_ended());
+    }
+
+    #[test]
+    fn calls_fly_together_up_to_the_cap_and_each_gets_its_own_answer() {
+        let (tools, mut supervisor) = tools();
+        tools.offer(&[weather()], 2);
+        let cities = ["Zürich", "Genève", "東京"];
+        let threads: Vec<_> = cities.iter().map(|c| call(tools, c)).collect();
+        // Two go out; the third waits for a slot.
+        let mut calls = vec![sent_call(&mut supervisor), sent_call(&mut supervisor)];
+        wait_until(|| tools.state().waiting_for_slot == 1);
+        assert_eq!(tools.socket.waiting_count(), 2);
+        // Answering one (the later one first) lets the third out.
+        let answer = |supervisor: &mut UnixStream, call: &ToolCall| {
+            crate::jobsocket::tests::answer(supervisor, call.id, call.arguments["city"].clone())
+        };
+        answer(&mut supervisor, &calls[1]);
+        calls.push(sent_call(&mut supervisor));
+        answer(&mut supervisor, &calls[2]);
+        answer(&mut supervisor, &calls[0]);
+        for (thread, city) in threads.into_iter().zip(cities) {
+            assert_eq!(
+                thread.join().unwrap(),
+                ToolOutcome::Ok {
+                    result: city.into()
+                }
+            );
+        }
+        let mut ids: Vec<u64> = calls.iter().map(|c| c.id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 3, "{calls:?}");
+        assert_eq!(tools.state().in_flight, 0);
+    }
+
+    #[test]
+    fn the_end_of_a_job_cancels_its_calls_and_no_call_follows_its_result() {
+        let (tools, mut supervisor) = tools();
+        tools.offer(&[weather()], 1);
+        // One call goes out, the other waits for the slot (whichever came first).
+        let threads = [call(tools, "Bern"), call(tools, "Sion")];
+        let pending = sent_call(&mut supervisor);
+        wait_until(|| tools.state().waiting_for_slot == 1);
+        // The job loop: withdraw, then the result.
+        tools.withdraw();
+        tools.socket.send(&WorkerMessage::ResetDone).unwrap();
+        assert!(matches!(sent(&mut supervisor), WorkerMessage::ResetDone));
+        // The supervisor cancels what it still has pending; that answer is discarded
+        // (the thread reading wakes up and finds its own wait over).
+        crate::jobsocket::tests::answer(&mut supervisor, pending.id, "late".into());
+        for thread in threads {
+            assert_eq!(thread.join().unwrap(), run_ended());
+        }
+        // The next job's call gets its own answer, not a stale one.
+        tools.offer(&[weather()], 1);
+        let next = call(tools, "Chur");
+        let call = sent_call(&mut supervisor);
+        assert!(call.id > pending.id);
+        crate::jobsocket::tests::answer(&mut supervisor, call.id, "frisch".into());
+        assert_eq!(
+            next.join().unwrap(),
+            ToolOutcome::Ok {
+                result: "frisch".into()
+            }
+        );
     }
 }

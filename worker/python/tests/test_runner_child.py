@@ -234,3 +234,21 @@ def test_asyncio_loaded_before_the_runner_is_patched_at_once():
     )
     assert proc.returncode == 0, proc.stdout
     assert child_results(proc.stdout) == [True, True, 1]
+
+
+def test_one_shot_run_ends_with_an_executor_the_program_never_shut_down():
+    # `python __main__.py` ends: interpreter shutdown tells the executor's idle
+    # threads to stop before it joins them; so must the runner.
+    proc = run_child(
+        """\
+        code = (
+            "from concurrent.futures import ThreadPoolExecutor\\n"
+            "pool = ThreadPoolExecutor(4)\\n"
+            "print(list(pool.map(abs, [-1, -2, -3])))\\n"
+        )
+        report(runner.run({"code": code, "stdin": None, "last_line_interactive": False}))
+        """
+    )
+    assert proc.returncode == 0, proc.stdout
+    assert child_results(proc.stdout) == [OK]
+    assert "[1, 2, 3]\n" in proc.stdout

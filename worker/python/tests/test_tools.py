@@ -2,8 +2,11 @@
 half ``_snakecage_tools``, which the real worker implements in Rust (worker/src/tools.rs):
 the Python half's job is the API, JSON in and out, and exceptions."""
 
+import asyncio
 import json
+import subprocess
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -23,6 +26,13 @@ class FakeNative:
     def __init__(self):
         self.sent = []
         self.answer = {"status": "ok", "result": {"temp": 21}}
+        self.cap = 3
+        # When set, every call waits at it: calls that are not in flight together fail it.
+        self.barrier = None
+        self.threads = set()
+
+    def max_concurrent_calls(self):
+        return self.cap
 
     def catalog(self):
         return json.dumps(CATALOG)
@@ -32,14 +42,20 @@ class FakeNative:
 
     def call(self, name, arguments):
         self.sent.append((name, json.loads(arguments)))
-        return json.dumps(self.answer)
+        self.threads.add(threading.current_thread())
+        if self.barrier is not None:
+            self.barrier.wait()
+        answer = self.answer
+        if answer.get("echo"):
+            answer = {"status": "ok", "result": json.loads(arguments)}
+        return json.dumps(answer)
 
 
 @pytest.fixture()
 def tools(monkeypatch):
     native = FakeNative()
     fake = types.ModuleType("_snakecage_tools")
-    for attr in ("catalog", "search", "call"):
+    for attr in ("catalog", "search", "call", "max_concurrent_calls"):
         setattr(fake, attr, getattr(native, attr))
     monkeypatch.setitem(sys.modules, "_snakecage_tools", fake)
     module = types.ModuleType("snakecage.tools")
@@ -96,3 +112,69 @@ def test_unknown_attributes_and_non_json_arguments_raise_before_sending(tools):
     with pytest.raises(tools.ToolArgumentsError):
         tools.get_weather(x=float("nan"))
     assert tools.native.sent == []
+
+
+def test_acall_and_aio_run_calls_together_on_the_pool_sized_to_the_cap(tools):
+    tools.native.answer = {"echo": True}
+    # Three calls that each wait for the other two: they pass only if in flight together.
+    tools.native.barrier = threading.Barrier(3, timeout=30)
+
+    async def main():
+        return await asyncio.gather(
+            tools.acall("get_weather", city="Zürich"),
+            tools.aio.get_weather(city="東京"),
+            tools.acall("team.lookup", n=3),
+        )
+
+    assert asyncio.run(main()) == [{"city": "Zürich"}, {"city": "東京"}, {"n": 3}]
+    # On three threads of the pool, daemon ones: a one-shot run does not wait for them.
+    pool = tools.native.threads
+    assert len(pool) == 3 and all(t.daemon for t in pool), pool
+    assert {t.name for t in pool} == {"snakecage-tools-1", "snakecage-tools-2", "snakecage-tools-3"}
+    # Idle threads take the next calls; the pool never grows past the cap.
+    tools.native.barrier = None
+    tools.native.threads = set()
+
+    async def more():
+        return await asyncio.gather(*(tools.acall("get_weather", i=i) for i in range(7)))
+
+    assert asyncio.run(more()) == [{"i": i} for i in range(7)]
+    assert tools.native.threads <= pool
+    assert tools._pool_threads == 3
+
+
+def test_async_errors_raise_the_same_classes_as_call(tools):
+    tools.native.answer = {"status": "error", "kind": "timeout", "message": "late", "data": None}
+
+    async def main():
+        with pytest.raises(tools.ToolTimeoutError, match="late") as info:
+            await tools.aio.get_weather(city="x")
+        assert info.value.tool == "get_weather" and isinstance(info.value, TimeoutError)
+        with pytest.raises(tools.ToolError, match="late"):
+            await tools.acall("team.lookup")
+        with pytest.raises(tools.UnknownToolError, match="unknown tool 'launch'"):
+            tools.aio.launch
+        with pytest.raises(tools.ToolArgumentsError, match="must be JSON values"):
+            await tools.acall("get_weather", when=object())
+        with pytest.raises(TypeError):
+            await tools.acall(3)
+
+    asyncio.run(main())
+    assert tools.native.sent == [("get_weather", {"city": "x"}), ("team.lookup", {})]
+    assert "get_weather" in dir(tools.aio) and "team.lookup" not in dir(tools.aio)
+    assert {"acall", "aio"} <= set(dir(tools))
+
+
+def test_loading_the_module_imports_neither_asyncio_nor_concurrent_futures():
+    # In a fresh interpreter: the module is loaded in every zygote, the lightest included.
+    script = f"""
+import sys, types, json
+fake = types.ModuleType("_snakecage_tools")
+fake.catalog = lambda: "[]"
+sys.modules["_snakecage_tools"] = fake
+module = types.ModuleType("snakecage.tools")
+exec(compile(open({str(TOOLS_PATH)!r}, encoding="utf-8").read(), "tools.py", "exec"), module.__dict__)
+print(json.dumps(sorted(m for m in ("asyncio", "concurrent.futures", "threading") if m in sys.modules)))
+"""
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []

@@ -26,7 +26,10 @@ pub enum JobRequest {
     Reset,
     /// Session only: describe the user globals (reply: [`WorkerMessage::Variables`]).
     Inspect,
-    /// The answer to the [`WorkerMessage::ToolCall`] the running job is blocked on.
+    /// The answer to one [`WorkerMessage::ToolCall`] of the running job, by its id. Calls
+    /// are answered as each completes, in any order; when the job ends with calls still
+    /// pending each is answered `cancelled` after its `Result` (the worker discards an
+    /// answer nobody waits for).
     ToolResult(ToolResult),
     /// Before `Ready` only, at most once: skip the tier's warm-up if it has not begun. A job
     /// started waiting for this tier after this worker was forked; it would wait for the
@@ -54,6 +57,26 @@ pub struct Job {
     /// The tools `snakecage.tools` offers this job (Code Mode); empty: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<crate::toolspec::ToolSpec>,
+    /// How many tool calls of this job may be in flight at once
+    /// (`tools.max_concurrent_calls`): the worker holds a call past it until one answers,
+    /// and the supervisor kills a worker that sends more. 0 (an older sender) counts as 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub max_concurrent_tool_calls: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+impl Job {
+    /// [`Job::max_concurrent_tool_calls`], at least 1.
+    pub fn tool_call_cap(&self) -> usize {
+        self.max_concurrent_tool_calls.max(1) as usize
+    }
 }
 
 /// worker → supervisor.
@@ -74,7 +97,9 @@ pub enum WorkerMessage {
         #[serde(default)]
         total: u64,
     },
-    /// The running job calls a host tool and blocks until [`JobRequest::ToolResult`].
+    /// The running job calls a host tool; the calling thread waits for the
+    /// [`JobRequest::ToolResult`] of the same id. Up to [`Job::max_concurrent_tool_calls`]
+    /// calls may be in flight at once, each with its own id.
     ToolCall(ToolCall),
 }
 
