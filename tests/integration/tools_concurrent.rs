@@ -176,6 +176,46 @@ print([a['city'] for a in answers] == cities, answers[2]['city'], min(a['seen'] 
     );
 }
 
+/// The fan-out an agent writes with asyncio: `tools.aio` calls gathered at top level, in a
+/// stateless run and in a session (where the loop outlives the run).
+#[tokio::test]
+async fn calls_gathered_with_asyncio_are_in_flight_together() {
+    let (s, seen, _dir) = server("").await;
+    let code = "import asyncio
+from snakecage import tools
+cities = ['Zürich', 'Genève', '東京', 'Aïre']
+answers = await asyncio.gather(*(tools.aio.gate(city=c, together=4) for c in cities))
+print([a['city'] for a in answers] == cities, answers[2]['city'], min(a['seen'] for a in answers))
+try:
+    await tools.acall('nope')
+except tools.UnknownToolError as e:
+    print(type(e).__name__)";
+    let body = s.run_with(json!({"code": code, "timeout_ms": 60000})).await;
+    assert_eq!(stdout(&body), "True 東京 4\nUnknownToolError\n", "{body}");
+    assert_eq!(body["verdict"], "ok", "{body}");
+    assert_eq!(seen.most_gating.load(Ordering::SeqCst), 4);
+
+    let sid = s.new_session().await;
+    let r = session_run(&s, &sid, "import asyncio\nfrom snakecage import tools").await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    for round in 0..2 {
+        // Each round's calls must meet each other, not an earlier round's record.
+        seen.most_gating.store(0, Ordering::SeqCst);
+        let r = session_run(
+            &s,
+            &sid,
+            "answers = await asyncio.gather(*(tools.aio.gate(city=c, together=4) for c in 'αβγδ'))\n''.join(a['city'] for a in answers)",
+        )
+        .await;
+        assert_eq!(
+            r["results"],
+            json!([{"text/plain": "'αβγδ'"}]),
+            "round {round}: {r}"
+        );
+        assert_eq!(seen.most_gating.load(Ordering::SeqCst), 4, "round {round}");
+    }
+}
+
 /// The fan-out an agent often writes: an executor never shut down (no `with`). The run
 /// ends with its program, as `python __main__.py` would, not at its deadline.
 #[tokio::test]
