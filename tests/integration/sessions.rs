@@ -776,3 +776,31 @@ async fn a_link_the_session_made_in_the_way_of_a_staged_file_is_named() {
     // Nothing was written through the link.
     assert!(!std::path::Path::new("/etc/entrée.csv").exists());
 }
+
+/// A thread a run leaves behind goes on between runs, as in a notebook: it does not wait
+/// for the next run to be scheduled again.
+#[tokio::test]
+async fn a_thread_a_run_left_goes_on_between_runs() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    let r = run(
+        &s,
+        &id,
+        "import threading, time\n\
+         marques = []\n\
+         def later():\n    for _ in range(20):\n        time.sleep(0.02)\n        marques.append(time.monotonic())\n\
+         threading.Thread(target=later).start()",
+    )
+    .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    // The thread's 20 marks take 0.4 s. Frozen between runs, it would take at most one
+    // (as the next run starts, before its first line) where it now takes all 20.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let r = run(
+        &s,
+        &id,
+        "début = time.monotonic()\nprint(sum(m < début for m in marques))",
+    )
+    .await;
+    assert_eq!(r["stdout"], "20\n", "{r}");
+}

@@ -206,9 +206,17 @@ fn serve(runner: &Runner<'_>, warmed: bool) -> Result<(), ChildError> {
 /// A thread an earlier job left running may be blocked on a tool call, reading the job
 /// socket: the next request reaches this loop through the same demultiplexer, whichever
 /// thread reads it, and the supervisor's answers to calls of ended jobs are discarded.
+///
+/// The wait for the next request releases the GIL, so the threads a job left running go
+/// on between jobs, as a notebook's do between cells (what they print comes with the next
+/// job's output). asyncio tasks go on only while a job awaits: the session's loop runs then.
 fn serve_session(runner: &Runner<'_>) -> Result<(), ChildError> {
     let session = runner.new_session()?;
-    while let Some(request) = JOB.next_request().map_err(ChildError::Socket)? {
+    let py = runner.py();
+    while let Some(request) = py
+        .detach(|| JOB.next_request())
+        .map_err(ChildError::Socket)?
+    {
         runner.discard_pending_interrupt();
         let reply = match request {
             JobRequest::Run(job) => WorkerMessage::Result(session.run(runner, &job)?),

@@ -282,6 +282,11 @@ impl<'py> Runner<'py> {
         result.map_err(py_err("running a job"))
     }
 
+    /// The interpreter this runner lives in.
+    pub fn py(&self) -> Python<'py> {
+        self.module.py()
+    }
+
     /// Runs whatever Python a pending signal calls for now, and discards the
     /// `KeyboardInterrupt` a SIGINT turns into: in a session, an interrupt aimed at a job
     /// that finished just before it arrived must not hit the next one.
