@@ -15,6 +15,8 @@
 //!   that sleeps 100 ms before answering, made one after the other, then fanned out over a
 //!   `ThreadPoolExecutor(8)` (`tools.max_concurrent_calls` is 8 by default): concurrent
 //!   calls make the second about as long as one call, the first about as long as eight.
+//!   `fan_out/asyncio_gather_8x100ms` is the same fan-out as an agent writes it with
+//!   asyncio: `await asyncio.gather(...)` over `tools.aio.sleep()`, on the async tier.
 //!
 //! Per call: (loop − loop_1000_no_calls) / 1000. Fan-out: sequential / thread_pool is the
 //! speed-up (8 at best).
@@ -145,6 +147,13 @@ fn tool_calls(c: &mut Criterion) {
                 "from snakecage import tools\nfrom concurrent.futures import ThreadPoolExecutor\n\
                  with ThreadPoolExecutor({FAN_OUT}) as pool:\n    \
                  list(pool.map(lambda _: tools.sleep(), range({FAN_OUT})))"
+            ),
+        ),
+        (
+            "asyncio_gather_8x100ms",
+            format!(
+                "import asyncio\nfrom snakecage import tools\n\
+                 await asyncio.gather(*(tools.aio.sleep() for _ in range({FAN_OUT})))"
             ),
         ),
     ] {
