@@ -496,6 +496,17 @@ def test_warm_up_leaves_no_trace(runner, capfd, monkeypatch, had_entries):
 # Top-level await
 
 
+@pytest.fixture
+def python_sigint():
+    """SIGINT raising KeyboardInterrupt, as every worker has it (``prepare_zygote``): a
+    test run started in the background by a non-interactive shell inherits it ignored."""
+    import signal
+
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, saved)
+
+
 def test_top_level_await_runs_and_shows_the_last_expression(runner, capsys):
     code = "import asyncio\nawait asyncio.sleep(0)\nprint('après')\nawait asyncio.sleep(0, 6 * 7)"
     result = runner.run(job(code, interactive=True))
@@ -539,7 +550,7 @@ def test_a_one_shot_job_cancels_the_tasks_it_leaves(runner, capsys):
     assert capsys.readouterr().out == "end\ncancelled\n"
 
 
-def test_an_interrupted_await_reads_like_an_interrupt_of_sync_code(runner, capsys):
+def test_an_interrupted_await_reads_like_an_interrupt_of_sync_code(runner, capsys, python_sigint):
     # The supervisor's SIGINT, sent while the job awaits: the coroutine is cancelled (its
     # finally runs) and the job ends with KeyboardInterrupt at the await.
     code = (
@@ -655,7 +666,7 @@ def _interrupts(n):
     )
 
 
-def test_an_interrupt_with_no_frame_of_the_job_shows_no_loop_frames(runner, capsys):
+def test_an_interrupt_with_no_frame_of_the_job_shows_no_loop_frames(runner, capsys, python_sigint):
     # A coroutine that ignores its cancellation: the second SIGINT raises in asyncio's own
     # handler, with no frame of the job's on the stack; the third ends the unwinding.
     code = _interrupts(3) + (
@@ -674,7 +685,7 @@ def test_an_interrupt_with_no_frame_of_the_job_shows_no_loop_frames(runner, caps
     assert capsys.readouterr().err == "KeyboardInterrupt\n"
 
 
-def test_a_second_interrupt_in_the_jobs_code_shows_where_without_asyncios_handler(runner, capsys):
+def test_a_second_interrupt_in_the_jobs_code_shows_where_without_asyncios_handler(runner, capsys, python_sigint):
     code = _interrupts(2) + (
         "import asyncio\n"
         "async def stubborn():\n"
