@@ -37,6 +37,9 @@ pub(super) async fn drive(
     let interrupt_now = interrupt.map_or(&never, |i| i.now);
     let cancel = limits.cancel.as_ref().unwrap_or(&never);
     let mut calls = InFlight::new(tool_cap);
+    // What ends a stateless run at once also ends a send to its worker (a session's run is
+    // interrupted instead, and its sends are bounded by the deadline and the grace).
+    let stateless_cancel = interrupt.is_none().then_some(cancel);
     // Background work still running after its patience gets normal priority.
     let mut raise_at = limits
         .background
@@ -52,7 +55,9 @@ pub(super) async fn drive(
                     worker.interrupt();
                     interrupted = true;
                     deadline = tokio::time::Instant::now() + i.grace;
-                    cancel_all(worker, &mut calls, toolcalls::cancelled()).await;
+                    if let Some(ending) = cancel_all(worker, &mut calls, toolcalls::cancelled(), deadline, None).await {
+                        return ending;
+                    }
                 }
                 _ => return Ending::Deadline,
             },
@@ -71,19 +76,25 @@ pub(super) async fn drive(
                 worker.interrupt();
                 interrupted = true;
                 deadline = tokio::time::Instant::now() + grace;
-                cancel_all(worker, &mut calls, toolcalls::cancelled()).await;
+                if let Some(ending) = cancel_all(worker, &mut calls, toolcalls::cancelled(), deadline, None).await {
+                    return ending;
+                }
             }
             () = tokio::time::sleep(INTERRUPT_REPEAT), if interrupted => worker.interrupt(),
             (id, outcome) = calls.next() => {
                 let answer = JobRequest::ToolResult(ToolResult { id, outcome });
                 // A worker gone meanwhile is noticed by the next receive.
-                let _ = worker.channel.send(&answer).await;
+                if let Some(ending) = send_bounded(worker, &answer, deadline, stateless_cancel).await {
+                    return ending;
+                }
             }
             msg = worker.channel.recv() => match msg {
                 Ok(Some(WorkerMessage::Result(result))) => {
                     // Its own threads' calls still pending were answered in the worker;
                     // a thread of a session's worker blocked reading is woken by these.
-                    cancel_all(worker, &mut calls, toolcalls::ended()).await;
+                    // Bounded like every answer: a worker that stopped reading has its
+                    // result anyway.
+                    let _ = cancel_all(worker, &mut calls, toolcalls::ended(), deadline, stateless_cancel).await;
                     return Ending::Reported(result);
                 }
                 Ok(Some(WorkerMessage::ToolCall(call))) => {
@@ -97,7 +108,9 @@ pub(super) async fn drive(
                             id: call.id,
                             outcome: toolcalls::cancelled(),
                         });
-                        let _ = worker.channel.send(&answer).await;
+                        if let Some(ending) = send_bounded(worker, &answer, deadline, None).await {
+                            return ending;
+                        }
                     } else {
                         calls.start(limits.tools.as_ref(), call);
                     }
@@ -128,14 +141,45 @@ pub(super) async fn drive(
 }
 
 /// Answers every pending call with `outcome` (`cancelled`) and drops its future, which
-/// cancels the call: an interrupted job must not stay blocked on a tool.
-async fn cancel_all(worker: &mut Worker, calls: &mut InFlight, outcome: ToolOutcome) {
+/// cancels the call: an interrupted job must not stay blocked on a tool. Each answer is
+/// sent as [`send_bounded`] sends it; the ending it gives, if any, is returned.
+async fn cancel_all(
+    worker: &mut Worker,
+    calls: &mut InFlight,
+    outcome: ToolOutcome,
+    deadline: tokio::time::Instant,
+    cancel: Option<&CancellationToken>,
+) -> Option<Ending> {
     for id in calls.cancel_all() {
         let answer = JobRequest::ToolResult(ToolResult {
             id,
             outcome: outcome.clone(),
         });
-        let _ = worker.channel.send(&answer).await;
+        if let Some(ending) = send_bounded(worker, &answer, deadline, cancel).await {
+            return Some(ending);
+        }
+    }
+    None
+}
+
+/// Sends `request` to the worker, unless the deadline passes (or `cancel` fires) first.
+/// A worker's socket buffer is bounded and only the worker empties it: a program that
+/// writes calls to fd 3 and never reads their answers would otherwise hold this loop (and
+/// with it the deadline, a cancel, the pool slot) for as long as it likes.
+async fn send_bounded(
+    worker: &mut Worker,
+    request: &JobRequest,
+    deadline: tokio::time::Instant,
+    cancel: Option<&CancellationToken>,
+) -> Option<Ending> {
+    let never = CancellationToken::new();
+    let cancel_fired = cancel.unwrap_or(&never);
+    tokio::select! {
+        biased;
+        () = tokio::time::sleep_until(deadline) => Some(Ending::Deadline),
+        () = cancel_fired.cancelled(), if cancel.is_some() => Some(Ending::Cancelled),
+        // A worker gone meanwhile is noticed by the next receive.
+        _ = worker.channel.send(request) => None,
     }
 }
 

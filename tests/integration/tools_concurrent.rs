@@ -493,3 +493,39 @@ time.sleep(60)"
     assert_eq!(stdout(&body), "ok\n", "{body}");
     assert_eq!(body["verdict"], "ok", "{body}");
 }
+
+/// A program that writes calls to fd 3 and never reads their answers fills its socket's
+/// buffer; the supervisor's answers then cannot go out. That must not hold the run past
+/// its deadline (before, it held the request and its pool slot until the client left).
+#[tokio::test]
+async fn a_worker_that_never_reads_its_answers_still_ends_at_its_deadline() {
+    let (s, _seen, _dir) = server("").await;
+    let code = "import os, json, struct, time
+for i in range(600):
+    b = json.dumps({'type': 'tool_call', 'id': 10000 + i, 'name': 'nosuch', 'arguments': {'é': i}}).encode()
+    os.write(3, struct.pack('<I', len(b)) + b)
+print('écrit', flush=True)
+time.sleep(30)";
+    let client = s.client.clone();
+    let url = format!("{}/v1/execute", s.base);
+    let body: Value = tokio::time::timeout(
+        Duration::from_secs(20),
+        client
+            .post(url)
+            .json(&json!({"code": code, "timeout_ms": 2000}))
+            .send(),
+    )
+    .await
+    .expect("the run must end at its deadline, not when the client gives up")
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(body["timed_out"], true, "{body}");
+    assert_eq!(body["verdict"], "timeout", "{body}");
+    // (Its own writes to fd 3 block too once the supervisor is stuck: `écrit` may never
+    // be printed, which is the program's business.)
+    // The slot is free again.
+    let next = s.run("print(6 * 7)").await;
+    assert_eq!(stdout(&next), "42\n", "{next}");
+}
