@@ -72,14 +72,22 @@ pub fn attach_tools(
     Ok(run)
 }
 
-/// The body of an answer: exactly one of `result` and `error`.
+/// The body of an answer: exactly one of `result` and `error`. A tool may answer `null`
+/// (`{"result": null}`), so a present `result` counts whatever it holds; an `error` of
+/// `null` is no error (clients that always send both fields send it).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AnswerBody {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     result: Option<Value>,
     #[serde(default)]
     error: Option<Value>,
+}
+
+/// `Some` for a field that is there, `null` included (`#[serde(default)]` gives `None`
+/// for one that is not).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 pub async fn answer_tool_call(

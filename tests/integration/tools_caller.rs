@@ -286,6 +286,61 @@ print(tools.lookup_order(id=8)['amount'])\n";
     assert_eq!(result["exit_code"], 0, "{result}");
 }
 
+/// A tool may answer `null`; an `error` of `null` beside a result is no error, and alone it
+/// is no answer.
+#[tokio::test]
+async fn a_caller_may_answer_null() {
+    let (s, _dir) = server_with_tools("").await;
+    let code = "from snakecage import tools
+print(repr(tools.lookup_order(id=1)), repr(tools.lookup_order(id=2)))\n";
+    let resp = s
+        .client
+        .post(format!("{}/v1/execute/stream", s.base))
+        .json(&json!({"code": code, "tools": declared()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
+    let mut events = Events::new(resp);
+    let mut result = Value::Null;
+    while let Some((event, data)) = events.next().await {
+        match event.as_str() {
+            "tool_call" => {
+                let url = format!(
+                    "/v1/runs/{run_id}/tool_calls/{}",
+                    data["call_id"].as_str().unwrap()
+                );
+                if data["arguments"]["id"] == 1 {
+                    let (status, body) = s.post(&url, &json!({"result": null})).await;
+                    assert_eq!(status, 204, "{body}");
+                } else {
+                    for nothing in [json!({"error": null}), json!({})] {
+                        let (status, body) = s.post(&url, &nothing).await;
+                        assert_eq!(status, 422, "{body}");
+                        assert!(
+                            body["detail"].as_str().unwrap().contains("exactly one of"),
+                            "{body}"
+                        );
+                    }
+                    let both = json!({"result": {"amount": "zwanzig €"}, "error": null});
+                    let (status, body) = s.post(&url, &both).await;
+                    assert_eq!(status, 204, "{body}");
+                }
+            }
+            "result" => {
+                result = data;
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        result["stdout"], "None {'amount': 'zwanzig €'}\n",
+        "{result}"
+    );
+}
+
 /// In a session each run has its own tools, whichever thread asks: a thread the run
 /// started sees its caller tools, and once the run has ended a thread it left waiting
 /// finds only the next run's (here the operator's, without the caller's).
