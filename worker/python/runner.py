@@ -1,7 +1,7 @@
 """Owns the Python side of one snakecage job: the entry points the zygote calls, and running a job.
 
 The Rust zygote executes this file as the module ``_snakecage_runner`` (its
-code objects are named ``snakecage/runner.py``), calls ``warm_up()`` once,
+code objects are named ``snakecage/runner.py``), calls ``warm_up(asyncio_source)`` once,
 forks, calls ``warm_up_child(sources)`` and ``prepare_child()`` in each child
 and then ``run(job)``, or
 ``Session()`` and its ``run(job)``, ``reset()`` and ``variables()`` for as long
@@ -132,11 +132,13 @@ def run(job):
     return _OneShotSession().run(job)
 
 
-def warm_up():
+def warm_up(asyncio_source):
     """Run representative jobs through ``run`` so CPython's caches exist before fork.
 
-    All output goes to throwaway buffers, and every piece of interpreter
-    state a job touches is put back afterwards.
+    ``asyncio_source`` is the async tier's warm-up (``warmup_asyncio.py``), run
+    too when this zygote preloads asyncio. All output goes to throwaway
+    buffers, and every piece of interpreter state a job touches is put back
+    afterwards.
     """
     saved = _state.save_interpreter_state()
     try:
@@ -147,7 +149,7 @@ def warm_up():
         if "asyncio" in sys.modules:
             # A tier that preloads asyncio: a job's first loop, its tasks and their
             # cancellation at the job's end, built once here rather than in each job.
-            run(_ASYNC_WARM_UP_JOB)
+            run({"code": asyncio_source, "stdin": None, "last_line_interactive": True})
         _warm_up_rich_outputs()
     finally:
         _state.restore_interpreter_state(saved)
@@ -423,18 +425,5 @@ _WARM_UP_JOBS = (
     {"code": "import sys\nsys.exit('stopped')\n", "stdin": None, "last_line_interactive": False},
     {"code": "x = (1,\n", "stdin": None, "last_line_interactive": True},
 )
-
-_ASYNC_WARM_UP_JOB = {
-    "code": (
-        "import asyncio\n"
-        "async def double(x):\n"
-        "    await asyncio.sleep(0)\n"
-        "    return 2 * x\n"
-        "left = asyncio.ensure_future(asyncio.sleep(3600))\n"
-        "await asyncio.gather(*(double(i) for i in range(3)))\n"
-    ),
-    "stdin": None,
-    "last_line_interactive": True,
-}
 
 

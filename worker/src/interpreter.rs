@@ -218,7 +218,7 @@ impl<'py> Runner<'py> {
             .call_method0("prepare_zygote")
             .map_err(py_err("preparing the zygote"))?;
         self.module
-            .call_method0("warm_up")
+            .call_method1("warm_up", (warm_up_source(WarmUp::Asyncio),))
             .map_err(py_err("warming up"))?;
         Ok(())
     }

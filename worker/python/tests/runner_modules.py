@@ -17,6 +17,9 @@ IMPORTED_BY_RUNNER = ("aio", "display", "report", "program", "state")
 RUNNER_FILES = [PYTHON_DIR / f"{name}.py" for name in (*IMPORTED_BY_RUNNER, "runner")]
 """Every file of the runner, in load order, the runner last."""
 
+ASYNCIO_WARM_UP = (PYTHON_DIR / "warmup_asyncio.py").read_text(encoding="utf-8")
+"""The async tier's warm-up, which ``warm_up`` also runs in a zygote that preloads asyncio."""
+
 
 def load_module(name):
     """``worker/python/<name>.py`` as the module ``_snakecage_<name>`` (not registered)."""

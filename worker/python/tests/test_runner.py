@@ -16,7 +16,7 @@ import types
 
 import pytest
 
-from runner_modules import OK, RUNNER_FILES, error, job
+from runner_modules import ASYNCIO_WARM_UP, OK, RUNNER_FILES, error, job
 
 
 def runner_frames_in(text):
@@ -478,7 +478,7 @@ def test_warm_up_leaves_no_trace(runner, capfd, monkeypatch, had_entries):
     streams = (sys.stdout, sys.stderr, sys.stdin)
     argv = sys.argv
 
-    runner.warm_up()
+    runner.warm_up(ASYNCIO_WARM_UP)
 
     assert (sys.stdout, sys.stderr, sys.stdin) == streams
     assert sys.argv is argv

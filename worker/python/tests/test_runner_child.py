@@ -48,7 +48,7 @@ def test_child_streams_are_line_buffered_and_interleave(runner):
         """\
         before = sys.stdout.line_buffering
         runner.prepare_zygote()
-        runner.warm_up()
+        runner.warm_up('')  # no asyncio in this interpreter
         runner.prepare_child()
         report([before, sys.stdout.line_buffering, sys.stderr.line_buffering])
         code = "import sys\\nprint('out 1')\\nprint('err 1', file=sys.stderr)\\nprint('out 2')\\n"
