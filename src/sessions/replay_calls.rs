@@ -23,7 +23,14 @@
 //!   would fail replays that rebuild the same state.
 //! - A call that was still unanswered when the original run ended was answered
 //!   `cancelled` by the worker itself as its job ended (see `pool::toolcalls`). Its replay
-//!   is left unanswered likewise, so the replayed run's end cancels it the same way.
+//!   is left unanswered likewise, so the replayed run's end cancels it the same way. (An
+//!   answer that came in the instant the job ended is recorded as given, though the
+//!   worker may have dropped it; its replay gets it. Only a thread racing its run's end
+//!   can tell.)
+//! - What is recorded is what reached the run's tools. A run interrupted by its client
+//!   that still ended with exit code 0 is journaled, but its replay is not interrupted:
+//!   the calls the interrupt cancelled stay unanswered in it, and calls made after the
+//!   interrupt (answered `cancelled` without reaching the tools) have no recorded answer.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
