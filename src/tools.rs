@@ -256,7 +256,7 @@ pub fn catalog(ctx: &ToolContext) -> Vec<ToolSpec> {
                     },
                     "replay": {
                         "type": "boolean",
-                        "description": "Keep the successful runs and replay them on a new process if the session's process is lost (crash, kill), instead of losing the session. Runs are repeated with their side effects; each response says when a replay happened."
+                        "description": "Keep the successful runs and replay them on a new process if the session's process is lost (crash, kill), instead of losing the session. Runs are repeated with their side effects, but their tool calls are answered from the session's record, never made again; each response says when a replay happened."
                     }
                 },
                 "additionalProperties": false

@@ -20,8 +20,9 @@ use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::files::workspace::{self, StageInput, Staged};
 use crate::metrics::labels::{Kind, Outcome};
-use crate::pool::run::{Interrupt, OutputChunk, RunError};
+use crate::pool::run::{Interrupt, OutputChunk, RunError, RunLimits};
 use crate::pool::session::Listed;
+use crate::pool::toolcalls::RunTools;
 use crate::sessions::replay::{self, RebuildError, ReplayStager};
 use crate::sessions::{Held, Session, SessionError, SessionIndicator, SessionState};
 
@@ -153,10 +154,23 @@ async fn run_in(
     // when the old one turns out to be gone before it took the job.
     let kept = guard.journal.is_some().then(|| job.clone());
     let mut job = Some(job);
-    let ran = loop {
+    let (ran, recorder) = loop {
         let this_job = match job.take() {
             Some(job) => job,
             None => kept.clone().expect("a retry only happens with a journal"),
+        };
+        // A replay session's run has its tool calls recorded, to be answered from the
+        // journal if it is ever replayed (a fresh record for each attempt).
+        let recorder = guard
+            .journal
+            .as_ref()
+            .and_then(|j| j.recorder(limits.tools.as_ref()));
+        let run_limits = match &recorder {
+            Some(recorder) => RunLimits {
+                tools: Some(RunTools(recorder.clone())),
+                ..limits.clone()
+            },
+            None => limits.clone(),
         };
         let slot = state.pool.acquire_session_slot().await?;
         session.touch(false);
@@ -166,7 +180,7 @@ async fn run_in(
             now: &interrupt,
         };
         let ran = tokio::select! {
-            ran = worker.run(this_job, &limits, chunks.clone(), interrupt) => Some(ran),
+            ran = worker.run(this_job, &run_limits, chunks.clone(), interrupt) => Some(ran),
             () = session.ended.cancelled() => None,
         };
         drop(slot);
@@ -178,7 +192,7 @@ async fn run_in(
             )));
         };
         match ran {
-            Ok(ran) => break ran,
+            Ok(ran) => break (ran, recorder),
             Err(e @ (RunError::WorkerLost(_) | RunError::DiedWithItsZygote { .. })) => {
                 let reason = format!("its worker was gone ({e})");
                 if replayed.is_some() || !guard.mark_lost(reason.clone()) {
@@ -211,7 +225,8 @@ async fn run_in(
         Some(reason) => Some(reason),
         None => {
             if let (true, Some(job), Some(journal)) = (succeeded, &kept, guard.journal.as_mut()) {
-                notices.extend(journal.run(job, &limits));
+                let recorded = recorder.map(|r| r.take());
+                notices.extend(journal.run(job, &limits, recorded));
             }
             let worker = guard.worker.as_mut().ok_or_else(|| gone(&id))?;
             match worker.variables(CONTROL_TIMEOUT, grace).await {
@@ -254,7 +269,8 @@ fn replayed_notice(runs: usize, reason: &str) -> String {
     format!(
         "The session's worker had been lost ({reason}); a new worker replayed the session's \
          {runs} successful runs before this one (their output is not shown; their side \
-         effects, such as files written, happened again)."
+         effects, such as files written, happened again, but their tool calls, if any, were \
+         answered from the session's journal: no tool was called again)."
     )
 }
 

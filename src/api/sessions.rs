@@ -28,7 +28,8 @@ pub struct CreateSessionRequest {
     pub files: Vec<FileInput>,
     #[serde(default, deserialize_with = "super::whole_number::optional")]
     pub ttl_seconds: Option<u64>,
-    /// Keep the successful runs and replay them on a new worker if the worker is lost.
+    /// Keep the successful runs (and their tool calls' answers) and replay them on a new
+    /// worker if the worker is lost.
     #[serde(default)]
     pub replay: bool,
 }

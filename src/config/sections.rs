@@ -147,7 +147,8 @@ pub struct SessionsConfig {
     /// A session created with `"replay": true` keeps at most this many successful runs to
     /// replay on a new worker when its worker is lost; past it, it can no longer be rebuilt.
     pub replay_max_runs: usize,
-    /// The same bound on the bytes of code (and stdin, args) those runs hold.
+    /// The same bound on the bytes those runs hold: code (and stdin, args), and their tool
+    /// calls' arguments and answers.
     pub replay_max_bytes: usize,
 }
 

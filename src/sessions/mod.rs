@@ -17,6 +17,7 @@
 //!   worker is rebuilt before the next run, and the caller is told.
 
 pub mod replay;
+pub mod replay_calls;
 mod session;
 
 use self::session::Usage;

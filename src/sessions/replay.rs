@@ -11,17 +11,23 @@
 //! - A reset is journaled as a reset: files written before it still exist after it.
 //! - Past its bounds the journal is dropped for good: replaying part of a history would
 //!   build a different state. The session goes on; a later loss is final (410).
+//! - A journaled run's tool calls are journaled with it, answers included, and a replay
+//!   answers them from there: tools are never called again (see [`super::replay_calls`]).
+//!   Their arguments and answers count toward the byte bound.
 
 use std::future::Future;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use snakecage_worker::protocol::Job;
 use tokio_util::sync::CancellationToken;
 
+use super::replay_calls::{RecordedCall, Recorder, Recording, Replayer};
 use crate::files::workspace::StageInput;
 use crate::pool::run::{Interrupt, RunLimits, RunVerdict};
 use crate::pool::session::SessionWorker;
+use crate::pool::toolcalls::RunTools;
 use crate::pool::{Pool, PoolError};
 
 /// What a session's journal may hold.
@@ -34,7 +40,12 @@ pub struct ReplayLimits {
 #[derive(Debug, Clone)]
 enum Entry {
     Stage(Vec<StageInput>),
-    Run { job: Job, limits: RunLimits },
+    Run {
+        job: Job,
+        limits: RunLimits,
+        /// The run's tool calls and their answers; `None`: the run had no tools.
+        calls: Option<Vec<RecordedCall>>,
+    },
     Reset,
 }
 
@@ -77,16 +88,32 @@ impl Journal {
         self.push(Entry::Stage(inputs.to_vec()), bytes, 0)
     }
 
-    /// Records a run that succeeded. Returns a notice when this is the run that made the
+    /// The run's `tools`, wrapped to record its calls for this journal: `None` when the
+    /// run has no tools or the journal has overflowed already (nothing will be replayed).
+    pub fn recorder(&self, tools: Option<&RunTools>) -> Option<Arc<Recorder>> {
+        if self.overflow.is_some() {
+            return None;
+        }
+        let budget = self.limits.max_bytes.saturating_sub(self.bytes);
+        tools.map(|tools| Arc::new(Recorder::new(tools.0.clone(), budget)))
+    }
+
+    /// Records a run that succeeded, with its tool calls when it had tools (`recorded`,
+    /// from [`Journal::recorder`]). Returns a notice when this is the run that made the
     /// history too long to replay.
-    pub fn run(&mut self, job: &Job, limits: &RunLimits) -> Option<String> {
+    pub fn run(
+        &mut self,
+        job: &Job,
+        limits: &RunLimits,
+        recorded: Option<Recording>,
+    ) -> Option<String> {
         let bytes = job.code.len()
             + job.stdin.as_ref().map_or(0, String::len)
             + job.entrypoint.as_ref().map_or(0, String::len)
-            + job.args.iter().map(String::len).sum::<usize>();
-        // A replay runs without the original run's tool channel and cancel token: they
-        // belonged to that request. Code that calls tools again gets a ToolError, so its
-        // replay fails and the session answers 410 with the reason, never a silent repeat.
+            + job.args.iter().map(String::len).sum::<usize>()
+            + recorded.as_ref().map_or(0, |r| r.bytes);
+        // A replay runs without the original run's tools and cancel token: they belonged
+        // to that request. Its calls are answered from `calls` instead.
         let entry = Entry::Run {
             job: job.clone(),
             limits: RunLimits {
@@ -95,6 +122,7 @@ impl Journal {
                 background: None,
                 ..limits.clone()
             },
+            calls: recorded.map(|r| r.calls),
         };
         self.push(entry, bytes, 1)
     }
@@ -115,7 +143,7 @@ impl Journal {
             ))
         } else if bytes > self.limits.max_bytes {
             Some(format!(
-                "its history grew past {} bytes of code (sessions.replay_max_bytes)",
+                "its history grew past {} bytes of code and tool calls (sessions.replay_max_bytes)",
                 self.limits.max_bytes
             ))
         } else {
@@ -188,14 +216,26 @@ pub async fn rebuild(
                 .reset(reset_timeout, grace)
                 .await
                 .map_err(|e| failed(format!("replaying it failed at a reset: {e}")))?,
-            Entry::Run { job, limits } => {
+            Entry::Run { job, limits, calls } => {
                 done += 1;
+                let replayer = calls
+                    .as_deref()
+                    .map(|calls| Arc::new(Replayer::new(format!("run {done} of {total}"), calls)));
+                let limits = RunLimits {
+                    tools: replayer.clone().map(|r| RunTools(r as Arc<_>)),
+                    ..limits.clone()
+                };
                 let never = CancellationToken::new();
-                let interrupt = Interrupt { grace, now: &never };
+                // A call the journal cannot answer interrupts the run: it has diverged.
+                let now = replayer.as_ref().map_or(&never, |r| r.stop());
+                let interrupt = Interrupt { grace, now };
                 let ran = worker
-                    .run(job.clone(), limits, None, interrupt)
+                    .run(job.clone(), &limits, None, interrupt)
                     .await
                     .map_err(|e| failed(format!("replaying run {done} of {total} failed: {e}")))?;
+                if let Some(why) = replayer.and_then(|r| r.diverged()) {
+                    return Err(failed(why));
+                }
                 let outcome = &ran.outcome;
                 if let Some(lost) = ran.lost {
                     return Err(failed(format!(
@@ -260,25 +300,81 @@ mod tests {
             max_runs: 2,
             max_bytes: 1000,
         });
-        assert!(j.run(&job("x = 1"), &limits()).is_none());
-        assert!(j.run(&job("y = 2"), &limits()).is_none());
-        let notice = j.run(&job("z = 3"), &limits()).expect("a notice");
+        assert!(j.run(&job("x = 1"), &limits(), None).is_none());
+        assert!(j.run(&job("y = 2"), &limits(), None).is_none());
+        let notice = j.run(&job("z = 3"), &limits(), None).expect("a notice");
         assert!(notice.contains("replay_max_runs"), "{notice}");
         assert!(j.overflow().unwrap().contains("2 successful runs"));
         assert!(j.entries.is_empty());
         // Once only.
-        assert!(j.run(&job("w = 4"), &limits()).is_none());
+        assert!(j.run(&job("w = 4"), &limits(), None).is_none());
 
         let mut j = Journal::new(ReplayLimits {
             max_runs: 10,
             max_bytes: 8,
         });
-        assert!(j.run(&job("x = 1"), &limits()).is_none());
+        assert!(j.run(&job("x = 1"), &limits(), None).is_none());
         assert!(
-            j.run(&job("y = 22"), &limits())
+            j.run(&job("y = 22"), &limits(), None)
                 .unwrap()
                 .contains("replay_max_bytes")
         );
+    }
+
+    #[test]
+    fn tool_calls_are_journaled_with_their_run_and_count_toward_the_byte_bound() {
+        use crate::sessions::replay_calls::RecordedCall;
+        use snakecage_worker::protocol::ToolOutcome;
+
+        let mut j = Journal::new(ReplayLimits {
+            max_runs: 10,
+            max_bytes: 100,
+        });
+        struct NoTools;
+        impl crate::pool::toolcalls::ToolHost for NoTools {
+            fn call(
+                &self,
+                _: snakecage_worker::protocol::ToolCall,
+            ) -> crate::pool::toolcalls::ToolFuture {
+                Box::pin(std::future::pending())
+            }
+        }
+        let tools = RunTools(Arc::new(NoTools));
+        assert!(
+            j.recorder(None).is_none(),
+            "a run without tools records nothing"
+        );
+        assert!(j.recorder(Some(&tools)).is_some());
+        let call = RecordedCall {
+            name: "météo".into(),
+            arguments: serde_json::json!({"ville": "Zürich"}),
+            answer: Some(ToolOutcome::Ok {
+                result: serde_json::json!(21),
+            }),
+        };
+        let small = Recording {
+            calls: vec![call.clone()],
+            bytes: 40,
+        };
+        assert!(j.run(&job("x = 1"), &limits(), Some(small)).is_none());
+        assert!(matches!(
+            &j.entries[..],
+            [Entry::Run { calls: Some(calls), .. }] if calls[..] == [call.clone()]
+        ));
+        assert_eq!(j.bytes, 45);
+        // 45 + 5 of code + 51 of calls: past the 100 bytes.
+        let big = Recording {
+            calls: Vec::new(),
+            bytes: 51,
+        };
+        let notice = j
+            .run(&job("y = 2"), &limits(), Some(big))
+            .expect("a notice");
+        assert!(
+            notice.contains("can no longer be replayed") && notice.contains("replay_max_bytes"),
+            "{notice}"
+        );
+        assert!(j.recorder(Some(&tools)).is_none(), "nothing to record for");
     }
 
     #[test]

@@ -36,6 +36,7 @@ mod prometheus;
 mod refill;
 mod reliability;
 mod replay;
+mod replay_tools;
 mod rich;
 mod rollover;
 mod rollover_failures;

@@ -31,17 +31,20 @@ async fn run(s: &Server, id: &str, code: &str) -> Value {
 }
 
 /// The session's worker pid (workers share the host's pid namespace).
-async fn worker_pid(s: &Server, id: &str) -> i32 {
+pub async fn worker_pid(s: &Server, id: &str) -> i32 {
     let r = run(s, id, "import os as _os\nprint(_os.getpid())").await;
     r["stdout"].as_str().unwrap().trim().parse().unwrap()
 }
 
 /// SIGKILLs a session's worker from outside (user code cannot signal itself) and waits
-/// until it is gone.
-async fn kill_worker(pid: i32) {
+/// until it is gone: reaped, not only a zombie. A worker with threads (a tool-call pool)
+/// is a zombie as soon as its main thread has exited, while its other threads may still
+/// hold its job socket open; a job sent then is lost in the socket (the supervisor reads
+/// a reset connection), which is not the race these tests are about.
+pub async fn kill_worker(pid: i32) {
     kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while process_exists(pid as u32) {
+    while process_exists(pid as u32) || std::path::Path::new(&format!("/proc/{pid}")).exists() {
         assert!(Instant::now() < deadline, "worker {pid} survived SIGKILL");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
