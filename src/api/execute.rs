@@ -202,7 +202,7 @@ pub async fn execute_stream(
         run,
         super::stream::OnDisconnect::Kill,
         tokio_util::sync::CancellationToken::new(),
-    );
+    )?;
     let mut response = stream.into_response();
     if let Ok(value) = axum::http::HeaderValue::from_str(&run_id) {
         response.headers_mut().insert(RUN_ID_HEADER, value);

@@ -89,7 +89,7 @@ pub async fn execute_stream(
         run.await
     };
     let mut response =
-        stream::sse_with_tool_calls(rx, Some(calls_rx), run, OnDisconnect::Interrupt, interrupt)
+        stream::sse_with_tool_calls(rx, Some(calls_rx), run, OnDisconnect::Interrupt, interrupt)?
             .into_response();
     if let Ok(value) = axum::http::HeaderValue::from_str(&run_id) {
         response.headers_mut().insert(execute::RUN_ID_HEADER, value);

@@ -15,7 +15,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
-use futures_util::Stream;
+use futures_util::future::Either;
+use futures_util::{FutureExt, Stream};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -66,13 +67,26 @@ struct StreamState {
 /// is fired when the client disconnects (see [`OnDisconnect`]).
 /// `tool_calls`, when given, carries the run's `tool_call` events, interleaved with its
 /// output.
+///
+/// `run` is polled once before the stream starts: a run refused before it waits for
+/// anything (the queue is full, the service is shutting down, the session is busy) is
+/// answered with that error's status, as on the routes that do not stream, so a client
+/// that retries on 429 sees one. Once it waits (for a slot, a worker, its output), the
+/// response is the stream and a later failure is its `error` event.
 pub fn sse_with_tool_calls(
     chunks: mpsc::Receiver<OutputChunk>,
     tool_calls: Option<mpsc::Receiver<ToolCallEvent>>,
     run: impl Future<Output = Result<ExecuteResponse, ApiError>> + Send + 'static,
     on_disconnect: OnDisconnect,
     interrupt: CancellationToken,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let mut run = Box::pin(run);
+    // Not dropped half-way: either it is done, or it moves into its task below.
+    let run = match run.as_mut().now_or_never() {
+        Some(Err(e)) => return Err(e),
+        Some(Ok(done)) => Either::Left(std::future::ready(Ok(done))),
+        None => Either::Right(run),
+    };
     let run = tokio::spawn(run);
     let guard = DisconnectGuard {
         task: (on_disconnect == OnDisconnect::Kill).then(|| run.abort_handle()),
@@ -159,7 +173,7 @@ pub fn sse_with_tool_calls(
         };
         Some((Ok(event), st))
     });
-    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(1)))
+    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(1))))
 }
 
 enum Next {

@@ -63,6 +63,36 @@ async fn a_request_that_waits_past_the_queue_timeout_gets_503_and_is_counted_as_
     assert_eq!(http_503, 1.0);
 }
 
+/// A stream refused at once gets the status a plain execute gets (429 with `Retry-After`),
+/// not a 200 whose only event is the error; one that waits in the queue streams.
+#[tokio::test]
+async fn a_stream_refused_by_a_full_queue_gets_429_before_any_event() {
+    let s = Server::start_with(
+        Options::default()
+            .env("SNAKECAGE_POOL__SIZE", 1)
+            .env("SNAKECAGE_POOL__QUEUE_LENGTH", 1),
+    )
+    .await;
+    let post = |path: &str, body: Value| {
+        let (client, url) = (s.client.clone(), format!("{}{path}", s.base));
+        async move { client.post(url).json(&body).send().await.unwrap() }
+    };
+    let busy = tokio::spawn(post("/v1/execute", sleeper(1.5)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Waits in the queue's one place: its stream starts, its result comes later.
+    let queued = post("/v1/execute/stream", json!({"code": "print('später')"})).await;
+    assert_eq!(queued.status(), 200);
+    let refused = post("/v1/execute/stream", json!({"code": "print(1)"})).await;
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["code"], "queue_full", "{body}");
+    let text = queued.text().await.unwrap();
+    assert!(text.contains("event: result"), "{text}");
+    assert!(text.contains("später"), "{text}");
+    assert_eq!(busy.await.unwrap().status(), 200);
+}
+
 #[tokio::test]
 async fn health_ready_and_metrics_keep_answering_while_every_worker_is_busy() {
     let s = Server::start_with(Options::default().env("SNAKECAGE_POOL__QUEUE_LENGTH", 4)).await;
