@@ -106,7 +106,11 @@ pub struct ExecuteResponse {
 impl From<RunOutcome> for ExecuteResponse {
     fn from(o: RunOutcome) -> Self {
         let mut stderr = o.stderr;
-        if o.cancelled {
+        if o.cancelled && o.result.is_some() {
+            stderr.push_str(
+                "\nThe run was cancelled by its client: interrupted, the session's state kept.",
+            );
+        } else if o.cancelled {
             stderr.push_str("\nThe run was cancelled by its client; its worker was killed.");
         } else if matches!(o.kill, Some(KillReason::ProtocolViolation)) {
             // Whatever its exit status: a job that wrote to the job socket itself exits 0.

@@ -127,7 +127,8 @@ pub struct RunOutcome {
     pub kill: Option<KillReason>,
     /// How it broke the job protocol, when that is why it was killed.
     pub violation: Option<ProtocolViolation>,
-    /// Cancelled by its client before it ended.
+    /// Cancelled by its client before it ended: a stateless run's worker killed, a
+    /// session's job interrupted (it reported, `result` is there) or killed after the grace.
     pub cancelled: bool,
 }
 
@@ -410,8 +411,9 @@ pub async fn run_in_session(
             exited,
             kill,
             violation,
-            // An interrupted job reports (KeyboardInterrupt); only a kill is news here.
-            cancelled: !reported && limits.cancel.as_ref().is_some_and(|c| c.is_cancelled()),
+            // Interrupted by its client's cancel (not its deadline): reported
+            // (`KeyboardInterrupt`, state kept) or killed after the grace.
+            cancelled: !timed_out && limits.cancel.as_ref().is_some_and(|c| c.is_cancelled()),
         },
         lost,
     })

@@ -489,13 +489,16 @@ async fn a_session_interrupted_while_a_call_is_pending_keeps_its_state() {
             break;
         }
     }
+    let stderr = result["stderr"].as_str().unwrap();
+    assert!(stderr.contains("KeyboardInterrupt"), "{result}");
+    // Said in so many words: it was the client's cancel, not the deadline or the program.
     assert!(
-        result["stderr"]
-            .as_str()
-            .unwrap()
-            .contains("KeyboardInterrupt"),
+        stderr.ends_with(
+            "\nThe run was cancelled by its client: interrupted, the session's state kept."
+        ),
         "{result}"
     );
+    assert_eq!(result["timed_out"], false, "{result}");
     let (_, again) = s
         .post(
             &format!("/v1/sessions/{id}/execute"),
