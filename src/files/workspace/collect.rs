@@ -2,13 +2,16 @@
 //! (and every new directory listed), by a bounded scan that never follows a link.
 
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::Arc;
 
 use futures_util::StreamExt;
 use futures_util::future::Either;
 use serde::Serialize;
 
+use nix::fcntl::OFlag;
+
+use super::beneath::Root;
 use super::stage::{Fingerprint, Staged};
 use crate::files::{FileMeta, FileOwner, FileStore, StoreError};
 
@@ -53,8 +56,10 @@ pub struct Collected {
     pub skipped: Vec<SkippedFile>,
 }
 
-/// Stores every new or changed regular file of `workspace` and lists new directories. Call
-/// it only once the worker is dead, so nothing changes underneath.
+/// Stores every new or changed regular file of `workspace` and lists new directories.
+/// The job may still be changing it (a session's threads go on between runs): every path
+/// is opened through [`Root`], never through a link, so what it changes meanwhile can only
+/// make an entry skipped, never lead outside.
 pub async fn collect(
     store: &dyn FileStore,
     owner: FileOwner<'_>,
@@ -64,10 +69,23 @@ pub async fn collect(
 ) -> Collected {
     // Most runs leave nothing: one directory read, here, answers that without sending the
     // scan to a blocking thread and back (two wake-ups, a measurable part of a short run).
-    let scan = if staged.is_empty() && is_empty_dir(workspace) {
-        Scan::default()
-    } else {
-        let root = workspace.to_path_buf();
+    if staged.is_empty() && is_empty_dir(workspace) {
+        return Collected::default();
+    }
+    let root = match Root::open(workspace) {
+        Ok(root) => Arc::new(root),
+        Err(e) => {
+            return Collected {
+                files: Vec::new(),
+                skipped: vec![SkippedFile {
+                    path: ".".into(),
+                    reason: format!("could not be listed: {e}"),
+                }],
+            };
+        }
+    };
+    let scan = {
+        let root = root.clone();
         let staged_for_scan = staged.clone();
         tokio::task::spawn_blocking(move || scan(&root, &staged_for_scan, limits))
             .await
@@ -115,8 +133,9 @@ pub async fn collect(
             continue;
         }
         in_flight_bytes += len;
+        let root = &root;
         in_flight.push_back(Either::Right(async move {
-            let result = store_one(store, owner, workspace, &path).await;
+            let result = store_one(store, owner, root, &path).await;
             (path, len, Some(result))
         }));
     }
@@ -197,20 +216,18 @@ fn skip_reason(path: &str, e: &StoreError) -> String {
 async fn store_one(
     store: &dyn FileStore,
     owner: FileOwner<'_>,
-    workspace: &Path,
+    root: &Root,
     path: &str,
 ) -> Result<FileMeta, StoreError> {
-    let abs = workspace.join(path);
     let io_err = |source| StoreError::Io {
         doing: "reading",
-        path: abs.clone(),
+        path: path.into(),
         source,
     };
-    // O_NOFOLLOW: the scan saw a regular file; never read through a link put in its place.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(&abs)
+    // The scan saw a regular file; never read through a link put in its place or on its
+    // way (`O_NONBLOCK`: nor wait on a FIFO).
+    let file = root
+        .open_file(path, OFlag::O_RDONLY | OFlag::O_NONBLOCK)
         .map_err(io_err)?;
     if !file.metadata().map_err(io_err)?.is_file() {
         return Err(io_err(io::Error::other("no longer a regular file")));
@@ -239,7 +256,7 @@ fn is_empty_dir(dir: &Path) -> bool {
     std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none())
 }
 
-fn scan(root: &Path, staged: &Staged, limits: CollectLimits) -> Scan {
+fn scan(root: &Root, staged: &Staged, limits: CollectLimits) -> Scan {
     enum Item {
         Entry(String, std::fs::Metadata),
         Expand(String),
@@ -282,7 +299,7 @@ fn scan(root: &Path, staged: &Staged, limits: CollectLimits) -> Scan {
                 continue;
             }
         };
-        let entries = match std::fs::read_dir(root.join(&prefix)) {
+        let entries = match root.list(&prefix) {
             Ok(entries) => entries,
             Err(e) => {
                 out.skipped.push(SkippedFile {
@@ -297,7 +314,7 @@ fn scan(root: &Path, staged: &Staged, limits: CollectLimits) -> Scan {
             }
         };
         let mut children = Vec::new();
-        for entry in entries.flatten() {
+        for (name, meta) in entries {
             seen += 1;
             if seen > limits.max_entries {
                 out.skipped.push(SkippedFile {
@@ -314,12 +331,11 @@ fn scan(root: &Path, staged: &Staged, limits: CollectLimits) -> Scan {
                 full = true;
                 break;
             }
-            let name = entry.file_name();
             let Some(name) = name.to_str() else {
                 let path = join(&prefix, &name.to_string_lossy());
-                let known = entry
-                    .metadata()
-                    .is_ok_and(|meta| staged.has_unchanged(&path, &meta));
+                let known = meta
+                    .as_ref()
+                    .is_ok_and(|meta| staged.has_unchanged(&path, meta));
                 if !known {
                     out.skipped.push(SkippedFile {
                         path,
@@ -329,8 +345,8 @@ fn scan(root: &Path, staged: &Staged, limits: CollectLimits) -> Scan {
                 continue;
             };
             let rel = join(&prefix, name);
-            // DirEntry::metadata is lstat: a link is reported as a link.
-            match entry.metadata() {
+            // As lstat gives it: a link is reported as a link.
+            match meta {
                 Ok(meta) => children.push(Item::Entry(rel, meta)),
                 Err(e) => out.skipped.push(SkippedFile {
                     path: rel,
@@ -377,7 +393,7 @@ mod tests {
         std::fs::write(root.join("b/c/deep.txt"), "deep").unwrap();
         std::fs::write(root.join("b/one.txt"), "1").unwrap();
         std::os::unix::fs::symlink("/etc", root.join("link")).unwrap();
-        let found = scan(root, &Staged::default(), limits());
+        let found = scan(&Root::open(root).unwrap(), &Staged::default(), limits());
         let file = |p: &str, len| Found::File {
             path: p.into(),
             len,
@@ -484,7 +500,7 @@ mod tests {
             staged.files.insert(p.into(), Fingerprint::of(&m));
         }
         std::fs::write(root.join("in/b.csv"), "changed").unwrap();
-        let found = scan(root, &staged, limits());
+        let found = scan(&Root::open(root).unwrap(), &staged, limits());
         assert_eq!(
             found.entries,
             vec![Found::File {
@@ -496,7 +512,7 @@ mod tests {
             std::fs::write(root.join(format!("f{i}")), "x").unwrap();
         }
         let found = scan(
-            root,
+            &Root::open(root).unwrap(),
             &staged,
             CollectLimits {
                 max_entries: 10,
@@ -506,5 +522,58 @@ mod tests {
         // The entries read before the limit are kept (the staged `in` may be one of them).
         assert!((9..=10).contains(&found.entries.len()), "{found:?}");
         assert!(found.skipped[0].reason.contains("more than 10 entries"));
+    }
+
+    fn local_store(dir: &Path) -> crate::files::local::LocalStore {
+        crate::files::local::LocalStore::open(crate::files::local::LocalStoreSettings {
+            dir: dir.to_path_buf(),
+            max_file_bytes: 1 << 20,
+            quota_bytes: None,
+            ttl: None,
+        })
+        .unwrap()
+    }
+
+    /// The job changes its workspace while it is collected (a session's thread between
+    /// runs): a directory the scan saw, made a link to a host directory before its file is
+    /// read, is not read through, and the host's file never reaches the store.
+    #[tokio::test]
+    async fn a_directory_swapped_for_a_link_after_the_scan_is_not_read_through() {
+        let host = tempfile::tempdir().unwrap();
+        std::fs::write(host.path().join("secret.txt"), "the host's").unwrap();
+        let ws = tempfile::tempdir().unwrap();
+        std::fs::create_dir(ws.path().join("d")).unwrap();
+        std::fs::write(ws.path().join("d/secret.txt"), "mine").unwrap();
+        let root = Root::open(ws.path()).unwrap();
+        let found = scan(&root, &Staged::default(), limits());
+        assert!(
+            found.entries.contains(&Found::File {
+                path: "d/secret.txt".into(),
+                len: 4
+            }),
+            "{:?}",
+            found.entries
+        );
+        std::fs::remove_dir_all(ws.path().join("d")).unwrap();
+        std::os::unix::fs::symlink(host.path(), ws.path().join("d")).unwrap();
+
+        let store_dir = tempfile::tempdir().unwrap();
+        let store = local_store(store_dir.path());
+        let got = store_one(&store, FileOwner::default(), &root, "d/secret.txt").await;
+        let Err(StoreError::Io { source, .. }) = got else {
+            panic!("read through the link: {got:?}");
+        };
+        assert_eq!(source.raw_os_error(), Some(libc::ENOTDIR));
+        // The last component swapped for a link to the host's file: not read either.
+        std::fs::remove_file(ws.path().join("d")).unwrap();
+        std::fs::create_dir(ws.path().join("d")).unwrap();
+        std::os::unix::fs::symlink(
+            host.path().join("secret.txt"),
+            ws.path().join("d/secret.txt"),
+        )
+        .unwrap();
+        let got = store_one(&store, FileOwner::default(), &root, "d/secret.txt").await;
+        assert!(matches!(got, Err(StoreError::Io { .. })), "{got:?}");
+        assert!(store.list_all().await.unwrap().is_empty());
     }
 }

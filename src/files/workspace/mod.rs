@@ -10,6 +10,7 @@
 //! - [`stage`]: stored files into the workspace before the run.
 //! - [`collect`]: new and changed files out of it after the run.
 
+mod beneath;
 mod collect;
 mod paths;
 mod stage;

@@ -3,9 +3,15 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+use nix::fcntl::{AtFlags, OFlag, openat};
+use nix::sys::stat::Mode;
+use nix::unistd::UnlinkatFlags;
+
+use super::beneath::{Root, open_dir_at};
 use crate::files::{FileStore, StoreError};
 
 /// A stored file to place in the workspace at a normalised relative `path`.
@@ -72,9 +78,16 @@ pub enum StageError {
     Io { path: String, source: io::Error },
 }
 
-/// Copies each input (stored files `tenant` may see) from the store into `workspace`, creating parent directories, all
-/// owned by the workspace directory's owner (the worker's uid when workers drop
-/// privileges).
+/// Copies each input (stored files `tenant` may see) from the store into `workspace`,
+/// creating parent directories, all owned by the workspace directory's owner (the worker's
+/// uid when workers drop privileges).
+///
+/// A session's workspace already holds what earlier runs left, and its threads may be
+/// changing it now: every directory is reached through [`Root`] (never through a link),
+/// and each file is written under a temporary name in its directory, then renamed over
+/// its path. An existing directory on the way is used; a file already at the path is
+/// replaced (staging the same path again puts the stored file back); a link or file where
+/// a directory is needed, or a directory at the path, is a conflict.
 pub async fn stage(
     store: &dyn FileStore,
     tenant: Option<&str>,
@@ -85,6 +98,10 @@ pub async fn stage(
     if inputs.is_empty() {
         return Ok(staged);
     }
+    let root = Root::open(workspace).map_err(|source| StageError::Io {
+        path: ".".into(),
+        source,
+    })?;
     let owner = std::fs::metadata(workspace).map_err(|source| StageError::Io {
         path: ".".into(),
         source,
@@ -95,23 +112,7 @@ pub async fn stage(
     };
     for input in inputs {
         let path = &input.path;
-        let io_err = |source: io::Error| match source.kind() {
-            io::ErrorKind::AlreadyExists | io::ErrorKind::NotADirectory => StageError::Conflict {
-                path: path.clone(),
-                reason: "something in the workspace is in the way: a file where a directory is \
-                         needed, a symbolic link (staging never writes through one), or a path \
-                         given twice"
-                    .into(),
-            },
-            _ => match source.raw_os_error() {
-                Some(libc::ENAMETOOLONG) => StageError::NameTooLong { path: path.clone() },
-                Some(libc::ENOSPC | libc::EDQUOT) => StageError::NoSpace { path: path.clone() },
-                _ => StageError::Io {
-                    path: path.clone(),
-                    source,
-                },
-            },
-        };
+        let io_err = |source: io::Error| stage_error(path, source);
         let (_, mut reader) = store
             .get(&input.file_id, tenant)
             .await
@@ -128,6 +129,7 @@ pub async fn stage(
         let mut dir = String::new();
         let parts: Vec<&str> = path.split('/').collect();
         for part in &parts[..parts.len() - 1] {
+            let parent = root.dir(&dir).map_err(io_err)?;
             if !dir.is_empty() {
                 dir.push('/');
             }
@@ -135,32 +137,86 @@ pub async fn stage(
             if staged.dirs.contains(&dir) {
                 continue;
             }
-            let abs = workspace.join(&dir);
-            std::fs::DirBuilder::new()
-                .mode(0o755)
-                .create(&abs)
-                .map_err(io_err)?;
-            owner.apply(&abs).map_err(io_err)?;
+            match nix::sys::stat::mkdirat(&parent, *part, Mode::from_bits_truncate(0o755)) {
+                Ok(()) => {
+                    let made = open_dir_at(&parent, part).map_err(io_err)?;
+                    owner.apply(&made).map_err(io_err)?;
+                }
+                // There already (an earlier run's, or the program's): used if it is a
+                // directory, which the next step's walk checks without following a link.
+                Err(nix::errno::Errno::EEXIST) => {
+                    open_dir_at(&parent, part).map_err(io_err)?;
+                }
+                Err(e) => return Err(io_err(e.into())),
+            }
             staged.dirs.insert(dir.clone());
         }
-        let abs = workspace.join(path);
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&abs)
-            .map_err(io_err)?;
-        let mut file = tokio::fs::File::from_std(file);
-        tokio::io::copy(&mut reader, &mut file)
-            .await
-            .map_err(io_err)?;
-        drop(file);
-        owner.apply(&abs).map_err(io_err)?;
-        let meta = std::fs::symlink_metadata(&abs).map_err(io_err)?;
+        let (parent, name) = root.parent(path).map_err(io_err)?;
+        let existing = nix::sys::stat::fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW);
+        if existing.is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR) {
+            return Err(StageError::Conflict {
+                path: path.clone(),
+                reason: "a directory is in the way".into(),
+            });
+        }
+        let temporary = format!(".snakecage-staging-{}", uuid::Uuid::new_v4().simple());
+        let file = openat(
+            &parent,
+            temporary.as_str(),
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o644),
+        )
+        .map_err(|e| io_err(e.into()))?;
+        let written = async {
+            let mut file = tokio::fs::File::from_std(std::fs::File::from(file));
+            tokio::io::copy(&mut reader, &mut file).await?;
+            let file = file.into_std().await;
+            owner.apply(&file)?;
+            nix::fcntl::renameat(&parent, temporary.as_str(), &parent, name)?;
+            file.metadata()
+        }
+        .await;
+        let meta = match written {
+            Ok(meta) => meta,
+            Err(e) => {
+                let _ =
+                    nix::unistd::unlinkat(&parent, temporary.as_str(), UnlinkatFlags::NoRemoveDir);
+                return Err(io_err(e));
+            }
+        };
         staged.files.insert(path.clone(), Fingerprint::of(&meta));
     }
     Ok(staged)
+}
+
+/// What an I/O error while staging `path` tells the caller.
+fn stage_error(path: &str, source: io::Error) -> StageError {
+    let conflict = |reason: &str| StageError::Conflict {
+        path: path.to_owned(),
+        reason: reason.into(),
+    };
+    match source.raw_os_error() {
+        Some(libc::ENOTDIR | libc::ELOOP) => conflict(
+            "a file or a symbolic link is in the way where a directory is needed (staging \
+             never writes through a link)",
+        ),
+        Some(libc::EISDIR) => conflict("a directory is in the way"),
+        // Only the job removes what staging made or found (its threads run on in a session).
+        Some(libc::ENOENT) => conflict(
+            "the workspace changed while the file was staged: a directory on its way was \
+             removed (by the program's own threads)",
+        ),
+        Some(libc::ENAMETOOLONG) => StageError::NameTooLong {
+            path: path.to_owned(),
+        },
+        Some(libc::ENOSPC | libc::EDQUOT) => StageError::NoSpace {
+            path: path.to_owned(),
+        },
+        _ => StageError::Io {
+            path: path.to_owned(),
+            source,
+        },
+    }
 }
 
 impl Staged {
@@ -194,27 +250,29 @@ impl Staged {
 /// each file once, and again only when it changes. Looks at most `max_entries` entries;
 /// links are not followed.
 pub async fn snapshot(workspace: &Path, max_entries: usize) -> Staged {
-    let root = workspace.to_path_buf();
+    let Ok(root) = Root::open(workspace) else {
+        return Staged::default();
+    };
     tokio::task::spawn_blocking(move || {
         let mut staged = Staged::default();
         let mut seen = 0usize;
         let mut pending = vec![String::new()];
         while let Some(prefix) = pending.pop() {
-            let Ok(entries) = std::fs::read_dir(root.join(&prefix)) else {
+            let Ok(entries) = root.list(&prefix) else {
                 continue;
             };
-            for entry in entries.flatten() {
+            for (name, meta) in entries {
                 seen += 1;
                 if seen > max_entries {
                     return staged;
                 }
-                let name = entry.file_name().to_string_lossy().into_owned();
+                let name = name.to_string_lossy().into_owned();
                 let rel = if prefix.is_empty() {
                     name
                 } else {
                     format!("{prefix}/{name}")
                 };
-                let Ok(meta) = entry.metadata() else { continue };
+                let Ok(meta) = meta else { continue };
                 if meta.file_type().is_dir() {
                     staged.dirs.insert(rel.clone());
                     pending.push(rel);
@@ -237,12 +295,119 @@ struct Owner {
 }
 
 impl Owner {
-    fn apply(&self, path: &Path) -> io::Result<()> {
+    /// Gives what `fd` is (opened, not named: nothing renamed meanwhile is changed) to
+    /// the workspace's owner.
+    fn apply(&self, fd: &impl AsFd) -> io::Result<()> {
         // SAFETY: geteuid/getegid only read the process's credentials.
         let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
         if (self.uid, self.gid) == (euid, egid) {
             return Ok(());
         }
-        std::os::unix::fs::lchown(path, Some(self.uid), Some(self.gid))
+        nix::unistd::fchown(
+            fd,
+            Some(nix::unistd::Uid::from_raw(self.uid)),
+            Some(nix::unistd::Gid::from_raw(self.gid)),
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::files::FileOwner;
+    use crate::files::local::{LocalStore, LocalStoreSettings};
+
+    async fn stored(store: &LocalStore, text: &str) -> String {
+        let mut body = text.as_bytes();
+        store
+            .put(FileOwner::default(), "données.csv", &mut body)
+            .await
+            .unwrap()
+            .file_id
+    }
+
+    fn input(path: &str, file_id: &str) -> StageInput {
+        StageInput {
+            path: path.into(),
+            file_id: file_id.into(),
+        }
+    }
+
+    /// What a program left in a session's workspace: existing directories are used, a
+    /// file at the path is replaced, and nothing is ever written through a link.
+    #[tokio::test]
+    async fn staging_uses_what_is_there_and_never_writes_through_a_link() {
+        let store_dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(LocalStoreSettings {
+            dir: store_dir.path().to_path_buf(),
+            max_file_bytes: 1 << 20,
+            quota_bytes: None,
+            ttl: None,
+        })
+        .unwrap();
+        let first = stored(&store, "a,b\n1,2\n").await;
+        let second = stored(&store, "ü\n").await;
+        let host = tempfile::tempdir().unwrap();
+        std::fs::write(host.path().join("keep.txt"), "the host's").unwrap();
+        let ws = tempfile::tempdir().unwrap();
+        let at = |p: &str| ws.path().join(p);
+        let stage_one = |path: &str, id: &str| {
+            let inputs = [input(path, id)];
+            let store = &store;
+            let ws = ws.path().to_path_buf();
+            async move { stage(store, None, &ws, &inputs).await }
+        };
+
+        stage_one("in/sales.csv", &first).await.unwrap();
+        // The program changed it; staging the same path again puts the stored file back,
+        // and a second file goes into the directory that is there.
+        std::fs::write(at("in/sales.csv"), "changed").unwrap();
+        let again = stage_one("in/sales.csv", &first).await.unwrap();
+        assert_eq!(
+            std::fs::read_to_string(at("in/sales.csv")).unwrap(),
+            "a,b\n1,2\n"
+        );
+        let meta = std::fs::symlink_metadata(at("in/sales.csv")).unwrap();
+        assert_eq!(again.files["in/sales.csv"], Fingerprint::of(&meta));
+        stage_one("in/ü.txt", &second).await.unwrap();
+        assert_eq!(std::fs::read_to_string(at("in/ü.txt")).unwrap(), "ü\n");
+
+        // A link where a directory is needed: refused, nothing written outside.
+        std::os::unix::fs::symlink(host.path(), at("out")).unwrap();
+        let err = stage_one("out/x.csv", &first).await.unwrap_err();
+        assert!(
+            matches!(&err, StageError::Conflict { reason, .. } if reason.contains("symbolic link")),
+            "{err}"
+        );
+        assert!(!host.path().join("x.csv").exists());
+        // A file where a directory is needed, a directory at the path: refused.
+        std::fs::write(at("plain"), "x").unwrap();
+        let err = stage_one("plain/x.csv", &first).await.unwrap_err();
+        assert!(matches!(err, StageError::Conflict { .. }), "{err}");
+        let err = stage_one("in", &first).await.unwrap_err();
+        assert!(
+            matches!(&err, StageError::Conflict { reason, .. } if reason == "a directory is in the way"),
+            "{err}"
+        );
+        // A link at the path itself is replaced by the file, never written through.
+        std::os::unix::fs::symlink(host.path().join("keep.txt"), at("in/link.csv")).unwrap();
+        stage_one("in/link.csv", &second).await.unwrap();
+        assert_eq!(
+            std::fs::read_to_string(host.path().join("keep.txt")).unwrap(),
+            "the host's"
+        );
+        assert!(
+            std::fs::symlink_metadata(at("in/link.csv"))
+                .unwrap()
+                .is_file()
+        );
+        // No temporary file is left behind.
+        let mut names: Vec<String> = std::fs::read_dir(at("in"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["link.csv", "sales.csv", "ü.txt"]);
     }
 }

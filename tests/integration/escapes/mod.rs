@@ -25,6 +25,7 @@ mod process;
 mod python_layer;
 mod resources;
 mod syscalls;
+mod workspace_race;
 
 pub(crate) use fixture::{ALL_LAYERS, Fixture, OS_LAYERS, run_fixtures};
 pub(crate) use host::HostBait;

@@ -1,0 +1,121 @@
+//! The supervisor stages and collects files as root in a workspace the job may be changing
+//! at that moment: a session's threads go on between its runs. A thread that keeps
+//! swapping a directory for a link to a host directory must get neither a host file into
+//! its stored files (collection) nor a staged file written outside (staging).
+
+use std::os::unix::fs::PermissionsExt;
+
+use serde_json::{Value, json};
+
+use crate::files::upload;
+use crate::harness::Server;
+
+/// A thread of the session that swaps `d0`…`d7` between a directory holding `secret.txt`
+/// and a link to `host`, for as long as the worker lives.
+fn swapper(host: &str) -> String {
+    format!(
+        r#"
+import os, shutil, threading
+def swap(d):
+    while True:
+        try:
+            if os.path.islink(d):
+                os.unlink(d)
+                os.mkdir(d)
+                with open(os.path.join(d, "secret.txt"), "w") as f:
+                    f.write("mine")
+            else:
+                shutil.rmtree(d, ignore_errors=True)
+                os.symlink({host:?}, d)
+        except OSError:
+            pass
+for i in range(8):
+    threading.Thread(target=swap, args=(f"d{{i}}",), daemon=True).start()
+print("swapping")
+"#
+    )
+}
+
+#[tokio::test]
+async fn a_thread_swapping_directories_for_links_reaches_no_host_file() {
+    // Readable by root alone: only a supervisor that follows the link could read it.
+    let host = tempfile::tempdir().unwrap();
+    std::fs::write(host.path().join("secret.txt"), "host secret ñ\n").unwrap();
+    std::fs::set_permissions(
+        host.path().join("secret.txt"),
+        PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let host_dir = host.path().display().to_string();
+    let s = Server::start().await;
+    let (status, session) = s.post("/v1/sessions", &json!({})).await;
+    assert_eq!(status, 201, "{session}");
+    let id = session["session_id"].as_str().unwrap().to_owned();
+    let run = |body: Value| {
+        let path = format!("/v1/sessions/{id}/execute");
+        let s = &s;
+        async move { s.post(&path, &body).await }
+    };
+    let (status, started) = run(json!({"code": swapper(&host_dir)})).await;
+    assert_eq!(status, 200, "{started}");
+    assert_eq!(started["stdout"], "swapping\n", "{started}");
+    let staged = upload(&s, "eingabe.csv", b"a,b\n".to_vec()).await;
+    let file_id = staged["file_id"].as_str().unwrap();
+
+    let (mut collected, mut links_seen, mut staged_ok, mut refused) = (0, 0, 0, 0);
+    for i in 0..40 {
+        // Collection (every run): whatever the scan saw, a file is read only through
+        // directories that are directories. Staging (every other run): into a directory
+        // the thread is swapping.
+        let mut body = json!({"code": "import time; time.sleep(0.02)"});
+        if i % 2 == 1 {
+            body["files"] =
+                json!([{"path": format!("d{}/eingabe-{i}.csv", i % 8), "file_id": file_id}]);
+        }
+        let (status, body) = run(body).await;
+        match status {
+            200 if i % 2 == 1 => staged_ok += 1,
+            200 => {}
+            422 => {
+                let detail = body["detail"].as_str().unwrap();
+                assert!(detail.contains("cannot stage file at 'd"), "{body}");
+                refused += 1;
+                continue;
+            }
+            other => panic!("{other}: {body}"),
+        }
+        for file in body["files"].as_array().unwrap() {
+            let Some(file_id) = file["file_id"].as_str() else {
+                continue;
+            };
+            let (status, _, text) = s.get(&format!("/v1/files/{file_id}")).await;
+            assert_eq!(status, 200);
+            assert!(
+                !text.contains("host secret"),
+                "a host file was collected: {file}"
+            );
+            collected += 1;
+        }
+        links_seen += body["skipped_files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["reason"].as_str().unwrap().contains("symbolic link"))
+            .count();
+    }
+    // The race was on: the scans met links and collected the thread's own files.
+    assert!(
+        links_seen > 0 && collected > 0,
+        "links {links_seen}, collected {collected}"
+    );
+    assert_eq!(staged_ok + refused, 20);
+    let names: Vec<_> = std::fs::read_dir(host.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["secret.txt"], "a staged file was written outside");
+    assert_eq!(
+        std::fs::read_to_string(host.path().join("secret.txt")).unwrap(),
+        "host secret ñ\n"
+    );
+}
