@@ -50,6 +50,25 @@ pub fn tool_routes() -> axum::Router<u16> {
                 },
             ),
         )
+        .route(
+            "/whoami",
+            get(|headers: axum::http::HeaderMap| async move {
+                let auth = headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
+                Json(json!({ "authorization": auth }))
+            }),
+        )
+        .route(
+            "/moved-whoami",
+            get(|| async {
+                (
+                    axum::http::StatusCode::FOUND,
+                    [(axum::http::header::LOCATION, "/whoami?über=1")],
+                )
+            }),
+        )
         .route("/big", get(|| async { "x".repeat(100_000) }))
         .route(
             "/slow",
@@ -70,6 +89,14 @@ pub async fn tool_service() -> String {
 }
 
 pub async fn server_with_tools(extra: &str) -> (Server, tempfile::TempDir) {
+    server_with_tools_env(extra, &[]).await
+}
+
+/// [`server_with_tools`], with `env` set for the service (secrets of `headers_from_env`).
+pub async fn server_with_tools_env(
+    extra: &str,
+    env: &[(&str, &str)],
+) -> (Server, tempfile::TempDir) {
     let base = tool_service().await;
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
@@ -120,9 +147,11 @@ method = "GET"
     );
     let path = dir.path().join("snakecage.toml");
     std::fs::write(&path, config).unwrap();
-    let server =
-        Server::start_with(Options::default().env("SNAKECAGE_CONFIG", path.display())).await;
-    (server, dir)
+    let options = env.iter().fold(
+        Options::default().env("SNAKECAGE_CONFIG", path.display()),
+        |options, (key, value)| options.env(key, value),
+    );
+    (Server::start_with(options).await, dir)
 }
 
 #[tokio::test]
@@ -227,6 +256,38 @@ for call in (lambda: tools.get_weather(city=3), lambda: tools.get_weather(town='
         "{metrics}"
     );
     assert!(!metrics.contains(r#"provider="none""#), "{metrics}");
+}
+
+/// The operator's headers (a secret, here) go with the request to the tool's URL and with
+/// a redirect to the same origin; a redirect elsewhere is not followed at all.
+#[tokio::test]
+async fn an_http_tools_headers_follow_a_same_origin_redirect() {
+    let base = tool_service().await;
+    let extra = format!(
+        r#"
+[[tools.http]]
+name = "whoami"
+description = "Says which Authorization it got"
+url = "{base}/whoami"
+method = "GET"
+headers = {{ Authorization = "Bearer wx-geheim" }}
+
+[[tools.http]]
+name = "whoami_moved"
+description = "The same, behind a 302 to the same origin"
+url = "{base}/moved-whoami"
+method = "GET"
+headers_from_env = {{ Authorization = "WHOAMI_AUTH" }}
+"#
+    );
+    let (s, _dir) = server_with_tools_env(&extra, &[("WHOAMI_AUTH", "Bearer wx-geheim")]).await;
+    let body = s
+        .run("from snakecage import tools\nprint(tools.whoami()['authorization'])\nprint(tools.whoami_moved()['authorization'])\n")
+        .await;
+    assert_eq!(
+        body["stdout"], "Bearer wx-geheim\nBearer wx-geheim\n",
+        "{body}"
+    );
 }
 
 #[tokio::test]
