@@ -98,6 +98,16 @@ pub fn router(state: SharedState) -> Router {
     let upload_limit = usize::try_from(config.files.max_file_size_mb << 20)
         .unwrap_or(usize::MAX)
         .saturating_add(1 << 20);
+    // An answer to a caller tool's call carries a result of up to `tools.max_result_bytes`,
+    // whatever `max_request_bytes` is; JSON that escapes non-ASCII (`\u00fc`) is up to
+    // three times the result's own UTF-8 bytes.
+    let answer_limit = body_limit.max(
+        config
+            .tools
+            .max_result_bytes
+            .saturating_mul(3)
+            .saturating_add(64 << 10),
+    );
     let metrics = state.metrics.clone();
     let require_key = middleware::from_fn_with_state(state.keys.clone(), auth::require_key);
     // Inside the key check: a call is authenticated here before it is forwarded.
@@ -114,7 +124,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/runs/{run_id}", axum::routing::delete(runs::cancel_run))
         .route(
             "/v1/runs/{run_id}/tool_calls/{call_id}",
-            post(runs::answer_tool_call),
+            post(runs::answer_tool_call).layer(DefaultBodyLimit::max(answer_limit)),
         )
         .route("/v1/execute", post(execute::execute))
         .route("/v1/execute/stream", post(execute::execute_stream))

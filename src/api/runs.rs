@@ -94,8 +94,17 @@ pub async fn answer_tool_call(
     State(state): State<SharedState>,
     caller: Caller,
     Path((run_id, call_id)): Path<(String, String)>,
-    super::json::ApiJson(body): super::json::ApiJson<AnswerBody>,
+    body: Result<super::json::ApiJson<AnswerBody>, ApiError>,
 ) -> Result<StatusCode, ApiError> {
+    let super::json::ApiJson(body) = body.map_err(|e| match e {
+        // Not the general advice (upload large data as a file): a result has its own cap.
+        ApiError::PayloadTooLarge(_) => ApiError::PayloadTooLarge(format!(
+            "the answer is larger than a tool's result may be (tools.max_result_bytes: {} \
+             bytes); answer with an error instead",
+            state.config().tools.max_result_bytes
+        )),
+        e => e,
+    })?;
     let answer = match (body.result, body.error) {
         (Some(result), None) => CallerAnswer::Result(result),
         (None, Some(error)) => CallerAnswer::Error(error),

@@ -341,6 +341,71 @@ print(repr(tools.lookup_order(id=1)), repr(tools.lookup_order(id=2)))\n";
     );
 }
 
+/// An answer is bounded by the result cap (`tools.max_result_bytes`, here 65536), not by
+/// `limits.max_request_bytes` (here 4096): a 20 KB result is delivered; one the cap
+/// refuses raises `ToolLimitError` in the program; one far past it is a 413 that names the
+/// cap, and the call then times out.
+#[tokio::test]
+async fn answers_are_bounded_by_the_result_cap_not_the_request_limit() {
+    let (s, _dir) =
+        crate::tools::server_with_tools_env("", &[("SNAKECAGE_LIMITS__MAX_REQUEST_BYTES", "4096")])
+            .await;
+    let code = "from snakecage import tools
+print(len(tools.lookup_order(id=1)['text']))
+for i in (2, 3):
+    try:
+        tools.lookup_order(id=i)
+    except tools.ToolError as e:
+        print(type(e).__name__)\n";
+    let resp = s
+        .client
+        .post(format!("{}/v1/execute/stream", s.base))
+        .json(&json!({"code": code, "tools": declared(), "timeout_ms": 10000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
+    let mut events = Events::new(resp);
+    let mut result = Value::Null;
+    while let Some((event, data)) = events.next().await {
+        match event.as_str() {
+            "tool_call" => {
+                let url = format!(
+                    "/v1/runs/{run_id}/tool_calls/{}",
+                    data["call_id"].as_str().unwrap()
+                );
+                let (chars, status) = match data["arguments"]["id"].as_i64().unwrap() {
+                    1 => (10_000, 204), // 20 KB of 'ü'
+                    2 => (50_000, 204), // 100 KB: past the cap
+                    _ => (200_000, 413),
+                };
+                let answer = json!({"result": {"text": "ü".repeat(chars)}});
+                let (got, body) = s.post(&url, &answer).await;
+                assert_eq!(got, status, "{body}");
+                if status == 413 {
+                    assert!(
+                        body["detail"]
+                            .as_str()
+                            .unwrap()
+                            .contains("tools.max_result_bytes: 65536"),
+                        "{body}"
+                    );
+                }
+            }
+            "result" => {
+                result = data;
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        result["stdout"], "10000\nToolLimitError\nToolTimeoutError\n",
+        "{result}"
+    );
+}
+
 /// In a session each run has its own tools, whichever thread asks: a thread the run
 /// started sees its caller tools, and once the run has ended a thread it left waiting
 /// finds only the next run's (here the operator's, without the caller's).
