@@ -154,11 +154,15 @@ async fn upload_list_download_delete_then_404() {
 #[tokio::test]
 async fn the_list_comes_in_pages_that_cover_it_once_in_order() {
     let s = Server::start().await;
+    let mut uploaded = Vec::new();
     for i in 0..5 {
-        upload(&s, &format!("données-{i}-✓.txt"), vec![b'x'; i]).await;
+        let meta = upload(&s, &format!("données-{i}-✓.txt"), vec![b'x'; i]).await;
+        uploaded.push(meta["file_id"].as_str().unwrap().to_owned());
     }
     let whole = list(&s).await;
     assert_eq!(whole.len(), 5);
+    // Ids are UUIDv7 on every backend: id order is upload order.
+    assert_eq!(whole.iter().map(id).collect::<Vec<_>>(), uploaded);
     let (status, body) = s.get_json("/v1/files").await;
     assert_eq!(status, 200);
     assert!(body.get("next_after").is_none(), "the Onyx shape: {body}");

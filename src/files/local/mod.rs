@@ -226,7 +226,8 @@ impl FileStore for LocalStore {
         filename: &str,
         body: &mut (dyn AsyncRead + Send + Unpin),
     ) -> Result<FileMeta, StoreError> {
-        let id = uuid::Uuid::new_v4().to_string();
+        // Time-ordered, as the S3 store's: a listing by id is in upload order.
+        let id = uuid::Uuid::now_v7().to_string();
         let tmp = self.tmp_path(&id);
         let mut received = self.receive(&tmp, owner, body).await;
         // The directory was removed from outside: nothing of the body was read yet, so
