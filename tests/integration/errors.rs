@@ -298,11 +298,20 @@ async fn a_body_of_the_wrong_shape_is_refused_naming_what_to_fix() {
     }
 
     // JSON that is not an object: an array was read field by field (`code` first) and run.
+    // The refusal sketches the object the endpoint takes (a session has no `code`).
     for (path, body, what) in [
-        ("/v1/execute", r#"["print('ran')"]"#, "not an array"),
+        (
+            "/v1/execute",
+            r#"["print('ran')"]"#,
+            r#"({"code": ...}), not an array"#,
+        ),
         ("/v1/execute/stream", r#"["print('ran')"]"#, "not an array"),
         ("/v1/execute", r#""print('ran')""#, "not a string"),
-        ("/v1/sessions", "[null, 60]", "not an array"),
+        (
+            "/v1/sessions",
+            "[null, 60]",
+            r#"({"ttl_seconds": ..., "files": [...]}, or no body), not an array"#,
+        ),
         ("/v1/sessions", "42", "not a number"),
     ] {
         let req = c
