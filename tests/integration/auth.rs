@@ -470,6 +470,26 @@ async fn keys_are_stored_only_as_hashes_and_names_are_unique() {
     let stderr = String::from_utf8_lossy(&cyrillic.stderr);
     assert!(stderr.contains("ASCII letter"), "{stderr}");
     assert!(cyrillic.stdout.is_empty());
+    // A file in a directory that does not exist: say so, and how to create it.
+    let missing = dir.path().join("etc/snakecage");
+    let nowhere = Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["keys", "add", "carol", "--keys-file"])
+        .arg(missing.join("keys.toml"))
+        .output()
+        .unwrap();
+    assert!(!nowhere.status.success());
+    let stderr = String::from_utf8_lossy(&nowhere.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "the directory {} of keys file {}/keys.toml does not exist; create it first (e.g. \
+             `install -d -m 700 {}`)",
+            missing.display(),
+            missing.display(),
+            missing.display()
+        )),
+        "{stderr}"
+    );
+    assert!(nowhere.stdout.is_empty() && !missing.exists());
     keys_add(&path, "bob", &[]);
     let listed = Command::new(env!("CARGO_BIN_EXE_snakecage"))
         .args(["keys", "list", "--keys-file"])
