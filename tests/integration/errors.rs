@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::harness::{Server, check_error_body};
+use crate::harness::{Server, check_error_body, repo_root};
 
 async fn send(req: reqwest::RequestBuilder) -> (u16, Value, reqwest::header::HeaderMap) {
     let resp = req.send().await.unwrap();
@@ -386,4 +386,49 @@ async fn a_body_of_the_wrong_shape_is_refused_naming_what_to_fix() {
     assert!(!detail(&r).contains("boundary"), "{r}");
     let r = expect(c.post(url("/v1/files")), 415, "unsupported_media_type").await;
     assert!(detail(&r).contains("no Content-Type"), "{r}");
+}
+
+#[tokio::test]
+async fn tool_and_key_names_are_refused_by_the_rule_the_readme_states() {
+    const RULE: &str = "1 to 64 ASCII letters, digits, `_`, `-` or `.`";
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let readme = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    for (said_of, what) in [
+        ("A key's name (its tenant's) is ", "keys"),
+        ("A tool name, declared or the operator's, is ", "tools"),
+    ] {
+        assert!(
+            readme.contains(&format!("{said_of}{RULE}")),
+            "README.md states the rule for {what} names"
+        );
+    }
+    // A declared tool: 422 naming the name and the rule.
+    let s = Server::start().await;
+    let (status, body) = s
+        .post(
+            "/v1/execute/stream",
+            &json!({"code": "1", "tools": [{"name": "météo.ville-日本", "parameters": {"type": "object"}}]}),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("\"météo.ville-日本\" must be 1-64 ASCII letters, digits, '_', '-' or '.'"),
+        "{detail}"
+    );
+    // A key: refused before anything is written.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys.toml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["keys", "add", "jürgen", "--keys-file"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("\"jürgen\": a name is 1 to 64 characters, each an ASCII letter or digit"),
+        "{stderr}"
+    );
+    assert!(!path.exists());
 }
