@@ -133,7 +133,7 @@ pub struct Overrides {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("configuration: {0}")]
+    #[error("configuration: {}", explain::load_error_text(.0))]
     Load(#[from] Box<figment::Error>),
     #[error("configuration: {0}")]
     Invalid(String),
