@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::harness::{Server, check_error_body, repo_root};
+use crate::harness::{Server, check_error_body, documented_error_meaning, repo_root};
 
 async fn send(req: reqwest::RequestBuilder) -> (u16, Value, reqwest::header::HeaderMap) {
     let resp = req.send().await.unwrap();
@@ -33,6 +33,20 @@ async fn every_error_path_carries_a_documented_code() {
     let url = |p: &str| format!("{}{p}", s.base);
 
     expect(c.get(url("/v1/nope")), 404, "not_found").await;
+    // An unknown run is `not_found` too, and the table says so (not only "no such route").
+    expect(c.delete(url("/v1/runs/run_nope")), 404, "not_found").await;
+    expect(
+        c.post(url("/v1/runs/run_nope/tool_calls/call_1"))
+            .json(&json!({"result": 1})),
+        404,
+        "not_found",
+    )
+    .await;
+    let meaning = documented_error_meaning("not_found");
+    assert!(
+        meaning.contains("no such run") && meaning.contains("another key's"),
+        "{meaning}"
+    );
     expect(c.get(url("/v1/files/nope")), 404, "file_not_found").await;
     let body = expect(
         c.post(url("/v1/execute"))
