@@ -10,8 +10,8 @@ use serde_json::json;
 use crate::envs::EnvError;
 use crate::envs::spec::SpecError;
 use crate::envs::uv::UvError;
-use crate::files::StoreError;
 use crate::files::workspace::StageError;
+use crate::files::{StoreError, over_quota_detail};
 use crate::pool::PoolError;
 use crate::sessions::SessionError;
 
@@ -208,14 +208,29 @@ impl From<StoreError> for ApiError {
                 "File size exceeds maximum of {} MB",
                 max_bytes >> 20
             )),
-            StoreError::QuotaExceeded { quota_bytes } => ApiError::InsufficientStorage(format!(
-                "File storage is full (quota of {} MB); delete files you no longer need and retry",
-                quota_bytes >> 20
+            StoreError::QuotaExceeded {
+                quota_bytes,
+                stored_bytes,
+                upload,
+            } => ApiError::InsufficientStorage(over_quota_detail(
+                "file storage",
+                "files.quota_mb",
+                quota_bytes,
+                stored_bytes,
+                upload,
             )),
-            StoreError::OwnerQuotaExceeded { owner, quota_bytes } => ApiError::TenantLimit {
-                detail: format!(
-                    "API key '{owner}' has used up its storage quota of {} MB (max_stored_mb); delete files you no longer need and retry",
-                    quota_bytes >> 20
+            StoreError::OwnerQuotaExceeded {
+                owner,
+                quota_bytes,
+                stored_bytes,
+                upload,
+            } => ApiError::TenantLimit {
+                detail: over_quota_detail(
+                    &format!("API key '{owner}'"),
+                    "max_stored_mb",
+                    quota_bytes,
+                    stored_bytes,
+                    upload,
                 ),
                 retry_after_secs: 60,
             },

@@ -56,6 +56,10 @@ pub struct ExecuteRequest {
     pub tools: Vec<serde_json::Value>,
 }
 
+impl super::json::JsonObject for ExecuteRequest {
+    const SKETCH: &'static str = r#"{"code": ...}"#;
+}
+
 fn default_true() -> bool {
     true
 }

@@ -1,5 +1,6 @@
 //! `ApiJson<T>`: a JSON object body, with every way it can be wrong turned into an
-//! [`ApiError`] whose `detail` says what to fix (and names the field).
+//! [`ApiError`] whose `detail` says what to fix (and names the field, or sketches the
+//! object its endpoint takes).
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, JsonRejection};
@@ -12,7 +13,18 @@ use crate::error::ApiError;
 
 pub struct ApiJson<T>(pub T);
 
-impl<T: DeserializeOwned> FromRequest<SharedState> for ApiJson<T> {
+/// A request body: a JSON object, sketched for the refusal of JSON of another shape.
+pub trait JsonObject: DeserializeOwned {
+    /// The object in brief, as a client would start writing it: `{"code": ...}`.
+    const SKETCH: &'static str;
+}
+
+// Here rather than beside its type: `api/runs.rs` is the tool-call protocol's.
+impl JsonObject for super::runs::AnswerBody {
+    const SKETCH: &'static str = r#"{"result": ...} or {"error": ...}"#;
+}
+
+impl<T: JsonObject> FromRequest<SharedState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &SharedState) -> Result<Self, Self::Rejection> {
@@ -51,7 +63,7 @@ pub fn bytes_rejection(rejection: &BytesRejection, state: &SharedState) -> ApiEr
 /// A request body that must be one JSON object. Not JSON at all is 400; JSON of another
 /// shape (an array, which serde would read field by field, a string, a number) or with a
 /// wrong field is 422, the field named.
-pub fn parse_object<T: DeserializeOwned>(bytes: &[u8], state: &SharedState) -> Result<T, ApiError> {
+pub fn parse_object<T: JsonObject>(bytes: &[u8], state: &SharedState) -> Result<T, ApiError> {
     let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
     if first != Some(&b'{') {
         if let Err(e) = serde_json::from_slice::<IgnoredAny>(bytes) {
@@ -65,7 +77,8 @@ pub fn parse_object<T: DeserializeOwned>(bytes: &[u8], state: &SharedState) -> R
             _ => "a number",
         };
         return Err(ApiError::Validation(format!(
-            "the request body must be a JSON object ({{\"code\": ...}}), not {what}"
+            "the request body must be a JSON object ({}), not {what}",
+            T::SKETCH
         )));
     }
     axum::Json::<T>::from_bytes(bytes)

@@ -36,6 +36,9 @@ pub async fn execute(
     ApiJson(req): ApiJson<ExecuteRequest>,
 ) -> Result<Json<ExecuteResponse>, ApiError> {
     let mut prepared = execute::prepare(&state, &caller, req).await?;
+    if !prepared.declared_tools.is_empty() {
+        return Err(declared_tools_need_a_stream(&id));
+    }
     let handle = super::runs::attach_tools(&state, &caller, &mut prepared, None)?;
     let session = state.sessions.get(&id, caller.owner())?;
     let guard = session.lock().await?;
@@ -56,6 +59,17 @@ pub async fn execute(
     .map_err(|e| ApiError::Internal(format!("a session run's task failed: {e}")))??;
     on_disconnect.disarm();
     Ok(Json(response))
+}
+
+/// The 422 for tools declared on a session's non-streamed execute: their calls go to the
+/// client as events, which only the session's stream carries (`attach_tools`' own refusal
+/// names `/v1/execute/stream`, which would run outside the session).
+fn declared_tools_need_a_stream(id: &str) -> ApiError {
+    ApiError::Validation(format!(
+        "this request declares tools, which its own client answers: send it to POST \
+         /v1/sessions/{id}/execute/stream, where each call arrives as a tool_call event to \
+         answer with POST /v1/runs/{{run_id}}/tool_calls/{{call_id}}"
+    ))
 }
 
 pub async fn execute_stream(

@@ -34,6 +34,10 @@ pub struct CreateSessionRequest {
     pub replay: bool,
 }
 
+impl super::json::JsonObject for CreateSessionRequest {
+    const SKETCH: &'static str = r#"{"ttl_seconds": ..., "files": [...]}, or no body"#;
+}
+
 #[derive(Debug, Serialize)]
 pub struct CreatedSession {
     pub session_id: String,

@@ -65,6 +65,11 @@ pub enum KeysError {
         "auth.keys_file {path} holds no keys; add one with `snakecage keys add` or unset auth.keys_file to run without keys"
     )]
     Empty { path: PathBuf },
+    /// `keys add` creates the file, not the directories above it.
+    #[error(
+        "the directory {dir} of keys file {path} does not exist; create it first (e.g. `install -d -m 700 {dir}`)"
+    )]
+    NoDirectory { path: PathBuf, dir: PathBuf },
     #[error("locking keys file {path}: {source}")]
     Lock {
         path: PathBuf,
@@ -194,7 +199,19 @@ fn lock(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, KeysError> {
         .truncate(false)
         .mode(0o600)
         .open(&lock_path)
-        .map_err(err)?;
+        .map_err(|source| match path.parent() {
+            Some(dir)
+                if source.kind() == std::io::ErrorKind::NotFound
+                    && !dir.as_os_str().is_empty()
+                    && !dir.is_dir() =>
+            {
+                KeysError::NoDirectory {
+                    path: path.to_owned(),
+                    dir: dir.to_owned(),
+                }
+            }
+            _ => err(source),
+        })?;
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, errno)| err(std::io::Error::from(errno)))
 }

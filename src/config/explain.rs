@@ -1,5 +1,6 @@
 //! What a configuration that cannot be loaded is, in words that say what to give: a
-//! `--config` path that is no file, a `listen` address that is no IP address and port.
+//! `--config` path that is no file, a `listen` address that is no IP address and port, and
+//! figment's errors with the key named as the user writes it.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -27,9 +28,74 @@ pub(super) fn check_config_file(file: &Path) -> Result<(), ConfigError> {
 /// A load error, with what to write instead where the parser's own words do not say it.
 pub(super) fn explain_load_error(error: figment::Error) -> ConfigError {
     if error.path == ["listen"] {
-        return ConfigError::Invalid(format!("listen: {error}: {LISTEN_HINT}"));
+        return ConfigError::Invalid(format!(
+            "listen: {}: {LISTEN_HINT}",
+            load_error_text(&error)
+        ));
     }
     ConfigError::Load(Box::new(error))
+}
+
+/// A figment error, each of its chain on a line, as figment words it but for the key: as
+/// written in the file (`pool.sise`, not figment's `default.pool.sise`, whose `default` is
+/// a profile we do not use) or as the environment variable set (`SNAKECAGE_POOL__SIZE`),
+/// and a list of expected names quoted once (figment quotes it twice).
+pub(super) fn load_error_text(error: &figment::Error) -> String {
+    error
+        .clone()
+        .into_iter()
+        .map(|e| one_error_text(&e))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn one_error_text(error: &figment::Error) -> String {
+    use figment::error::Kind;
+    let mut text = match &error.kind {
+        Kind::UnknownField(found, expected) => {
+            format!(
+                "unknown field: found `{found}`, expected {}",
+                one_of(expected)
+            )
+        }
+        Kind::UnknownVariant(found, expected) => {
+            format!(
+                "unknown variant: found `{found}`, expected {}",
+                one_of(expected)
+            )
+        }
+        kind => kind.to_string(),
+    };
+    let from_env = error
+        .metadata
+        .as_ref()
+        .is_some_and(|md| md.name.ends_with("environment variable(s)"));
+    if !error.path.is_empty() {
+        if from_env {
+            let var = error.path.join("__").to_ascii_uppercase();
+            text.push_str(&format!(" in environment variable SNAKECAGE_{var}"));
+            return text;
+        }
+        text.push_str(&format!(" for key {:?}", error.path.join(".")));
+    }
+    if let Some(md) = &error.metadata {
+        match &md.source {
+            Some(source) => text.push_str(&format!(" in {source} {}", md.name)),
+            None => text.push_str(&format!(" in {}", md.name)),
+        }
+    }
+    text
+}
+
+/// `` `a` ``, `` `a` or `b` ``, `` one of `a`, `b`, `c` ``.
+fn one_of(names: &[&str]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    match quoted.as_slice() {
+        [] => "none".to_owned(),
+        [one] => one.clone(),
+        [a, b] => format!("{a} or {b}"),
+        many => format!("one of {}", many.join(", ")),
+    }
 }
 
 /// What `listen` (and `--listen`) takes.

@@ -114,7 +114,8 @@ pub struct Overrides {
     /// Virtualenv with the packages user code may import.
     #[arg(long = "venv")]
     pub venv: Option<PathBuf>,
-    /// Idle workers kept ready.
+    /// Jobs that run at once, and idle pre-forked workers kept ready (pool.size; default
+    /// 2 x cores).
     #[arg(long = "pool-size")]
     pub pool_size: Option<usize>,
     /// Log format.
@@ -132,7 +133,7 @@ pub struct Overrides {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("configuration: {0}")]
+    #[error("configuration: {}", explain::load_error_text(.0))]
     Load(#[from] Box<figment::Error>),
     #[error("configuration: {0}")]
     Invalid(String),
@@ -317,6 +318,22 @@ fn default_workspace_base() -> Option<PathBuf> {
 mod tests {
     use super::*;
     use snakecage_worker::protocol::Layer;
+
+    #[test]
+    fn pool_size_is_described_as_the_jobs_that_run_at_once_as_well() {
+        use clap::Args;
+        let command = Overrides::augment_args(clap::Command::new("snakecage"));
+        let help = command
+            .get_arguments()
+            .find(|a| a.get_long() == Some("pool-size"))
+            .and_then(|a| a.get_help())
+            .unwrap()
+            .to_string();
+        assert!(
+            help.starts_with("Jobs that run at once, and idle pre-forked workers kept ready"),
+            "{help}"
+        );
+    }
 
     #[test]
     fn a_log_level_that_would_silence_the_log_is_refused() {

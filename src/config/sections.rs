@@ -46,7 +46,7 @@ impl Default for McpConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoolConfig {
-    /// Idle, pre-forked workers kept ready. Default: 2 × cores.
+    /// Jobs that run at once, and idle pre-forked workers kept ready. Default: 2 × cores.
     pub size: usize,
     /// Requests that may wait for a worker; one more gets 429.
     pub queue_length: usize,

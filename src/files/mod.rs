@@ -76,11 +76,27 @@ pub enum StoreError {
     NotFound(String),
     #[error("the file is larger than the maximum of {max_bytes} bytes")]
     TooLarge { max_bytes: u64 },
-    #[error("the storage quota of {quota_bytes} bytes is used up")]
-    QuotaExceeded { quota_bytes: u64 },
-    /// The owner's own quota (`max_stored_mb` of its API key) is used up.
-    #[error("the storage quota of {quota_bytes} bytes of API key {owner:?} is used up")]
-    OwnerQuotaExceeded { owner: String, quota_bytes: u64 },
+    /// The file would take the store past its quota (`files.quota_mb`).
+    #[error(
+        "the file would take the store past its quota of {quota_bytes} bytes \
+         ({stored_bytes} bytes stored, the file {upload})"
+    )]
+    QuotaExceeded {
+        quota_bytes: u64,
+        stored_bytes: u64,
+        upload: UploadSize,
+    },
+    /// The file would take its owner past its own quota (`max_stored_mb` of its API key).
+    #[error(
+        "the file would take API key {owner:?} past its quota of {quota_bytes} bytes \
+         ({stored_bytes} bytes stored, the file {upload})"
+    )]
+    OwnerQuotaExceeded {
+        owner: String,
+        quota_bytes: u64,
+        stored_bytes: u64,
+        upload: UploadSize,
+    },
     /// The source of a `put` failed (a client that went away mid-upload, say).
     #[error("reading the file to store: {0}")]
     Source(io::Error),
@@ -114,6 +130,80 @@ impl StoreError {
             ),
             _ => false,
         }
+    }
+}
+
+/// How much of an upload the store had read when a quota refused it: all of it, or the
+/// part that passed the quota (a streamed body's size is known only at its end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UploadSize {
+    Whole(u64),
+    AtLeast(u64),
+}
+
+impl UploadSize {
+    pub fn bytes(self) -> u64 {
+        match self {
+            UploadSize::Whole(n) | UploadSize::AtLeast(n) => n,
+        }
+    }
+}
+
+impl std::fmt::Display for UploadSize {
+    /// `is 716800 bytes`, `is at least 393216 bytes`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UploadSize::Whole(n) => write!(f, "is {n} bytes"),
+            UploadSize::AtLeast(n) => write!(f, "is at least {n} bytes"),
+        }
+    }
+}
+
+/// The words of a refusal for a quota: whose quota (`file storage`, `API key 'bob'`), the
+/// setting that sets it, and the numbers. A file larger than the whole quota cannot be
+/// stored by deleting others, so it says so instead of suggesting that.
+pub fn over_quota_detail(
+    whose: &str,
+    setting: &str,
+    quota_bytes: u64,
+    stored_bytes: u64,
+    upload: UploadSize,
+) -> String {
+    let quota = size_text(quota_bytes);
+    let head = format!("This file would take {whose} past its quota of {quota} ({setting})");
+    match upload {
+        // A streamed file is refused part-way: its size is known only to be over the quota.
+        UploadSize::AtLeast(n) if n > quota_bytes => {
+            format!("{head}: the file is larger than the whole quota; upload a smaller file")
+        }
+        UploadSize::Whole(n) if n > quota_bytes => format!(
+            "{head}: the file ({}) is larger than the whole quota; upload a smaller file",
+            size_text(n)
+        ),
+        UploadSize::Whole(n) | UploadSize::AtLeast(n) => format!(
+            "{head}: {} is stored and the file is {}{}; delete files you no longer need and \
+             retry",
+            size_text(stored_bytes),
+            if matches!(upload, UploadSize::AtLeast(_)) {
+                "at least "
+            } else {
+                ""
+            },
+            size_text(n)
+        ),
+    }
+}
+
+/// A size in the units people read: `512 bytes`, `700 KB`, `1.4 MB` (KB and MB of 1024).
+pub fn size_text(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "GB"), (1 << 20, "MB"), (1 << 10, "KB")];
+    let Some(&(unit, name)) = UNITS.iter().find(|(unit, _)| bytes >= *unit) else {
+        return format!("{bytes} bytes");
+    };
+    let tenths = (u128::from(bytes) * 10 + u128::from(unit) / 2) / u128::from(unit);
+    match tenths % 10 {
+        0 => format!("{} {name}", tenths / 10),
+        d => format!("{}.{d} {name}", tenths / 10),
     }
 }
 
@@ -276,6 +366,46 @@ pub fn rfc3339_utc(secs: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sizes_read_in_the_largest_unit_with_at_most_one_decimal() {
+        assert_eq!(super::size_text(0), "0 bytes");
+        assert_eq!(super::size_text(1023), "1023 bytes");
+        assert_eq!(super::size_text(700 << 10), "700 KB");
+        assert_eq!(super::size_text(1 << 20), "1 MB");
+        assert_eq!(super::size_text((1 << 20) + (400 << 10)), "1.4 MB");
+        assert_eq!(super::size_text(3 << 30), "3 GB");
+    }
+
+    #[test]
+    fn a_quota_refusal_says_the_numbers_and_never_that_the_quota_is_used_up() {
+        use super::{UploadSize, over_quota_detail};
+        // 700 KB stored, 700 KB more: it would pass the quota, which is not full.
+        assert_eq!(
+            over_quota_detail(
+                "file storage",
+                "files.quota_mb",
+                1 << 20,
+                700 << 10,
+                UploadSize::Whole(700 << 10)
+            ),
+            "This file would take file storage past its quota of 1 MB \
+             (files.quota_mb): 700 KB is stored and the file is 700 KB; delete files you no \
+             longer need and retry"
+        );
+        // Nothing stored and a streamed file larger than the quota: deleting cannot help.
+        assert_eq!(
+            over_quota_detail(
+                "API key 'bob'",
+                "max_stored_mb",
+                1 << 20,
+                0,
+                UploadSize::AtLeast((1 << 20) + (64 << 10))
+            ),
+            "This file would take API key 'bob' past its quota of 1 MB \
+             (max_stored_mb): the file is larger than the whole quota; upload a smaller file"
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -1,5 +1,6 @@
 //! The HTTP layer of `/mcp` in front of rmcp's transport: the `Host` check, the body limit
-//! (`limits.max_request_bytes`), a parse error for a body that is not JSON, the client's
+//! (`limits.max_request_bytes`), a 400 for a body that is not JSON or not one JSON-RPC
+//! message, the client's
 //! token at `initialize`, `notifications/cancelled` applied to the call it names, and error
 //! bodies in the service's JSON shape that MCP clients also read as JSON-RPC errors.
 
@@ -125,6 +126,9 @@ pub async fn guard(State(guard): State<Arc<Guard>>, request: Request, next: Next
             );
         }
     };
+    if let Some(refusal) = not_a_message(&message) {
+        return refusal;
+    }
     let method = message["method"].as_str().unwrap_or_default();
     let is_request = message.get("id").is_some_and(|id| !id.is_null());
     let initialize = is_request && method == "initialize";
@@ -153,6 +157,30 @@ pub async fn guard(State(guard): State<Arc<Guard>>, request: Request, next: Next
         response.headers_mut().insert(SESSION_HEADER, token);
     }
     response
+}
+
+/// The 400 for a JSON body that is not one JSON-RPC 2.0 message (rmcp would answer it with a
+/// 415, as if the content type were wrong): a batch (a JSON array), which MCP's current
+/// protocol no longer has, or anything else that is not a request, a notification or a
+/// response to one of ours.
+fn not_a_message(message: &Value) -> Option<Response> {
+    let detail = if message.is_array() {
+        "the request body is a JSON array (a JSON-RPC batch); batches are not supported: POST \
+         each JSON-RPC message on its own"
+            .to_owned()
+    } else {
+        // rmcp's error says no more than "unrecognized JSON-RPC message", whatever is wrong.
+        serde_json::from_value::<rmcp::model::ClientJsonRpcMessage>(message.clone()).err()?;
+        "the request body is JSON but not a JSON-RPC 2.0 request, notification or response: \
+         send one object with \"jsonrpc\": \"2.0\", a `method` (one MCP defines) and its \
+         `params`, and an `id` for a request"
+            .to_owned()
+    };
+    Some(error_response(
+        StatusCode::BAD_REQUEST,
+        &detail,
+        INVALID_REQUEST,
+    ))
 }
 
 /// Reads a body of at most `limit` bytes; a larger one is a 413 that says the limit. Its

@@ -109,7 +109,9 @@ pub struct TierStatus {
 #[derive(Debug, Clone, Serialize)]
 pub struct ZygoteStatus {
     pub pid: i32,
-    pub generation: u64,
+    /// How many times the tier's zygote was restarted (it died) before this one, within
+    /// the zygote generation serving. Not a generation: that is `/health`'s `generation.id`.
+    pub restarts: u64,
     pub alive: bool,
     pub python_version: String,
 }

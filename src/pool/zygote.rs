@@ -62,6 +62,9 @@ struct Routes {
 /// One running zygote. Dropping the last handle does not kill it; [`ZygoteHandle::shutdown`]
 /// or the supervisor's exit does (the zygote has PDEATHSIG).
 pub struct ZygoteHandle {
+    /// Which start of its tier's zygote this is, within its zygote generation: 0 first,
+    /// one more per restart (`/health` shows it as `restarts`). Its workers carry it, so
+    /// that workers of a zygote since replaced are not handed out.
     pub generation: u64,
     pub info: ZygoteInfo,
     sock: Arc<AsyncFd<OwnedFd>>,

@@ -189,7 +189,7 @@ async fn tool_definitions_validate_and_a_tool_call_runs_against_execute() {
             "{description}"
         );
     }
-    // A model's tool call: its arguments are exactly a /v1/execute body.
+    // A model's tool call: its arguments are a /v1/execute body (a subset of one).
     let arguments = json!({"code": "import statistics\nprint(statistics.mean([1, 2, 3, 4]))"});
     let r = s.run_with(arguments).await;
     assert_eq!(r["stdout"], "2.5\n");
@@ -358,4 +358,41 @@ async fn code_as_an_array_of_lines_runs_on_every_execute_route() {
             "{code}"
         );
     }
+}
+
+#[tokio::test]
+async fn the_readme_names_the_arguments_run_python_takes_as_its_schema_does() {
+    let s = Server::start().await;
+    let (_, tools) = s.get_json("/v1/tools?format=anthropic").await;
+    let run = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "run_python")
+        .unwrap();
+    assert_eq!(run["input_schema"]["additionalProperties"], false, "{run}");
+    let mut offered: Vec<String> = run["input_schema"]["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    offered.sort();
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let readme = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    let (_, rest) = readme
+        .split_once("`run_python` takes ")
+        .expect("README.md says what `run_python` takes");
+    let (listed, _) = rest.split_once(" (").unwrap();
+    let mut documented: Vec<String> = listed
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    documented.sort();
+    assert_eq!(
+        documented, offered,
+        "README.md: `run_python` takes {listed}"
+    );
 }

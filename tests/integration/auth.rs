@@ -408,14 +408,30 @@ async fn per_key_limits_answer_429_and_leave_other_keys_alone() {
     let (status, _) = bob.post("/v1/sessions", json!({})).await;
     assert_eq!(status, 201);
 
-    // Storage: 1 MB for alice.
+    // Storage: 1 MB for alice. A file larger than the whole quota says so, not that the
+    // quota is used up (nothing is stored yet); one that does not fit beside what is stored
+    // says both numbers. The store reads the upload as it streams: it knows a lower bound.
+    let (status, body) = alice.upload("huge.bin", vec![1u8; 2 << 20]).await;
+    assert_eq!(status, 429, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with(
+            "This file would take API key 'alice' past its quota of 1 MB \
+             (max_stored_mb): the file is larger than the whole quota; upload a smaller file"
+        ),
+        "{detail}"
+    );
     let (status, body) = alice.upload("a.bin", vec![1u8; 700 << 10]).await;
     assert_eq!(status, 201, "{body}");
     let (status, body) = alice.upload("b.bin", vec![1u8; 700 << 10]).await;
     assert_eq!(status, 429, "{body}");
+    let detail = body["detail"].as_str().unwrap();
     assert!(
-        body["detail"].as_str().unwrap().contains("max_stored_mb"),
-        "{body}"
+        detail.starts_with(
+            "This file would take API key 'alice' past its quota of 1 MB \
+             (max_stored_mb): 700 KB is stored and the file is at least "
+        ) && detail.ends_with("KB; delete files you no longer need and retry"),
+        "{detail}"
     );
     let (status, body) = bob.upload("b.bin", vec![1u8; 700 << 10]).await;
     assert_eq!(status, 201, "{body}");
@@ -454,6 +470,26 @@ async fn keys_are_stored_only_as_hashes_and_names_are_unique() {
     let stderr = String::from_utf8_lossy(&cyrillic.stderr);
     assert!(stderr.contains("ASCII letter"), "{stderr}");
     assert!(cyrillic.stdout.is_empty());
+    // A file in a directory that does not exist: say so, and how to create it.
+    let missing = dir.path().join("etc/snakecage");
+    let nowhere = Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["keys", "add", "carol", "--keys-file"])
+        .arg(missing.join("keys.toml"))
+        .output()
+        .unwrap();
+    assert!(!nowhere.status.success());
+    let stderr = String::from_utf8_lossy(&nowhere.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "the directory {} of keys file {}/keys.toml does not exist; create it first (e.g. \
+             `install -d -m 700 {}`)",
+            missing.display(),
+            missing.display(),
+            missing.display()
+        )),
+        "{stderr}"
+    );
+    assert!(nowhere.stdout.is_empty() && !missing.exists());
     keys_add(&path, "bob", &[]);
     let listed = Command::new(env!("CARGO_BIN_EXE_snakecage"))
         .args(["keys", "list", "--keys-file"])

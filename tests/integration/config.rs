@@ -112,3 +112,27 @@ fn a_site_packages_entry_that_does_not_exist_is_named() {
         )
     );
 }
+
+#[test]
+fn a_misspelt_key_and_a_bad_value_are_named_as_the_user_wrote_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("snakecage.toml");
+    std::fs::write(&config, "[pool]\nsise = 3\n").unwrap();
+    let stderr = refused(&["--config", config.to_str().unwrap()], &[]);
+    // The key as written (figment would say "default.pool.sise", its profile first), and
+    // the names it takes quoted once each.
+    assert!(
+        stderr.starts_with(
+            "snakecage: configuration: unknown field: found `sise`, expected one of `size`, \
+             `queue_length`, `queue_timeout_ms`, `spawn_timeout_ms` for key \"pool.sise\" in "
+        ) && stderr.ends_with("snakecage.toml TOML file\n"),
+        "{stderr}"
+    );
+    // From the environment: the variable as set.
+    let stderr = refused(&[], &[("SNAKECAGE_LOG__FORMAT", "xml")]);
+    assert_eq!(
+        stderr,
+        "snakecage: configuration: unknown variant: found `xml`, expected `human` or `json` in \
+         environment variable SNAKECAGE_LOG__FORMAT\n"
+    );
+}

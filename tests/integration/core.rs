@@ -283,6 +283,12 @@ async fn killing_the_zygote_mid_run_fails_that_run_and_the_service_recovers() {
             .unwrap() as i32,
         zygote
     );
+    // The tier's zygote says it was restarted once, as `restarts` (not a `generation`,
+    // which is the zygote generation's id, `generation.id`, and did not change).
+    let restarted = &health["pool"]["tiers"][0]["zygote"];
+    assert_eq!(restarted["restarts"], 1, "{health}");
+    assert!(restarted.get("generation").is_none(), "{health}");
+    assert_eq!(health["generation"]["id"], 1, "{health}");
     assert!(!process_exists(zygote as u32));
     let r = s.run("print('restarted')").await;
     assert_eq!(r["stdout"], "restarted\n", "{r}");

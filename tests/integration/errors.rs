@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::harness::{Server, check_error_body};
+use crate::harness::{Server, check_error_body, documented_error_meaning, repo_root};
 
 async fn send(req: reqwest::RequestBuilder) -> (u16, Value, reqwest::header::HeaderMap) {
     let resp = req.send().await.unwrap();
@@ -33,6 +33,20 @@ async fn every_error_path_carries_a_documented_code() {
     let url = |p: &str| format!("{}{p}", s.base);
 
     expect(c.get(url("/v1/nope")), 404, "not_found").await;
+    // An unknown run is `not_found` too, and the table says so (not only "no such route").
+    expect(c.delete(url("/v1/runs/run_nope")), 404, "not_found").await;
+    expect(
+        c.post(url("/v1/runs/run_nope/tool_calls/call_1"))
+            .json(&json!({"result": 1})),
+        404,
+        "not_found",
+    )
+    .await;
+    let meaning = documented_error_meaning("not_found");
+    assert!(
+        meaning.contains("no such run") && meaning.contains("another key's"),
+        "{meaning}"
+    );
     expect(c.get(url("/v1/files/nope")), 404, "file_not_found").await;
     let body = expect(
         c.post(url("/v1/execute"))
@@ -298,11 +312,20 @@ async fn a_body_of_the_wrong_shape_is_refused_naming_what_to_fix() {
     }
 
     // JSON that is not an object: an array was read field by field (`code` first) and run.
+    // The refusal sketches the object the endpoint takes (a session has no `code`).
     for (path, body, what) in [
-        ("/v1/execute", r#"["print('ran')"]"#, "not an array"),
+        (
+            "/v1/execute",
+            r#"["print('ran')"]"#,
+            r#"({"code": ...}), not an array"#,
+        ),
         ("/v1/execute/stream", r#"["print('ran')"]"#, "not an array"),
         ("/v1/execute", r#""print('ran')""#, "not a string"),
-        ("/v1/sessions", "[null, 60]", "not an array"),
+        (
+            "/v1/sessions",
+            "[null, 60]",
+            r#"({"ttl_seconds": ..., "files": [...]}, or no body), not an array"#,
+        ),
         ("/v1/sessions", "42", "not a number"),
     ] {
         let req = c
@@ -377,4 +400,49 @@ async fn a_body_of_the_wrong_shape_is_refused_naming_what_to_fix() {
     assert!(!detail(&r).contains("boundary"), "{r}");
     let r = expect(c.post(url("/v1/files")), 415, "unsupported_media_type").await;
     assert!(detail(&r).contains("no Content-Type"), "{r}");
+}
+
+#[tokio::test]
+async fn tool_and_key_names_are_refused_by_the_rule_the_readme_states() {
+    const RULE: &str = "1 to 64 ASCII letters, digits, `_`, `-` or `.`";
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let readme = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    for (said_of, what) in [
+        ("A key's name (its tenant's) is ", "keys"),
+        ("A tool name, declared or the operator's, is ", "tools"),
+    ] {
+        assert!(
+            readme.contains(&format!("{said_of}{RULE}")),
+            "README.md states the rule for {what} names"
+        );
+    }
+    // A declared tool: 422 naming the name and the rule.
+    let s = Server::start().await;
+    let (status, body) = s
+        .post(
+            "/v1/execute/stream",
+            &json!({"code": "1", "tools": [{"name": "météo.ville-日本", "parameters": {"type": "object"}}]}),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("\"météo.ville-日本\" must be 1-64 ASCII letters, digits, '_', '-' or '.'"),
+        "{detail}"
+    );
+    // A key: refused before anything is written.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys.toml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["keys", "add", "jürgen", "--keys-file"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("\"jürgen\": a name is 1 to 64 characters, each an ASCII letter or digit"),
+        "{stderr}"
+    );
+    assert!(!path.exists());
 }

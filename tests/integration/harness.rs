@@ -403,6 +403,23 @@ impl Drop for Server {
 
 /// The table of error codes in README.md: `(code, status)` per row.
 pub fn documented_error_codes() -> Vec<(String, u16)> {
+    documented_error_rows()
+        .into_iter()
+        .map(|(code, status, _)| (code, status))
+        .collect()
+}
+
+/// What README.md's table of error codes says `code` is answered for (its "when").
+pub fn documented_error_meaning(code: &str) -> String {
+    documented_error_rows()
+        .into_iter()
+        .find(|(c, _, _)| c == code)
+        .map(|(_, _, when)| when)
+        .unwrap_or_else(|| panic!("README.md's table of error codes has no {code}"))
+}
+
+/// `(code, status, when)` per row of README.md's table of error codes.
+fn documented_error_rows() -> Vec<(String, u16, String)> {
     let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
     let table = readme
         .split("<!-- error-codes -->")
@@ -415,7 +432,8 @@ pub fn documented_error_codes() -> Vec<(String, u16)> {
         .filter_map(|line| {
             let cells: Vec<&str> = line.split('|').map(str::trim).collect();
             let code = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
-            Some((code.to_owned(), cells.get(2)?.parse().ok()?))
+            let when = cells[3..].join("|");
+            Some((code.to_owned(), cells.get(2)?.parse().ok()?, when))
         })
         .collect()
 }

@@ -280,6 +280,28 @@ async fn mcp_protocol_errors_say_what_is_wrong() {
         "{body}"
     );
 
+    // JSON that is not a JSON-RPC message, and a batch: a 400 saying so, not rmcp's 415
+    // (the content type was right).
+    for (body, says) in [
+        (
+            r#"{"foo": 1}"#,
+            "not a JSON-RPC 2.0 request, notification or response",
+        ),
+        (
+            r#"[{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}]"#,
+            "batches are not supported",
+        ),
+    ] {
+        let (status, _, answer) = rpc(&s.base, body.into(), &[]).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert_eq!(check_error_body(status, &answer), "bad_request");
+        assert_eq!(answer["error"]["code"], -32600, "{answer}");
+        assert!(
+            answer["detail"].as_str().unwrap().contains(says),
+            "{body}: {answer}"
+        );
+    }
+
     // A Host that is not allowed: 403 naming the setting to change.
     let (status, headers, body) = rpc(
         &s.base,

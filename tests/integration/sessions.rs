@@ -804,3 +804,21 @@ async fn a_thread_a_run_left_goes_on_between_runs() {
     .await;
     assert_eq!(r["stdout"], "20\n", "{r}");
 }
+
+#[tokio::test]
+async fn tools_declared_on_a_sessions_plain_execute_are_sent_to_its_own_stream() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    let tools = json!([{"name": "lookup", "description": "Looks up.",
+                        "parameters": {"type": "object"}}]);
+    let (status, r) = exec(&s, &id, json!({"code": "1", "tools": tools})).await;
+    assert_eq!(status, 422, "{r}");
+    let detail = r["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&format!("POST /v1/sessions/{id}/execute/stream,")),
+        "{detail}"
+    );
+    assert!(!detail.contains("/v1/execute/stream"), "{detail}");
+    // The session is untouched and runs on.
+    assert_eq!(run(&s, &id, "print(2)").await["stdout"], "2\n");
+}

@@ -269,7 +269,8 @@ def ndarray_text(array):
 
 def dataframe_summary(df, max_listed=10):
     """``1000 rows × 3 columns; dtypes: a int64, b float64, c object`` (counts per dtype
-    when there are more than ``max_listed`` columns)."""
+    when there are more than ``max_listed`` columns, and how many columns the table shows
+    when it cannot show them all)."""
     rows, cols = df.shape
     dtypes = df.dtypes
     if cols <= max_listed:
@@ -279,18 +280,27 @@ def dataframe_summary(df, max_listed=10):
         for dtype in dtypes:
             counts[str(dtype)] = counts.get(str(dtype), 0) + 1
         listed = ", ".join("%s(%d)" % item for item in sorted(counts.items()))
-    return "%d rows × %d columns; dtypes: %s" % (rows, cols, listed or "none")
+    shown = " (%d shown)" % DATAFRAME_MAX_COLS if cols > DATAFRAME_MAX_COLS else ""
+    return "%d rows × %d columns%s; dtypes: %s" % (rows, cols, shown, listed or "none")
+
+
+def _is_cut(df):
+    rows, cols = df.shape
+    return rows > DATAFRAME_MAX_ROWS or cols > DATAFRAME_MAX_COLS
 
 
 def _dataframe_text(df):
-    """Past ``DATAFRAME_MAX_ROWS`` rows: the first and last rows, then the summary line."""
-    if df.shape[0] <= DATAFRAME_MAX_ROWS:
+    """Past ``DATAFRAME_MAX_ROWS`` rows or ``DATAFRAME_MAX_COLS`` columns: pandas' table of
+    the first and last ones, then the summary line."""
+    if not _is_cut(df):
         return None
     table = df.to_string(max_rows=DATAFRAME_MAX_ROWS, max_cols=DATAFRAME_MAX_COLS, show_dimensions=False)
     return table + "\n\n" + dataframe_summary(df)
 
 
 def _dataframe_bundle(df):
+    """The three views of a DataFrame show the same rows and columns and, when cut, end
+    with the same summary line (pandas' own shape line is left out: it would be a second)."""
     out = {}
     try:
         text = _dataframe_text(df)
@@ -300,9 +310,9 @@ def _dataframe_bundle(df):
         pass
     try:
         out["text/html"] = df.to_html(
-            max_rows=DATAFRAME_MAX_ROWS, max_cols=DATAFRAME_MAX_COLS, show_dimensions="truncate"
+            max_rows=DATAFRAME_MAX_ROWS, max_cols=DATAFRAME_MAX_COLS, show_dimensions=False
         )
-        if df.shape[0] > DATAFRAME_MAX_ROWS:
+        if _is_cut(df):
             out["text/html"] += "<p>%s</p>" % html.escape(dataframe_summary(df))
     except Exception:
         pass
@@ -313,24 +323,38 @@ def _dataframe_bundle(df):
     return out
 
 
+def _shown_positions(n, limit):
+    """The positions of ``n`` rows (or columns) a table shows, as pandas chooses them: all
+    when they fit in ``limit``, else the first and last halves with ``None`` for the gap."""
+    if n <= limit:
+        return list(range(n))
+    head = limit // 2
+    return list(range(head)) + [None] + list(range(n - (limit - head), n))
+
+
 def dataframe_markdown(df, max_rows=DATAFRAME_MAX_ROWS, max_cols=DATAFRAME_MAX_COLS):
-    """A GitHub-flavoured markdown table of the first ``max_rows`` rows and ``max_cols``
-    columns, with the shape below it when anything was left out."""
+    """A GitHub-flavoured markdown table of the rows and columns pandas' text shows (the
+    first and last ones, ``...`` between them), with the summary line below it when
+    anything was left out."""
     rows, cols = df.shape
-    view = df.iloc[:max_rows, :max_cols]
-    header = [_md_cell(_index_title(df))] + [_md_cell(c) for c in view.columns]
+    row_positions = _shown_positions(rows, max_rows)
+    col_positions = _shown_positions(cols, max_cols)
+
+    def cells(value_at):
+        return ["..." if c is None else _md_cell(value_at(c)) for c in col_positions]
+
+    header = [_md_cell(_index_title(df))] + cells(lambda c: df.columns[c])
     lines = [
         "| " + " | ".join(header) + " |",
         "|" + "|".join("---" for _ in header) + "|",
     ]
-    for label, row in zip(view.index, view.itertuples(index=False, name=None)):
-        lines.append("| " + " | ".join([_md_cell(label)] + [_md_cell(v) for v in row]) + " |")
+    for r in row_positions:
+        if r is None:
+            row = ["..."] * len(header)
+        else:
+            row = [_md_cell(df.index[r])] + cells(lambda c, r=r: df.iat[r, c])
+        lines.append("| " + " | ".join(row) + " |")
     if rows > max_rows or cols > max_cols:
-        lines.append("")
-        lines.append(
-            "*%d rows × %d columns (showing the first %d rows and %d columns)*"
-            % (rows, cols, min(rows, max_rows), min(cols, max_cols))
-        )
         lines.append("")
         lines.append("*%s*" % _md_cell_text(dataframe_summary(df)))
     return "\n".join(lines) + "\n"

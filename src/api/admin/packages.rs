@@ -46,6 +46,10 @@ pub struct AddBody {
     constraints: Vec<String>,
 }
 
+impl crate::api::json::JsonObject for AddBody {
+    const SKETCH: &'static str = r#"{"add": [...]}"#;
+}
+
 /// `POST /v1/admin/packages {"add": [...]}`.
 pub async fn add(
     State(state): State<SharedState>,

@@ -38,8 +38,8 @@ use tokio::io::{AsyncRead, AsyncWriteExt};
 use self::index::State;
 use self::recover::Recovery;
 use super::{
-    ByteReader, FileMeta, FileOwner, FileStore, StoreError, StoreRecovery, clean_filename,
-    mime_for, now_unix_ms,
+    ByteReader, FileMeta, FileOwner, FileStore, StoreError, StoreRecovery, UploadSize,
+    clean_filename, mime_for, now_unix_ms,
 };
 use crate::state_lock::{DirLock, Lock};
 
@@ -129,12 +129,22 @@ impl LocalStore {
         Ok(meta.clone())
     }
 
-    /// Whether `extra` more bytes of `owner` would pass the store's quota or the owner's.
-    fn over_quota(&self, state: &State, owner: FileOwner<'_>, extra: u64) -> Option<StoreError> {
+    /// Whether `upload` more bytes of `owner` would pass the store's quota or the owner's.
+    fn over_quota(
+        &self,
+        state: &State,
+        owner: FileOwner<'_>,
+        upload: UploadSize,
+    ) -> Option<StoreError> {
+        let extra = upload.bytes();
         if let Some(quota) = self.settings.quota_bytes
             && state.used_bytes.saturating_add(extra) > quota
         {
-            return Some(StoreError::QuotaExceeded { quota_bytes: quota });
+            return Some(StoreError::QuotaExceeded {
+                quota_bytes: quota,
+                stored_bytes: state.used_bytes,
+                upload,
+            });
         }
         match (owner.name, owner.quota_bytes) {
             (Some(name), Some(quota))
@@ -143,6 +153,8 @@ impl LocalStore {
                 Some(StoreError::OwnerQuotaExceeded {
                     owner: name.to_owned(),
                     quota_bytes: quota,
+                    stored_bytes: state.used_by(Some(name)),
+                    upload,
                 })
             }
             _ => None,
@@ -169,7 +181,8 @@ impl LocalStore {
             self.settings.max_file_bytes,
             |written, _| {
                 let state = self.state.lock().expect("store lock");
-                self.over_quota(&state, owner, written).map_or(Ok(()), Err)
+                self.over_quota(&state, owner, UploadSize::AtLeast(written))
+                    .map_or(Ok(()), Err)
             },
             |source| StoreError::Io {
                 doing: "writing",
@@ -246,7 +259,7 @@ impl FileStore for LocalStore {
         // Reserve the space under the lock, so concurrent puts cannot overrun the quota.
         let reserved = {
             let mut state = self.state.lock().expect("store lock");
-            match self.over_quota(&state, owner, size) {
+            match self.over_quota(&state, owner, UploadSize::Whole(size)) {
                 Some(full) => Err(full),
                 None => {
                     state.add(owner.name, size);

@@ -71,7 +71,11 @@ async fn too_large_and_over_quota_keep_nothing() {
         .unwrap();
     assert!(matches!(
         s.put(FileOwner::default(), "b", &mut &[1u8; 6][..]).await,
-        Err(StoreError::QuotaExceeded { quota_bytes: 15 })
+        Err(StoreError::QuotaExceeded {
+            quota_bytes: 15,
+            stored_bytes: 10,
+            upload: UploadSize::AtLeast(6)
+        })
     ));
     s.put(FileOwner::default(), "c", &mut &[1u8; 5][..])
         .await

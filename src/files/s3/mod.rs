@@ -30,7 +30,9 @@ use tokio_util::io::StreamReader;
 
 use self::keys::Keys;
 use self::usage::{Scope, Usage};
-use super::{ByteReader, FileMeta, FileOwner, FileStore, StoreError, clean_filename, mime_for};
+use super::{
+    ByteReader, FileMeta, FileOwner, FileStore, StoreError, UploadSize, clean_filename, mime_for,
+};
 use crate::config::S3Config;
 
 /// The upload buffer: a file this small is one PUT, a bigger one a multipart upload in
@@ -272,17 +274,25 @@ impl S3Store {
             body,
             writer,
             self.settings.max_file_bytes,
-            |_, chunk| {
+            |written, chunk| {
                 upload.add(chunk);
                 for (scope, quota, listed) in quotas {
-                    if self.usage.total(scope, *listed) > *quota {
+                    let total = self.usage.total(scope, *listed);
+                    if total > *quota {
+                        // Stored here: listed, and what other uploads in flight added.
+                        let stored_bytes = total.saturating_sub(written);
+                        let upload = UploadSize::AtLeast(written);
                         return Err(match scope {
                             Scope::All => StoreError::QuotaExceeded {
                                 quota_bytes: *quota,
+                                stored_bytes,
+                                upload,
                             },
                             Scope::Owner(_) => StoreError::OwnerQuotaExceeded {
                                 owner: owner.name.unwrap_or_default().to_owned(),
                                 quota_bytes: *quota,
+                                stored_bytes,
+                                upload,
                             },
                         });
                     }

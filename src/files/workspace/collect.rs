@@ -13,7 +13,7 @@ use nix::fcntl::OFlag;
 
 use super::beneath::Root;
 use super::stage::{Fingerprint, Staged};
-use crate::files::{FileMeta, FileOwner, FileStore, StoreError};
+use crate::files::{FileMeta, FileOwner, FileStore, StoreError, size_text};
 
 /// One entry of an execute response's `files`.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -193,10 +193,23 @@ fn skip_reason(path: &str, e: &StoreError) -> String {
                 max_bytes >> 20
             )
         }
-        StoreError::QuotaExceeded { .. } => "the file storage quota is used up".into(),
-        StoreError::OwnerQuotaExceeded { quota_bytes, .. } => format!(
-            "the API key's storage quota of {} MB is used up",
-            quota_bytes >> 20
+        StoreError::QuotaExceeded {
+            quota_bytes,
+            stored_bytes,
+            ..
+        } => format!(
+            "it would take file storage past its quota of {} ({} stored)",
+            size_text(*quota_bytes),
+            size_text(*stored_bytes)
+        ),
+        StoreError::OwnerQuotaExceeded {
+            quota_bytes,
+            stored_bytes,
+            ..
+        } => format!(
+            "it would take the API key past its quota of {} ({} stored)",
+            size_text(*quota_bytes),
+            size_text(*stored_bytes)
         ),
         e if e.is_out_of_space() => {
             tracing::warn!(path, error = %e, "the file store has no space left");

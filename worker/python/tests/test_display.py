@@ -44,15 +44,37 @@ def test_a_dataframe_as_last_line_gives_markdown_and_html(runner, capsys):
     assert "name" in capsys.readouterr().out  # the text still reaches stdout
 
 
-def test_a_long_dataframe_is_cut_to_twenty_rows_with_its_shape(runner, capsys):
-    pytest.importorskip("pandas")
-    code = "import pandas as pd\npd.DataFrame({'v': range(1000), 'w': range(1000)})"
+def test_a_long_dataframe_is_its_first_and_last_rows_and_one_summary_line_in_every_view(runner, capsys):
+    pd = pytest.importorskip("pandas")
+    text_dtype = pd.Series(["x"]).dtype  # object before pandas 3, str since
+    summary = "1000 rows × 2 columns; dtypes: v int64, name %s" % text_dtype
+    code = "import pandas as pd\npd.DataFrame({'v': range(1000), 'name': ['n'] * 1000})"
     (bundle,) = runner.run(job(code, interactive=True))["results"]
-    rows = [line for line in bundle["text/markdown"].splitlines() if line.startswith("| ")]
-    assert len(rows) == 1 + 20  # header and twenty rows
-    assert "*1000 rows × 2 columns (showing the first 20 rows and 2 columns)*" in bundle["text/markdown"]
-    assert "1000 rows × 2 columns" in bundle["text/html"]
-    assert bundle["text/html"].count("<tr>") < 30
+    markdown = bundle["text/markdown"]
+    rows = [line for line in markdown.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + 10 + 1 + 10  # header, first ten, the gap, last ten
+    assert rows[1] == "| 0 | 0 | n |" and rows[11] == "| ... | ... | ... |" and rows[-1] == "| 999 | 999 | n |"
+    assert markdown.endswith("\n\n*%s*\n" % summary)
+    assert markdown.count("rows ×") == 1
+    page = bundle["text/html"]
+    assert "<th>999</th>" in page and page.endswith("<p>%s</p>" % summary)
+    assert page.count("rows ×") == 1
+    assert page.count("<tr>") < 30
+    assert bundle["text/plain"].endswith("\n\n" + summary) and bundle["text/plain"].count("rows ×") == 1
+    capsys.readouterr()
+
+
+def test_a_wide_dataframe_shows_its_first_and_last_columns_and_says_how_many(runner, capsys):
+    pytest.importorskip("pandas")
+    code = "import pandas as pd\npd.DataFrame({'c%d' % i: [i] * 3 for i in range(30)})"
+    (bundle,) = runner.run(job(code, interactive=True))["results"]
+    summary = "3 rows × 30 columns (20 shown); dtypes: int64(30)"
+    header = bundle["text/markdown"].splitlines()[0]
+    assert header.startswith("|  | c0 | c1 |") and "| c9 | ... | c20 |" in header and header.endswith("| c29 |")
+    for view, ending in [("text/plain", summary), ("text/markdown", "*%s*\n" % summary), ("text/html", "<p>%s</p>" % summary)]:
+        assert bundle[view].endswith(ending), view
+        assert bundle[view].count("rows ×") == 1, view
+    capsys.readouterr()
 
 
 def test_an_open_figure_is_captured_without_savefig_and_closed(runner, pyplot, capsys):
@@ -285,7 +307,7 @@ def test_a_dataframe_over_twenty_rows_is_a_cut_table_and_a_summary_line(runner, 
     # Many columns: dtypes are counted.
     code = "import pandas as pd\npd.DataFrame({'c%d' % i: [1.0] * 25 for i in range(30)})"
     (bundle,) = runner.run(job(code, interactive=True))["results"]
-    assert bundle["text/plain"].splitlines()[-1] == "25 rows × 30 columns; dtypes: float64(30)"
+    assert bundle["text/plain"].splitlines()[-1] == "25 rows × 30 columns (20 shown); dtypes: float64(30)"
     # Twenty rows or fewer: pandas' own text, no summary.
     (bundle,) = runner.run(job("import pandas as pd\npd.DataFrame({'v': range(20)})", interactive=True))["results"]
     assert "dtypes" not in bundle["text/plain"] and len(bundle["text/plain"].splitlines()) == 21
