@@ -52,10 +52,7 @@ pub(super) async fn drive(
             biased;
             () = tokio::time::sleep_until(deadline) => match interrupt {
                 Some(i) if !interrupted => {
-                    worker.interrupt();
-                    interrupted = true;
-                    deadline = tokio::time::Instant::now() + i.grace;
-                    if let Some(ending) = cancel_all(worker, &mut calls, toolcalls::cancelled(), deadline, None).await {
+                    if let Some(ending) = interrupt_job(worker, &mut calls, i.grace, &mut deadline, &mut interrupted).await {
                         return ending;
                     }
                 }
@@ -73,10 +70,7 @@ pub(super) async fn drive(
                 () = cancel.cancelled() => {}
             } }, if !interrupted && interrupt.is_some() => {
                 let grace = interrupt.map_or(Duration::ZERO, |i| i.grace);
-                worker.interrupt();
-                interrupted = true;
-                deadline = tokio::time::Instant::now() + grace;
-                if let Some(ending) = cancel_all(worker, &mut calls, toolcalls::cancelled(), deadline, None).await {
+                if let Some(ending) = interrupt_job(worker, &mut calls, grace, &mut deadline, &mut interrupted).await {
                     return ending;
                 }
             }
@@ -140,6 +134,22 @@ pub(super) async fn drive(
     }
 }
 
+/// Interrupts the job (SIGINT, repeated while `interrupted`), gives it `grace` from now
+/// to answer, and answers every pending call `cancelled`: the deadline's interrupt and an
+/// early one (`interrupt.now`, a cancel) alike. The ending a send gave, if any.
+async fn interrupt_job(
+    worker: &mut Worker,
+    calls: &mut InFlight,
+    grace: Duration,
+    deadline: &mut tokio::time::Instant,
+    interrupted: &mut bool,
+) -> Option<Ending> {
+    worker.interrupt();
+    *interrupted = true;
+    *deadline = tokio::time::Instant::now() + grace;
+    cancel_all(worker, calls, toolcalls::cancelled(), *deadline, None).await
+}
+
 /// Answers every pending call with `outcome` (`cancelled`) and drops its future, which
 /// cancels the call: an interrupted job must not stay blocked on a tool. Each answer is
 /// sent as [`send_bounded`] sends it; the ending it gives, if any, is returned.
@@ -172,12 +182,16 @@ async fn send_bounded(
     deadline: tokio::time::Instant,
     cancel: Option<&CancellationToken>,
 ) -> Option<Ending> {
-    let never = CancellationToken::new();
-    let cancel_fired = cancel.unwrap_or(&never);
+    let cancelled = async {
+        match cancel {
+            Some(cancel) => cancel.cancelled().await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         biased;
         () = tokio::time::sleep_until(deadline) => Some(Ending::Deadline),
-        () = cancel_fired.cancelled(), if cancel.is_some() => Some(Ending::Cancelled),
+        () = cancelled => Some(Ending::Cancelled),
         // A worker gone meanwhile is noticed by the next receive.
         _ = worker.channel.send(request) => None,
     }
