@@ -98,10 +98,7 @@ pub(super) async fn drive(
                     capture.tool_calls += 1;
                     if interrupted {
                         // Past its deadline: no new work is started for it.
-                        let answer = JobRequest::ToolResult(ToolResult {
-                            id: call.id,
-                            outcome: toolcalls::cancelled(),
-                        });
+                        let answer = JobRequest::ToolResult(toolcalls::cancel_unstarted(limits.tools.as_ref(), call));
                         if let Some(ending) = send_bounded(worker, &answer, deadline, None).await {
                             return ending;
                         }

@@ -10,6 +10,8 @@
 //! killed). An interrupt answers every pending call `cancelled`; a run that ends drops the
 //! pending futures, which cancels the calls, and a session's worker is sent a `cancelled`
 //! answer for each after its result (a thread of it may be blocked reading the socket).
+//! Dropping a call's future is how every cancel reaches the [`ToolHost`], which counts
+//! the call `cancelled`.
 
 use std::fmt;
 use std::future::Future;
@@ -17,7 +19,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 
-use snakecage_worker::protocol::{ToolCall, ToolErrorKind, ToolOutcome};
+use snakecage_worker::protocol::{ToolCall, ToolErrorKind, ToolOutcome, ToolResult};
 
 /// The answer to one call, still to come.
 pub type ToolFuture = Pin<Box<dyn Future<Output = ToolOutcome> + Send>>;
@@ -147,6 +149,20 @@ pub(super) fn cancelled() -> ToolOutcome {
         ToolErrorKind::Cancelled,
         "the run was interrupted while this call was pending",
     )
+}
+
+/// The answer to `call`, made after its run was interrupted: `cancelled`, and nothing is
+/// started for it. Its future is made and dropped unpolled, which dispatches nothing and
+/// lets the tools count the call (as `cancelled`, or as whatever refused it).
+pub(super) fn cancel_unstarted(tools: Option<&RunTools>, call: ToolCall) -> ToolResult {
+    let id = call.id;
+    if let Some(tools) = tools {
+        drop(tools.0.call(call));
+    }
+    ToolResult {
+        id,
+        outcome: cancelled(),
+    }
 }
 
 /// The answer the calls still pending at a job's result get (the worker answered them

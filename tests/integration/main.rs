@@ -51,6 +51,7 @@ mod timeouts;
 mod tls;
 mod tools;
 mod tools_caller;
+mod tools_cancel;
 mod tools_concurrent;
 mod tools_mcp;
 mod tools_mcp_reconnect;
