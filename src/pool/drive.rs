@@ -20,7 +20,8 @@ const INTERRUPT_REPEAT: Duration = Duration::from_millis(250);
 ///
 /// Tool calls are answered meanwhile (see [`toolcalls`]), up to `tool_cap` pending at
 /// once, each as soon as its answer is there: the deadline keeps running while they are
-/// pending; an interrupt answers them all `cancelled`; an ending drops them, and a result
+/// pending; a call the program stopped waiting for (`ToolCancel`) is dropped and answered
+/// `cancelled`; an interrupt answers them all `cancelled`; an ending drops them, and a result
 /// that comes while some are pending is followed by a `cancelled` answer for each.
 pub(super) async fn drive(
     worker: &mut Worker,
@@ -104,6 +105,16 @@ pub(super) async fn drive(
                         }
                     } else {
                         calls.start(limits.tools.as_ref(), call);
+                    }
+                }
+                Ok(Some(WorkerMessage::ToolCancel { id })) => {
+                    // Answered once, only while pending: a cancel that crossed its answer,
+                    // or one for an id never made, is ignored.
+                    if calls.cancel(id) {
+                        let answer = JobRequest::ToolResult(ToolResult { id, outcome: toolcalls::given_up() });
+                        if let Some(ending) = send_bounded(worker, &answer, deadline, stateless_cancel).await {
+                            return ending;
+                        }
                     }
                 }
                 Ok(Some(_)) | Err(_) => return Ending::ProtocolViolation(ProtocolViolation::Garbled),

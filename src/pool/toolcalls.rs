@@ -10,6 +10,10 @@
 //! killed). An interrupt answers every pending call `cancelled`; a run that ends drops the
 //! pending futures, which cancels the calls, and a session's worker is sent a `cancelled`
 //! answer for each after its result (a thread of it may be blocked reading the socket).
+//! A `ToolCancel` from the worker (the program stopped waiting for a call) drops that call
+//! and answers it `cancelled`, which frees its slot; a cancel of an id not pending (the
+//! answer crossed it on the way: a natural race) is ignored, so no id is answered twice,
+//! and a flood of them costs a scan of the short pending list each and keeps nothing.
 //! Dropping a call's future is how every cancel reaches the [`ToolHost`], which counts
 //! the call `cancelled`.
 
@@ -135,6 +139,18 @@ impl InFlight {
         .await
     }
 
+    /// Drops call `id` (which cancels it), if it is pending: true when it was, and is now
+    /// to be answered. A cancel of an id not pending changes nothing.
+    pub fn cancel(&mut self, id: u64) -> bool {
+        match self.pending.iter().position(|(pending, _)| *pending == id) {
+            Some(at) => {
+                drop(self.pending.swap_remove(at));
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Drops every pending call (which cancels it) and returns their ids, to be answered.
     pub fn cancel_all(&mut self) -> Vec<u64> {
         let mut ids: Vec<u64> = self.pending.drain(..).map(|(id, _)| id).collect();
@@ -163,6 +179,14 @@ pub(super) fn cancel_unstarted(tools: Option<&RunTools>, call: ToolCall) -> Tool
         id,
         outcome: cancelled(),
     }
+}
+
+/// The answer to a call its program stopped waiting for (`ToolCancel`).
+pub(super) fn given_up() -> ToolOutcome {
+    ToolOutcome::error(
+        ToolErrorKind::Cancelled,
+        "the program stopped waiting for this call",
+    )
 }
 
 /// The answer the calls still pending at a job's result get (the worker answered them
@@ -225,6 +249,11 @@ mod tests {
         in_flight.admit(&call(2)).unwrap();
         in_flight.start(None, call(2));
         in_flight.start(Some(&tools), call(7));
+        in_flight.start(Some(&tools), call(8));
+        // One cancelled by its program: once, and only while it is pending.
+        assert!(in_flight.cancel(8));
+        assert!(!in_flight.cancel(8));
+        assert!(!in_flight.cancel(99));
         assert_eq!(in_flight.cancel_all(), [2, 7]);
         assert!(in_flight.is_empty());
     }

@@ -219,3 +219,114 @@ except tools.ToolLimitError as e:
     assert_eq!(calls_of(&metrics, "none"), 0.0, "{metrics}");
     assert_histogram_counts_every_call(&metrics, "http");
 }
+
+/// Python that speaks the job protocol on fd 3 itself, as hostile code can: `send(msg)`
+/// writes a frame, `frames(msgs)` encodes several, `recv()` reads the next answer.
+const RAW_FRAMES: &str = "import os, json, struct
+def frame(m):
+    b = json.dumps(m).encode()
+    return struct.pack('<I', len(b)) + b
+def frames(msgs):
+    return b''.join(frame(m) for m in msgs)
+def send(m):
+    os.write(3, frames([m]))
+def read_exact(n):
+    b = b''
+    while len(b) < n:
+        chunk = os.read(3, n - len(b))
+        if not chunk:
+            raise EOFError('the supervisor hung up')
+        b += chunk
+    return b
+def recv():
+    return json.loads(read_exact(struct.unpack('<I', read_exact(4))[0]))
+def call(i, name, **arguments):
+    send({'type': 'tool_call', 'id': i, 'name': name, 'arguments': arguments})
+def cancel(i):
+    send({'type': 'tool_cancel', 'id': i})
+";
+
+/// Cancels written to fd 3 by hostile code: one for an id already answered, one for an
+/// id never made, one twice, and a flood of them. A pending call is dropped and answered
+/// `cancelled` once; every other cancel is ignored: no id gets a second answer, and the
+/// calls after them get their own.
+#[tokio::test]
+async fn cancels_of_ids_not_pending_are_ignored_and_no_call_is_answered_twice() {
+    let (s, _seen, _dir) = server("").await;
+    let code = format!(
+        "{RAW_FRAMES}
+call(1, 'echo', n=1)
+first = recv()
+cancel(1)
+cancel(99)
+call(2, 'hold', tag='x')
+cancel(2)
+cancel(2)
+held = recv()
+call(3, 'echo', n=3)
+third = recv()
+os.write(3, frames({{'type': 'tool_cancel', 'id': i % 5}} for i in range(100000)))
+call(4, 'echo', n=4)
+fourth = recv()
+print(first['id'], first['result'], '|', held['id'], held['kind'], held['message'], '|',
+      third['id'], third['result'], '|', fourth['id'], fourth['result'])"
+    );
+    let body = s.run_with(json!({"code": code, "timeout_ms": 60000})).await;
+    assert_eq!(
+        stdout(&body),
+        "1 {'n': 1} | 2 cancelled the program stopped waiting for this call | 3 {'n': 3} | 4 {'n': 4}\n",
+        "{body}"
+    );
+    assert_eq!(body["verdict"], "ok", "{body}");
+    let metrics = s.get("/metrics").await.2;
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"snakecage_tool_calls_total{outcome="cancelled",provider="http",tool="hold"}"#
+        ),
+        1.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"snakecage_workers_killed_total{reason="protocol_violation"}"#
+        ),
+        0.0,
+        "{metrics}"
+    );
+}
+
+/// Cancels written without end do not hold the run: it ends at its deadline (a timeout,
+/// not a protocol violation), and the next run is served.
+#[tokio::test]
+async fn a_flood_of_cancels_still_ends_at_the_deadline() {
+    let (s, _seen, _dir) = server("").await;
+    let code = format!(
+        "{RAW_FRAMES}
+batch = frames({{'type': 'tool_cancel', 'id': i}} for i in range(1000))
+print('flut', flush=True)
+while True:
+    os.write(3, batch)"
+    );
+    let client = s.client.clone();
+    let url = format!("{}/v1/execute", s.base);
+    let body: Value = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        client
+            .post(url)
+            .json(&json!({"code": code, "timeout_ms": 2000}))
+            .send(),
+    )
+    .await
+    .expect("the run must end at its deadline")
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(body["verdict"], "timeout", "{body}");
+    assert_eq!(body["timed_out"], true, "{body}");
+    assert_eq!(stdout(&body), "flut\n", "{body}");
+    let next = s.run("print(6 * 7)").await;
+    assert_eq!(stdout(&next), "42\n", "{next}");
+}
