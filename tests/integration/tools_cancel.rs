@@ -330,3 +330,58 @@ while True:
     let next = s.run("print(6 * 7)").await;
     assert_eq!(stdout(&next), "42\n", "{next}");
 }
+
+/// A task awaiting `tools.aio` that is cancelled (explicitly, or by a `TaskGroup` one of
+/// whose tasks failed) cancels its call: the host drops it (counted `cancelled`) and its
+/// slot is free at once, not when the call would have been answered. The cap is 3: two
+/// calls held, one slot to watch them with; then three calls must be in flight together
+/// (`gate` waits for three at once), and after the group three calls need a slot each.
+#[tokio::test]
+async fn a_cancelled_await_frees_its_slot_at_once() {
+    let (s, _seen, _dir) = server("max_concurrent_calls = 3").await;
+    // `hold` answers after 20 s unless released, `gate` after 20 s without three at
+    // once: the run's 15 s deadline would pass while the calls after the cancelled ones
+    // waited for their slots.
+    let code = "import asyncio
+from snakecage import tools
+async def held():
+    while tools.status()['holding'] < 2:
+        await asyncio.sleep(0.01)
+async def main():
+    tasks = [asyncio.create_task(tools.aio.hold(tag=i)) for i in range(2)]
+    await held()
+    for t in tasks:
+        t.cancel()
+    print([r.__class__.__name__ for r in await asyncio.gather(*tasks, return_exceptions=True)])
+    met = await asyncio.gather(*(tools.aio.gate(city=i, together=3, wait_ms=20000) for i in range(3)))
+    print([(m['city'], m['seen']) for m in met])
+    async def stop():
+        await held()
+        raise ValueError('genug')
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(tools.aio.hold(tag='a'))
+            group.create_task(tools.aio.hold(tag='b'))
+            group.create_task(stop())
+    except* ValueError as e:
+        print('group stopped:', e.exceptions[0])
+    print(await asyncio.gather(*(tools.aio.echo(n=i) for i in 'xyz')))
+await main()";
+    let body = s.run_with(json!({"code": code, "timeout_ms": 15000})).await;
+    assert_eq!(
+        stdout(&body),
+        "['CancelledError', 'CancelledError']\n[(0, 3), (1, 3), (2, 3)]\n\
+         group stopped: genug\n[{'n': 'x'}, {'n': 'y'}, {'n': 'z'}]\n",
+        "{body}"
+    );
+    assert_eq!(body["verdict"], "ok", "{body}");
+    let metrics = s.get("/metrics").await.2;
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"snakecage_tool_calls_total{outcome="cancelled",provider="http",tool="hold"}"#
+        ),
+        4.0,
+        "{metrics}"
+    );
+}
