@@ -159,9 +159,13 @@ def _decode(name, answer):
 
 
 # The threads ``acall`` runs calls on: started on first use (nothing is imported
-# for them before), never in the zygote, at most as many as the run's cap. They
-# are daemon threads: a one-shot run ends when its program does, as it would
-# without them (the runner waits for the non-daemon threads a program leaves).
+# for them before), never in the zygote, at most as many as the run's cap. The
+# native half starts them, each with a small stack of its own (``threading``'s
+# stack size is the process's: 8 MiB, and ~30 of those filled the run's memory
+# limit). They are not ``threading`` threads, and daemons in effect: a one-shot
+# run ends when its program does, as it would without them (the runner waits for
+# the non-daemon threads a program leaves). They run no user code and only
+# native code of the call: the JSON is made and read on the event loop's thread.
 _pool_lock = _thread.allocate_lock()
 _pool_queue = None
 _pool_threads = 0
@@ -178,24 +182,31 @@ def _pool_worker():
             _pool_idle += 1
 
 
-def _submit(work):
+def _submit(work, name):
     """Runs ``work()`` on a thread of the pool: an idle one, a new one below the
-    cap, or the next one free."""
+    cap, or the next one free. A thread that cannot start raises
+    ``ToolLimitError`` and ``work`` never runs."""
     global _pool_queue, _pool_threads, _pool_idle
     with _pool_lock:
         if _pool_queue is None:
             import queue
 
             _pool_queue = queue.SimpleQueue()
-        _pool_queue.put(work)
         if _pool_idle > 0:
             _pool_idle -= 1
         elif _pool_threads < max(1, _native.max_concurrent_calls()):
-            import threading
-
+            try:
+                _native.start_thread(_pool_worker, f"snakecage-tools-{_pool_threads + 1}")
+            except RuntimeError as e:
+                raise ToolLimitError(
+                    f"tool '{name}' was not called: no thread could be started for it "
+                    f"({e}): the run's memory or thread limit is reached; make fewer "
+                    "calls at once",
+                    tool=name,
+                    kind="limit",
+                ) from None
             _pool_threads += 1
-            name = f"snakecage-tools-{_pool_threads}"
-            threading.Thread(target=_pool_worker, name=name, daemon=True).start()
+        _pool_queue.put(work)
 
 
 def _settle(future, answer, error):
@@ -237,7 +248,7 @@ async def acall(name, /, **arguments):
             pass
 
     _flush_output()
-    _submit(work)
+    _submit(work, name)
     try:
         answer = await future
     except BaseException:

@@ -33,6 +33,7 @@ class FakeNative:
         # When set, every acall is held until its task stops waiting for it.
         self.hold = False
         self.tickets = []
+        self.threads_fail = False
 
     def max_concurrent_calls(self):
         return self.cap
@@ -62,6 +63,11 @@ class FakeNative:
         self.tickets.append(ticket)
         return ticket
 
+    def start_thread(self, target, name):
+        if self.threads_fail:
+            raise RuntimeError("can't start new thread")
+        threading.Thread(target=target, name=name, daemon=True).start()
+
 
 class FakeTicket:
     """A call prepared for ``acall``: made on a pool thread, cancelled from the loop. A held
@@ -89,7 +95,7 @@ class FakeTicket:
 def tools(monkeypatch):
     native = FakeNative()
     fake = types.ModuleType("_snakecage_tools")
-    for attr in ("catalog", "search", "call", "max_concurrent_calls", "prepare"):
+    for attr in ("catalog", "search", "call", "max_concurrent_calls", "prepare", "start_thread"):
         setattr(fake, attr, getattr(native, attr))
     monkeypatch.setitem(sys.modules, "_snakecage_tools", fake)
     module = types.ModuleType("snakecage.tools")
@@ -244,3 +250,22 @@ def test_a_task_that_stops_waiting_cancels_its_call(tools):
     assert [a["city"] for _, a in tools.native.sent] == ["wait_for", "timeout", "group", "after"]
     # One thread (the cap) served them all: each cancel freed it.
     assert tools._pool_threads == 1
+
+
+def test_a_thread_that_cannot_start_is_a_limit_error_and_nothing_is_sent(tools):
+    tools.native.threads_fail = True
+
+    async def main():
+        with pytest.raises(tools.ToolLimitError, match="no thread could be started") as info:
+            await tools.aio.get_weather(city="x")
+        assert (info.value.kind, info.value.tool) == ("limit", "get_weather")
+        # Refused by the native half: no thread is needed.
+        with pytest.raises(tools.UnknownToolError):
+            await tools.acall("launch")
+
+    asyncio.run(main())
+    assert tools.native.sent == []
+    assert tools._pool_threads == 0
+    # Once threads start again, calls go out.
+    tools.native.threads_fail = False
+    assert asyncio.run(tools.acall("get_weather", city="y")) == {"temp": 21}

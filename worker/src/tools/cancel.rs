@@ -9,7 +9,8 @@
 //!   frees the slot (the call's answer, if it crossed the cancel, does the same);
 //! - answered, or its job ended: nothing is sent.
 //!
-//! At most one `ToolCancel` goes out per call.
+//! At most one `ToolCancel` goes out per call. The pool's threads are started here too
+//! (`start_thread`), with a small stack of their own.
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -19,6 +20,16 @@ use pyo3::types::PyString;
 use snakecage_worker::protocol::{ToolErrorKind, ToolOutcome, WorkerMessage};
 
 use super::{Checked, TOOLS, Tools, channel_broke, to_json};
+
+/// The stack of each thread of the pool `tools.acall` runs calls on. Such a thread only
+/// waits for a slot, writes a frame and reads frames (the checks, and the JSON of the
+/// arguments and of the answer in Python, happen on the event loop's thread). Measured
+/// (2026-11-26): reading an answer nested as deep as the job socket's codec lets a call
+/// be (125 levels) takes between 192 and 256 KiB of stack in a debug build, less in a
+/// release build; 512 KiB leaves twice that. CPython's default, 8 MiB, counts against
+/// the job's RLIMIT_DATA like the heap: only ~30 such threads started under the default
+/// 256 MB limit. 64 (`tools.max_concurrent_calls` at most) take 32 MiB.
+pub const POOL_THREAD_STACK_BYTES: usize = 512 * 1024;
 
 /// Where a cancellable call stands.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -132,9 +143,31 @@ fn prepare(py: Python<'_>, name: &str, arguments: &str) -> PyResult<Py<PyAny>> {
     }
 }
 
+/// Starts a thread named `name` with a stack of [`POOL_THREAD_STACK_BYTES`] that runs
+/// `target()`. Not `threading`: its stack size is the process's, read by every thread
+/// started meanwhile; this one is this thread's alone. A thread that cannot start (the
+/// job's memory limit) raises `RuntimeError`, and nothing has run.
+#[pyfunction]
+fn start_thread(target: Py<PyAny>, name: String) -> PyResult<()> {
+    std::thread::Builder::new()
+        .name(name)
+        .stack_size(POOL_THREAD_STACK_BYTES)
+        .spawn(move || {
+            Python::attach(move |py| {
+                if let Err(e) = target.call0(py) {
+                    e.write_unraisable(py, None);
+                }
+                drop(target);
+            });
+        })
+        .map(drop)
+        .map_err(|e| PyRuntimeError::new_err(format!("can't start new thread: {e}")))
+}
+
 pub(super) fn add_to(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Ticket>()?;
     module.add_function(wrap_pyfunction!(prepare, module)?)?;
+    module.add_function(wrap_pyfunction!(start_thread, module)?)?;
     Ok(())
 }
 
