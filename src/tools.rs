@@ -98,7 +98,9 @@ impl ToolContext {
             " Host tools are callable from the code: `from snakecage import tools`; \
              tools.search(\"what you need\") returns the best matches with their JSON Schema \
              parameters, tools.<name>(**kwargs) calls one and returns its JSON result, a failure \
-             raises tools.ToolError (message, data). Offered: {}{more}. Prefer ONE program that \
+             raises tools.ToolError (message, data); a tool whose name is not a Python \
+             identifier (github.search-issues) or is one of the module's own (search, list, \
+             call) is called as tools.call(\"<name>\", **kwargs). Offered: {}{more}. Prefer ONE program that \
              searches, calls the tools in loops, filters and aggregates, and prints only the \
              final answer, over one tool call per turn; a run may make up to {} tool calls. \
              Calls run concurrently: fan independent calls out with a ThreadPoolExecutor \
@@ -473,6 +475,7 @@ mod tests {
             "fan independent calls out with a ThreadPoolExecutor",
             "tools.aio.<name>(arg=x)",
             "up to 8 are in flight at once",
+            "is called as tools.call(\"<name>\", **kwargs)",
         ] {
             assert!(text.contains(needle), "{needle:?} missing from {text:?}");
         }

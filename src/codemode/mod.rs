@@ -98,9 +98,13 @@ impl Toolbox {
         self.tools.is_empty()
     }
 
-    /// Checks `call` before it is dispatched: the per-run count, the name, the size and
-    /// the schema of the arguments.
-    fn admit(&self, call: &ToolCall) -> Result<Arc<CatalogTool>, ToolOutcome> {
+    /// Checks `call` of `tool` (`None`: no tool of the run has its name) before it is
+    /// dispatched: the per-run count, the name, the size and the schema of the arguments.
+    fn admit(
+        &self,
+        call: &ToolCall,
+        tool: Option<&Arc<CatalogTool>>,
+    ) -> Result<Arc<CatalogTool>, ToolOutcome> {
         let made = self.calls.fetch_add(1, Ordering::Relaxed);
         if made >= self.limits.max_calls {
             return Err(ToolOutcome::error(
@@ -111,7 +115,7 @@ impl Toolbox {
                 ),
             ));
         }
-        let Some(tool) = self.tools.iter().find(|t| t.spec.name == call.name) else {
+        let Some(tool) = tool else {
             return Err(ToolOutcome::error(
                 ToolErrorKind::UnknownTool,
                 format!("unknown tool '{}'", call.name),
@@ -142,23 +146,20 @@ impl Toolbox {
 
 impl ToolHost for Toolbox {
     fn call(&self, call: ToolCall) -> ToolFuture {
-        let started = Instant::now();
-        let metrics = self.metrics.clone();
-        let limits = self.limits;
-        let tool = match self.admit(&call) {
+        let found = self.tools.iter().find(|t| t.spec.name == call.name);
+        let record = CallRecord::new(self.metrics.clone(), found.map(|t| &**t));
+        let tool = match self.admit(&call, found) {
             Ok(tool) => tool,
             Err(refused) => {
-                let label = self
-                    .tools
-                    .iter()
-                    .find(|t| t.spec.name == call.name)
-                    .map(|t| t.metric_label());
-                record(&metrics, label.as_deref(), None, &refused, started);
+                record.finish(&refused);
                 return Box::pin(async move { refused });
             }
         };
+        let limits = self.limits;
+        // The record moves into the future: dropped unfinished (the run ended, was
+        // interrupted or cancelled, the program cancelled the call), it counts the call
+        // `cancelled`, whether or not the future was ever polled.
         Box::pin(async move {
-            let kind = tool.provider.kind();
             let outcome = match tokio::time::timeout(
                 limits.call_timeout,
                 tool.provider
@@ -176,13 +177,7 @@ impl ToolHost for Toolbox {
                     ),
                 ),
             };
-            record(
-                &metrics,
-                Some(&tool.metric_label()),
-                Some(kind),
-                &outcome,
-                started,
-            );
+            record.finish(&outcome);
             outcome
         })
     }
@@ -210,23 +205,56 @@ fn cap_result(outcome: ToolOutcome, max: usize) -> ToolOutcome {
     }
 }
 
-fn record(
-    metrics: &Metrics,
-    tool: Option<&str>,
-    provider: Option<ProviderKind>,
-    outcome: &ToolOutcome,
+/// One call as the metrics count it, exactly once: with its outcome when it is answered
+/// ([`CallRecord::finish`]), or `cancelled` when it is dropped unanswered.
+struct CallRecord {
+    metrics: Arc<Metrics>,
+    /// `tool` and `provider` labels (see [`crate::metrics::tools`]).
+    tool: String,
+    provider: &'static str,
     started: Instant,
-) {
-    let result = match outcome {
-        ToolOutcome::Ok { .. } => "ok",
-        ToolOutcome::Error { kind, .. } => kind.as_str(),
-    };
-    metrics.tool_call(
-        tool.unwrap_or(crate::metrics::tools::UNKNOWN_TOOL),
-        provider.map_or("none", ProviderKind::as_str),
-        result,
-        started.elapsed(),
-    );
+    finished: bool,
+}
+
+impl CallRecord {
+    /// The record of a call of `tool`; `None`: a name no tool of the run has (`unknown`,
+    /// provider `none`).
+    fn new(metrics: Arc<Metrics>, tool: Option<&CatalogTool>) -> Self {
+        Self {
+            metrics,
+            tool: tool.map_or_else(
+                || crate::metrics::tools::UNKNOWN_TOOL.to_owned(),
+                CatalogTool::metric_label,
+            ),
+            provider: tool.map_or(crate::metrics::tools::NO_PROVIDER, |t| {
+                t.provider.kind().as_str()
+            }),
+            started: Instant::now(),
+            finished: false,
+        }
+    }
+
+    fn finish(mut self, outcome: &ToolOutcome) {
+        let label = match outcome {
+            ToolOutcome::Ok { .. } => "ok",
+            ToolOutcome::Error { kind, .. } => kind.as_str(),
+        };
+        self.count(label);
+        self.finished = true;
+    }
+
+    fn count(&self, outcome: &str) {
+        self.metrics
+            .tool_call(&self.tool, self.provider, outcome, self.started.elapsed());
+    }
+}
+
+impl Drop for CallRecord {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.count(ToolErrorKind::Cancelled.as_str());
+        }
+    }
 }
 
 #[cfg(test)]

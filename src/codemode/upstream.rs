@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
-use rmcp::service::{RoleClient, RunningService, ServiceError};
+use rmcp::service::{ClientInitializeError, RoleClient, RunningService, ServiceError};
+use rmcp::transport::DynamicTransportError;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::Value;
@@ -66,7 +67,7 @@ async fn open(config: &McpServerConfig, roots: &TrustRoots) -> Result<Client, St
             );
             ().serve(transport)
                 .await
-                .map_err(|e| format!("connecting to {url}: {e}"))
+                .map_err(|e| format!("connecting to {url}: {}", plainly(&e)))
         }
         (None, Some(argv)) if !argv.is_empty() => {
             let mut command = tokio::process::Command::new(&argv[0]);
@@ -75,7 +76,7 @@ async fn open(config: &McpServerConfig, roots: &TrustRoots) -> Result<Client, St
                 .map_err(|e| format!("starting {:?}: {e}", argv[0]))?;
             ().serve(transport)
                 .await
-                .map_err(|e| format!("initialising {:?}: {e}", argv[0]))
+                .map_err(|e| format!("initialising {:?}: {}", argv[0], plainly(&e)))
         }
         _ => Err("give exactly one of url and command".into()),
     }
@@ -91,7 +92,7 @@ impl Upstream {
         let listed = client
             .list_all_tools()
             .await
-            .map_err(|e| format!("listing its tools: {e}"))?;
+            .map_err(|e| format!("listing its tools: {}", plainly(&e)))?;
         let mut tools = Vec::with_capacity(listed.len());
         for tool in listed {
             let offered = format!("{}_{}", config.name, tool.name);
@@ -138,7 +139,7 @@ impl Upstream {
                     format!("MCP server '{}': {e}", self.name),
                 );
             }
-            Err(e) => return self.lost(&client, e.to_string()),
+            Err(e) => return self.lost(&client, plainly(&e)),
         };
         let text: Vec<&str> = result
             .content
@@ -279,6 +280,44 @@ async fn reconnect(upstream: Weak<Upstream>) {
     }
 }
 
+/// An rmcp error in words: its transport errors read `Transport [<the transport's Rust
+/// type, generics and all>] error: …`, which users of a tool have no use for. What is
+/// left is each cause, outermost first (`error sending request for url (…): client error
+/// (Connect): tcp connect error: Connection refused (os error 111)`).
+fn plainly(e: &(dyn std::error::Error + 'static)) -> String {
+    if let Some(ServiceError::TransportSend(transport)) = e.downcast_ref() {
+        return format!("sending to it failed: {}", plainly(transport));
+    }
+    if let Some(ClientInitializeError::TransportError { error, context }) = e.downcast_ref() {
+        return format!("{} ({context})", plainly(error));
+    }
+    if let Some(transport) = e.downcast_ref::<DynamicTransportError>() {
+        return causes(&*transport.error);
+    }
+    causes(e)
+}
+
+/// `e` and its sources, outermost first; a message that ends with its source's (as
+/// `Client error: {0}` does) is cut before it.
+fn causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(e);
+    while let Some(e) = next {
+        next = e.source();
+        let mut text = e.to_string();
+        if let Some(inner) = next.map(ToString::to_string)
+            && !inner.is_empty()
+            && let Some(own) = text.strip_suffix(&inner)
+        {
+            text = own.trim_end_matches([' ', ':']).to_owned();
+        }
+        if !text.is_empty() {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
+}
+
 /// How many redirects one request to an upstream follows.
 const MAX_REDIRECTS: usize = 10;
 
@@ -309,4 +348,43 @@ fn http_client(roots: &TrustRoots) -> Result<reqwest::Client, String> {
         .redirect(redirects)
         .build()
         .map_err(|e| format!("HTTP client: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+
+    fn refused() -> DynamicTransportError {
+        let io = io::Error::new(io::ErrorKind::ConnectionRefused, "Connection refused");
+        DynamicTransportError::from_parts(
+            "rmcp::transport::worker::WorkerTransport<rmcp::transport::Worker<reqwest::Client>>",
+            std::any::TypeId::of::<()>(),
+            Box::new(io),
+        )
+    }
+
+    #[test]
+    fn transport_errors_read_without_rust_type_names() {
+        assert!(refused().to_string().contains("rmcp::transport"));
+        assert_eq!(
+            plainly(&ServiceError::TransportSend(refused())),
+            "sending to it failed: Connection refused"
+        );
+        let init = ClientInitializeError::TransportError {
+            error: refused(),
+            context: "send initialize request".into(),
+        };
+        assert_eq!(
+            plainly(&init),
+            "Connection refused (send initialize request)"
+        );
+        assert_eq!(plainly(&ServiceError::TransportClosed), "Transport closed");
+        // A message that repeats its source's is cut before it.
+        #[derive(Debug, thiserror::Error)]
+        #[error("Client error: {0}")]
+        struct Client(#[source] io::Error);
+        let client = Client(io::Error::other("tcp connect error"));
+        assert_eq!(causes(&client), "Client error: tcp connect error");
+    }
 }

@@ -99,6 +99,11 @@ pub struct McpServerConfig {
     pub tenants: Option<Vec<String>>,
 }
 
+/// The most `max_concurrent_calls` may be. An asyncio program's calls in flight each have
+/// a thread of the worker, whose stack (512 KiB) counts against the run's memory limit:
+/// 64 take 32 MiB of the default 256 MB.
+pub const MAX_CONCURRENT_CALLS: u32 = 64;
+
 /// The error for `what` (https://, a CA file) in a build without the `tls` feature.
 pub fn needs_tls(what: &str) -> String {
     format!("{what} needs a build with the `tls` feature (cargo build --features tls)")
@@ -122,6 +127,15 @@ impl ToolsConfig {
             return Err(
                 "tools.max_calls_per_run and tools.call_timeout_ms must be positive".into(),
             );
+        }
+        if self.max_concurrent_calls > MAX_CONCURRENT_CALLS {
+            return Err(format!(
+                "tools.max_concurrent_calls is {} but may be at most {MAX_CONCURRENT_CALLS} (each \
+                 call in flight of an asyncio program has a thread in the worker, whose stack \
+                 counts against the run's memory limit); lower it in the configuration file or \
+                 SNAKECAGE_TOOLS__MAX_CONCURRENT_CALLS",
+                self.max_concurrent_calls
+            ));
         }
         // A call and its answer each travel in one frame of the job socket.
         let frame_room = snakecage_worker::frame::MAX_FRAME_LEN / 2;
@@ -324,5 +338,16 @@ mod tests {
             ..ToolsConfig::default()
         };
         assert!(invalid(config).contains("must be between 2 and"));
+        let calls = |n| ToolsConfig {
+            max_concurrent_calls: n,
+            ..ToolsConfig::default()
+        };
+        calls(MAX_CONCURRENT_CALLS).validate().unwrap();
+        assert!(
+            invalid(calls(MAX_CONCURRENT_CALLS + 1))
+                .starts_with("tools.max_concurrent_calls is 65 but may be at most 64 ("),
+            "{}",
+            invalid(calls(MAX_CONCURRENT_CALLS + 1))
+        );
     }
 }

@@ -261,7 +261,7 @@ impl Metrics {
             ),
             tool_call_duration: reg.histogram_vec(
                 names::TOOL_CALL_DURATION_SECONDS,
-                "From a tool call reaching the supervisor to its answer, by provider.",
+                "From a tool call reaching the supervisor to its answer or cancellation, by provider.",
                 &[label::PROVIDER],
                 &tools::DURATION_BUCKETS,
             ),

@@ -179,7 +179,10 @@ pub const ALL: [&str; 43] = [
 
 /// Tool calls made by sandboxed code (Code Mode), by `tool` (an operator tool's name, or
 /// `caller` for every tool a request declared, `unknown` for names not offered),
-/// `provider` (caller, http, mcp, none) and `outcome` (ok, or the error kind).
+/// `provider` (caller, http, mcp; none for a name no tool has) and `outcome` (ok, or the
+/// error kind; `cancelled` also for a call whose run ended, was interrupted or cancelled,
+/// or whose program cancelled it, before its answer).
 pub const TOOL_CALLS_TOTAL: &str = "snakecage_tool_calls_total";
-/// From a tool call reaching the supervisor to its answer, by `provider`.
+/// From a tool call reaching the supervisor to its answer (or its cancellation), by
+/// `provider`.
 pub const TOOL_CALL_DURATION_SECONDS: &str = "snakecage_tool_call_duration_seconds";

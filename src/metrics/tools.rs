@@ -9,6 +9,10 @@ use super::Metrics;
 /// The `tool` of calls whose name no catalog offers.
 pub const UNKNOWN_TOOL: &str = "unknown";
 
+/// The `provider` of calls whose name no tool of the run has (refused unsent; a call of a
+/// known tool refused by a limit or its schema is labelled with the tool's provider).
+pub const NO_PROVIDER: &str = "none";
+
 /// Tool calls take from microseconds (a refused call) to the call timeout.
 pub const DURATION_BUCKETS: [f64; 12] = [
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.005, 0.025, 0.1, 0.5, 2.0, 10.0, 60.0,

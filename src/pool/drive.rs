@@ -20,7 +20,8 @@ const INTERRUPT_REPEAT: Duration = Duration::from_millis(250);
 ///
 /// Tool calls are answered meanwhile (see [`toolcalls`]), up to `tool_cap` pending at
 /// once, each as soon as its answer is there: the deadline keeps running while they are
-/// pending; an interrupt answers them all `cancelled`; an ending drops them, and a result
+/// pending; a call the program stopped waiting for (`ToolCancel`) is dropped and answered
+/// `cancelled`; an interrupt answers them all `cancelled`; an ending drops them, and a result
 /// that comes while some are pending is followed by a `cancelled` answer for each.
 pub(super) async fn drive(
     worker: &mut Worker,
@@ -52,10 +53,7 @@ pub(super) async fn drive(
             biased;
             () = tokio::time::sleep_until(deadline) => match interrupt {
                 Some(i) if !interrupted => {
-                    worker.interrupt();
-                    interrupted = true;
-                    deadline = tokio::time::Instant::now() + i.grace;
-                    if let Some(ending) = cancel_all(worker, &mut calls, toolcalls::cancelled(), deadline, None).await {
+                    if let Some(ending) = interrupt_job(worker, &mut calls, i.grace, &mut deadline, &mut interrupted).await {
                         return ending;
                     }
                 }
@@ -73,10 +71,7 @@ pub(super) async fn drive(
                 () = cancel.cancelled() => {}
             } }, if !interrupted && interrupt.is_some() => {
                 let grace = interrupt.map_or(Duration::ZERO, |i| i.grace);
-                worker.interrupt();
-                interrupted = true;
-                deadline = tokio::time::Instant::now() + grace;
-                if let Some(ending) = cancel_all(worker, &mut calls, toolcalls::cancelled(), deadline, None).await {
+                if let Some(ending) = interrupt_job(worker, &mut calls, grace, &mut deadline, &mut interrupted).await {
                     return ending;
                 }
             }
@@ -104,15 +99,22 @@ pub(super) async fn drive(
                     capture.tool_calls += 1;
                     if interrupted {
                         // Past its deadline: no new work is started for it.
-                        let answer = JobRequest::ToolResult(ToolResult {
-                            id: call.id,
-                            outcome: toolcalls::cancelled(),
-                        });
+                        let answer = JobRequest::ToolResult(toolcalls::cancel_unstarted(limits.tools.as_ref(), call));
                         if let Some(ending) = send_bounded(worker, &answer, deadline, None).await {
                             return ending;
                         }
                     } else {
                         calls.start(limits.tools.as_ref(), call);
+                    }
+                }
+                Ok(Some(WorkerMessage::ToolCancel { id })) => {
+                    // Answered once, only while pending: a cancel that crossed its answer,
+                    // or one for an id never made, is ignored.
+                    if calls.cancel(id) {
+                        let answer = JobRequest::ToolResult(ToolResult { id, outcome: toolcalls::given_up() });
+                        if let Some(ending) = send_bounded(worker, &answer, deadline, stateless_cancel).await {
+                            return ending;
+                        }
                     }
                 }
                 Ok(Some(_)) | Err(_) => return Ending::ProtocolViolation(ProtocolViolation::Garbled),
@@ -138,6 +140,22 @@ pub(super) async fn drive(
             }
         }
     }
+}
+
+/// Interrupts the job (SIGINT, repeated while `interrupted`), gives it `grace` from now
+/// to answer, and answers every pending call `cancelled`: the deadline's interrupt and an
+/// early one (`interrupt.now`, a cancel) alike. The ending a send gave, if any.
+async fn interrupt_job(
+    worker: &mut Worker,
+    calls: &mut InFlight,
+    grace: Duration,
+    deadline: &mut tokio::time::Instant,
+    interrupted: &mut bool,
+) -> Option<Ending> {
+    worker.interrupt();
+    *interrupted = true;
+    *deadline = tokio::time::Instant::now() + grace;
+    cancel_all(worker, calls, toolcalls::cancelled(), *deadline, None).await
 }
 
 /// Answers every pending call with `outcome` (`cancelled`) and drops its future, which
@@ -172,12 +190,16 @@ async fn send_bounded(
     deadline: tokio::time::Instant,
     cancel: Option<&CancellationToken>,
 ) -> Option<Ending> {
-    let never = CancellationToken::new();
-    let cancel_fired = cancel.unwrap_or(&never);
+    let cancelled = async {
+        match cancel {
+            Some(cancel) => cancel.cancelled().await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         biased;
         () = tokio::time::sleep_until(deadline) => Some(Ending::Deadline),
-        () = cancel_fired.cancelled(), if cancel.is_some() => Some(Ending::Cancelled),
+        () = cancelled => Some(Ending::Cancelled),
         // A worker gone meanwhile is noticed by the next receive.
         _ = worker.channel.send(request) => None,
     }

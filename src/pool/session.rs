@@ -109,6 +109,7 @@ impl SessionWorker {
             WorkerMessage::ResetDone => "reset_done",
             WorkerMessage::Variables { .. } => "variables",
             WorkerMessage::ToolCall(_) => "tool_call",
+            WorkerMessage::ToolCancel { .. } => "tool_cancel",
         };
         SessionWorkerError::Lost(format!("it answered with an unexpected {kind} message"))
     }

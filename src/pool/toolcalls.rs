@@ -10,6 +10,12 @@
 //! killed). An interrupt answers every pending call `cancelled`; a run that ends drops the
 //! pending futures, which cancels the calls, and a session's worker is sent a `cancelled`
 //! answer for each after its result (a thread of it may be blocked reading the socket).
+//! A `ToolCancel` from the worker (the program stopped waiting for a call) drops that call
+//! and answers it `cancelled`, which frees its slot; a cancel of an id not pending (the
+//! answer crossed it on the way: a natural race) is ignored, so no id is answered twice,
+//! and a flood of them costs a scan of the short pending list each and keeps nothing.
+//! Dropping a call's future is how every cancel reaches the [`ToolHost`], which counts
+//! the call `cancelled`.
 
 use std::fmt;
 use std::future::Future;
@@ -17,7 +23,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 
-use snakecage_worker::protocol::{ToolCall, ToolErrorKind, ToolOutcome};
+use snakecage_worker::protocol::{ToolCall, ToolErrorKind, ToolOutcome, ToolResult};
 
 /// The answer to one call, still to come.
 pub type ToolFuture = Pin<Box<dyn Future<Output = ToolOutcome> + Send>>;
@@ -133,6 +139,18 @@ impl InFlight {
         .await
     }
 
+    /// Drops call `id` (which cancels it), if it is pending: true when it was, and is now
+    /// to be answered. A cancel of an id not pending changes nothing.
+    pub fn cancel(&mut self, id: u64) -> bool {
+        match self.pending.iter().position(|(pending, _)| *pending == id) {
+            Some(at) => {
+                drop(self.pending.swap_remove(at));
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Drops every pending call (which cancels it) and returns their ids, to be answered.
     pub fn cancel_all(&mut self) -> Vec<u64> {
         let mut ids: Vec<u64> = self.pending.drain(..).map(|(id, _)| id).collect();
@@ -146,6 +164,28 @@ pub(super) fn cancelled() -> ToolOutcome {
     ToolOutcome::error(
         ToolErrorKind::Cancelled,
         "the run was interrupted while this call was pending",
+    )
+}
+
+/// The answer to `call`, made after its run was interrupted: `cancelled`, and nothing is
+/// started for it. Its future is made and dropped unpolled, which dispatches nothing and
+/// lets the tools count the call (as `cancelled`, or as whatever refused it).
+pub(super) fn cancel_unstarted(tools: Option<&RunTools>, call: ToolCall) -> ToolResult {
+    let id = call.id;
+    if let Some(tools) = tools {
+        drop(tools.0.call(call));
+    }
+    ToolResult {
+        id,
+        outcome: cancelled(),
+    }
+}
+
+/// The answer to a call its program stopped waiting for (`ToolCancel`).
+pub(super) fn given_up() -> ToolOutcome {
+    ToolOutcome::error(
+        ToolErrorKind::Cancelled,
+        "the program stopped waiting for this call",
     )
 }
 
@@ -209,6 +249,11 @@ mod tests {
         in_flight.admit(&call(2)).unwrap();
         in_flight.start(None, call(2));
         in_flight.start(Some(&tools), call(7));
+        in_flight.start(Some(&tools), call(8));
+        // One cancelled by its program: once, and only while it is pending.
+        assert!(in_flight.cancel(8));
+        assert!(!in_flight.cancel(8));
+        assert!(!in_flight.cancel(99));
         assert_eq!(in_flight.cancel_all(), [2, 7]);
         assert!(in_flight.is_empty());
     }

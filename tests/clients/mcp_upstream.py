@@ -1,11 +1,12 @@
 """An upstream MCP server for the Code Mode tests, built on the official MCP Python SDK:
-two tools, one of which always fails.
+three tools: one adds, one always fails, one waits as long as it is told.
 
     python mcp_upstream.py                 # stdio
     python mcp_upstream.py http PORT       # streamable HTTP on 127.0.0.1:PORT/mcp
     python mcp_upstream.py https PORT CERT KEY   # the same over HTTPS (PEM files)
 """
 
+import asyncio
 import sys
 
 from mcp.server.mcpserver import MCPServer
@@ -22,6 +23,12 @@ def add(a: int, b: int) -> dict:
 @server.tool(description="Always fails with the given reason")
 def explode(reason: str) -> str:
     raise ToolError(f"exploded: {reason}")
+
+
+@server.tool(description="Wait the given number of seconds, then say so")
+async def wait(seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return f"waited {seconds} s"
 
 
 if __name__ == "__main__":

@@ -66,6 +66,18 @@ fn a_zero_that_would_break_every_run_is_refused_naming_the_key() {
 }
 
 #[test]
+fn more_tool_calls_at_once_than_the_worker_can_start_threads_for_is_refused_naming_the_key() {
+    let stderr = refused(&[], &[("SNAKECAGE_TOOLS__MAX_CONCURRENT_CALLS", "65")]);
+    assert_eq!(
+        stderr,
+        "snakecage: configuration: tools.max_concurrent_calls is 65 but may be at most 64 (each \
+         call in flight of an asyncio program has a thread in the worker, whose stack counts \
+         against the run's memory limit); lower it in the configuration file or \
+         SNAKECAGE_TOOLS__MAX_CONCURRENT_CALLS\n"
+    );
+}
+
+#[test]
 fn a_directory_given_as_the_config_file_is_called_one() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("réglages");

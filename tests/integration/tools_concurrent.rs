@@ -22,13 +22,13 @@ use crate::tools_caller::Events;
 
 /// What the tool service has seen.
 #[derive(Default)]
-struct Seen {
+pub(crate) struct Seen {
     /// `gate` requests being served now, and the most at once.
-    gating: AtomicUsize,
-    most_gating: AtomicUsize,
+    pub(crate) gating: AtomicUsize,
+    pub(crate) most_gating: AtomicUsize,
     gate_arrived: Notify,
     /// `hold` requests being served now.
-    holding: AtomicUsize,
+    pub(crate) holding: AtomicUsize,
     released: AtomicBool,
     release: Notify,
 }
@@ -115,7 +115,7 @@ async fn tool_service(seen: Arc<Seen>) -> String {
 }
 
 /// A server whose tools are the loopback service's, with `extra` in `[tools]`.
-async fn server(extra: &str) -> (Server, Arc<Seen>, tempfile::TempDir) {
+pub(crate) async fn server(extra: &str) -> (Server, Arc<Seen>, tempfile::TempDir) {
     let seen = Arc::new(Seen::default());
     let base = tool_service(seen.clone()).await;
     let dir = tempfile::tempdir().unwrap();
@@ -140,7 +140,7 @@ async fn server(extra: &str) -> (Server, Arc<Seen>, tempfile::TempDir) {
 }
 
 /// Runs `code` in session `sid` with room to spare (the default deadline is 2 s).
-async fn session_run(s: &Server, sid: &str, code: &str) -> Value {
+pub(crate) async fn session_run(s: &Server, sid: &str, code: &str) -> Value {
     let (status, r) = s
         .post(
             &format!("/v1/sessions/{sid}/execute"),
@@ -151,7 +151,7 @@ async fn session_run(s: &Server, sid: &str, code: &str) -> Value {
     r
 }
 
-fn stdout(body: &Value) -> &str {
+pub(crate) fn stdout(body: &Value) -> &str {
     body["stdout"].as_str().unwrap_or_default()
 }
 

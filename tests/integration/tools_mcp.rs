@@ -137,7 +137,7 @@ try:\n    tools.calc_add(a='2', b=1)\nexcept tools.ToolArgumentsError as e:\n   
     let body = run(&alice, &s.base, code).await;
     assert_eq!(
         body["stdout"],
-        "['calc_add', 'calc_explode', 'web_add', 'web_explode']\n42 {'by': 'upstream-fixture', 'sum': 2}\nfailed Error executing tool explode: exploded: über\nrefused\n",
+        "['calc_add', 'calc_explode', 'calc_wait', 'web_add', 'web_explode', 'web_wait']\n42 {'by': 'upstream-fixture', 'sum': 2}\nfailed Error executing tool explode: exploded: über\nrefused\n",
         "{body}"
     );
 
@@ -147,7 +147,7 @@ print(sorted(t['name'] for t in tools.list()))
 try:\n    tools.call('calc_add', a=1, b=2)\nexcept tools.UnknownToolError as e:\n    print('unknown')\n";
     let body = run(&bob, &s.base, code).await;
     assert_eq!(
-        body["stdout"], "['web_add', 'web_explode']\nunknown\n",
+        body["stdout"], "['web_add', 'web_explode', 'web_wait']\nunknown\n",
         "{body}"
     );
     let catalog: Value = bob

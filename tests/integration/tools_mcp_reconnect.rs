@@ -73,12 +73,21 @@ async fn a_dead_upstream_mcp_server_is_reconnected_and_calls_meanwhile_say_it_is
             answer.contains("reconnecting in the background"),
             "{answer}"
         );
+        // Why, in words: no Rust type names (`Transport [rmcp::transport::…<…>] error`).
+        assert!(
+            !answer.contains("::") && !answer.contains("Transport ["),
+            "{answer}"
+        );
     }
     // The stdio server: the call that finds it gone fails the same way; it is started
     // again in the background.
     let answer = add(&s, "calc_add").await;
     assert!(
         answer.starts_with("unavailable | MCP server 'calc'"),
+        "{answer}"
+    );
+    assert!(
+        !answer.contains("::") && !answer.contains("Transport ["),
         "{answer}"
     );
     // The HTTP server comes back on its port.

@@ -34,8 +34,16 @@ for a free slot).  Fan them out with threads, or with asyncio::
 ``tools.acall`` and ``tools.aio.<name>`` run the blocking call on a small pool
 of daemon threads of their own (started on first use, at most as many as the
 cap), so the event loop goes on meanwhile; they raise the same ``ToolError``
-classes.  An awaiting task that is cancelled stops waiting; the call itself
-still runs to its answer, which is dropped.
+classes.  A task that stops waiting (``asyncio.wait_for``, ``asyncio.timeout``,
+a cancelled ``TaskGroup``) cancels its call, which frees its slot at once.  A
+synchronous ``tools.call`` cannot be cancelled: it waits for its answer or the
+service's per-call timeout.
+
+Tools whose names are not Python identifiers (``github.search-issues``), or
+that share a name with this module's own functions (``search``, ``list``,
+``call``, ``acall``, ``aio``), are called by name:
+``tools.call("github.search-issues", q="bug")`` or
+``await tools.acall("search", q="bug")``.
 
 The Rust zygote executes this file as the module ``snakecage.tools`` inside a
 package ``snakecage`` that exists only in ``sys.modules``; the native half,
@@ -121,18 +129,28 @@ def call(name, /, **arguments):
 
     Raises ``ToolError`` (or a subclass) when the call fails.
     """
+    payload = _encode(name, arguments)
+    _flush_output()
+    return _decode(name, _native.call(name, payload))
+
+
+def _encode(name, arguments):
+    """The JSON of a call's arguments; raises before anything is sent."""
     if not isinstance(name, str):
         raise TypeError(f"the tool name must be a string, not {type(name).__name__}")
     try:
-        payload = _json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+        return _json.dumps(arguments, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise ToolArgumentsError(
             f"arguments of tool '{name}' must be JSON values: {e}",
             tool=name,
             kind="invalid_arguments",
         ) from None
-    _flush_output()
-    answer = _json.loads(_native.call(name, payload))
+
+
+def _decode(name, answer):
+    """The result in the JSON ``answer`` to a call, or its ``ToolError`` raised."""
+    answer = _json.loads(answer)
     if answer["status"] == "ok":
         return answer["result"]
     kind = answer.get("kind", "failed")
@@ -141,9 +159,13 @@ def call(name, /, **arguments):
 
 
 # The threads ``acall`` runs calls on: started on first use (nothing is imported
-# for them before), never in the zygote, at most as many as the run's cap. They
-# are daemon threads: a one-shot run ends when its program does, as it would
-# without them (the runner waits for the non-daemon threads a program leaves).
+# for them before), never in the zygote, at most as many as the run's cap. The
+# native half starts them, each with a small stack of its own (``threading``'s
+# stack size is the process's: 8 MiB, and ~30 of those filled the run's memory
+# limit). They are not ``threading`` threads, and daemons in effect: a one-shot
+# run ends when its program does, as it would without them (the runner waits for
+# the non-daemon threads a program leaves). They run no user code and only
+# native code of the call: the JSON is made and read on the event loop's thread.
 _pool_lock = _thread.allocate_lock()
 _pool_queue = None
 _pool_threads = 0
@@ -160,33 +182,40 @@ def _pool_worker():
             _pool_idle += 1
 
 
-def _submit(work):
+def _submit(work, name):
     """Runs ``work()`` on a thread of the pool: an idle one, a new one below the
-    cap, or the next one free."""
+    cap, or the next one free. A thread that cannot start raises
+    ``ToolLimitError`` and ``work`` never runs."""
     global _pool_queue, _pool_threads, _pool_idle
     with _pool_lock:
         if _pool_queue is None:
             import queue
 
             _pool_queue = queue.SimpleQueue()
-        _pool_queue.put(work)
         if _pool_idle > 0:
             _pool_idle -= 1
         elif _pool_threads < max(1, _native.max_concurrent_calls()):
-            import threading
-
+            try:
+                _native.start_thread(_pool_worker, f"snakecage-tools-{_pool_threads + 1}")
+            except RuntimeError as e:
+                raise ToolLimitError(
+                    f"tool '{name}' was not called: no thread could be started for it "
+                    f"({e}): the run's memory or thread limit is reached; make fewer "
+                    "calls at once",
+                    tool=name,
+                    kind="limit",
+                ) from None
             _pool_threads += 1
-            name = f"snakecage-tools-{_pool_threads}"
-            threading.Thread(target=_pool_worker, name=name, daemon=True).start()
+        _pool_queue.put(work)
 
 
-def _settle(future, result, error):
+def _settle(future, answer, error):
     if future.done():  # the awaiting task was cancelled meanwhile
         return
     if error is not None:
         future.set_exception(error)
     else:
-        future.set_result(result)
+        future.set_result(answer)
 
 
 async def acall(name, /, **arguments):
@@ -195,28 +224,39 @@ async def acall(name, /, **arguments):
     The call runs on a thread of a small pool, so the event loop (and every
     other task) goes on while it waits; fan calls out with
     ``asyncio.gather``.  Raises the same ``ToolError`` classes as ``call``.
-    A cancelled task stops waiting; the call still runs to its answer, which
-    is dropped.
+    A task that stops waiting (cancelled: ``asyncio.wait_for``,
+    ``asyncio.timeout``, a ``TaskGroup``) cancels the call: one not sent yet
+    never is, one in flight is dropped by the host, and its slot is free again.
     """
-    if not isinstance(name, str):
-        raise TypeError(f"the tool name must be a string, not {type(name).__name__}")
+    payload = _encode(name, arguments)
     import asyncio
 
     loop = asyncio.get_running_loop()
+    ticket = _native.prepare(name, payload)
+    if isinstance(ticket, str):  # refused before sending: unknown tool, bad arguments
+        return _decode(name, ticket)
     future = loop.create_future()
 
     def work():
         try:
-            result, error = call(name, **arguments), None
+            answer, error = ticket.wait(), None
         except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
-            result, error = None, e
+            answer, error = None, e
         try:
-            loop.call_soon_threadsafe(_settle, future, result, error)
+            loop.call_soon_threadsafe(_settle, future, answer, error)
         except RuntimeError:  # the loop is closed: nobody waits any more
             pass
 
-    _submit(work)
-    return await future
+    _flush_output()
+    _submit(work, name)
+    try:
+        answer = await future
+    except BaseException:
+        # Cancelled, or its coroutine closed: the call is withdrawn (a no-op once
+        # it has its answer), which frees its slot.
+        ticket.cancel()
+        raise
+    return _decode(name, answer)
 
 
 def _known(name):

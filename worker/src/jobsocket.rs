@@ -124,6 +124,11 @@ impl JobSocket {
         lock(&self.shared).calls.insert(id, None);
     }
 
+    /// Whether call `id` still waits for its answer (none has come, nor a local one).
+    pub fn awaits(&self, id: u64) -> bool {
+        matches!(lock(&self.shared).calls.get(&id), Some(None))
+    }
+
     /// Forgets call `id` (its frame could not be sent).
     pub fn forget(&self, id: u64) {
         lock(&self.shared).calls.remove(&id);

@@ -24,7 +24,13 @@
 //! answers to them, sent after the `Result`, are discarded). A thread that outlives its
 //! job (in a session) finds no tools until the next job, and then only that job's.
 //!
+//! An asyncio call (`tools.acall`) is made in two steps, so that it can be cancelled: the
+//! event loop's thread checks it and gets a ticket ([`cancel`]), a thread of the module's
+//! pool sends it and waits; a task that stops waiting cancels the ticket.
+//!
 //! [`Job::max_concurrent_tool_calls`]: snakecage_worker::protocol::Job::max_concurrent_tool_calls
+
+mod cancel;
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 
@@ -35,6 +41,7 @@ use snakecage_worker::frame;
 use snakecage_worker::protocol::{ToolCall, ToolErrorKind, ToolOutcome, WorkerMessage};
 use snakecage_worker::toolspec::{self, ToolSpec};
 
+use self::cancel::{Cancellable, Progress};
 use crate::jobsocket::{JOB, JobSocket};
 
 /// The most schema violations one exception lists.
@@ -97,6 +104,7 @@ pub fn native_module(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     module.add_function(wrap_pyfunction!(search, &module)?)?;
     module.add_function(wrap_pyfunction!(call, &module)?)?;
     module.add_function(wrap_pyfunction!(max_concurrent_calls, &module)?)?;
+    cancel::add_to(&module)?;
     Ok(module)
 }
 
@@ -134,11 +142,19 @@ fn max_concurrent_calls() -> usize {
 fn call(py: Python<'_>, name: &str, arguments: &str) -> PyResult<String> {
     let outcome = match TOOLS.check(name, arguments) {
         Ok(checked) => py
-            .detach(|| TOOLS.send(checked))
-            .map_err(|what| PyRuntimeError::new_err(format!("the tool channel broke: {what}")))?,
+            .detach(|| TOOLS.send(checked, None))
+            .map_err(channel_broke)?,
         Err(refused) => refused,
     };
-    serde_json::to_string(&outcome).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    to_json(&outcome)
+}
+
+fn channel_broke(what: String) -> PyErr {
+    PyRuntimeError::new_err(format!("the tool channel broke: {what}"))
+}
+
+fn to_json(outcome: &ToolOutcome) -> PyResult<String> {
+    serde_json::to_string(outcome).map_err(|e| PyRuntimeError::new_err(e.to_string()))
 }
 
 /// What a call still in flight, or waiting for a slot, gets when its job ends.
@@ -236,13 +252,19 @@ impl Tools {
     }
 
     /// Sends a checked call and waits for its answer: first for a slot, then for the
-    /// answer. Blocks: call it with the GIL released. `Err`: the job socket broke.
-    fn send(&self, call: Checked) -> Result<ToolOutcome, String> {
+    /// answer. Blocks: call it with the GIL released. `Err`: the job socket broke. A call
+    /// `cancellable` stops waiting for a slot when cancelled, and is then never sent.
+    fn send(
+        &self,
+        call: Checked,
+        cancellable: Option<&Cancellable>,
+    ) -> Result<ToolOutcome, String> {
         let job = call.job;
+        let cancelled = || cancellable.is_some_and(Cancellable::is_cancelled);
         let id = {
             let mut state = self.state();
             state.waiting_for_slot += 1;
-            while state.job == job && state.in_flight >= state.cap {
+            while state.job == job && state.in_flight >= state.cap && !cancelled() {
                 state = self
                     .slot_freed
                     .wait(state)
@@ -252,11 +274,14 @@ impl Tools {
             if state.job != job {
                 return Ok(run_ended());
             }
+            if cancelled() {
+                return Ok(cancel::stopped_waiting());
+            }
             state.in_flight += 1;
             state.next_id += 1;
             state.next_id
         };
-        let answered = self.send_in_slot(id, call);
+        let answered = self.send_in_slot(id, call, cancellable);
         let mut state = self.state();
         if state.job == job {
             state.in_flight -= 1;
@@ -266,7 +291,12 @@ impl Tools {
         answered
     }
 
-    fn send_in_slot(&self, id: u64, call: Checked) -> Result<ToolOutcome, String> {
+    fn send_in_slot(
+        &self,
+        id: u64,
+        call: Checked,
+        cancellable: Option<&Cancellable>,
+    ) -> Result<ToolOutcome, String> {
         let message = WorkerMessage::ToolCall(ToolCall {
             id,
             name: call.name,
@@ -279,6 +309,15 @@ impl Tools {
             // ended goes out.
             if self.state().job != call.job {
                 return Ok(run_ended());
+            }
+            // Under the write lock, which a cancel takes too: either it finds the call
+            // sent, or the call finds it cancelled and is not sent.
+            if let Some(cancellable) = cancellable {
+                let mut progress = cancellable.progress();
+                if *progress == Progress::Cancelled {
+                    return Ok(cancel::stopped_waiting());
+                }
+                *progress = Progress::Sent { job: call.job, id };
             }
             self.socket.expect(&writer, id);
             if let Err(e) = writer.send_encoded(&bytes) {
@@ -318,166 +357,4 @@ fn unknown(name: &str, tools: &[Offered]) -> ToolOutcome {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::net::UnixStream;
-
-    #[test]
-    fn violations_name_the_argument() {
-        assert_eq!(
-            describe_violation("/city", "3 is not of type \"string\""),
-            "city: 3 is not of type \"string\""
-        );
-        assert_eq!(describe_violation("", "x"), "x");
-        assert_eq!(describe_violation("/a/0", "m"), "a.0: m");
-    }
-
-    fn weather() -> ToolSpec {
-        ToolSpec {
-            name: "weather".into(),
-            description: "d".into(),
-            parameters: serde_json::json!({
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"]
-            }),
-        }
-    }
-
-    /// Tools over a socket pair of their own, and the supervisor's end.
-    fn tools() -> (&'static Tools, UnixStream) {
-        let (socket, supervisor) = crate::jobsocket::tests::pair();
-        (Box::leak(Box::new(Tools::new(socket))), supervisor)
-    }
-
-    fn call(tools: &'static Tools, city: &str) -> std::thread::JoinHandle<ToolOutcome> {
-        let arguments = serde_json::json!({ "city": city }).to_string();
-        std::thread::spawn(move || {
-            let checked = tools.check("weather", &arguments).unwrap();
-            tools.send(checked).unwrap()
-        })
-    }
-
-    /// The next frame the worker sent.
-    fn sent(supervisor: &mut UnixStream) -> WorkerMessage {
-        frame::read_frame(supervisor, frame::MAX_FRAME_LEN)
-            .unwrap()
-            .unwrap()
-    }
-
-    fn sent_call(supervisor: &mut UnixStream) -> ToolCall {
-        match sent(supervisor) {
-            WorkerMessage::ToolCall(call) => call,
-            other => panic!("not a call: {other:?}"),
-        }
-    }
-
-    fn wait_until(what: impl Fn() -> bool) {
-        while !what() {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-    }
-
-    #[test]
-    fn unknown_tools_and_bad_arguments_are_refused_before_sending() {
-        let (tools, _supervisor) = tools();
-        tools.offer(&[weather()], 4);
-        let Err(ToolOutcome::Error { kind, message, .. }) = tools.check("nope", "{}") else {
-            panic!("an unknown tool went through")
-        };
-        assert_eq!(kind, ToolErrorKind::UnknownTool);
-        assert!(message.contains("weather"), "{message}");
-        let Err(ToolOutcome::Error { kind, message, .. }) =
-            tools.check("weather", r#"{"city": 3}"#)
-        else {
-            panic!("bad arguments went through")
-        };
-        assert_eq!(kind, ToolErrorKind::InvalidArguments);
-        assert!(message.contains("city: 3 is not of type"), "{message}");
-        let first = tools.check("weather", r#"{"city": "Zürich"}"#).unwrap();
-        // Another thread sees the same tools (a program's threads fan calls out).
-        let second = std::thread::spawn(|| tools.check("weather", r#"{"city": "Bern"}"#))
-            .join()
-            .unwrap()
-            .unwrap();
-        assert_eq!(second.job, first.job);
-        // Once the job ends, no thread may call them.
-        tools.withdraw();
-        let Err(ToolOutcome::Error { kind, message, .. }) =
-            std::thread::spawn(|| tools.check("weather", r#"{"city": "Chur"}"#))
-                .join()
-                .unwrap()
-        else {
-            panic!("a withdrawn tool went through")
-        };
-        assert_eq!(kind, ToolErrorKind::UnknownTool);
-        assert!(message.contains("this run has no tools"), "{message}");
-        // A call checked before the end is not sent after it.
-        assert_eq!(tools.send(first).unwrap(), run_ended());
-    }
-
-    #[test]
-    fn calls_fly_together_up_to_the_cap_and_each_gets_its_own_answer() {
-        let (tools, mut supervisor) = tools();
-        tools.offer(&[weather()], 2);
-        let cities = ["Zürich", "Genève", "東京"];
-        let threads: Vec<_> = cities.iter().map(|c| call(tools, c)).collect();
-        // Two go out; the third waits for a slot.
-        let mut calls = vec![sent_call(&mut supervisor), sent_call(&mut supervisor)];
-        wait_until(|| tools.state().waiting_for_slot == 1);
-        assert_eq!(tools.socket.waiting_count(), 2);
-        // Answering one (the later one first) lets the third out.
-        let answer = |supervisor: &mut UnixStream, call: &ToolCall| {
-            crate::jobsocket::tests::answer(supervisor, call.id, call.arguments["city"].clone())
-        };
-        answer(&mut supervisor, &calls[1]);
-        calls.push(sent_call(&mut supervisor));
-        answer(&mut supervisor, &calls[2]);
-        answer(&mut supervisor, &calls[0]);
-        for (thread, city) in threads.into_iter().zip(cities) {
-            assert_eq!(
-                thread.join().unwrap(),
-                ToolOutcome::Ok {
-                    result: city.into()
-                }
-            );
-        }
-        let mut ids: Vec<u64> = calls.iter().map(|c| c.id).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        assert_eq!(ids.len(), 3, "{calls:?}");
-        assert_eq!(tools.state().in_flight, 0);
-    }
-
-    #[test]
-    fn the_end_of_a_job_cancels_its_calls_and_no_call_follows_its_result() {
-        let (tools, mut supervisor) = tools();
-        tools.offer(&[weather()], 1);
-        // One call goes out, the other waits for the slot (whichever came first).
-        let threads = [call(tools, "Bern"), call(tools, "Sion")];
-        let pending = sent_call(&mut supervisor);
-        wait_until(|| tools.state().waiting_for_slot == 1);
-        // The job loop: withdraw, then the result.
-        tools.withdraw();
-        tools.socket.send(&WorkerMessage::ResetDone).unwrap();
-        assert!(matches!(sent(&mut supervisor), WorkerMessage::ResetDone));
-        // The supervisor cancels what it still has pending; that answer is discarded
-        // (the thread reading wakes up and finds its own wait over).
-        crate::jobsocket::tests::answer(&mut supervisor, pending.id, "late".into());
-        for thread in threads {
-            assert_eq!(thread.join().unwrap(), run_ended());
-        }
-        // The next job's call gets its own answer, not a stale one.
-        tools.offer(&[weather()], 1);
-        let next = call(tools, "Chur");
-        let call = sent_call(&mut supervisor);
-        assert!(call.id > pending.id);
-        crate::jobsocket::tests::answer(&mut supervisor, call.id, "frisch".into());
-        assert_eq!(
-            next.join().unwrap(),
-            ToolOutcome::Ok {
-                result: "frisch".into()
-            }
-        );
-    }
-}
+mod tests;

@@ -30,6 +30,10 @@ class FakeNative:
         # When set, every call waits at it: calls that are not in flight together fail it.
         self.barrier = None
         self.threads = set()
+        # When set, every acall is held until its task stops waiting for it.
+        self.hold = False
+        self.tickets = []
+        self.threads_fail = False
 
     def max_concurrent_calls(self):
         return self.cap
@@ -41,6 +45,8 @@ class FakeNative:
         return json.dumps([t for t in CATALOG if query in t["name"]][:limit])
 
     def call(self, name, arguments):
+        if name not in {t["name"] for t in CATALOG}:
+            return json.dumps({"status": "error", "kind": "unknown_tool", "message": f"unknown tool '{name}'"})
         self.sent.append((name, json.loads(arguments)))
         self.threads.add(threading.current_thread())
         if self.barrier is not None:
@@ -50,12 +56,46 @@ class FakeNative:
             answer = {"status": "ok", "result": json.loads(arguments)}
         return json.dumps(answer)
 
+    def prepare(self, name, arguments):
+        if name not in {t["name"] for t in CATALOG}:
+            return self.call(name, arguments)
+        ticket = FakeTicket(self, name, arguments)
+        self.tickets.append(ticket)
+        return ticket
+
+    def start_thread(self, target, name):
+        if self.threads_fail:
+            raise RuntimeError("can't start new thread")
+        threading.Thread(target=target, name=name, daemon=True).start()
+
+
+class FakeTicket:
+    """A call prepared for ``acall``: made on a pool thread, cancelled from the loop. A held
+    call waits until it is cancelled (as the host answers a cancelled call) or released."""
+
+    def __init__(self, native, name, arguments):
+        self.native, self.name, self.arguments = native, name, arguments
+        self.done = threading.Event()
+        self.cancelled = False
+
+    def wait(self):
+        if self.native.hold:
+            self.native.sent.append((self.name, json.loads(self.arguments)))
+            self.done.wait(30)
+            assert self.cancelled, "held past the test"
+            return json.dumps({"status": "error", "kind": "cancelled", "message": "stopped"})
+        return self.native.call(self.name, self.arguments)
+
+    def cancel(self):
+        self.cancelled = True
+        self.done.set()
+
 
 @pytest.fixture()
 def tools(monkeypatch):
     native = FakeNative()
     fake = types.ModuleType("_snakecage_tools")
-    for attr in ("catalog", "search", "call", "max_concurrent_calls"):
+    for attr in ("catalog", "search", "call", "max_concurrent_calls", "prepare", "start_thread"):
         setattr(fake, attr, getattr(native, attr))
     monkeypatch.setitem(sys.modules, "_snakecage_tools", fake)
     module = types.ModuleType("snakecage.tools")
@@ -178,3 +218,54 @@ print(json.dumps(sorted(m for m in ("asyncio", "concurrent.futures", "threading"
 """
     out = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_a_task_that_stops_waiting_cancels_its_call(tools):
+    # wait_for, asyncio.timeout and a TaskGroup: each cancels the ticket it awaits, which
+    # (as the host's answer to the cancel does) frees the pool thread for the next call.
+    tools.native.cap = 1
+    tools.native.hold = True
+
+    async def main():
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(tools.aio.get_weather(city="wait_for"), 0.05)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await tools.acall("get_weather", city="timeout")
+
+        async def stop():
+            while len(tools.native.sent) < 3:
+                await asyncio.sleep(0.01)
+            raise ValueError("stop")
+
+        with pytest.raises(ExceptionGroup):
+            async with asyncio.TaskGroup() as group:
+                group.create_task(tools.aio.get_weather(city="group"))
+                group.create_task(stop())
+        tools.native.hold = False
+        return await tools.acall("get_weather", city="after")
+
+    assert asyncio.run(main()) == {"temp": 21}
+    assert [t.cancelled for t in tools.native.tickets] == [True, True, True, False]
+    assert [a["city"] for _, a in tools.native.sent] == ["wait_for", "timeout", "group", "after"]
+    # One thread (the cap) served them all: each cancel freed it.
+    assert tools._pool_threads == 1
+
+
+def test_a_thread_that_cannot_start_is_a_limit_error_and_nothing_is_sent(tools):
+    tools.native.threads_fail = True
+
+    async def main():
+        with pytest.raises(tools.ToolLimitError, match="no thread could be started") as info:
+            await tools.aio.get_weather(city="x")
+        assert (info.value.kind, info.value.tool) == ("limit", "get_weather")
+        # Refused by the native half: no thread is needed.
+        with pytest.raises(tools.UnknownToolError):
+            await tools.acall("launch")
+
+    asyncio.run(main())
+    assert tools.native.sent == []
+    assert tools._pool_threads == 0
+    # Once threads start again, calls go out.
+    tools.native.threads_fail = False
+    assert asyncio.run(tools.acall("get_weather", city="y")) == {"temp": 21}

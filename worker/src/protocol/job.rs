@@ -27,7 +27,8 @@ pub enum JobRequest {
     /// Session only: describe the user globals (reply: [`WorkerMessage::Variables`]).
     Inspect,
     /// The answer to one [`WorkerMessage::ToolCall`] of the running job, by its id. Calls
-    /// are answered as each completes, in any order; when the job ends with calls still
+    /// are answered as each completes (or is cancelled, see
+    /// [`WorkerMessage::ToolCancel`]), in any order; when the job ends with calls still
     /// pending each is answered `cancelled` after its `Result` (the worker discards an
     /// answer nobody waits for).
     ToolResult(ToolResult),
@@ -101,6 +102,11 @@ pub enum WorkerMessage {
     /// [`JobRequest::ToolResult`] of the same id. Up to [`Job::max_concurrent_tool_calls`]
     /// calls may be in flight at once, each with its own id.
     ToolCall(ToolCall),
+    /// The program stopped waiting for call `id` (an asyncio task awaiting it was
+    /// cancelled): the supervisor drops the call and answers it `cancelled`, which frees
+    /// its slot. A cancel of an id not pending (answered already: a natural race) is
+    /// ignored; no id is ever answered twice.
+    ToolCancel { id: u64 },
 }
 
 /// One rich output, like a Jupyter `display_data`: MIME type ⇒ content (text, or base64

@@ -1,5 +1,6 @@
-//! Host tool calls over the job socket: [`ToolCall`] up, [`ToolResult`] back, and the
-//! closed set of ways a call can fail.
+//! Host tool calls over the job socket: [`ToolCall`] up (and, for a call the program
+//! stops waiting for, `WorkerMessage::ToolCancel`), [`ToolResult`] back, and the closed
+//! set of ways a call can fail.
 
 use serde::{Deserialize, Serialize};
 
@@ -107,6 +108,11 @@ mod tests {
             panic!("not a tool call")
         };
         assert_eq!((call.id, call.name.as_str()), (3, "weather"));
+        let cancel = WorkerMessage::ToolCancel { id: 3 };
+        assert_eq!(
+            serde_json::to_value(&cancel).unwrap(),
+            serde_json::json!({"type": "tool_cancel", "id": 3})
+        );
         let ok = JobRequest::ToolResult(ToolResult {
             id: 3,
             outcome: ToolOutcome::Ok {
