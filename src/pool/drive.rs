@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use snakecage_worker::frame::FrameError;
 use snakecage_worker::protocol::{JobRequest, JobResult, ToolOutcome, ToolResult, WorkerMessage};
 use tokio_util::sync::CancellationToken;
 
@@ -117,8 +118,11 @@ pub(super) async fn drive(
                         }
                     }
                 }
+                // A read that fails is a worker gone: one that exits with an answer it
+                // never read resets its socket (`ECONNRESET`), as does a killed one whose
+                // threads were still holding it. Only what was read can break the protocol.
+                Err(FrameError::Io(_)) | Ok(None) => return Ending::Died,
                 Ok(Some(_)) | Err(_) => return Ending::ProtocolViolation(ProtocolViolation::Garbled),
-                Ok(None) => return Ending::Died,
             },
             ready = worker.stdout.readable(), if capture.stdout_open => {
                 if let Ok(mut guard) = ready {

@@ -350,6 +350,30 @@ async fn a_worker_that_sends_garbage_frames_is_killed_and_counted() {
     assert_eq!(s.run("print('still fine')").await["stdout"], "still fine\n");
 }
 
+/// A worker that exits with an answer it never read still in its socket: the supervisor's
+/// next read fails (`ECONNRESET`). That is a death, said as one, not a broken protocol.
+#[tokio::test]
+async fn a_worker_that_exits_with_an_answer_unread_died_and_broke_nothing() {
+    let (s, _dir) = server_with_tools("").await;
+    let code = "import os, json, time
+m = json.dumps({'type': 'tool_call', 'id': 1, 'name': 'get_weather', 'arguments': {'city': 'Zürich'}}).encode()
+os.write(3, len(m).to_bytes(4, 'little') + m)
+time.sleep(0.5)
+os._exit(3)";
+    let body = s.run(code).await;
+    assert_eq!(body["verdict"], "killed", "{body}");
+    let stderr = body["stderr"].as_str().unwrap();
+    assert!(
+        stderr.ends_with("The worker exited with status 3 before reporting a result (os._exit() ends the process at once; sys.exit() sets the exit code)."),
+        "{body}"
+    );
+    let metrics = s.get("/metrics").await.2;
+    assert!(
+        metrics.contains(r#"snakecage_workers_killed_total{reason="protocol_violation"} 0"#),
+        "{metrics}"
+    );
+}
+
 #[tokio::test]
 async fn the_sandbox_stays_closed_with_tools_enabled() {
     let (s, _dir) = server_with_tools("").await;
