@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use nix::fcntl::OFlag;
 
+use super::MAX_PATH_BYTES;
 use super::beneath::Root;
 use super::stage::{Fingerprint, Staged};
 use crate::files::{FileMeta, FileOwner, FileStore, StoreError, size_text};
@@ -358,6 +359,19 @@ fn scan(root: &Root, staged: &Staged, limits: CollectLimits) -> Scan {
                 continue;
             };
             let rel = join(&prefix, name);
+            // Reached one directory at a time, a path has no length limit here; one that
+            // could not be staged back (or used by most tools) is not stored, nor descended.
+            if rel.len() > MAX_PATH_BYTES {
+                out.skipped.push(SkippedFile {
+                    reason: format!(
+                        "the path is too long: {} bytes, over the {MAX_PATH_BYTES} a staged path may \
+                         have (PATH_MAX)",
+                        rel.len()
+                    ),
+                    path: rel,
+                });
+                continue;
+            }
             // As lstat gives it: a link is reported as a link.
             match meta {
                 Ok(meta) => children.push(Item::Entry(rel, meta)),
