@@ -304,24 +304,15 @@ fn worker_path(guard: &SessionState, id: &str) -> Result<std::path::PathBuf, Api
 }
 
 /// Stages `inputs` into a session's workspace, replacing files already at their paths.
+/// Nothing is removed first: staging writes each file beside its path and renames it
+/// over, through descriptors (a path opened by name here, as root, would follow a link the
+/// session's threads put on its way: a `remove_file` did, deleting host files).
 async fn restage(
     state: &SharedState,
     owner: Option<&str>,
     ws: &Path,
     inputs: &[StageInput],
 ) -> Result<Staged, ApiError> {
-    for input in inputs {
-        match std::fs::remove_file(ws.join(&input.path)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(ApiError::Validation(format!(
-                    "cannot stage file at '{}': {e}",
-                    input.path
-                )));
-            }
-        }
-    }
     Ok(workspace::stage(state.store.as_ref(), owner, ws, inputs).await?)
 }
 
