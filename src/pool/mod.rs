@@ -69,6 +69,7 @@ mod take;
 mod tier;
 mod tiers;
 pub mod toolcalls;
+mod tree;
 pub mod worker;
 pub mod zygote;
 

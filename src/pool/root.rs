@@ -89,7 +89,7 @@ impl WorkspaceRoot {
     pub fn remove(&self) {
         let mut lock = self.lock.lock().expect("root lock");
         if lock.is_some() {
-            let _ = std::fs::remove_dir_all(&self.path);
+            let _ = super::tree::remove_tree(&self.path);
         }
         lock.take();
     }
@@ -132,7 +132,7 @@ fn empty_except_lock(dir: &Path) -> io::Result<()> {
         }
         let path = entry.path();
         if entry.file_type()?.is_dir() {
-            std::fs::remove_dir_all(&path)?;
+            super::tree::remove_tree(&path)?;
         } else {
             std::fs::remove_file(&path)?;
         }
@@ -159,7 +159,7 @@ fn remove_abandoned(base: &Path, ours: &Path) {
         // Holding its lock while removing it: nobody can claim it meanwhile.
         if let Ok(Lock::Taken(_lock)) = DirLock::lock_existing(&path) {
             tracing::info!(path = %path.display(), "removing workspaces left by an instance that is gone");
-            if let Err(e) = std::fs::remove_dir_all(&path) {
+            if let Err(e) = super::tree::remove_tree(&path) {
                 tracing::warn!(path = %path.display(), error = %e, "could not remove abandoned workspaces");
             }
         }

@@ -272,7 +272,7 @@ impl Drop for Workspace {
             Err(_) => {}
         }
         let remove = move || {
-            if let Err(e) = std::fs::remove_dir_all(&path)
+            if let Err(e) = super::tree::remove_tree(&path)
                 && e.kind() != io::ErrorKind::NotFound
             {
                 tracing::warn!(path = %path.display(), error = %e, "could not remove a workspace");
