@@ -110,6 +110,11 @@ pub async fn stage(
         uid: owner.uid(),
         gid: owner.gid(),
     };
+    // Every path is checked before anything is written: a request refused for one of its
+    // files leaves the workspace as it was (unless the program changes it meanwhile).
+    for input in inputs {
+        check_path(&root, &input.path)?;
+    }
     for input in inputs {
         let path = &input.path;
         let io_err = |source: io::Error| stage_error(path, source);
@@ -187,6 +192,31 @@ pub async fn stage(
         staged.files.insert(path.clone(), Fingerprint::of(&meta));
     }
     Ok(staged)
+}
+
+/// Whether `path` could be staged as the workspace is now: each directory on its way is
+/// missing or a directory (not a link, not a file), and no directory is at the path.
+fn check_path(root: &Root, path: &str) -> Result<(), StageError> {
+    let mut dir = root.dir("").map_err(|e| stage_error(path, e))?;
+    let mut parts = path.split('/').peekable();
+    while let Some(part) = parts.next() {
+        if parts.peek().is_none() {
+            let st = nix::sys::stat::fstatat(&dir, part, AtFlags::AT_SYMLINK_NOFOLLOW);
+            if st.is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR) {
+                return Err(stage_error(
+                    path,
+                    io::Error::from_raw_os_error(libc::EISDIR),
+                ));
+            }
+            return Ok(());
+        }
+        dir = match open_dir_at(&dir, part) {
+            Ok(next) => next,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+            Err(e) => return Err(stage_error(path, e)),
+        };
+    }
+    Ok(())
 }
 
 /// What an I/O error while staging `path` tells the caller.

@@ -119,3 +119,49 @@ async fn a_thread_swapping_directories_for_links_reaches_no_host_file() {
         "host secret ñ\n"
     );
 }
+
+/// Staging into a session never removes or writes anything by name: a link the program put
+/// on a staged path's way is a 422, and the host file behind it is still there; a refused
+/// request leaves the workspace as it was.
+#[tokio::test]
+async fn staging_through_a_link_neither_deletes_nor_writes_the_host_file() {
+    let host = tempfile::tempdir().unwrap();
+    std::fs::write(host.path().join("s.txt"), "host secret ñ\n").unwrap();
+    std::fs::set_permissions(host.path().join("s.txt"), PermissionsExt::from_mode(0o600)).unwrap();
+    let s = Server::start().await;
+    let (_, session) = s.post("/v1/sessions", &json!({})).await;
+    let id = session["session_id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/sessions/{id}/execute");
+    let code = format!(
+        "import os\nos.symlink({:?}, 'd')\nopen('keep.txt', 'w').write('mine')\nos.mkdir('dir')",
+        host.path().display().to_string()
+    );
+    let (status, body) = s.post(&path, &json!({ "code": code })).await;
+    assert_eq!(status, 200, "{body}");
+    let file_id = upload(&s, "ersatz.txt", b"staged".to_vec()).await["file_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for files in [
+        json!([{"path": "d/s.txt", "file_id": file_id}]),
+        json!([{"path": "keep.txt", "file_id": file_id}, {"path": "dir", "file_id": file_id}]),
+    ] {
+        let (status, body) = s.post(&path, &json!({"code": "1", "files": files})).await;
+        assert_eq!(status, 422, "{body}");
+        assert!(
+            body["detail"].as_str().unwrap().contains("is in the way"),
+            "{body}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(host.path().join("s.txt")).unwrap(),
+        "host secret ñ\n"
+    );
+    let (_, body) = s
+        .post(
+            &path,
+            &json!({"code": "print(open('keep.txt').read(), sorted(os.listdir('.')))"}),
+        )
+        .await;
+    assert_eq!(body["stdout"], "mine ['d', 'dir', 'keep.txt']\n", "{body}");
+}
