@@ -18,6 +18,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+use nix::NixPath;
 use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::Mode;
 
@@ -64,23 +65,39 @@ impl Root {
         Ok(File::from(fd))
     }
 
-    /// The entries of the directory at `rel` (`.` and `..` left out), each with its
-    /// metadata as `lstat` gives it (a link is a link) or why it could not be read.
+    /// The entries of the directory at `rel`, as [`list`] gives them (no limit).
+    #[cfg(test)]
     pub fn list(&self, rel: &str) -> io::Result<Vec<(OsString, io::Result<Metadata>)>> {
-        let dir = self.dir(rel)?;
-        let entries = nix::dir::Dir::from_fd(dir.try_clone()?)?;
-        let mut out = Vec::new();
-        for entry in entries {
-            let entry = entry?;
-            let name = OsStr::from_bytes(entry.file_name().to_bytes());
-            if name == "." || name == ".." {
-                continue;
-            }
-            out.push((name.to_owned(), entry_metadata(&dir, name)));
-        }
-        Ok(out)
+        list(&self.dir(rel)?, usize::MAX)
     }
 }
+
+/// The first `limit` entries of `dir` (`.` and `..` left out), each with its metadata as
+/// `lstat` gives it (a link is a link) or why it could not be read. Nothing past `limit`
+/// is read: a directory of a million entries costs `limit` of them.
+pub(super) fn list(
+    dir: &OwnedFd,
+    limit: usize,
+) -> io::Result<Vec<(OsString, io::Result<Metadata>)>> {
+    let entries = nix::dir::Dir::from_fd(dir.try_clone()?)?;
+    let mut out = Vec::new();
+    for entry in entries {
+        if out.len() >= limit {
+            break;
+        }
+        let entry = entry?;
+        let name = OsStr::from_bytes(entry.file_name().to_bytes());
+        if name == "." || name == ".." {
+            continue;
+        }
+        out.push((name.to_owned(), entry_metadata(dir, name)));
+    }
+    Ok(out)
+}
+
+/// How deep a scan of a workspace looks (directories below its top); deeper ones are
+/// reported, not read. It bounds the descriptors a scan holds open.
+pub(super) const MAX_DEPTH: usize = 128;
 
 /// The components of a normalised relative path (none for `""`).
 fn components(rel: &str) -> impl Iterator<Item = &str> {
@@ -88,7 +105,7 @@ fn components(rel: &str) -> impl Iterator<Item = &str> {
 }
 
 /// The directory `name` in `dir`; a link there fails (`ENOTDIR`), as does a non-directory.
-pub(super) fn open_dir_at(dir: &impl AsFd, name: &str) -> io::Result<OwnedFd> {
+pub(super) fn open_dir_at(dir: &impl AsFd, name: &(impl NixPath + ?Sized)) -> io::Result<OwnedFd> {
     Ok(openat(
         dir,
         name,

@@ -2,6 +2,7 @@
 //! (and every new directory listed), by a bounded scan that never follows a link.
 
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -12,8 +13,8 @@ use serde::Serialize;
 use nix::fcntl::OFlag;
 
 use super::MAX_PATH_BYTES;
-use super::beneath::Root;
-use super::stage::{Fingerprint, Staged};
+use super::beneath::{MAX_DEPTH, Root, list, open_dir_at};
+use super::stage::{Fingerprint, Staged, odd_key};
 use crate::files::{FileMeta, FileOwner, FileStore, StoreError, size_text};
 
 /// One entry of an execute response's `files`.
@@ -136,7 +137,7 @@ pub async fn collect(
         in_flight_bytes += len;
         let root = &root;
         in_flight.push_back(Either::Right(async move {
-            let result = store_one(store, owner, root, &path).await;
+            let result = store_one(store, owner, root, &path, len).await;
             (path, len, Some(result))
         }));
     }
@@ -232,6 +233,7 @@ async fn store_one(
     owner: FileOwner<'_>,
     root: &Root,
     path: &str,
+    len: u64,
 ) -> Result<FileMeta, StoreError> {
     let io_err = |source| StoreError::Io {
         doing: "reading",
@@ -246,7 +248,9 @@ async fn store_one(
     if !file.metadata().map_err(io_err)?.is_file() {
         return Err(io_err(io::Error::other("no longer a regular file")));
     }
-    let mut file = tokio::fs::File::from_std(file);
+    // What the scan measured, no more: the budget was decided on it, and a file the
+    // program is still writing cannot take more of it (its first `len` bytes are stored).
+    let mut file = tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(file), len);
     let name = path.rsplit('/').next().unwrap_or(path);
     store.put(owner, name, &mut file).await
 }
@@ -271,27 +275,56 @@ fn is_empty_dir(dir: &Path) -> bool {
 }
 
 fn scan(root: &Root, staged: &Staged, limits: CollectLimits) -> Scan {
+    /// An entry of the directory `parent` (open), and a directory to read: each opened
+    /// from its parent's descriptor when its turn comes, so the scan holds open only the
+    /// directories on its current path (at most [`MAX_DEPTH`]).
     enum Item {
-        Entry(String, std::fs::Metadata),
-        Expand(String),
+        Entry(String, std::fs::Metadata, Arc<OwnedFd>),
+        Expand(String, Arc<OwnedFd>),
     }
     let mut out = Scan::default();
     let mut seen = 0usize;
     // Past `max_entries` no directory is read any more; the entries read until then are
     // still handled (a flat directory of too many files keeps the ones read).
     let mut full = false;
-    let mut stack = vec![Item::Expand(String::new())];
+    let top = match root.dir("") {
+        Ok(fd) => Arc::new(fd),
+        Err(e) => {
+            out.skipped.push(SkippedFile {
+                path: ".".into(),
+                reason: format!("could not be listed: {e}"),
+            });
+            return out;
+        }
+    };
+    let mut stack = vec![Item::Expand(String::new(), top)];
     while let Some(item) = stack.pop() {
-        let prefix = match item {
-            Item::Expand(_) if full => continue,
-            Item::Expand(prefix) => prefix,
-            Item::Entry(rel, meta) => {
+        let (prefix, dir) = match item {
+            Item::Expand(..) if full => continue,
+            Item::Expand(prefix, dir) => (prefix, dir),
+            Item::Entry(rel, meta, parent) => {
                 let kind = meta.file_type();
                 if kind.is_dir() {
                     if !staged.dirs.contains(&rel) {
                         out.entries.push(Found::Directory(rel.clone()));
                     }
-                    stack.push(Item::Expand(rel));
+                    if rel.split('/').count() > MAX_DEPTH {
+                        out.skipped.push(SkippedFile {
+                            reason: format!(
+                                "deeper than {MAX_DEPTH} directories; what it holds was not looked at"
+                            ),
+                            path: rel,
+                        });
+                        continue;
+                    }
+                    let name = rel.rsplit('/').next().unwrap_or(&rel);
+                    match open_dir_at(parent.as_ref(), name) {
+                        Ok(fd) => stack.push(Item::Expand(rel, Arc::new(fd))),
+                        Err(e) => out.skipped.push(SkippedFile {
+                            reason: format!("could not be listed: {e}"),
+                            path: rel,
+                        }),
+                    }
                 } else if kind.is_file() {
                     if staged.files.get(&rel) != Some(&Fingerprint::of(&meta)) {
                         out.entries.push(Found::File {
@@ -313,7 +346,9 @@ fn scan(root: &Root, staged: &Staged, limits: CollectLimits) -> Scan {
                 continue;
             }
         };
-        let entries = match root.list(&prefix) {
+        // One more than the budget left: reading it says the budget is passed.
+        let left = limits.max_entries.saturating_sub(seen).saturating_add(1);
+        let entries = match list(&dir, left) {
             Ok(entries) => entries,
             Err(e) => {
                 out.skipped.push(SkippedFile {
@@ -347,9 +382,10 @@ fn scan(root: &Root, staged: &Staged, limits: CollectLimits) -> Scan {
             }
             let Some(name) = name.to_str() else {
                 let path = join(&prefix, &name.to_string_lossy());
+                let key = odd_key(&prefix, &name);
                 let known = meta
                     .as_ref()
-                    .is_ok_and(|meta| staged.has_unchanged(&path, meta));
+                    .is_ok_and(|meta| staged.has_unchanged_odd(&key, meta));
                 if !known {
                     out.skipped.push(SkippedFile {
                         path,
@@ -374,7 +410,7 @@ fn scan(root: &Root, staged: &Staged, limits: CollectLimits) -> Scan {
             }
             // As lstat gives it: a link is reported as a link.
             match meta {
-                Ok(meta) => children.push(Item::Entry(rel, meta)),
+                Ok(meta) => children.push(Item::Entry(rel, meta, dir.clone())),
                 Err(e) => out.skipped.push(SkippedFile {
                     path: rel,
                     reason: format!("could not be read: {e}"),
@@ -382,7 +418,7 @@ fn scan(root: &Root, staged: &Staged, limits: CollectLimits) -> Scan {
             }
         }
         let name_of = |item: &Item| match item {
-            Item::Entry(rel, _) | Item::Expand(rel) => rel.clone(),
+            Item::Entry(rel, ..) | Item::Expand(rel, _) => rel.clone(),
         };
         // Reverse order on the stack: the first name is handled (and expanded) first.
         children.sort_by_key(|item| std::cmp::Reverse(name_of(item)));
@@ -586,7 +622,7 @@ mod tests {
 
         let store_dir = tempfile::tempdir().unwrap();
         let store = local_store(store_dir.path());
-        let got = store_one(&store, FileOwner::default(), &root, "d/secret.txt").await;
+        let got = store_one(&store, FileOwner::default(), &root, "d/secret.txt", 4).await;
         let Err(StoreError::Io { source, .. }) = got else {
             panic!("read through the link: {got:?}");
         };
@@ -599,8 +635,71 @@ mod tests {
             ws.path().join("d/secret.txt"),
         )
         .unwrap();
-        let got = store_one(&store, FileOwner::default(), &root, "d/secret.txt").await;
+        let got = store_one(&store, FileOwner::default(), &root, "d/secret.txt", 4).await;
         assert!(matches!(got, Err(StoreError::Io { .. })), "{got:?}");
         assert!(store.list_all().await.unwrap().is_empty());
+    }
+
+    /// A name that is not UTF-8 and the UTF-8 name it reads as lossily are two entries of
+    /// a session's baseline: neither is reported again while neither changes.
+    #[tokio::test]
+    async fn a_name_that_is_not_utf8_does_not_shadow_its_lossy_twin() {
+        use std::os::unix::ffi::OsStrExt;
+        let ws = tempfile::tempdir().unwrap();
+        let odd = std::ffi::OsStr::from_bytes(b"\xff.bin");
+        std::fs::write(ws.path().join(odd), "odd").unwrap();
+        std::fs::write(ws.path().join("\u{fffd}.bin"), "twin").unwrap();
+        let baseline = super::super::snapshot(ws.path(), 100).await;
+        let found = scan(&Root::open(ws.path()).unwrap(), &baseline, limits());
+        assert!(found.entries.is_empty(), "{:?}", found.entries);
+        assert!(found.skipped.is_empty(), "{:?}", found.skipped);
+    }
+
+    /// A chain of directories deeper than the scan looks: it stops at [`MAX_DEPTH`], says
+    /// so once, and the session's snapshot of it stays as bounded.
+    #[tokio::test]
+    async fn the_scan_and_the_snapshot_stop_at_their_depth() {
+        let ws = tempfile::tempdir().unwrap();
+        let deep = vec!["d"; MAX_DEPTH + 20].join("/");
+        std::fs::create_dir_all(ws.path().join(&deep)).unwrap();
+        let limits = CollectLimits {
+            max_entries: 1000,
+            max_total_bytes: 1 << 20,
+        };
+        let found = scan(&Root::open(ws.path()).unwrap(), &Staged::default(), limits);
+        let dirs = found
+            .entries
+            .iter()
+            .filter(|e| matches!(e, Found::Directory(_)))
+            .count();
+        assert_eq!(dirs, MAX_DEPTH + 1, "{:?}", found.skipped);
+        assert_eq!(found.skipped.len(), 1, "{:?}", found.skipped);
+        assert!(
+            found.skipped[0]
+                .reason
+                .contains("deeper than 128 directories")
+        );
+        let baseline = super::super::snapshot(ws.path(), 1000).await;
+        assert_eq!(baseline.dirs.len(), MAX_DEPTH + 1);
+    }
+
+    /// A file that grows after the scan measured it is stored at the length the budget was
+    /// decided on.
+    #[tokio::test]
+    async fn a_file_growing_during_collection_is_stored_as_measured() {
+        let ws = tempfile::tempdir().unwrap();
+        std::fs::write(ws.path().join("wächst.log"), "1234").unwrap();
+        let root = Root::open(ws.path()).unwrap();
+        let found = scan(&root, &Staged::default(), limits());
+        let Found::File { len, .. } = found.entries[0] else {
+            panic!("{:?}", found.entries);
+        };
+        std::fs::write(ws.path().join("wächst.log"), "x".repeat(100_000)).unwrap();
+        let store_dir = tempfile::tempdir().unwrap();
+        let store = local_store(store_dir.path());
+        let meta = store_one(&store, FileOwner::default(), &root, "wächst.log", len)
+            .await
+            .unwrap();
+        assert_eq!(meta.size_bytes, 4);
     }
 }

@@ -6,12 +6,14 @@ use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::Arc;
 
 use nix::fcntl::{AtFlags, OFlag, openat};
 use nix::sys::stat::Mode;
 use nix::unistd::UnlinkatFlags;
 
-use super::beneath::{Root, open_dir_at};
+use super::MAX_PATH_BYTES;
+use super::beneath::{MAX_DEPTH, Root, list, open_dir_at};
 use crate::files::{FileStore, StoreError};
 
 /// A stored file to place in the workspace at a normalised relative `path`.
@@ -144,13 +146,13 @@ pub async fn stage(
             }
             match nix::sys::stat::mkdirat(&parent, *part, Mode::from_bits_truncate(0o755)) {
                 Ok(()) => {
-                    let made = open_dir_at(&parent, part).map_err(io_err)?;
+                    let made = open_dir_at(&parent, *part).map_err(io_err)?;
                     owner.apply(&made).map_err(io_err)?;
                 }
                 // There already (an earlier run's, or the program's): used if it is a
                 // directory, which the next step's walk checks without following a link.
                 Err(nix::errno::Errno::EEXIST) => {
-                    open_dir_at(&parent, part).map_err(io_err)?;
+                    open_dir_at(&parent, *part).map_err(io_err)?;
                 }
                 Err(e) => return Err(io_err(e.into())),
             }
@@ -262,8 +264,13 @@ impl Staged {
         self.others.extend(other.others);
     }
 
-    /// Whether the entry at `path` (named lossily when its name is not UTF-8) is in the
-    /// baseline unchanged, as whatever kind it is.
+    /// Whether the entry whose name is not UTF-8 (its [`odd_key`]) is in the baseline
+    /// unchanged.
+    pub(super) fn has_unchanged_odd(&self, key: &str, meta: &std::fs::Metadata) -> bool {
+        self.others.get(key) == Some(&Fingerprint::of(meta))
+    }
+
+    /// Whether the entry at `path` is in the baseline unchanged, as whatever kind it is.
     pub(super) fn has_unchanged(&self, path: &str, meta: &std::fs::Metadata) -> bool {
         let kind = meta.file_type();
         if kind.is_dir() {
@@ -280,15 +287,18 @@ impl Staged {
 /// each file once, and again only when it changes. Looks at most `max_entries` entries;
 /// links are not followed.
 pub async fn snapshot(workspace: &Path, max_entries: usize) -> Staged {
-    let Ok(root) = Root::open(workspace) else {
+    let Ok(top) = Root::open(workspace).and_then(|root| root.dir("")) else {
         return Staged::default();
     };
     tokio::task::spawn_blocking(move || {
         let mut staged = Staged::default();
         let mut seen = 0usize;
-        let mut pending = vec![String::new()];
-        while let Some(prefix) = pending.pop() {
-            let Ok(entries) = root.list(&prefix) else {
+        // As the scan goes: each directory opened from its parent's descriptor, no deeper
+        // than it looks, names that are not UTF-8 kept apart and not descended.
+        let mut pending = vec![(String::new(), Arc::new(top))];
+        while let Some((prefix, dir)) = pending.pop() {
+            let left = max_entries.saturating_sub(seen).saturating_add(1);
+            let Ok(entries) = list(&dir, left) else {
                 continue;
             };
             for (name, meta) in entries {
@@ -296,16 +306,26 @@ pub async fn snapshot(workspace: &Path, max_entries: usize) -> Staged {
                 if seen > max_entries {
                     return staged;
                 }
-                let name = name.to_string_lossy().into_owned();
-                let rel = if prefix.is_empty() {
-                    name
-                } else {
-                    format!("{prefix}/{name}")
-                };
                 let Ok(meta) = meta else { continue };
+                let Some(utf8) = name.to_str() else {
+                    staged
+                        .others
+                        .insert(odd_key(&prefix, &name), Fingerprint::of(&meta));
+                    continue;
+                };
+                let rel = if prefix.is_empty() {
+                    utf8.to_owned()
+                } else {
+                    format!("{prefix}/{utf8}")
+                };
                 if meta.file_type().is_dir() {
                     staged.dirs.insert(rel.clone());
-                    pending.push(rel);
+                    if rel.len() <= MAX_PATH_BYTES
+                        && rel.split('/').count() <= MAX_DEPTH
+                        && let Ok(fd) = open_dir_at(dir.as_ref(), utf8)
+                    {
+                        pending.push((rel, Arc::new(fd)));
+                    }
                 } else if meta.file_type().is_file() {
                     staged.files.insert(rel, Fingerprint::of(&meta));
                 } else {
@@ -317,6 +337,14 @@ pub async fn snapshot(workspace: &Path, max_entries: usize) -> Staged {
     })
     .await
     .unwrap_or_default()
+}
+
+/// The baseline's key of an entry whose name is not UTF-8: a NUL (which no name holds)
+/// and the name's bytes escaped, so it collides with no UTF-8 path (`\xff.bin` and
+/// `\u{fffd}.bin` are two entries) nor with another such name.
+pub(super) fn odd_key(prefix: &str, name: &std::ffi::OsStr) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    format!("\0{prefix}/{}", name.as_bytes().escape_ascii())
 }
 
 struct Owner {
