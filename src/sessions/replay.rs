@@ -233,7 +233,10 @@ pub async fn rebuild(
                     .run(job.clone(), &limits, None, interrupt)
                     .await
                     .map_err(|e| failed(format!("replaying run {done} of {total} failed: {e}")))?;
-                if let Some(why) = replayer.and_then(|r| r.diverged()) {
+                if let Some(why) = replayer
+                    .as_ref()
+                    .and_then(|r| r.diverged().or_else(|| r.unmade()))
+                {
                     return Err(failed(why));
                 }
                 let outcome = &ran.outcome;

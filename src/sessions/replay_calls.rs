@@ -15,12 +15,13 @@
 //!   world): there is no answer to give, and making the call would be the very repeat a
 //!   replay must not do. The replay fails saying which tool; the call gets an error and
 //!   the run is interrupted at once.
-//! - Recorded calls the replay never makes are accepted. The state a replayed run builds
-//!   is checked the way every replayed run's is (it must end with exit code 0); a call
-//!   left out is one whose answer the replayed code did not need. And some calls are not
-//!   the code's choice to make at all: a thread that made a call just before the original
-//!   run ended may not have been scheduled yet when the replayed run ends. Refusing those
-//!   would fail replays that rebuild the same state.
+//! - A recorded call (one that got an answer) the replayed run did not make by its end
+//!   fails the replay too. Usually a thread of the session makes it: one started by an
+//!   earlier run whose call landed in this run the first time, and has not yet this time.
+//!   Left alone, that thread would make the call later, in a live run, for real: the
+//!   very repeat a replay must not cause (a stranger's thread charged a card twice that
+//!   way). A replay whose threads' timing differs from the original's is refused rather
+//!   than trusted.
 //! - A call that was still unanswered when the original run ended was answered
 //!   `cancelled` by the worker itself as its job ended (see `pool::toolcalls`). Its replay
 //!   is left unanswered likewise, so the replayed run's end cancels it the same way. (An
@@ -191,6 +192,27 @@ impl Replayer {
     /// Why the replay cannot go on, once a call had no recorded answer.
     pub fn diverged(&self) -> Option<String> {
         self.diverged.lock().expect("replayer lock").clone()
+    }
+
+    /// Once the replayed run has ended: why the replay cannot go on if a call the original
+    /// run made (and got an answer to) was not made again.
+    pub fn unmade(&self) -> Option<String> {
+        let keys = self.keys.lock().expect("replayer lock");
+        let key = keys
+            .iter()
+            .find(|k| k.answers.iter().any(Option::is_some))?;
+        let quoted = serde_json::to_string(&key.arguments).unwrap_or_default();
+        let mut shown: String = quoted.chars().take(QUOTED_ARGUMENT_CHARS).collect();
+        if shown.len() < quoted.len() {
+            shown.push('…');
+        }
+        Some(format!(
+            "the replay of {} ended without calling tool '{}' ({shown}) as the original run \
+             did; a thread of the session that makes it later would call the tool again, so \
+             a session whose threads make tool calls at times a replay cannot reproduce \
+             cannot be replayed",
+            self.run, key.name
+        ))
     }
 
     /// The next recorded answer for `call`: `Err(seen)` when none is left, `seen` telling
@@ -460,7 +482,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn calls_unanswered_at_the_original_end_stay_unanswered_and_unmade_calls_are_fine() {
+    async fn calls_unanswered_at_the_original_end_stay_unanswered_and_unmade_calls_are_named() {
         let record = [
             recorded("wait", json!({}), None),
             recorded("t", json!({"n": 1}), Some(ok(json!(1)))),
@@ -472,8 +494,19 @@ mod tests {
             answer(&replayer, call(2, "t", json!({"n": 2}))).await,
             ok(json!(2))
         );
-        // `t(n=1)` is never made: that is no divergence.
+        // `t(n=1)` is never made: no divergence while the run goes on, and at its end the
+        // replay is refused naming it (the unanswered `wait` is no matter).
         assert_eq!(replayer.diverged(), None);
+        let why = replayer.unmade().unwrap();
+        assert!(
+            why.contains("without calling tool 't' ({\"n\":1})"),
+            "{why}"
+        );
+        assert_eq!(
+            answer(&replayer, call(3, "t", json!({"n": 1}))).await,
+            ok(json!(1))
+        );
+        assert_eq!(replayer.unmade(), None);
     }
 
     #[tokio::test]
