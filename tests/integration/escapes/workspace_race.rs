@@ -165,3 +165,41 @@ async fn staging_through_a_link_neither_deletes_nor_writes_the_host_file() {
         .await;
     assert_eq!(body["stdout"], "mine ['d', 'dir', 'keep.txt']\n", "{body}");
 }
+
+/// A session nests directories 25,000 deep (each `mkdir` relative to the last), then is
+/// deleted: its workspace is removed without overflowing the supervisor's stack, which
+/// goes on serving.
+#[tokio::test]
+async fn a_workspace_nested_deeper_than_any_stack_is_removed_and_the_service_lives() {
+    let s = Server::start().await;
+    let (_, session) = s.post("/v1/sessions", &json!({})).await;
+    let id = session["session_id"].as_str().unwrap().to_owned();
+    let code = "import os
+cur = os.open('.', os.O_RDONLY)
+for i in range(25000):
+    os.mkdir('tief', dir_fd=cur)
+    nxt = os.open('tief', os.O_RDONLY, dir_fd=cur)
+    os.close(cur)
+    cur = nxt
+print('tief genug')";
+    let (status, body) = s
+        .post(
+            &format!("/v1/sessions/{id}/execute"),
+            &json!({"code": code, "timeout_ms": 60000}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stdout"], "tief genug\n", "{body}");
+    let status = s
+        .client
+        .delete(format!("{}/v1/sessions/{id}", s.base))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 204);
+    // The removal runs off the request; the service is still there, and so is its pool.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(s.health().await["status"], "ok");
+    assert_eq!(s.run("print('weiter')").await["stdout"], "weiter\n");
+}
