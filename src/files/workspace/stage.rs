@@ -133,39 +133,31 @@ pub async fn stage(
                     source,
                 },
             })?;
+        // Down to the file's directory from the workspace's descriptor, one directory at a
+        // time: each made when missing (and given to the workspace's owner), used when
+        // there (an earlier run's, or the program's) if it is a directory, not a link.
+        let (dirs, name) = path.rsplit_once('/').unwrap_or(("", path.as_str()));
+        let mut parent = root.dir("").map_err(io_err)?;
         let mut dir = String::new();
-        let parts: Vec<&str> = path.split('/').collect();
-        for part in &parts[..parts.len() - 1] {
-            let parent = root.dir(&dir).map_err(io_err)?;
+        for part in dirs.split('/').filter(|part| !part.is_empty()) {
             if !dir.is_empty() {
                 dir.push('/');
             }
             dir.push_str(part);
-            if staged.dirs.contains(&dir) {
-                continue;
-            }
-            match nix::sys::stat::mkdirat(&parent, *part, Mode::from_bits_truncate(0o755)) {
-                Ok(()) => {
-                    let made = open_dir_at(&parent, *part).map_err(io_err)?;
-                    owner.apply(&made).map_err(io_err)?;
-                }
-                // There already (an earlier run's, or the program's): used if it is a
-                // directory, which the next step's walk checks without following a link.
-                Err(nix::errno::Errno::EEXIST) => {
-                    open_dir_at(&parent, *part).map_err(io_err)?;
-                }
+            let made = match nix::sys::stat::mkdirat(&parent, part, Mode::from_bits_truncate(0o755))
+            {
+                Ok(()) => true,
+                Err(nix::errno::Errno::EEXIST) => false,
                 Err(e) => return Err(io_err(e.into())),
+            };
+            parent = open_dir_at(&parent, part).map_err(io_err)?;
+            if made {
+                owner.apply(&parent).map_err(io_err)?;
             }
             staged.dirs.insert(dir.clone());
         }
-        let (parent, name) = root.parent(path).map_err(io_err)?;
-        let existing = nix::sys::stat::fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW);
-        if existing.is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR) {
-            return Err(StageError::Conflict {
-                path: path.clone(),
-                reason: "a directory is in the way".into(),
-            });
-        }
+        // A directory at the path was refused by the check; one the program put there since
+        // makes the rename fail (`EISDIR`), and the temporary file goes.
         let temporary = format!(".snakecage-staging-{}", uuid::Uuid::new_v4().simple());
         let file = openat(
             &parent,
