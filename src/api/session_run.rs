@@ -18,7 +18,7 @@ use super::json::ApiJson;
 use super::stream::{self, OnDisconnect};
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::files::workspace::{self, StageInput, Staged};
+use crate::files::workspace::{self, StageInput};
 use crate::metrics::labels::{Kind, Outcome};
 use crate::pool::run::{Interrupt, OutputChunk, RunError, RunLimits};
 use crate::pool::session::Listed;
@@ -161,7 +161,8 @@ async fn run_in(
     let mut notices = Vec::new();
     let mut replayed = ensure_worker(&state, caller.owner(), &session, &mut guard).await?;
     let ws = worker_path(&guard, &id)?;
-    let staged = restage(&state, caller.owner(), &ws, &inputs).await?;
+    // Files already at their paths are replaced (see `workspace::stage`).
+    let staged = workspace::stage(state.store.as_ref(), caller.owner(), &ws, &inputs).await?;
     guard.baseline.merge(staged);
     notices.extend(guard.journal.as_mut().and_then(|j| j.stage(&inputs)));
     // A replay session keeps the job: for its journal, and to retry it on a rebuilt worker
@@ -303,19 +304,6 @@ fn worker_path(guard: &SessionState, id: &str) -> Result<std::path::PathBuf, Api
     }
 }
 
-/// Stages `inputs` into a session's workspace, replacing files already at their paths.
-/// Nothing is removed first: staging writes each file beside its path and renames it
-/// over, through descriptors (a path opened by name here, as root, would follow a link the
-/// session's threads put on its way: a `remove_file` did, deleting host files).
-async fn restage(
-    state: &SharedState,
-    owner: Option<&str>,
-    ws: &Path,
-    inputs: &[StageInput],
-) -> Result<Staged, ApiError> {
-    Ok(workspace::stage(state.store.as_ref(), owner, ws, inputs).await?)
-}
-
 /// Stages a replayed session's files from the store, as its runs did.
 struct Restager<'a> {
     state: &'a SharedState,
@@ -329,10 +317,10 @@ impl ReplayStager for Restager<'_> {
         inputs: &'a [StageInput],
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>> {
         Box::pin(async move {
-            restage(self.state, self.owner, workspace, inputs)
+            workspace::stage(self.state.store.as_ref(), self.owner, workspace, inputs)
                 .await
                 .map(drop)
-                .map_err(|e| e.to_string())
+                .map_err(|e| ApiError::from(e).to_string())
         })
     }
 }
