@@ -201,11 +201,7 @@ impl Replayer {
         let key = keys
             .iter()
             .find(|k| k.answers.iter().any(Option::is_some))?;
-        let quoted = serde_json::to_string(&key.arguments).unwrap_or_default();
-        let mut shown: String = quoted.chars().take(QUOTED_ARGUMENT_CHARS).collect();
-        if shown.len() < quoted.len() {
-            shown.push('…');
-        }
+        let shown = quoted(&key.arguments);
         Some(format!(
             "the replay of {} ended without calling tool '{}' ({shown}) as the original run \
              did; a thread of the session that makes it later would call the tool again, so \
@@ -227,11 +223,7 @@ impl Replayer {
     }
 
     fn diverge(&self, call: &ToolCall, seen: bool) -> ToolOutcome {
-        let quoted = serde_json::to_string(&call.arguments).unwrap_or_default();
-        let mut quoted: String = quoted.chars().take(QUOTED_ARGUMENT_CHARS).collect();
-        if quoted.len() < json_len(&call.arguments) {
-            quoted.push('…');
-        }
+        let quoted = quoted(&call.arguments);
         let how = if seen {
             "more often than the original run did"
         } else {
@@ -273,6 +265,16 @@ impl ToolHost for Replayer {
             }
         }
     }
+}
+
+/// `arguments` as JSON for a reason, cut to [`QUOTED_ARGUMENT_CHARS`] with an ellipsis.
+fn quoted(arguments: &Value) -> String {
+    let json = serde_json::to_string(arguments).unwrap_or_default();
+    let mut shown: String = json.chars().take(QUOTED_ARGUMENT_CHARS).collect();
+    if shown.len() < json.len() {
+        shown.push('…');
+    }
+    shown
 }
 
 fn json_len(value: &Value) -> usize {
