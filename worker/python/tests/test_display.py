@@ -221,7 +221,7 @@ def test_session_variables_run_no_name_method_and_survive_a_value_that_raises(ru
 
 
 def test_a_slow_value_is_listed_without_a_description_and_hides_nothing(runner, capsys):
-    display = sys.modules["_snakecage_display"]
+    variables = sys.modules["_snakecage_variables"]
     session = runner.Session()
     code = (
         "import time\n"
@@ -256,16 +256,16 @@ def test_a_slow_value_is_listed_without_a_description_and_hides_nothing(runner, 
     # The timer and handler are put back as they were.
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
-    display._slow_types.clear()
+    variables._slow_types.clear()
 
 
 def test_every_user_global_is_counted_past_the_listing_bound(runner, capsys):
-    display = sys.modules["_snakecage_display"]
+    variables = sys.modules["_snakecage_variables"]
     session = runner.Session()
     code = "g = globals()\nfor i in range(1200):\n    g[f'v{i}é'] = i\n"
     assert session.run(job(code))["exit_code"] == 0
     entries, total = session.variables()
-    assert len(entries) == display.MAX_VARIABLES == 500
+    assert len(entries) == variables.MAX_VARIABLES == 500
     assert total == 1202  # v0é… v1199é, g and i
 
 
