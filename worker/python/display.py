@@ -163,9 +163,14 @@ def mime_bundle(obj, collector=None):
     """The MIME bundle of ``obj``: text/plain always, richer types where known."""
     bundle = {"text/plain": _safe_repr(obj)}
     if is_instance(obj, "matplotlib.figure", "Figure"):
-        png = _figure_png(obj)
+        png, failure = _figure_png(obj)
         if png is not None:
             bundle["image/png"] = png
+        else:
+            # Said where the model and the user look: the bundle, and stderr.
+            note = "[figure not rendered: %s]" % failure
+            bundle["text/plain"] += "\n" + note
+            print("snakecage: %s %s" % (_safe_repr(obj), note), file=sys.stderr)
         if collector is not None:
             collector.shown_figures.add(id(obj))
         return bundle
@@ -212,15 +217,27 @@ def _call_repr_method(obj, name):
         return None
 
 
+_FAILURE_CHARS = 300
+"""The most of a rendering failure's message a note quotes."""
+
+
 def _figure_png(figure):
+    """``(png, None)``, or ``(None, why)`` when drawing failed (a figure too large for the
+    memory limit raises ``MemoryError``)."""
     try:
         buf = io.BytesIO()
         with warnings.catch_warnings(record=True) as caught:
             figure.savefig(buf, format="png", bbox_inches="tight")
         _show_figure_warnings(caught)
-        return base64.b64encode(buf.getvalue()).decode("ascii")
-    except Exception:
-        return None
+        return base64.b64encode(buf.getvalue()).decode("ascii"), None
+    except Exception as exc:
+        try:
+            why = "%s: %s" % (_type_name_of_class(type(exc)), exc)
+        except Exception:
+            why = _type_name_of_class(type(exc))
+        if len(why) > _FAILURE_CHARS:
+            why = why[: _FAILURE_CHARS - 1] + "…"
+        return None, why
 
 
 def _show_figure_warnings(caught):

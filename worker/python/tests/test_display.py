@@ -122,6 +122,25 @@ def test_a_displayed_figure_is_not_shown_twice(runner, pyplot, capsys):
     assert results[1] == {"text/plain": "'done'"}
 
 
+def test_a_figure_that_cannot_be_drawn_says_why_in_its_bundle_and_on_stderr(runner, pyplot, capsys):
+    # As a figure too large for the memory limit fails inside savefig.
+    code = (
+        "import matplotlib.pyplot as plt\n"
+        "fig = plt.figure(figsize=(20, 20))\n"
+        "def too_big(*args, **kwargs):\n"
+        "    raise MemoryError('Unable to allocate 72.4 MiB for an array')\n"
+        "fig.savefig = too_big\n"
+        "fig"
+    )
+    result = runner.run(job(code, interactive=True))
+    assert result["exit_code"] == 0, result
+    note = "[figure not rendered: MemoryError: Unable to allocate 72.4 MiB for an array]"
+    assert result["results"] == [{"text/plain": "<Figure size 2000x2000 with 0 Axes>\n" + note}]
+    captured = capsys.readouterr()
+    assert captured.err == "snakecage: <Figure size 2000x2000 with 0 Axes> " + note + "\n"
+    assert captured.out == "<Figure size 2000x2000 with 0 Axes>\n" + note + "\n"
+
+
 def test_objects_with_ipython_repr_methods_are_rich(runner, capsys):
     code = (
         "class Card:\n"
