@@ -8,6 +8,7 @@
 mod report;
 mod request_id;
 mod settings;
+mod unread_body;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -250,7 +251,8 @@ pub async fn serve_with(
         )
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
-        .layer(axum::middleware::map_request(drop_unfit_request_id));
+        .layer(axum::middleware::map_request(drop_unfit_request_id))
+        .layer(axum::middleware::from_fn(unread_body::keep_or_close));
 
     let stop_signal = stop.clone();
     tokio::spawn(async move {

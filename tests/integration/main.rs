@@ -21,6 +21,7 @@ mod grafana;
 mod hangup;
 mod harness;
 mod immortal;
+mod keepalive;
 mod keys_rotation;
 mod kubernetes;
 mod load;
