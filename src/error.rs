@@ -208,32 +208,49 @@ impl From<StoreError> for ApiError {
                 "File size exceeds maximum of {} MB",
                 max_bytes >> 20
             )),
+            // A file larger than a whole quota is too large, now and after any wait: 413,
+            // with nothing to retry after. One that only does not fit beside what is stored
+            // is the store's (507) or the API key's (429) limit, which deletions lift.
             StoreError::QuotaExceeded {
                 quota_bytes,
                 stored_bytes,
                 upload,
-            } => ApiError::InsufficientStorage(over_quota_detail(
-                "file storage",
-                "files.quota_mb",
-                quota_bytes,
-                stored_bytes,
-                upload,
-            )),
+            } => {
+                let detail = over_quota_detail(
+                    "file storage",
+                    "files.quota_mb",
+                    quota_bytes,
+                    stored_bytes,
+                    upload,
+                );
+                if upload.larger_than(quota_bytes) {
+                    ApiError::PayloadTooLarge(detail)
+                } else {
+                    ApiError::InsufficientStorage(detail)
+                }
+            }
             StoreError::OwnerQuotaExceeded {
                 owner,
                 quota_bytes,
                 stored_bytes,
                 upload,
-            } => ApiError::TenantLimit {
-                detail: over_quota_detail(
+            } => {
+                let detail = over_quota_detail(
                     &format!("API key '{owner}'"),
                     "max_stored_mb",
                     quota_bytes,
                     stored_bytes,
                     upload,
-                ),
-                retry_after_secs: 60,
-            },
+                );
+                if upload.larger_than(quota_bytes) {
+                    ApiError::PayloadTooLarge(detail)
+                } else {
+                    ApiError::TenantLimit {
+                        detail,
+                        retry_after_secs: 60,
+                    }
+                }
+            }
             e if e.is_out_of_space() => ApiError::InsufficientStorage(
                 "The file store has no space left (its disk is full or read-only); stored files are unaffected. Retry later".into(),
             ),
@@ -515,6 +532,53 @@ mod tests {
             assert_eq!(error.status().as_u16(), status);
             let row = format!("| `{code}` | {status} |");
             assert!(readme.contains(&row), "README lacks the row {row}");
+        }
+    }
+
+    /// A file larger than a whole quota is 413 with nothing to retry after; one that only
+    /// does not fit beside what is stored stays the store's 507 or the key's 429 (with
+    /// `Retry-After`). The detail is the quota's own either way.
+    #[test]
+    fn a_file_larger_than_a_whole_quota_is_too_large_not_a_limit_to_wait_out() {
+        use crate::files::UploadSize;
+        let key = |upload| StoreError::OwnerQuotaExceeded {
+            owner: "bob".into(),
+            quota_bytes: 1 << 20,
+            stored_bytes: 700 << 10,
+            upload,
+        };
+        let store = |upload| StoreError::QuotaExceeded {
+            quota_bytes: 1 << 20,
+            stored_bytes: 700 << 10,
+            upload,
+        };
+        for (error, status, retry_after) in [
+            (key(UploadSize::Whole(2 << 20)), 413, None),
+            (key(UploadSize::AtLeast((1 << 20) + 1)), 413, None),
+            (key(UploadSize::Whole(700 << 10)), 429, Some("60")),
+            (key(UploadSize::AtLeast(400 << 10)), 429, Some("60")),
+            (store(UploadSize::Whole(2 << 20)), 413, None),
+            (store(UploadSize::AtLeast((1 << 20) + 1)), 413, None),
+            (store(UploadSize::Whole(1 << 20)), 507, None),
+        ] {
+            let error = ApiError::from(error);
+            let detail = error.to_string();
+            let response = error.into_response();
+            assert_eq!(response.status().as_u16(), status, "{detail}");
+            assert_eq!(
+                response
+                    .headers()
+                    .get(header::RETRY_AFTER)
+                    .map(|v| v.to_str().unwrap()),
+                retry_after,
+                "{detail}"
+            );
+            assert!(detail.starts_with("This file would take "), "{detail}");
+            assert_eq!(
+                detail.contains("larger than the whole quota"),
+                status == 413,
+                "{detail}"
+            );
         }
     }
 }
