@@ -208,49 +208,40 @@ impl From<StoreError> for ApiError {
                 "File size exceeds maximum of {} MB",
                 max_bytes >> 20
             )),
-            // A file larger than a whole quota is too large, now and after any wait: 413,
-            // with nothing to retry after. One that only does not fit beside what is stored
-            // is the store's (507) or the API key's (429) limit, which deletions lift.
             StoreError::QuotaExceeded {
                 quota_bytes,
                 stored_bytes,
                 upload,
-            } => {
-                let detail = over_quota_detail(
+            } => quota_refusal(
+                upload.larger_than(quota_bytes),
+                over_quota_detail(
                     "file storage",
                     "files.quota_mb",
                     quota_bytes,
                     stored_bytes,
                     upload,
-                );
-                if upload.larger_than(quota_bytes) {
-                    ApiError::PayloadTooLarge(detail)
-                } else {
-                    ApiError::InsufficientStorage(detail)
-                }
-            }
+                ),
+                ApiError::InsufficientStorage,
+            ),
             StoreError::OwnerQuotaExceeded {
                 owner,
                 quota_bytes,
                 stored_bytes,
                 upload,
-            } => {
-                let detail = over_quota_detail(
+            } => quota_refusal(
+                upload.larger_than(quota_bytes),
+                over_quota_detail(
                     &format!("API key '{owner}'"),
                     "max_stored_mb",
                     quota_bytes,
                     stored_bytes,
                     upload,
-                );
-                if upload.larger_than(quota_bytes) {
-                    ApiError::PayloadTooLarge(detail)
-                } else {
-                    ApiError::TenantLimit {
-                        detail,
-                        retry_after_secs: 60,
-                    }
-                }
-            }
+                ),
+                |detail| ApiError::TenantLimit {
+                    detail,
+                    retry_after_secs: 60,
+                },
+            ),
             e if e.is_out_of_space() => ApiError::InsufficientStorage(
                 "The file store has no space left (its disk is full or read-only); stored files are unaffected. Retry later".into(),
             ),
@@ -262,6 +253,21 @@ impl From<StoreError> for ApiError {
             }
             other => ApiError::Internal(other.to_string()),
         }
+    }
+}
+
+/// A quota's refusal of a file: one larger than the whole quota is too large (413), now
+/// and after any wait, so nothing says to retry; one that only does not fit beside what is
+/// stored is `fits_later`'s (the store's 507, the API key's 429), which deletions lift.
+fn quota_refusal(
+    larger_than_the_quota: bool,
+    detail: String,
+    fits_later: impl FnOnce(String) -> ApiError,
+) -> ApiError {
+    if larger_than_the_quota {
+        ApiError::PayloadTooLarge(detail)
+    } else {
+        fits_later(detail)
     }
 }
 

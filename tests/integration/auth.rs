@@ -416,19 +416,12 @@ async fn per_key_limits_answer_429_and_leave_other_keys_alone() {
     // for it, so there is no Retry-After. One that does not fit beside what is stored says
     // both numbers, and is a limit to retry after deleting (429). The store reads the
     // upload as it streams: it knows a lower bound.
-    let (status, headers, body) = alice
-        .upload_with_headers("huge.bin", vec![1u8; 2 << 20])
-        .await;
-    assert_eq!(status, 413, "{body}");
-    assert_eq!(body["code"], "payload_too_large", "{body}");
-    assert!(headers.get("retry-after").is_none(), "{headers:?}");
-    let detail = body["detail"].as_str().unwrap();
-    assert!(
-        detail.starts_with(
-            "This file would take API key 'alice' past its quota of 1 MB \
-             (max_stored_mb): the file is larger than the whole quota; upload a smaller file"
-        ),
-        "{detail}"
+    crate::files::assert_larger_than_the_whole_quota(
+        alice
+            .upload_with_headers("huge.bin", vec![1u8; 2 << 20])
+            .await,
+        "API key 'alice'",
+        "max_stored_mb",
     );
     let (status, body) = alice.upload("a.bin", vec![1u8; 700 << 10]).await;
     assert_eq!(status, 201, "{body}");

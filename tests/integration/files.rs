@@ -18,6 +18,27 @@ pub async fn try_upload(s: &Server, name: &str, bytes: Vec<u8>) -> (u16, Value) 
     (status, body)
 }
 
+/// The refusal of a file larger than a whole quota of 1 MB (`whose`, set by `setting`,
+/// as the detail names them), refused as it streamed in: 413 without `Retry-After` (no
+/// deletion and no wait makes room for it), and a detail that says so.
+pub fn assert_larger_than_the_whole_quota(
+    (status, headers, body): (u16, reqwest::header::HeaderMap, Value),
+    whose: &str,
+    setting: &str,
+) {
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["code"], "payload_too_large", "{body}");
+    assert!(headers.get("retry-after").is_none(), "{headers:?}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with(&format!(
+            "This file would take {whose} past its quota of 1 MB ({setting}): the file is \
+             larger than the whole quota; upload a smaller file"
+        )),
+        "{detail}"
+    );
+}
+
 async fn try_upload_with_headers(
     s: &Server,
     name: &str,
@@ -609,17 +630,10 @@ async fn files_expire_after_their_ttl_and_a_full_store_answers_507() {
 #[tokio::test]
 async fn a_file_larger_than_the_whole_store_quota_is_413_one_that_does_not_fit_507() {
     let s = Server::start_with(Options::default().env("SNAKECAGE_FILES__QUOTA_MB", 1)).await;
-    let (status, headers, body) = try_upload_with_headers(&s, "huge.bin", vec![0; 2 << 20]).await;
-    assert_eq!(status, 413, "{body}");
-    assert_eq!(body["code"], "payload_too_large", "{body}");
-    assert!(headers.get("retry-after").is_none(), "{headers:?}");
-    let detail = body["detail"].as_str().unwrap();
-    assert!(
-        detail.starts_with(
-            "This file would take file storage past its quota of 1 MB (files.quota_mb): the \
-             file "
-        ) && detail.ends_with("is larger than the whole quota; upload a smaller file"),
-        "{detail}"
+    assert_larger_than_the_whole_quota(
+        try_upload_with_headers(&s, "huge.bin", vec![0; 2 << 20]).await,
+        "file storage",
+        "files.quota_mb",
     );
     upload(&s, "a.bin", vec![0; 600 << 10]).await;
     let (status, headers, body) = try_upload_with_headers(&s, "b.bin", vec![0; 600 << 10]).await;
