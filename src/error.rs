@@ -11,7 +11,7 @@ use crate::envs::EnvError;
 use crate::envs::spec::SpecError;
 use crate::envs::uv::UvError;
 use crate::files::workspace::StageError;
-use crate::files::{StoreError, over_quota_detail};
+use crate::files::{StoreError, UploadSize, over_quota_detail};
 use crate::pool::PoolError;
 use crate::sessions::SessionError;
 
@@ -213,14 +213,10 @@ impl From<StoreError> for ApiError {
                 stored_bytes,
                 upload,
             } => quota_refusal(
-                upload.larger_than(quota_bytes),
-                over_quota_detail(
-                    "file storage",
-                    "files.quota_mb",
-                    quota_bytes,
-                    stored_bytes,
-                    upload,
-                ),
+                ("file storage", "files.quota_mb"),
+                quota_bytes,
+                stored_bytes,
+                upload,
                 ApiError::InsufficientStorage,
             ),
             StoreError::OwnerQuotaExceeded {
@@ -229,14 +225,10 @@ impl From<StoreError> for ApiError {
                 stored_bytes,
                 upload,
             } => quota_refusal(
-                upload.larger_than(quota_bytes),
-                over_quota_detail(
-                    &format!("API key '{owner}'"),
-                    "max_stored_mb",
-                    quota_bytes,
-                    stored_bytes,
-                    upload,
-                ),
+                (&format!("API key '{owner}'"), "max_stored_mb"),
+                quota_bytes,
+                stored_bytes,
+                upload,
                 |detail| ApiError::TenantLimit {
                     detail,
                     retry_after_secs: 60,
@@ -256,15 +248,20 @@ impl From<StoreError> for ApiError {
     }
 }
 
-/// A quota's refusal of a file: one larger than the whole quota is too large (413), now
-/// and after any wait, so nothing says to retry; one that only does not fit beside what is
-/// stored is `fits_later`'s (the store's 507, the API key's 429), which deletions lift.
+/// A quota's refusal of a file (`quota`: whose quota and the setting that sets it, as
+/// [`over_quota_detail`] names them): one larger than the whole quota is too large (413),
+/// now and after any wait, so nothing says to retry; one that only does not fit beside
+/// what is stored is `fits_later`'s (the store's 507, the API key's 429), which deletions
+/// lift.
 fn quota_refusal(
-    larger_than_the_quota: bool,
-    detail: String,
+    (whose, setting): (&str, &str),
+    quota_bytes: u64,
+    stored_bytes: u64,
+    upload: UploadSize,
     fits_later: impl FnOnce(String) -> ApiError,
 ) -> ApiError {
-    if larger_than_the_quota {
+    let detail = over_quota_detail(whose, setting, quota_bytes, stored_bytes, upload);
+    if upload.larger_than(quota_bytes) {
         ApiError::PayloadTooLarge(detail)
     } else {
         fits_later(detail)
@@ -546,7 +543,6 @@ mod tests {
     /// `Retry-After`). The detail is the quota's own either way.
     #[test]
     fn a_file_larger_than_a_whole_quota_is_too_large_not_a_limit_to_wait_out() {
-        use crate::files::UploadSize;
         let key = |upload| StoreError::OwnerQuotaExceeded {
             owner: "bob".into(),
             quota_bytes: 1 << 20,
