@@ -47,6 +47,7 @@ mod sessions;
 mod snapshot;
 mod starting;
 mod stream;
+mod streamed;
 mod tiers;
 mod timeouts;
 mod tls;
