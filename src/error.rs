@@ -47,9 +47,12 @@ pub enum ApiError {
     /// A session busy with another request.
     #[error("{0}")]
     SessionBusy(String),
-    /// An answer to a tool call its run is not waiting for (answered, timed out, never made).
+    /// An answer to a tool call its run is not waiting for (answered already, never made).
     #[error("{0}")]
     ToolCallNotWaiting(String),
+    /// An answer to a tool call that was cancelled before it came; `detail` says why.
+    #[error("{0}")]
+    ToolCallCancelled(String),
     /// A session that ended on its own (expired, evicted, lost, failed replay).
     #[error("{0}")]
     Gone(String),
@@ -109,7 +112,9 @@ impl ApiError {
                 StatusCode::NOT_FOUND
             }
             ApiError::SessionBusy(_) | ApiError::ToolCallNotWaiting(_) => StatusCode::CONFLICT,
-            ApiError::Gone(_) | ApiError::RunGone(_) => StatusCode::GONE,
+            ApiError::Gone(_) | ApiError::RunGone(_) | ApiError::ToolCallCancelled(_) => {
+                StatusCode::GONE
+            }
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -141,6 +146,7 @@ impl ApiError {
             ApiError::SessionNotFound(_) => ErrorCode::SessionNotFound,
             ApiError::SessionBusy(_) => ErrorCode::SessionBusy,
             ApiError::ToolCallNotWaiting(_) => ErrorCode::ToolCallNotWaiting,
+            ApiError::ToolCallCancelled(_) => ErrorCode::ToolCallCancelled,
             ApiError::Gone(_) => ErrorCode::SessionGone,
             ApiError::RunGone(_) => ErrorCode::RunGone,
             ApiError::NotImplemented(_) => ErrorCode::NotImplemented,
@@ -383,10 +389,11 @@ pub enum ErrorCode {
     InstallFailed,
     IndexUnreachable,
     ToolCallNotWaiting,
+    ToolCallCancelled,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 27] = [
+    pub const ALL: [ErrorCode; 28] = [
         ErrorCode::BadRequest,
         ErrorCode::InvalidRequest,
         ErrorCode::TimeoutTooLarge,
@@ -414,6 +421,7 @@ impl ErrorCode {
         ErrorCode::InstallFailed,
         ErrorCode::IndexUnreachable,
         ErrorCode::ToolCallNotWaiting,
+        ErrorCode::ToolCallCancelled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -445,6 +453,7 @@ impl ErrorCode {
             ErrorCode::InstallFailed => "install_failed",
             ErrorCode::IndexUnreachable => "index_unreachable",
             ErrorCode::ToolCallNotWaiting => "tool_call_not_waiting",
+            ErrorCode::ToolCallCancelled => "tool_call_cancelled",
         }
     }
 
@@ -521,6 +530,11 @@ mod tests {
                 409,
             ),
             (ApiError::RunGone("x".into()), "run_gone", 410),
+            (
+                ApiError::ToolCallCancelled("x".into()),
+                "tool_call_cancelled",
+                410,
+            ),
             (
                 ApiError::QueueFull {
                     retry_after_secs: 1,

@@ -53,6 +53,7 @@ mod timeouts;
 mod tls;
 mod tools;
 mod tools_caller;
+mod tools_caller_cancel;
 mod tools_cancel;
 mod tools_concurrent;
 mod tools_fanout;

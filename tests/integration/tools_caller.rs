@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use crate::streamed::StreamedRun;
 use crate::tools::server_with_tools;
 
-fn declared() -> Value {
+pub(crate) fn declared() -> Value {
     json!([
         {"type": "function", "function": {"name": "lookup_order", "description": "An order by id",
           "parameters": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}}},
@@ -115,7 +115,7 @@ except tools.ToolTimeoutError as e:
     assert!(text.contains(r#""stdout":"timeout\n""#), "{text}");
 
     // The run's deadline (1 s) comes before the call's timeout (1.5 s): killed at once, the
-    // pending call forgotten, the run gone.
+    // pending call cancelled (an answer to it is refused, saying why), the run gone.
     let mut run = s
         .stream(
             "/v1/execute/stream",
@@ -127,8 +127,9 @@ except tools.ToolTimeoutError as e:
     let result = run.result().await;
     assert_eq!(result["timed_out"], true, "{result}");
     assert!(!call_id.is_empty());
-    let (status, _) = run.answer_id(call_id, &json!({"result": 1})).await;
-    assert_eq!(status, 404);
+    let (status, body) = run.answer_id(call_id, &json!({"result": 1})).await;
+    assert_eq!(status, 410, "{body}");
+    assert_eq!(body["code"], "tool_call_cancelled", "{body}");
     // Nothing is left waiting: no run holds a pending call.
     let (_, _, status) = s.get("/v1/status").await;
     let status: Value = serde_json::from_str(&status).unwrap();
@@ -136,8 +137,9 @@ except tools.ToolTimeoutError as e:
 }
 
 /// An answer the run no longer waits for, while the run goes on: a second answer to a
-/// call, and an answer to a call that timed out, are each a 409 of their own code (no
-/// session is involved), and the run's later calls are answered as usual.
+/// call is a 409 of its own code (no session is involved); an answer to a call that timed
+/// out, whose client was told with a `tool_call_cancelled` event, is a 410 that says so;
+/// and the run's later calls are answered as usual.
 #[tokio::test]
 async fn answers_to_calls_that_are_not_waiting_get_their_own_code() {
     let (s, _dir) = server_with_tools("").await;
@@ -178,7 +180,17 @@ print(tools.lookup_order(id=8)['amount'])\n";
                 // is refused, and this one is still answered.
                 2 => {
                     let (status, body) = run.answer_id(&calls[0], &json!({"result": "spät"})).await;
-                    not_waiting(status, &body, run, &calls[0]);
+                    assert_eq!(status, 410, "{body}");
+                    assert_eq!(body["code"], "tool_call_cancelled", "{body}");
+                    assert_eq!(
+                        body["detail"],
+                        format!(
+                            "tool call '{}' of run '{}' was cancelled (call_timeout): it was \
+                             not answered within tools.call_timeout_ms; it takes no answer",
+                            calls[0], run.run_id
+                        ),
+                        "{body}"
+                    );
                     let (status, body) = run
                         .answer_id(&call, &json!({"result": {"amount": 70}}))
                         .await;
@@ -201,6 +213,15 @@ print(tools.lookup_order(id=8)['amount'])\n";
         .await;
     assert_eq!(calls.len(), 3, "{result}");
     assert_eq!(result["stdout"], "timed out\n70\n80\n", "{result}");
+    let cancels: Vec<&Value> = run
+        .seen
+        .iter()
+        .filter(|(event, _)| event == "tool_call_cancelled")
+        .map(|(_, data)| data)
+        .collect();
+    assert_eq!(cancels.len(), 1, "{:?}", run.seen);
+    assert_eq!(cancels[0]["call_id"], calls[0].as_str(), "{}", cancels[0]);
+    assert_eq!(cancels[0]["reason"], "call_timeout", "{}", cancels[0]);
     assert_eq!(result["exit_code"], 0, "{result}");
 }
 
