@@ -15,6 +15,7 @@ use tower_http::request_id::RequestId;
 use super::SharedState;
 use super::json::ApiJson;
 use crate::auth::Caller;
+use crate::codemode::caller::caller_events;
 use crate::error::ApiError;
 use crate::files::workspace::{
     self, CollectLimits, SkippedFile, StageInput, Staged, WorkspaceFile,
@@ -209,7 +210,7 @@ pub async fn execute_stream(
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     let mut prepared = prepare(&state, &caller, req).await?;
-    let (calls_tx, calls_rx) = mpsc::channel(super::runs::TOOL_CALL_BUFFER);
+    let (calls_tx, calls_rx) = caller_events(super::runs::TOOL_CALL_BUFFER);
     let handle = super::runs::attach_tools(&state, &caller, &mut prepared, Some(calls_tx))?;
     let run_id = handle.entry.id.clone();
     let slot = caller.execution_slot()?;
