@@ -11,7 +11,6 @@ mod keys_file;
 mod ring;
 mod running;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, Request, State};
@@ -27,9 +26,9 @@ use crate::error::ApiError;
 use crate::files::FileOwner;
 
 pub use self::admin::AdminCaller;
-use self::keys_file::validate;
 pub use self::keys_file::{
-    ADMIN_SCOPE, KEY_PREFIX, KeyEntry, KeysError, KeysFile, SCOPES, generate_key, sha256_hex,
+    ADMIN_SCOPE, KEY_PREFIX, KeyEntry, KeysError, KeysFile, SCOPES, check_entries, generate_key,
+    sha256_hex,
 };
 pub use self::ring::{KeyRing, KeysChange};
 pub use self::running::{ExecutionSlot, Running};
@@ -122,20 +121,9 @@ impl Keys {
             }
             entries.extend(from_file);
         }
-        let mut names = HashSet::new();
-        let mut digests = HashSet::new();
+        let digests = check_entries(&entries)?;
         let mut tenants = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let digest = validate(&entry)?;
-            if !names.insert(entry.name.clone()) {
-                return Err(KeysError::Duplicate(entry.name));
-            }
-            if !digests.insert(digest) {
-                return Err(KeysError::Invalid {
-                    name: entry.name,
-                    reason: "the same key hash is configured twice".into(),
-                });
-            }
+        for (entry, digest) in entries.into_iter().zip(digests) {
             tenants.push(Arc::new(Tenant {
                 running: running(&entry.name),
                 max_concurrent: entry.max_concurrent,

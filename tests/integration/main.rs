@@ -22,6 +22,7 @@ mod hangup;
 mod harness;
 mod immortal;
 mod keepalive;
+mod keys_cli;
 mod keys_rotation;
 mod kubernetes;
 mod load;
