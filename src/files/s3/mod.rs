@@ -38,6 +38,8 @@ use crate::config::S3Config;
 /// The upload buffer: a file this small is one PUT, a bigger one a multipart upload in
 /// parts of this size (S3's minimum part is 5 MiB).
 const PART_BYTES: usize = 8 << 20;
+/// What an upload that failed to complete was doing.
+const COMPLETING: &str = "completing the upload";
 /// File locations remembered by a replica.
 const MAX_LOCATED: usize = 100_000;
 
@@ -259,7 +261,8 @@ impl S3Store {
         Ok(bytes)
     }
 
-    /// Streams `body` into `writer`, stopping at the size limit or a quota.
+    /// Streams `body` into `writer`, stopping at the size limit or a quota, and completes
+    /// the upload (`COMPLETING` names its failure: the caller aborts the writer otherwise).
     async fn receive(
         &self,
         writer: &mut BufWriter,
@@ -305,11 +308,12 @@ impl S3Store {
             },
         )
         .await?;
+        // Completing the upload is the commit, done before `upload` stops counting it.
         writer
             .shutdown()
             .await
             .map_err(|e| StoreError::Unavailable {
-                doing: "completing the upload",
+                doing: COMPLETING,
                 detail: e.to_string(),
             })?;
         Ok(written)
@@ -340,7 +344,11 @@ impl FileStore for S3Store {
         let size = match self.receive(&mut writer, owner, &quotas, body).await {
             Ok(size) => size,
             Err(e) => {
-                if let Err(abort) = writer.abort().await {
+                // A writer that failed to complete is shut down already (`abort` would
+                // panic); S3 discards an upload never completed.
+                let completing =
+                    matches!(e, StoreError::Unavailable { doing, .. } if doing == COMPLETING);
+                if !completing && let Err(abort) = writer.abort().await {
                     tracing::warn!(error = %abort, "aborting an S3 upload failed");
                 }
                 return Err(e);
