@@ -346,18 +346,56 @@ pub fn mime_for(filename: &str) -> String {
         .to_owned()
 }
 
+/// The most bytes a stored file's name may have (a file system's `NAME_MAX`).
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// The longest extension a name cut to [`MAX_NAME_BYTES`] keeps, in bytes with its dot.
+const MAX_EXTENSION_BYTES: usize = 32;
+
 /// A name safe to store and to put in a header: the last path component (clients send
-/// `C:\Users\x\data.csv` too), control characters dropped, at most 255 bytes.
+/// `C:\Users\x\data.csv` too), control characters dropped, at most [`MAX_NAME_BYTES`]
+/// bytes: a longer name loses the end of its stem, never its extension (the type the
+/// listing reports comes from it) and never half a character.
 pub fn clean_filename(raw: &str) -> String {
+    clean_filename_within(raw, str::len)
+}
+
+/// [`clean_filename`], the name's bytes counted by `bytes` as a store writes them (the S3
+/// store percent-encodes them in an object key). `bytes` must add up over the parts of a
+/// name, as a per-byte encoding does.
+pub fn clean_filename_within(raw: &str, bytes: impl Fn(&str) -> usize) -> String {
     let base = raw.rsplit(['/', '\\']).next().unwrap_or_default();
-    let mut name: String = base.chars().filter(|c| !c.is_control()).collect();
-    while name.len() > 255 {
-        name.pop();
-    }
+    let name: String = base.chars().filter(|c| !c.is_control()).collect();
+    let name = shorten(name, MAX_NAME_BYTES, bytes);
     match name.trim() {
         "" | "." | ".." => "file".to_owned(),
         _ => name,
     }
+}
+
+/// `name` in at most `max` bytes (as `bytes` counts them): cut at the end of its stem, so
+/// that a final `.ext` (of at most [`MAX_EXTENSION_BYTES`]) stays, between characters.
+fn shorten(name: String, max: usize, bytes: impl Fn(&str) -> usize) -> String {
+    if bytes(&name) <= max {
+        return name;
+    }
+    let extension = match name.rfind('.') {
+        Some(dot) if dot > 0 && bytes(&name[dot..]) <= MAX_EXTENSION_BYTES.min(max) => &name[dot..],
+        _ => "",
+    };
+    let stem = &name[..name.len() - extension.len()];
+    let mut left = max - bytes(extension);
+    let mut end = 0;
+    let mut buf = [0u8; 4];
+    for c in stem.chars() {
+        let size = bytes(c.encode_utf8(&mut buf));
+        if size > left {
+            break;
+        }
+        left -= size;
+        end += c.len_utf8();
+    }
+    format!("{}{extension}", &stem[..end])
 }
 
 pub fn now_unix_ms() -> u64 {
@@ -432,6 +470,34 @@ mod tests {
         assert_eq!(clean_filename(".."), "file");
         assert_eq!(clean_filename(""), "file");
         assert_eq!(clean_filename(&"é".repeat(200)).len(), 254);
+    }
+
+    #[test]
+    fn a_long_name_loses_the_end_of_its_stem_and_keeps_its_extension() {
+        let long = format!("{}.csv", "x".repeat(300));
+        let cut = clean_filename(&long);
+        assert_eq!(cut, format!("{}.csv", "x".repeat(251)));
+        assert_eq!(mime_for(&cut), "text/csv");
+        // Bytes, not characters, and never half of one: é is two bytes, 日 three.
+        let cut = clean_filename(&format!("{}.csv", "é".repeat(200)));
+        assert_eq!(cut, format!("{}.csv", "é".repeat(125)));
+        let cut = clean_filename(&format!("{}.tsv", "日".repeat(100)));
+        assert_eq!(cut, format!("{}.tsv", "日".repeat(83)));
+        assert!(cut.len() <= MAX_NAME_BYTES);
+        let cut = clean_filename(&format!("{}.données", "ü".repeat(200)));
+        assert!(
+            cut.ends_with(".données") && cut.len() <= MAX_NAME_BYTES,
+            "{cut}"
+        );
+        // No extension, or one too long to be one: cut at the end.
+        assert_eq!(clean_filename(&"y".repeat(300)), "y".repeat(255));
+        let odd = format!("a.{}", "z".repeat(300));
+        assert_eq!(clean_filename(&odd), odd[..255]);
+        let hidden = format!(".{}", "h".repeat(300));
+        assert_eq!(clean_filename(&hidden), hidden[..255]);
+        // A name within the limit is left alone.
+        let exact = format!("{}.csv", "x".repeat(251));
+        assert_eq!(clean_filename(&exact), exact);
     }
 
     #[test]

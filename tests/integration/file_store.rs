@@ -137,6 +137,25 @@ async fn conformance(open: Open) {
     );
     assert!(bytes_of(s.as_ref(), &meta.file_id, None).await == data);
 
+    // A name past 255 bytes (as the store writes it: the S3 store's keys percent-encode
+    // what is not ASCII) loses the end of its stem, not its extension.
+    for long in [
+        format!("{}.csv", "x".repeat(300)),
+        format!("{}.csv", "é".repeat(200)),
+    ] {
+        let cut = s.put(none, &long, &mut &b"a,b\n"[..]).await.unwrap();
+        let stem = cut.filename.strip_suffix(".csv").unwrap();
+        assert!(
+            cut.filename.len() <= 255 && stem.len() >= 40 && long.starts_with(stem),
+            "{}",
+            cut.filename
+        );
+        assert_eq!(cut.mime_type, "text/csv", "{}", cut.filename);
+        assert_eq!(s.meta(&cut.file_id, None).await.unwrap(), cut);
+        assert!(s.list(None).await.unwrap().contains(&cut));
+        s.delete(&cut.file_id, None).await.unwrap();
+    }
+
     // Delete; bad ids are not found.
     s.delete(&meta.file_id, None).await.unwrap();
     assert!(matches!(

@@ -62,4 +62,5 @@ mod tools_fanout;
 mod tools_mcp;
 mod tools_mcp_reconnect;
 mod unencodable;
+mod upload_names;
 mod zygote_death;

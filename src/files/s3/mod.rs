@@ -31,7 +31,8 @@ use tokio_util::io::StreamReader;
 use self::keys::Keys;
 use self::usage::{Scope, Usage};
 use super::{
-    ByteReader, FileMeta, FileOwner, FileStore, StoreError, UploadSize, clean_filename, mime_for,
+    ByteReader, FileMeta, FileOwner, FileStore, StoreError, UploadSize, clean_filename_within,
+    mime_for,
 };
 use crate::config::S3Config;
 
@@ -333,7 +334,7 @@ impl FileStore for S3Store {
             let listed = self.listed_bytes(&scope).await?;
             quotas.push((scope, quota, listed));
         }
-        let filename = clean_filename(filename);
+        let filename = clean_filename_within(filename, Keys::name_bytes);
         let id = keys::new_file_id();
         let key = self.keys.object(owner.name, &id, &filename);
         let mime_type = mime_for(&filename);
