@@ -1,11 +1,37 @@
 //! What an upload is called and how files are named back: a name past 255 bytes keeps its
-//! extension (and its MIME type), cut at a character.
+//! extension (and its MIME type), cut at a character; `filename*` (RFC 8187) is read; a
+//! body with two `file` parts is refused with neither stored.
 
 use reqwest::header::CONTENT_TYPE;
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use crate::files::{list, upload};
-use crate::harness::Server;
+use crate::files::{download_bytes, list, upload};
+use crate::harness::{Server, check_error_body};
+
+/// Posts a hand-written multipart body (boundary `B`) to `/v1/files`.
+async fn upload_raw(s: &Server, body: &[u8]) -> (u16, Value) {
+    let resp = s
+        .client
+        .post(format!("{}/v1/files", s.base))
+        .header(CONTENT_TYPE, "multipart/form-data; boundary=B")
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let body: Value = resp.json().await.unwrap();
+    if status >= 400 {
+        check_error_body(status, &body);
+    }
+    (status, body)
+}
+
+/// One part named `file` with `disposition` after `form-data; name="file"; ` and `content`.
+fn part(disposition: &str, content: &str) -> String {
+    format!(
+        "--B\r\nContent-Disposition: form-data; name=\"file\"; {disposition}\r\n\r\n{content}\r\n"
+    )
+}
 
 /// The listing's entry for `file_id`.
 async fn listed(s: &Server, file_id: &Value) -> Value {
@@ -17,7 +43,7 @@ async fn listed(s: &Server, file_id: &Value) -> Value {
 }
 
 #[tokio::test]
-async fn a_long_name_keeps_its_extension_and_its_mime_type() {
+async fn a_long_name_keeps_its_extension_and_filename_star_is_read() {
     let s = Server::start().await;
 
     // 300 characters: the stem is cut, `.csv` and text/csv stay.
@@ -48,4 +74,85 @@ async fn a_long_name_keeps_its_extension_and_its_mime_type() {
         listed(&s, &stored["file_id"]).await["mime_type"],
         "text/tab-separated-values"
     );
+
+    // filename* alone, before filename, after it: it names the file.
+    for (disposition, expected) in [
+        ("filename*=UTF-8''%E6%97%A5.txt", "日.txt"),
+        (
+            "filename*=UTF-8''Gr%C3%BC%C3%9Fe.csv; filename=\"Grusse.csv\"",
+            "Grüße.csv",
+        ),
+        (
+            "filename=\"Grusse.csv\"; filename*=utf-8'de'Gr%C3%BC%C3%9Fe.csv",
+            "Grüße.csv",
+        ),
+    ] {
+        let body = format!("{}--B--\r\n", part(disposition, "x"));
+        let (status, stored) = upload_raw(&s, body.as_bytes()).await;
+        assert_eq!(status, 201, "{disposition}: {stored}");
+        assert_eq!(stored["filename"], expected, "{disposition}");
+        let id = stored["file_id"].as_str().unwrap();
+        assert_eq!(download_bytes(&s, id).await, b"x");
+    }
+    // One that cannot be read, with no filename to fall back on: 400 saying how to send it.
+    let before = list(&s).await.len();
+    let body = format!("{}--B--\r\n", part("filename*=KOI8-R''%E4%C1.txt", "x"));
+    let (status, refused) = upload_raw(&s, body.as_bytes()).await;
+    assert_eq!(status, 400, "{refused}");
+    let detail = refused["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("its charset is \"KOI8-R\"") && detail.contains("filename*=UTF-8''"),
+        "{detail}"
+    );
+    assert_eq!(list(&s).await.len(), before, "nothing stored");
+}
+
+/// One file per upload: the answer names one `file_id`. A second `file` part is refused
+/// (400 naming the rule) and the first, already stored, is deleted; other fields are
+/// still skipped; a body cut off after a stored part stores nothing either.
+#[tokio::test]
+async fn two_file_parts_are_refused_with_neither_stored() {
+    let s = Server::start().await;
+    let two = format!(
+        "{}{}--B--\r\n",
+        part("filename=\"a.txt\"", "1"),
+        part("filename=\"b.txt\"", "2")
+    );
+    let (status, body) = upload_raw(&s, two.as_bytes()).await;
+    assert_eq!(status, 400, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("the multipart body has 2 `file` parts, and an upload stores one file")
+            && detail.contains("send each file in a request of its own; none of these was stored"),
+        "{detail}"
+    );
+    assert_eq!(list(&s).await, Vec::<Value>::new());
+
+    // A file part, then another field: the file is stored.
+    let other = format!(
+        "{}--B\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nanalysis\r\n--B--\r\n",
+        part("filename=\"über.txt\"", "1")
+    );
+    let (status, body) = upload_raw(&s, other.as_bytes()).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["filename"], "über.txt");
+
+    // A body cut off after a whole part (its boundary read, no `--` closing the body):
+    // malformed, and the part stored meanwhile does not stay.
+    let cut = format!("{}--B", part("filename=\"c.txt\"", "3"));
+    let (status, body) = upload_raw(&s, cut.as_bytes()).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("malformed multipart body"),
+        "{body}"
+    );
+    let names: Vec<Value> = list(&s)
+        .await
+        .into_iter()
+        .map(|f| f["filename"].clone())
+        .collect();
+    assert_eq!(names, [json!("über.txt")]);
 }
