@@ -20,7 +20,7 @@ use super::SharedState;
 use super::upload_name::part_filename;
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::files::{FileMeta, StoreError};
+use crate::files::{FileMeta, StoreError, canonical_file_id};
 
 /// The multipart field that carries the file.
 const FILE_FIELD: &str = "file";
@@ -191,12 +191,22 @@ pub async fn list(
             "limit must be from 1 to {MAX_PAGE}, not {n}"
         )));
     }
+    // A cursor that is no file id would read as an empty last page: a pager would stop.
+    let after = match q.after.as_deref() {
+        None => None,
+        Some(given) => Some(canonical_file_id(given).ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "after must be a file_id from a previous page (its next_after), not {given:?}; \
+                 leave it out for the first page"
+            ))
+        })?),
+    };
     let mut metas = state.store.list(caller.owner()).await?;
     metas.sort_unstable_by(|a, b| a.file_id.cmp(&b.file_id));
-    if let Some(after) = &q.after {
-        metas.retain(|m| m.file_id.as_str() > after.as_str());
+    if let Some(after) = &after {
+        metas.retain(|m| &m.file_id > after);
     }
-    let paged = q.limit.is_some() || q.after.is_some();
+    let paged = q.limit.is_some() || after.is_some();
     let limit = q.limit.unwrap_or(usize::MAX);
     let more = metas.len() > limit;
     metas.truncate(limit);

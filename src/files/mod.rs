@@ -398,6 +398,18 @@ fn shorten(name: String, max: usize, bytes: impl Fn(&str) -> usize) -> String {
     format!("{}{extension}", &stem[..end])
 }
 
+/// The id a file is stored under (a UUID, hyphenated, lower-case) for an id as a client
+/// gives it: UUIDs are compared without regard to case, so `0192…-ABCD` names the same file
+/// as `0192…-abcd`. `None` for anything else (another form of UUID, a path), which names
+/// no file.
+pub fn canonical_file_id(id: &str) -> Option<String> {
+    if id.len() != 36 {
+        return None;
+    }
+    let uuid = uuid::Uuid::try_parse(id).ok()?;
+    Some(uuid.hyphenated().to_string())
+}
+
 pub fn now_unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -498,6 +510,17 @@ mod tests {
         // A name within the limit is left alone.
         let exact = format!("{}.csv", "x".repeat(251));
         assert_eq!(clean_filename(&exact), exact);
+    }
+
+    #[test]
+    fn file_ids_are_uuids_of_any_case() {
+        let id = "0192f1a8-7c3e-7abc-8def-0123456789ab";
+        assert_eq!(canonical_file_id(id).as_deref(), Some(id));
+        assert_eq!(canonical_file_id(&id.to_uppercase()).as_deref(), Some(id));
+        assert_eq!(canonical_file_id("0192f1a87c3e7abc8def0123456789ab"), None);
+        assert_eq!(canonical_file_id(&format!("{{{id}}}")), None);
+        assert_eq!(canonical_file_id("garbage"), None);
+        assert_eq!(canonical_file_id("../../etc/passwd"), None);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! What an upload is called and how files are named back: a name past 255 bytes keeps its
 //! extension (and its MIME type), cut at a character; `filename*` (RFC 8187) is read; a
-//! body with two `file` parts is refused with neither stored.
+//! body with two `file` parts is refused with neither stored; a page cursor that is no file
+//! id is refused; file ids are taken in any case.
 
 use reqwest::header::CONTENT_TYPE;
 use serde_json::{Value, json};
@@ -155,4 +156,58 @@ async fn two_file_parts_are_refused_with_neither_stored() {
         .map(|f| f["filename"].clone())
         .collect();
     assert_eq!(names, [json!("über.txt")]);
+}
+
+#[tokio::test]
+async fn a_cursor_that_is_no_file_id_is_400_and_ids_are_taken_in_any_case() {
+    let s = Server::start().await;
+    let mut ids = Vec::new();
+    for name in ["eins.txt", "zwei.txt", "drei.txt"] {
+        let stored = upload(&s, name, name.as_bytes().to_vec()).await;
+        ids.push(stored["file_id"].as_str().unwrap().to_owned());
+    }
+
+    // A cursor that is no file id would read as an empty last page: a pager would stop.
+    for bad in ["after=garbage", "limit=2&after=", "after=../../etc"] {
+        let (status, body) = s.get_json(&format!("/v1/files?{bad}")).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        let detail = body["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("after must be a file_id from a previous page (its next_after)"),
+            "{bad}: {detail}"
+        );
+    }
+    // A cursor in upper case pages as the same id.
+    for after in [ids[0].clone(), ids[0].to_uppercase()] {
+        let (status, page) = s
+            .get_json(&format!("/v1/files?limit=1&after={after}"))
+            .await;
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(page["files"][0]["file_id"], ids[1], "{page}");
+        assert_eq!(page["next_after"], ids[1], "{page}");
+    }
+
+    // Download, staging into a run and delete take an id in upper case.
+    let upper = ids[2].to_uppercase();
+    assert_eq!(download_bytes(&s, &upper).await, b"drei.txt");
+    let ran = s
+        .run_with(json!({
+            "code": "print(open('d/drei.txt').read())",
+            "files": [{"path": "d/drei.txt", "file_id": upper}],
+        }))
+        .await;
+    assert_eq!(ran["stdout"], "drei.txt\n", "{ran}");
+    let deleted = s
+        .client
+        .delete(format!("{}/v1/files/{upper}", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 204);
+    let (status, _, _) = s.get(&format!("/v1/files/{}", ids[2])).await;
+    assert_eq!(status, 404);
+    // Another form of UUID is no file id.
+    let simple = ids[0].replace('-', "");
+    let (status, _, _) = s.get(&format!("/v1/files/{simple}")).await;
+    assert_eq!(status, 404);
 }

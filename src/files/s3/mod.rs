@@ -31,8 +31,8 @@ use tokio_util::io::StreamReader;
 use self::keys::Keys;
 use self::usage::{Scope, Usage};
 use super::{
-    ByteReader, FileMeta, FileOwner, FileStore, StoreError, UploadSize, clean_filename_within,
-    mime_for,
+    ByteReader, FileMeta, FileOwner, FileStore, StoreError, UploadSize, canonical_file_id,
+    clean_filename_within, mime_for,
 };
 use crate::config::S3Config;
 
@@ -193,21 +193,17 @@ impl S3Store {
 
     /// The live file `file_id` of `owner`: from what this replica saw, else by listing the
     /// file's own directory (one small request).
+    /// The id is taken in any case (see [`canonical_file_id`]).
     async fn find(&self, file_id: &str, owner: Option<&str>) -> Result<FileMeta, StoreError> {
         let not_found = || StoreError::NotFound(file_id.to_owned());
-        if keys::created_ms(file_id).is_none() {
-            return Err(not_found());
-        }
-        let known = self
-            .located
-            .lock()
-            .expect("located lock")
-            .get(file_id)
-            .cloned();
+        let id = canonical_file_id(file_id)
+            .filter(|id| keys::created_ms(id).is_some())
+            .ok_or_else(not_found)?;
+        let known = self.located.lock().expect("located lock").get(&id).cloned();
         let meta = match known {
             Some(meta) => meta,
             None => {
-                let dir = self.keys.file_dir(owner, file_id);
+                let dir = self.keys.file_dir(owner, &id);
                 let found = self.list_under(&dir).await?.into_iter().next();
                 let meta = found.ok_or_else(not_found)?;
                 self.remember(&meta);
@@ -385,7 +381,7 @@ impl FileStore for S3Store {
                 Ok((meta, Box::new(StreamReader::new(stream))))
             }
             Err(object_store::Error::NotFound { .. }) => {
-                self.forget(file_id);
+                self.forget(&meta.file_id);
                 Err(StoreError::NotFound(file_id.to_owned()))
             }
             Err(e) => Err(unavailable("reading a file")(e)),
@@ -409,7 +405,7 @@ impl FileStore for S3Store {
             .delete(&self.key_of(&meta))
             .await
             .map_err(unavailable("deleting a file"))?;
-        self.forget(file_id);
+        self.forget(&meta.file_id);
         let owner_scope = Scope::Owner(meta.owner.clone());
         self.usage
             .adjust(&[Scope::All, owner_scope], meta.size_bytes, false);
