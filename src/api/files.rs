@@ -17,9 +17,10 @@ use serde_json::{Value, json};
 use tokio_util::io::{ReaderStream, StreamReader};
 
 use super::SharedState;
+use super::upload_name::part_filename;
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::files::{FileMeta, StoreError};
+use crate::files::{FileMeta, StoreError, canonical_file_id};
 
 /// The multipart field that carries the file.
 const FILE_FIELD: &str = "file";
@@ -52,18 +53,34 @@ pub async fn upload(
             ),
         })
     })?;
-    while let Some(field) = multipart.next_field().await.map_err(bad_multipart)? {
+    // One file per upload (the answer names one file_id): a second `file` part is noticed
+    // only once the first is stored, which is then deleted. The rest of the body is read
+    // (other fields are skipped), so the refusal reaches a client still sending.
+    let mut stored: Option<FileMeta> = None;
+    let mut file_parts = 0usize;
+    loop {
+        let field = match multipart.next_field().await {
+            Ok(Some(field)) => field,
+            Ok(None) => break,
+            Err(e) => return Err(unstore(&state, &caller, stored, bad_multipart(e)).await),
+        };
         if field.name() != Some(FILE_FIELD) {
             continue; // other fields are skipped (and drained) by the next next_field
         }
-        let filename = field.file_name().unwrap_or("file").to_owned();
+        file_parts += 1;
+        if stored.is_some() {
+            continue; // not stored: drained by the next next_field
+        }
+        let filename = part_filename(field.headers(), field.file_name())
+            .map_err(ApiError::BadRequest)?
+            .unwrap_or_else(|| "file".to_owned());
         let mut body = StreamReader::new(field.map_err(io::Error::other));
-        let meta = match state
+        match state
             .store
             .put(caller.file_owner(), &filename, &mut body)
             .await
         {
-            Ok(meta) => meta,
+            Ok(meta) => stored = Some(meta),
             Err(e) => {
                 if !matches!(e, StoreError::Source(_)) {
                     // Refused mid-upload (too large, quota, no space): read what the client
@@ -73,20 +90,50 @@ pub async fn upload(
                 }
                 return Err(e.into());
             }
-        };
-        tracing::info!(file_id = %meta.file_id, size = meta.size_bytes, "file uploaded");
-        return Ok((
-            StatusCode::CREATED,
-            Json(json!({
-                "file_id": meta.file_id,
-                "filename": meta.filename,
-                "size_bytes": meta.size_bytes,
-            })),
-        ));
+        }
     }
-    Err(ApiError::Validation(format!(
-        "the multipart body has no `{FILE_FIELD}` field: send the file as `{FILE_FIELD}`"
-    )))
+    let Some(meta) = stored else {
+        return Err(ApiError::Validation(format!(
+            "the multipart body has no `{FILE_FIELD}` field: send the file as `{FILE_FIELD}`"
+        )));
+    };
+    if file_parts > 1 {
+        let refusal = ApiError::BadRequest(format!(
+            "the multipart body has {file_parts} `{FILE_FIELD}` parts, and an upload stores \
+             one file (its answer names one file_id): send each file in a request of its \
+             own; none of these was stored"
+        ));
+        return Err(unstore(&state, &caller, Some(meta), refusal).await);
+    }
+    tracing::info!(file_id = %meta.file_id, size = meta.size_bytes, "file uploaded");
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "file_id": meta.file_id,
+            "filename": meta.filename,
+            "size_bytes": meta.size_bytes,
+        })),
+    ))
+}
+
+/// Deletes the file an upload refused after storing it (`stored`), and answers `refusal`;
+/// the store's error instead when the file could not be deleted.
+async fn unstore(
+    state: &SharedState,
+    caller: &Caller,
+    stored: Option<FileMeta>,
+    refusal: ApiError,
+) -> ApiError {
+    let Some(meta) = stored else {
+        return refusal;
+    };
+    match state.store.delete(&meta.file_id, caller.owner()).await {
+        Ok(()) => refusal,
+        Err(e) => {
+            tracing::error!(file_id = %meta.file_id, error = %e, "deleting a refused upload failed");
+            e.into()
+        }
+    }
 }
 
 fn bad_multipart(e: axum::extract::multipart::MultipartError) -> ApiError {
@@ -144,12 +191,22 @@ pub async fn list(
             "limit must be from 1 to {MAX_PAGE}, not {n}"
         )));
     }
+    // A cursor that is no file id would read as an empty last page: a pager would stop.
+    let after = match q.after.as_deref() {
+        None => None,
+        Some(given) => Some(canonical_file_id(given).ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "after must be a file_id from a previous page (its next_after), not {given:?}; \
+                 leave it out for the first page"
+            ))
+        })?),
+    };
     let mut metas = state.store.list(caller.owner()).await?;
     metas.sort_unstable_by(|a, b| a.file_id.cmp(&b.file_id));
-    if let Some(after) = &q.after {
-        metas.retain(|m| m.file_id.as_str() > after.as_str());
+    if let Some(after) = &after {
+        metas.retain(|m| &m.file_id > after);
     }
-    let paged = q.limit.is_some() || q.after.is_some();
+    let paged = q.limit.is_some() || after.is_some();
     let limit = q.limit.unwrap_or(usize::MAX);
     let more = metas.len() > limit;
     metas.truncate(limit);

@@ -16,6 +16,7 @@ mod sessions;
 pub mod starting;
 mod status;
 mod stream;
+mod upload_name;
 mod whole_number;
 
 use std::sync::Arc;

@@ -1,10 +1,13 @@
 //! The keys file and its entries: a key's tenant name, SHA-256, limits and scopes; creating
-//! keys (only their hash is stored) and checking entries.
+//! keys (only their hash is stored) and checking entries ([`check_entries`], the one check
+//! the service, a reload and the `snakecage keys` commands all use).
 //!
 //! `snakecage keys add` changes the file under an exclusive lock (`FILE.lock` beside it,
 //! held from the read to the rename), so concurrent adds all land; it edits the TOML in
-//! place (the operator's comments and layout stay) and keeps the file's mode and owner.
+//! place (the operator's comments and layout stay) and keeps the file's mode and owner. It
+//! writes nothing when the file, with the new key, is one the service would refuse.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -89,6 +92,14 @@ pub enum KeysError {
     Invalid { name: String, reason: String },
     #[error("an API key named {0:?} already exists; key names are unique")]
     Duplicate(String),
+    /// `snakecage keys add` or `keys list` of a file with an entry the service refuses.
+    #[error(
+        "keys file {path}: {source}; the service refuses to start or reload with it: fix or remove that entry"
+    )]
+    Refused {
+        path: PathBuf,
+        source: Box<KeysError>,
+    },
     /// A reload of a configuration that has no key left.
     #[error(
         "the configuration has no API key left (no [[auth.keys]] and no auth.keys_file): a reload never turns authentication off; put a key back, or restart the service to run without keys"
@@ -130,6 +141,18 @@ impl KeysFile {
     /// on `path.lock`, so concurrent adds each land; the entry is appended to the TOML as
     /// written (comments, order and layout stay); the file keeps its mode and owner.
     pub fn add_to(path: &Path, name: &str, limits: KeyEntry) -> Result<String, KeysError> {
+        Self::add_beside(path, &[], name, limits)
+    }
+
+    /// [`Self::add_to`], the file checked together with `inline`, the keys the service
+    /// reads beside it (`[[auth.keys]]`). A file the service would refuse, before or with
+    /// the new key, is `Refused` (a name already taken, `Duplicate`) and left as it was.
+    pub fn add_beside(
+        path: &Path,
+        inline: &[KeyEntry],
+        name: &str,
+        limits: KeyEntry,
+    ) -> Result<String, KeysError> {
         let _lock = lock(path)?;
         let text = match std::fs::read_to_string(path) {
             Ok(text) => text,
@@ -142,7 +165,12 @@ impl KeysFile {
             }
         };
         let mut file = Self::parse(path, &text)?;
+        file.check(path, inline)?;
+        if inline.iter().any(|k| k.name == name) {
+            return Err(KeysError::Duplicate(name.to_owned()));
+        }
         let key = file.add(name, limits)?;
+        file.check(path, inline)?;
         let entry = file.keys.last().expect("just added");
         let mut document: toml_edit::DocumentMut =
             text.parse()
@@ -153,6 +181,25 @@ impl KeysFile {
         append_entry(&mut document, entry);
         replace(path, &document.to_string())?;
         Ok(key)
+    }
+
+    /// Reads `path` and checks it (with `inline`, as [`Self::add_beside`]) as the service
+    /// would: a file it would refuse is `Refused`.
+    pub fn read_checked(path: &Path, inline: &[KeyEntry]) -> Result<Self, KeysError> {
+        let file = Self::read(path)?;
+        file.check(path, inline)?;
+        Ok(file)
+    }
+
+    /// [`check_entries`] of `inline` and these keys, a refusal naming the file at `path`.
+    fn check(&self, path: &Path, inline: &[KeyEntry]) -> Result<(), KeysError> {
+        let entries: Vec<KeyEntry> = inline.iter().chain(&self.keys).cloned().collect();
+        check_entries(&entries)
+            .map(drop)
+            .map_err(|source| KeysError::Refused {
+                path: path.to_owned(),
+                source: Box::new(source),
+            })
     }
 
     fn parse(path: &Path, text: &str) -> Result<Self, KeysError> {
@@ -325,7 +372,30 @@ pub(super) fn parse_hex32(text: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
-pub(super) fn validate(entry: &KeyEntry) -> Result<[u8; 32], KeysError> {
+/// Checks configured keys as the service does before using any (at start, on a reload,
+/// and in `snakecage keys add` and `list`): each entry valid, no name twice, no key hash
+/// twice. Returns each entry's SHA-256, in order.
+pub fn check_entries(entries: &[KeyEntry]) -> Result<Vec<[u8; 32]>, KeysError> {
+    let mut names = HashSet::new();
+    let mut digests = HashSet::new();
+    let mut checked = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let digest = validate(entry)?;
+        if !names.insert(entry.name.as_str()) {
+            return Err(KeysError::Duplicate(entry.name.clone()));
+        }
+        if !digests.insert(digest) {
+            return Err(KeysError::Invalid {
+                name: entry.name.clone(),
+                reason: "the same key hash is configured twice".into(),
+            });
+        }
+        checked.push(digest);
+    }
+    Ok(checked)
+}
+
+fn validate(entry: &KeyEntry) -> Result<[u8; 32], KeysError> {
     let invalid = |reason: &str| KeysError::Invalid {
         name: entry.name.clone(),
         reason: reason.to_owned(),

@@ -9,8 +9,8 @@
 mod admin;
 mod keys_file;
 mod ring;
+mod running;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, Request, State};
@@ -20,20 +20,22 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::AuthConfig;
 use crate::error::ApiError;
 use crate::files::FileOwner;
 
 pub use self::admin::AdminCaller;
-use self::keys_file::validate;
 pub use self::keys_file::{
-    ADMIN_SCOPE, KEY_PREFIX, KeyEntry, KeysError, KeysFile, SCOPES, generate_key, sha256_hex,
+    ADMIN_SCOPE, KEY_PREFIX, KeyEntry, KeysError, KeysFile, SCOPES, check_entries, generate_key,
+    sha256_hex,
 };
 pub use self::ring::{KeyRing, KeysChange};
+pub use self::running::{ExecutionSlot, Running};
 
 /// One tenant (a configured key): its name, limits and the executions it has running.
+/// The tenant is its name: a reload that changes the key's entry makes a new `Tenant`
+/// sharing the old one's [`Running`] count.
 #[derive(Debug)]
 pub struct Tenant {
     pub name: String,
@@ -43,7 +45,8 @@ pub struct Tenant {
     /// What the key may do beyond running code (see [`SCOPES`]).
     pub scopes: Vec<String>,
     digest: [u8; 32],
-    executions: Option<Arc<Semaphore>>,
+    /// Shared with every `Tenant` of the same name (see [`running`]).
+    running: Arc<Running>,
 }
 
 impl Tenant {
@@ -52,19 +55,28 @@ impl Tenant {
         self.scopes.iter().any(|s| s == ADMIN_SCOPE)
     }
 
-    /// A slot for one execution, held until the run ends; 429 when the key is at its
-    /// `max_concurrent`.
-    pub fn execution_slot(&self) -> Result<Option<OwnedSemaphorePermit>, ApiError> {
-        let Some(executions) = &self.executions else {
-            return Ok(None);
-        };
-        executions.clone().try_acquire_owned().map(Some).map_err(|_| {
-            ApiError::TenantLimit {
-                detail: format!(
-                    "API key '{}' already has {} executions running, its max_concurrent limit; retry when one has finished",
+    /// A slot for one execution, held until the run ends; 429 when the key has its
+    /// `max_concurrent` executions running (or more, after a reload lowered it).
+    pub fn execution_slot(&self) -> Result<ExecutionSlot, ApiError> {
+        self.running.start(self.max_concurrent).map_err(|running| {
+            let limit = self.max_concurrent.unwrap_or_default();
+            let detail = if running > limit {
+                format!(
+                    "API key '{}' already has {running} executions running, more than its \
+                     max_concurrent limit of {limit} (lowered while they ran); retry when \
+                     {} of them have finished",
                     self.name,
-                    self.max_concurrent.unwrap_or_default()
-                ),
+                    running - limit + 1
+                )
+            } else {
+                format!(
+                    "API key '{}' already has {running} executions running, its \
+                     max_concurrent limit; retry when one has finished",
+                    self.name
+                )
+            };
+            ApiError::TenantLimit {
+                detail,
                 retry_after_secs: 1,
             }
         })
@@ -89,6 +101,14 @@ impl Keys {
     /// The keys of `config` (inline) and of its keys file, checked: valid hashes, unique
     /// names and unique keys; a keys file that is set must exist and hold a key.
     pub fn load(config: &AuthConfig) -> Result<Self, KeysError> {
+        Self::load_counting(config, |_| Arc::default())
+    }
+
+    /// [`Self::load`], each tenant counting its executions in `running(name)`.
+    fn load_counting(
+        config: &AuthConfig,
+        running: impl Fn(&str) -> Arc<Running>,
+    ) -> Result<Self, KeysError> {
         let mut entries = config.keys.clone();
         if let Some(path) = &config.keys_file {
             if !path.is_file() {
@@ -101,22 +121,11 @@ impl Keys {
             }
             entries.extend(from_file);
         }
-        let mut names = HashSet::new();
-        let mut digests = HashSet::new();
+        let digests = check_entries(&entries)?;
         let mut tenants = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let digest = validate(&entry)?;
-            if !names.insert(entry.name.clone()) {
-                return Err(KeysError::Duplicate(entry.name));
-            }
-            if !digests.insert(digest) {
-                return Err(KeysError::Invalid {
-                    name: entry.name,
-                    reason: "the same key hash is configured twice".into(),
-                });
-            }
+        for (entry, digest) in entries.into_iter().zip(digests) {
             tenants.push(Arc::new(Tenant {
-                executions: entry.max_concurrent.map(|n| Arc::new(Semaphore::new(n))),
+                running: running(&entry.name),
                 max_concurrent: entry.max_concurrent,
                 max_sessions: entry.max_sessions,
                 max_stored_bytes: entry.max_stored_mb.map(|mb| mb << 20),
@@ -197,10 +206,10 @@ impl Caller {
         self.0.as_deref().and_then(|t| t.max_sessions)
     }
 
-    /// See [`Tenant::execution_slot`]; always granted without keys.
-    pub fn execution_slot(&self) -> Result<Option<OwnedSemaphorePermit>, ApiError> {
+    /// See [`Tenant::execution_slot`]; always granted (and not counted) without keys.
+    pub fn execution_slot(&self) -> Result<Option<ExecutionSlot>, ApiError> {
         match &self.0 {
-            Some(tenant) => tenant.execution_slot(),
+            Some(tenant) => tenant.execution_slot().map(Some),
             None => Ok(None),
         }
     }

@@ -5,18 +5,29 @@
 //! configuration left with no key at all are refused and the keys in force stay: a reload
 //! never turns authentication off (nor on: a service started without keys needs a
 //! restart to require them).
+//!
+//! A tenant is its name: whatever a reload changes in a key's entry (limits, scopes, its
+//! secret), the tenant of that name keeps its running executions' count (see
+//! [`super::running`]), as it keeps its files and sessions. A name removed and added back
+//! while its runs still go finds them counted too.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use serde::Serialize;
 
-use super::{Keys, KeysError, Tenant};
+use super::{Keys, KeysError, Running, Tenant};
 use crate::config::AuthConfig;
 
 /// The swappable cell holding the current [`Keys`].
 #[derive(Debug)]
-pub struct KeyRing(RwLock<Arc<Keys>>);
+pub struct KeyRing {
+    keys: RwLock<Arc<Keys>>,
+    /// Every name's execution count while anything holds it: a tenant in force, or a run
+    /// of a name since removed.
+    running: Mutex<HashMap<String, Weak<Running>>>,
+}
 
 /// What a re-read of the keys changed, by key name (tenant).
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -76,12 +87,28 @@ impl KeysChange {
 
 impl KeyRing {
     pub fn new(keys: Keys) -> Self {
-        Self(RwLock::new(Arc::new(keys)))
+        let ring = Self {
+            keys: RwLock::new(Arc::new(Keys::default())),
+            running: Mutex::default(),
+        };
+        ring.store(keys);
+        ring
     }
 
     /// The keys in force (cheap: one `Arc` clone under a read lock).
     pub fn load(&self) -> Arc<Keys> {
-        self.0.read().expect("keys lock").clone()
+        self.keys.read().expect("keys lock").clone()
+    }
+
+    /// The execution count of the tenant `name`: the one it has, else a new one.
+    fn running_of(&self, name: &str) -> Arc<Running> {
+        let mut running = self.running.lock().expect("running lock");
+        if let Some(count) = running.get(name).and_then(Weak::upgrade) {
+            return count;
+        }
+        let count = Arc::new(Running::default());
+        running.insert(name.to_owned(), Arc::downgrade(&count));
+        count
     }
 
     /// Reads the keys of `config` (a re-read configuration: its keys file and its inline
@@ -90,8 +117,9 @@ impl KeyRing {
     /// what differs from the keys in force. Installs nothing: see [`Self::store`]. `None`
     /// when the service runs without keys and `config` has none either. A configuration
     /// with no key left, or with keys for a service started without, is an error: a
-    /// reload never turns authentication off or on. A tenant whose key, limits and scopes
-    /// are unchanged keeps its running executions' count.
+    /// reload never turns authentication off or on. Every tenant keeps its running
+    /// executions' count, whatever changed in its entry; one whose key, limits and scopes
+    /// are unchanged is the very same `Tenant`.
     pub fn reread(
         &self,
         config: &AuthConfig,
@@ -105,7 +133,7 @@ impl KeyRing {
             (true, false) => return Err(KeysError::NoneLeft),
             (true, true) => {}
         }
-        let mut next = Keys::load(config)?;
+        let mut next = Keys::load_counting(config, |name| self.running_of(name))?;
         next.loopback = current.loopback;
         let mut change = KeysChange {
             file: config.keys_file.clone(),
@@ -132,7 +160,13 @@ impl KeyRing {
 
     /// Makes `keys` the keys in force for every request that starts from now on.
     pub fn store(&self, keys: Keys) {
-        *self.0.write().expect("keys lock") = Arc::new(keys);
+        let mut running = self.running.lock().expect("running lock");
+        for tenant in &keys.tenants {
+            running.insert(tenant.name.clone(), Arc::downgrade(&tenant.running));
+        }
+        // Names neither in force nor running anything are forgotten.
+        running.retain(|_, count| count.strong_count() > 0);
+        *self.keys.write().expect("keys lock") = Arc::new(keys);
     }
 }
 
@@ -189,6 +223,128 @@ mod tests {
             "{err}"
         );
         assert_eq!(ring.load().tenant(&carol).unwrap().name, "carol");
+    }
+
+    #[test]
+    fn a_tenant_keeps_its_running_count_whatever_a_reload_changes_in_its_entry() {
+        let mut file = KeysFile::default();
+        let erin = file
+            .add(
+                "erin",
+                KeyEntry {
+                    max_concurrent: Some(1),
+                    max_sessions: Some(1),
+                    ..KeyEntry::default()
+                },
+            )
+            .unwrap();
+        let inline = |keys: &[KeyEntry]| AuthConfig {
+            keys: keys.to_vec(),
+            ..AuthConfig::default()
+        };
+        let ring = KeyRing::new(Keys::load(&inline(&file.keys)).unwrap());
+        let running = ring.load().tenant(&erin).unwrap().execution_slot().unwrap();
+        assert!(ring.load().tenant(&erin).unwrap().execution_slot().is_err());
+
+        // Only max_sessions changed: still one running, against a limit of one.
+        let mut entry = file.keys[0].clone();
+        entry.max_sessions = Some(2);
+        let (keys, change) = ring
+            .reread(&inline(&[entry.clone()]), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(change.changed, ["erin"]);
+        ring.store(keys);
+        let err = ring
+            .load()
+            .tenant(&erin)
+            .unwrap()
+            .execution_slot()
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("already has 1 executions running"),
+            "{err}"
+        );
+
+        // A new secret for the same name is the same tenant: the run of the old one counts.
+        let rotated = crate::auth::generate_key().unwrap();
+        entry.sha256 = crate::auth::sha256_hex(&rotated);
+        entry.max_concurrent = Some(2);
+        let (keys, _) = ring
+            .reread(&inline(&[entry.clone()]), None)
+            .unwrap()
+            .unwrap();
+        ring.store(keys);
+        assert!(ring.load().tenant(&erin).is_none());
+        let second = ring
+            .load()
+            .tenant(&rotated)
+            .unwrap()
+            .execution_slot()
+            .unwrap();
+        assert!(
+            ring.load()
+                .tenant(&rotated)
+                .unwrap()
+                .execution_slot()
+                .is_err()
+        );
+
+        // Lowered below what runs: nothing stops, new runs wait until under the limit.
+        entry.max_concurrent = Some(1);
+        let (keys, _) = ring
+            .reread(&inline(&[entry.clone()]), None)
+            .unwrap()
+            .unwrap();
+        ring.store(keys);
+        let err = ring
+            .load()
+            .tenant(&rotated)
+            .unwrap()
+            .execution_slot()
+            .unwrap_err();
+        assert!(
+            err.to_string().contains(
+                "already has 2 executions running, more than its max_concurrent limit of 1 \
+                 (lowered while they ran); retry when 2 of them have finished"
+            ),
+            "{err}"
+        );
+        drop(second);
+        assert!(
+            ring.load()
+                .tenant(&rotated)
+                .unwrap()
+                .execution_slot()
+                .is_err()
+        );
+
+        // Removed, then added back while its run still goes: that run still counts.
+        let mut others = KeysFile::default();
+        others.add("zoe", KeyEntry::default()).unwrap();
+        let (keys, change) = ring.reread(&inline(&others.keys), None).unwrap().unwrap();
+        assert_eq!(change.removed, ["erin"]);
+        ring.store(keys);
+        let (keys, change) = ring
+            .reread(&inline(&[others.keys[0].clone(), entry]), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(change.added, ["erin"]);
+        ring.store(keys);
+        assert!(
+            ring.load()
+                .tenant(&rotated)
+                .unwrap()
+                .execution_slot()
+                .is_err()
+        );
+        drop(running);
+        let _third = ring
+            .load()
+            .tenant(&rotated)
+            .unwrap()
+            .execution_slot()
+            .unwrap();
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! failures read ([`StoreError`]) and the TTL sweeper.
 //!
 //! - [`local`]: [`LocalStore`], the embedded default: a directory on local disk.
+//! - [`names`]: what a stored file is called (its name, cut to 255 bytes keeping its
+//!   extension), its MIME type, and its id as a client may give it.
 //! - [`s3`]: [`S3Store`], an S3-compatible object store shared by every replica.
 //! - [`observed`]: a decorator that times every store operation and counts its errors.
 //! - [`watch`]: whether the store can serve, checked in the background for `/health`.
@@ -13,6 +15,7 @@
 //! conformance suite against each.
 
 pub mod local;
+pub mod names;
 pub mod observed;
 pub mod s3;
 pub mod watch;
@@ -28,6 +31,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 pub use self::local::LocalStore;
+pub use self::names::{
+    MAX_NAME_BYTES, canonical_file_id, clean_filename, clean_filename_within, mime_for,
+};
 pub use self::s3::S3Store;
 
 /// A byte source the store reads from, or hands out.
@@ -338,28 +344,6 @@ pub(crate) async fn copy_upload<W: AsyncWrite + Unpin + ?Sized>(
     }
 }
 
-/// The MIME type for a file name, from its extension.
-pub fn mime_for(filename: &str) -> String {
-    mime_guess::from_path(filename)
-        .first_raw()
-        .unwrap_or("application/octet-stream")
-        .to_owned()
-}
-
-/// A name safe to store and to put in a header: the last path component (clients send
-/// `C:\Users\x\data.csv` too), control characters dropped, at most 255 bytes.
-pub fn clean_filename(raw: &str) -> String {
-    let base = raw.rsplit(['/', '\\']).next().unwrap_or_default();
-    let mut name: String = base.chars().filter(|c| !c.is_control()).collect();
-    while name.len() > 255 {
-        name.pop();
-    }
-    match name.trim() {
-        "" | "." | ".." => "file".to_owned(),
-        _ => name,
-    }
-}
-
 pub fn now_unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -421,24 +405,6 @@ mod tests {
         assert_eq!(rfc3339_utc(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(rfc3339_utc(1_700_000_000), "2023-11-14T22:13:20Z");
         assert_eq!(rfc3339_utc(4_102_444_799), "2099-12-31T23:59:59Z");
-    }
-
-    #[test]
-    fn filenames_are_reduced_to_a_safe_last_component() {
-        assert_eq!(clean_filename("data.csv"), "data.csv");
-        assert_eq!(clean_filename("../../etc/passwd"), "passwd");
-        assert_eq!(clean_filename("C:\\Users\\x\\d.xlsx"), "d.xlsx");
-        assert_eq!(clean_filename("a\nb\r.txt"), "ab.txt");
-        assert_eq!(clean_filename(".."), "file");
-        assert_eq!(clean_filename(""), "file");
-        assert_eq!(clean_filename(&"é".repeat(200)).len(), 254);
-    }
-
-    #[test]
-    fn mime_types_come_from_the_extension() {
-        assert_eq!(mime_for("plot.png"), "image/png");
-        assert_eq!(mime_for("data.csv"), "text/csv");
-        assert_eq!(mime_for("noext"), "application/octet-stream");
     }
 
     #[test]

@@ -137,8 +137,36 @@ async fn conformance(open: Open) {
     );
     assert!(bytes_of(s.as_ref(), &meta.file_id, None).await == data);
 
-    // Delete; bad ids are not found.
-    s.delete(&meta.file_id, None).await.unwrap();
+    // Ids are UUIDs, taken in any case (here by a store that has not seen the file yet).
+    let upper = meta.file_id.to_uppercase();
+    assert_eq!(s.meta(&upper, None).await.unwrap(), meta);
+    assert!(bytes_of(s.as_ref(), &upper, None).await == data);
+    assert!(matches!(
+        s.get(&upper, Some("alice")).await,
+        Err(StoreError::NotFound(_))
+    ));
+
+    // A name past 255 bytes (as the store writes it: the S3 store's keys percent-encode
+    // what is not ASCII) loses the end of its stem, not its extension.
+    for long in [
+        format!("{}.csv", "x".repeat(300)),
+        format!("{}.csv", "é".repeat(200)),
+    ] {
+        let cut = s.put(none, &long, &mut &b"a,b\n"[..]).await.unwrap();
+        let stem = cut.filename.strip_suffix(".csv").unwrap();
+        assert!(
+            cut.filename.len() <= 255 && stem.len() >= 40 && long.starts_with(stem),
+            "{}",
+            cut.filename
+        );
+        assert_eq!(cut.mime_type, "text/csv", "{}", cut.filename);
+        assert_eq!(s.meta(&cut.file_id, None).await.unwrap(), cut);
+        assert!(s.list(None).await.unwrap().contains(&cut));
+        s.delete(&cut.file_id, None).await.unwrap();
+    }
+
+    // Delete (by an id in upper case); bad ids are not found.
+    s.delete(&upper, None).await.unwrap();
     assert!(matches!(
         s.get(&meta.file_id, None).await,
         Err(StoreError::NotFound(_))

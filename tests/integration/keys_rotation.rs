@@ -2,7 +2,9 @@
 //! inline `[[auth.keys]]` of the configuration file. A key added (with `snakecage keys
 //! add`, or inline) works after it, one removed gets 401 at once, a changed one has its new
 //! limits, and keys that do not parse or check, a keys file that holds no key, or a
-//! configuration left without any key are refused (422) with the keys in force kept.
+//! configuration left without any key are refused (422) with the keys in force kept. A
+//! key's running executions keep counting against its limit whatever a reload changes in
+//! its entry, its secret included.
 
 use reqwest::header::AUTHORIZATION;
 use serde_json::{Value, json};
@@ -10,6 +12,7 @@ use serde_json::{Value, json};
 use crate::auth::keys_add;
 use crate::harness::{Options, Server, check_error_body};
 use crate::rollover::{generation, reload, start, write_config};
+use crate::streamed::Events;
 
 /// `POST /v1/execute` of `print(...)` with `key`: the status, and stdout when 200.
 async fn run_as(s: &Server, key: &str) -> (u16, Value) {
@@ -295,4 +298,107 @@ async fn a_reload_rereads_inline_keys_and_refuses_broken_ones() {
     .await;
     assert_eq!(run_as(&s, &bob_key).await.0, 200);
     assert_eq!(generation(&s).await, 1);
+}
+
+/// The stranger's sequence: erin (`max_concurrent = 1`) has a run going and a second one
+/// gets 429; her `max_sessions` is edited and the keys reloaded (`changed: ["erin"]`): a
+/// new run still gets 429, since the first still runs. Her secret replaced and reloaded:
+/// the old key gets 401, the new one 429 (the run the old key started still counts, the
+/// tenant is the name). Once that run is cancelled, the new key runs.
+#[tokio::test]
+async fn editing_a_keys_entry_and_reloading_keeps_its_running_executions_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("schlüssel.toml");
+    let admin = keys_add(&keys, "ops", &["--admin"]);
+    let erin = keys_add(
+        &keys,
+        "erin",
+        &["--max-concurrent", "1", "--max-sessions", "1"],
+    );
+    let config = dir.path().join("snakecage.toml");
+    write_config(
+        &config,
+        &["numpy"],
+        &format!("\n[auth]\nkeys_file = {:?}\n", keys.display().to_string()),
+    );
+    let s = start(&config, Options::default()).await;
+
+    // Run `a`: streamed, so it can be seen running and then cancelled.
+    let response = s
+        .client
+        .post(format!("{}/v1/execute/stream", s.base))
+        .header(AUTHORIZATION, format!("Bearer {erin}"))
+        .json(&json!({
+            "code": "import time\nprint('läuft', flush=True)\ntime.sleep(60)",
+            "timeout_ms": 60000
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let run_id = response.headers()["x-run-id"].to_str().unwrap().to_owned();
+    let mut events = Events::new(response);
+    let (event, data) = events.next().await.unwrap();
+    assert_eq!(
+        (event.as_str(), &data["data"]),
+        ("output", &json!("läuft\n"))
+    );
+
+    let refused = async |key: &str| {
+        let (status, body) = run_as(&s, key).await;
+        assert_eq!(status, 429, "{body}");
+        let detail = body["detail"].as_str().unwrap();
+        assert!(
+            detail.contains(
+                "API key 'erin' already has 1 executions running, its max_concurrent limit"
+            ),
+            "{detail}"
+        );
+    };
+    refused(&erin).await;
+
+    // Only max_sessions changes.
+    let text = std::fs::read_to_string(&keys).unwrap();
+    assert_eq!(text.matches("max_sessions = 1").count(), 1, "{text}");
+    std::fs::write(&keys, text.replace("max_sessions = 1", "max_sessions = 2")).unwrap();
+    let (status, body) = reload(&s, Some(&admin)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["keys"]["changed"], json!(["erin"]), "{body}");
+    refused(&erin).await;
+
+    // A new secret for erin: the same tenant, whose run `a` still counts.
+    let (rotated, rotated_hash) = inline_key("erin-neu");
+    let text = std::fs::read_to_string(&keys).unwrap();
+    let old_hash = snakecage::auth::sha256_hex(&erin);
+    assert!(text.contains(&old_hash), "{text}");
+    std::fs::write(&keys, text.replace(&old_hash, &rotated_hash)).unwrap();
+    let (status, body) = reload(&s, Some(&admin)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["keys"]["changed"], json!(["erin"]), "{body}");
+    assert_eq!(run_as(&s, &erin).await.0, 401);
+    refused(&rotated).await;
+
+    // Run `a` ends: erin is under her limit again.
+    let cancelled = s
+        .client
+        .delete(format!("{}/v1/runs/{run_id}", s.base))
+        .header(AUTHORIZATION, format!("Bearer {rotated}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status(), 204);
+    let result = loop {
+        match events.next().await {
+            Some((event, data)) if event == "result" => break data,
+            Some(_) => {}
+            None => panic!("the stream of run a ended without a result"),
+        }
+    };
+    assert_eq!(result["verdict"], "killed", "{result}");
+    let (status, ran) = run_as(&s, &rotated).await;
+    assert_eq!(
+        (status, ran["stdout"].as_str()),
+        (200, Some("grüß dich\n")),
+        "{ran}"
+    );
 }

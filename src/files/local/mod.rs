@@ -39,7 +39,7 @@ use self::index::State;
 use self::recover::Recovery;
 use super::{
     ByteReader, FileMeta, FileOwner, FileStore, StoreError, StoreRecovery, UploadSize,
-    clean_filename, mime_for, now_unix_ms,
+    canonical_file_id, clean_filename, mime_for, now_unix_ms,
 };
 use crate::state_lock::{DirLock, Lock};
 
@@ -114,15 +114,13 @@ impl LocalStore {
         self.settings.dir.join("tmp").join(name)
     }
 
-    /// The live file `file_id` if `owner` may see it; `NotFound` alike when it does not
-    /// exist, expired or belongs to someone else.
+    /// The live file `file_id` (in any case) if `owner` may see it; `NotFound` alike when
+    /// it does not exist, expired or belongs to someone else.
     fn live(&self, file_id: &str, owner: Option<&str>) -> Result<FileMeta, StoreError> {
         let not_found = || StoreError::NotFound(file_id.to_owned());
-        if !valid_id(file_id) {
-            return Err(not_found());
-        }
+        let id = canonical_file_id(file_id).ok_or_else(not_found)?;
         let state = self.state.lock().expect("store lock");
-        let meta = state.files.get(file_id).ok_or_else(not_found)?;
+        let meta = state.files.get(&id).ok_or_else(not_found)?;
         if !meta.visible_to(owner) || meta.expired(self.settings.ttl, now_unix_ms()) {
             return Err(not_found());
         }
@@ -311,13 +309,14 @@ impl FileStore for LocalStore {
     ) -> Result<(FileMeta, ByteReader), StoreError> {
         self.recover()?;
         let meta = self.live(file_id, owner)?;
+        let object = self.object_path(&meta.file_id);
         // Once open, the bytes stay readable even if the file is deleted meanwhile.
-        match tokio::fs::File::open(self.object_path(file_id)).await {
+        match tokio::fs::File::open(&object).await {
             Ok(file) => Ok((meta, Box::new(file))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 Err(StoreError::NotFound(file_id.to_owned()))
             }
-            Err(e) => Err(io_err("opening", &self.object_path(file_id))(e)),
+            Err(e) => Err(io_err("opening", &object)(e)),
         }
     }
 
@@ -342,9 +341,10 @@ impl FileStore for LocalStore {
     async fn delete(&self, file_id: &str, owner: Option<&str>) -> Result<(), StoreError> {
         self.recover()?;
         let meta = self.live(file_id, owner)?;
+        let id = meta.file_id.as_str();
 
         // The metadata goes first: from then on the file does not exist for anyone.
-        let meta_path = self.meta_path(file_id);
+        let meta_path = self.meta_path(id);
         match tokio::fs::remove_file(&meta_path).await {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -354,11 +354,11 @@ impl FileStore for LocalStore {
         }
         {
             let mut state = self.state.lock().expect("store lock");
-            if state.files.remove(file_id).is_some() {
+            if state.files.remove(id).is_some() {
                 state.sub(meta.owner.as_deref(), meta.size_bytes);
             }
         }
-        let _ = tokio::fs::remove_file(self.object_path(file_id)).await;
+        let _ = tokio::fs::remove_file(self.object_path(id)).await;
         Ok(())
     }
 
@@ -398,7 +398,7 @@ impl FileStore for LocalStore {
     }
 }
 
-/// Ids are UUIDs; anything else (a path, say) names no file.
+/// Ids on disk are UUIDs as the store writes them; anything else (a path, say) is no file.
 fn valid_id(id: &str) -> bool {
     uuid::Uuid::try_parse(id).is_ok_and(|u| u.hyphenated().to_string() == id)
 }

@@ -58,6 +58,13 @@ impl Keys {
         self.owner_dir(owner).join(file_id)
     }
 
+    /// The bytes `filename` takes in an object key: it is percent-encoded there (every
+    /// byte that is not ASCII, and a few that are, take three). S3-compatible stores limit
+    /// a key's segment to 255 bytes (MinIO, SeaweedFS) and the whole key to 1024 (S3).
+    pub fn name_bytes(filename: &str) -> usize {
+        PathPart::from(filename).as_ref().len()
+    }
+
     pub fn object(&self, owner: Option<&str>, file_id: &str, filename: &str) -> Path {
         self.file_dir(owner, file_id).join(filename)
     }
@@ -139,6 +146,19 @@ mod tests {
         assert!(keys.parse(&Path::from("other/_/x/y")).is_none());
         let v4 = uuid::Uuid::new_v4().to_string();
         assert!(keys.parse(&keys.object(None, &v4, "x")).is_none());
+    }
+
+    #[test]
+    fn a_name_is_counted_as_the_key_holds_it() {
+        assert_eq!(Keys::name_bytes("data.csv"), 8);
+        assert_eq!(Keys::name_bytes("é.csv"), 6 + 4);
+        assert_eq!(Keys::name_bytes("100%.txt"), 10);
+        let cut = crate::files::clean_filename_within(
+            &format!("{}.csv", "é".repeat(200)),
+            Keys::name_bytes,
+        );
+        assert_eq!(cut, format!("{}.csv", "é".repeat(41)));
+        assert!(Keys::name_bytes(&cut) <= crate::files::MAX_NAME_BYTES);
     }
 
     #[test]

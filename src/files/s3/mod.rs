@@ -31,13 +31,16 @@ use tokio_util::io::StreamReader;
 use self::keys::Keys;
 use self::usage::{Scope, Usage};
 use super::{
-    ByteReader, FileMeta, FileOwner, FileStore, StoreError, UploadSize, clean_filename, mime_for,
+    ByteReader, FileMeta, FileOwner, FileStore, StoreError, UploadSize, canonical_file_id,
+    clean_filename_within, mime_for,
 };
 use crate::config::S3Config;
 
 /// The upload buffer: a file this small is one PUT, a bigger one a multipart upload in
 /// parts of this size (S3's minimum part is 5 MiB).
 const PART_BYTES: usize = 8 << 20;
+/// What an upload that failed to complete was doing.
+const COMPLETING: &str = "completing the upload";
 /// File locations remembered by a replica.
 const MAX_LOCATED: usize = 100_000;
 
@@ -190,21 +193,17 @@ impl S3Store {
 
     /// The live file `file_id` of `owner`: from what this replica saw, else by listing the
     /// file's own directory (one small request).
+    /// The id is taken in any case (see [`canonical_file_id`]).
     async fn find(&self, file_id: &str, owner: Option<&str>) -> Result<FileMeta, StoreError> {
         let not_found = || StoreError::NotFound(file_id.to_owned());
-        if keys::created_ms(file_id).is_none() {
-            return Err(not_found());
-        }
-        let known = self
-            .located
-            .lock()
-            .expect("located lock")
-            .get(file_id)
-            .cloned();
+        let id = canonical_file_id(file_id)
+            .filter(|id| keys::created_ms(id).is_some())
+            .ok_or_else(not_found)?;
+        let known = self.located.lock().expect("located lock").get(&id).cloned();
         let meta = match known {
             Some(meta) => meta,
             None => {
-                let dir = self.keys.file_dir(owner, file_id);
+                let dir = self.keys.file_dir(owner, &id);
                 let found = self.list_under(&dir).await?.into_iter().next();
                 let meta = found.ok_or_else(not_found)?;
                 self.remember(&meta);
@@ -259,7 +258,8 @@ impl S3Store {
         Ok(bytes)
     }
 
-    /// Streams `body` into `writer`, stopping at the size limit or a quota.
+    /// Streams `body` into `writer`, stopping at the size limit or a quota, and completes
+    /// the upload (`COMPLETING` names its failure: the caller aborts the writer otherwise).
     async fn receive(
         &self,
         writer: &mut BufWriter,
@@ -305,11 +305,12 @@ impl S3Store {
             },
         )
         .await?;
+        // Completing the upload is the commit, done before `upload` stops counting it.
         writer
             .shutdown()
             .await
             .map_err(|e| StoreError::Unavailable {
-                doing: "completing the upload",
+                doing: COMPLETING,
                 detail: e.to_string(),
             })?;
         Ok(written)
@@ -329,7 +330,7 @@ impl FileStore for S3Store {
             let listed = self.listed_bytes(&scope).await?;
             quotas.push((scope, quota, listed));
         }
-        let filename = clean_filename(filename);
+        let filename = clean_filename_within(filename, Keys::name_bytes);
         let id = keys::new_file_id();
         let key = self.keys.object(owner.name, &id, &filename);
         let mime_type = mime_for(&filename);
@@ -340,7 +341,11 @@ impl FileStore for S3Store {
         let size = match self.receive(&mut writer, owner, &quotas, body).await {
             Ok(size) => size,
             Err(e) => {
-                if let Err(abort) = writer.abort().await {
+                // A writer that failed to complete is shut down already (`abort` would
+                // panic); S3 discards an upload never completed.
+                let completing =
+                    matches!(e, StoreError::Unavailable { doing, .. } if doing == COMPLETING);
+                if !completing && let Err(abort) = writer.abort().await {
                     tracing::warn!(error = %abort, "aborting an S3 upload failed");
                 }
                 return Err(e);
@@ -376,7 +381,7 @@ impl FileStore for S3Store {
                 Ok((meta, Box::new(StreamReader::new(stream))))
             }
             Err(object_store::Error::NotFound { .. }) => {
-                self.forget(file_id);
+                self.forget(&meta.file_id);
                 Err(StoreError::NotFound(file_id.to_owned()))
             }
             Err(e) => Err(unavailable("reading a file")(e)),
@@ -400,7 +405,7 @@ impl FileStore for S3Store {
             .delete(&self.key_of(&meta))
             .await
             .map_err(unavailable("deleting a file"))?;
-        self.forget(file_id);
+        self.forget(&meta.file_id);
         let owner_scope = Scope::Owner(meta.owner.clone());
         self.usage
             .adjust(&[Scope::All, owner_scope], meta.size_bytes, false);

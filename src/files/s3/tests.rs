@@ -156,3 +156,96 @@ async fn foreign_keys_and_bad_ids_are_not_files() {
     }
     s.check().await.unwrap();
 }
+
+/// An object store whose every PUT fails (as a full or read-only bucket answers), the rest
+/// in memory.
+#[derive(Debug)]
+struct RefusesPuts(Arc<InMemory>);
+
+impl std::fmt::Display for RefusesPuts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RefusesPuts")
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for RefusesPuts {
+    async fn put_opts(
+        &self,
+        _: &Path,
+        _: object_store::PutPayload,
+        _: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        Err(object_store::Error::Generic {
+            store: "RefusesPuts",
+            source: "the bucket is read-only".into(),
+        })
+    }
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        self.0.put_multipart_opts(location, opts).await
+    }
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: object_store::GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        self.0.get_opts(location, options).await
+    }
+    fn delete_stream(
+        &self,
+        locations: futures_util::stream::BoxStream<'static, object_store::Result<Path>>,
+    ) -> futures_util::stream::BoxStream<'static, object_store::Result<Path>> {
+        self.0.delete_stream(locations)
+    }
+    fn list(
+        &self,
+        prefix: Option<&Path>,
+    ) -> futures_util::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>>
+    {
+        self.0.list(prefix)
+    }
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&Path>,
+    ) -> object_store::Result<object_store::ListResult> {
+        self.0.list_with_delimiter(prefix).await
+    }
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        self.0.copy_opts(from, to, options).await
+    }
+}
+
+/// A small file is one PUT, made when the upload completes: refused, the upload is
+/// `Unavailable` saying so (the writer, shut down by then, is not aborted: that panicked),
+/// and nothing is stored or counted.
+#[tokio::test]
+async fn an_upload_refused_as_it_completes_is_unavailable_and_leaves_nothing() {
+    let inner = Arc::new(InMemory::new());
+    let refusing = Arc::new(RefusesPuts(inner.clone()));
+    let settings = S3StoreSettings {
+        max_file_bytes: 1 << 20,
+        quota_bytes: Some(1 << 20),
+        ttl: None,
+    };
+    let s = S3Store::with_store(refusing, "deploy", settings, 0);
+    let err = s
+        .put(FileOwner::default(), "klein.txt", &mut &b"hallo"[..])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Unavailable { doing, detail }
+            if *doing == "completing the upload" && detail.contains("the bucket is read-only")),
+        "{err:?}"
+    );
+    assert!(keys_in(&inner).await.is_empty());
+    assert!(s.list(None).await.unwrap().is_empty());
+}
