@@ -192,8 +192,9 @@ pub async fn list(
         )));
     }
     // A cursor that is no file id would read as an empty last page: a pager would stop.
+    // An empty one is the first page (a shell loop's `after=$NEXT` before any page).
     let after = match q.after.as_deref() {
-        None => None,
+        None | Some("") => None,
         Some(given) => Some(canonical_file_id(given).ok_or_else(|| {
             ApiError::BadRequest(format!(
                 "after must be a file_id from a previous page (its next_after), not {given:?}; \

@@ -168,7 +168,7 @@ async fn a_cursor_that_is_no_file_id_is_400_and_ids_are_taken_in_any_case() {
     }
 
     // A cursor that is no file id would read as an empty last page: a pager would stop.
-    for bad in ["after=garbage", "limit=2&after=", "after=../../etc"] {
+    for bad in ["after=garbage", "after=%20", "after=../../etc"] {
         let (status, body) = s.get_json(&format!("/v1/files?{bad}")).await;
         assert_eq!(status, 400, "{bad}: {body}");
         let detail = body["detail"].as_str().unwrap();
@@ -177,6 +177,12 @@ async fn a_cursor_that_is_no_file_id_is_400_and_ids_are_taken_in_any_case() {
             "{bad}: {detail}"
         );
     }
+    // An empty cursor is the first page, as a shell pager's `after=$NEXT` sends it first
+    // (the README's example).
+    let (status, page) = s.get_json("/v1/files?limit=2&after=").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["files"][0]["file_id"], ids[0], "{page}");
+    assert_eq!(page["next_after"], ids[1], "{page}");
     // A cursor in upper case pages as the same id.
     for after in [ids[0].clone(), ids[0].to_uppercase()] {
         let (status, page) = s
