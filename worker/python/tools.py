@@ -17,7 +17,10 @@ this run are its only reach beyond the process.  Find them, then call them::
 A call blocks the calling thread until the tool answers; the run's deadline
 keeps running meanwhile.  Arguments are keyword arguments of JSON values,
 checked against the tool's JSON Schema before anything is sent; the result is
-the tool's JSON answer as Python objects.
+the tool's JSON answer as Python objects.  An argument or a result may nest
+lists and dicts at most ``MAX_JSON_DEPTH`` (64) levels deep: a deeper argument
+raises ``ToolLimitError`` before anything is sent, a deeper result raises it
+instead of returning.
 
 Calls run concurrently: a waiting call releases the GIL, so the program's
 other threads run, and calls from several threads are in flight at once (up
@@ -58,6 +61,7 @@ import sys as _sys
 import _snakecage_tools as _native
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "ToolError",
     "UnknownToolError",
     "ToolArgumentsError",
@@ -94,7 +98,12 @@ class ToolArgumentsError(ToolError, TypeError):
 
 
 class ToolLimitError(ToolError):
-    """A per-run limit was reached: number of calls, argument or result size."""
+    """A limit was reached: the number of calls of a run, the size of the
+    arguments or of the result, or how deep they nest (``MAX_JSON_DEPTH``)."""
+
+
+# How deep an argument or a result may nest lists and dicts: [[1]] is 2 levels.
+MAX_JSON_DEPTH = _native.MAX_JSON_DEPTH
 
 
 class ToolTimeoutError(ToolError, TimeoutError):
@@ -145,6 +154,17 @@ def _encode(name, arguments):
             f"arguments of tool '{name}' must be JSON values: {e}",
             tool=name,
             kind="invalid_arguments",
+        ) from None
+    except RecursionError:
+        # Nested thousands of levels: deeper than the encoder goes, and far deeper than
+        # a call may carry. The native half measures
+        # everything shallower, and names the argument.
+        raise ToolLimitError(
+            f"arguments of tool '{name}' are nested too deep to be encoded, deeper than the "
+            f"{MAX_JSON_DEPTH} levels a tool's arguments and results may nest (arrays and "
+            "objects within one another); flatten them, or pass them as a JSON string",
+            tool=name,
+            kind="limit",
         ) from None
 
 

@@ -38,6 +38,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use serde_json::Value;
 use snakecage_worker::frame;
+use snakecage_worker::jsondepth::{self, MAX_TOOL_JSON_DEPTH};
 use snakecage_worker::protocol::{ToolCall, ToolErrorKind, ToolOutcome, WorkerMessage};
 use snakecage_worker::toolspec::{self, ToolSpec};
 
@@ -104,6 +105,7 @@ pub fn native_module(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     module.add_function(wrap_pyfunction!(search, &module)?)?;
     module.add_function(wrap_pyfunction!(call, &module)?)?;
     module.add_function(wrap_pyfunction!(max_concurrent_calls, &module)?)?;
+    module.add("MAX_JSON_DEPTH", MAX_TOOL_JSON_DEPTH)?;
     cancel::add_to(&module)?;
     Ok(module)
 }
@@ -218,6 +220,7 @@ impl Tools {
     }
 
     fn check(&self, name: &str, arguments: &str) -> Result<Checked, ToolOutcome> {
+        too_deep(name, arguments)?;
         let arguments: Value = serde_json::from_str(arguments).map_err(|e| {
             ToolOutcome::error(
                 ToolErrorKind::InvalidArguments,
@@ -327,6 +330,30 @@ impl Tools {
         }
         self.socket.wait_answer(id).map_err(|e| e.to_string())
     }
+}
+
+/// Refuses `arguments` (JSON text) nesting an argument deeper than a tool call may: measured
+/// before it is parsed, so arguments deeper than the parser goes are measured too.
+fn too_deep(name: &str, arguments: &str) -> Result<(), ToolOutcome> {
+    let text = arguments.as_bytes();
+    let measured = jsondepth::text_depth(text);
+    let (what, depth) = match (&measured.deepest_member, measured.member_name(text)) {
+        (Some((_, depth)), Some(argument)) => {
+            (format!("argument '{argument}' of tool '{name}'"), *depth)
+        }
+        // Not an object of keyword arguments (the Python half sends nothing else).
+        _ => (format!("the arguments of tool '{name}'"), measured.depth),
+    };
+    if depth <= MAX_TOOL_JSON_DEPTH {
+        return Ok(());
+    }
+    Err(ToolOutcome::error(
+        ToolErrorKind::Limit,
+        format!(
+            "{}; flatten it, or pass it as a JSON string",
+            jsondepth::too_deep(&what, depth)
+        ),
+    ))
 }
 
 /// One schema violation, located: `city: 3 is not of type "string"`.

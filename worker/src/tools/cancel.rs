@@ -26,7 +26,8 @@ use super::{Checked, TOOLS, Tools, channel_broke, to_json};
 /// arguments and of the answer in Python, happen on the event loop's thread). Measured
 /// (2026-11-26): reading an answer nested as deep as the job socket's codec lets a call
 /// be (125 levels) takes between 192 and 256 KiB of stack in a debug build, less in a
-/// release build; 512 KiB leaves twice that. CPython's default, 8 MiB, counts against
+/// release build; 512 KiB leaves twice that. Answers are now held to 64 levels
+/// (`MAX_TOOL_JSON_DEPTH`), which leaves more. CPython's default, 8 MiB, counts against
 /// the job's RLIMIT_DATA like the heap: only ~30 such threads started under the default
 /// 256 MB limit. 64 (`tools.max_concurrent_calls` at most) take 32 MiB.
 pub const POOL_THREAD_STACK_BYTES: usize = 512 * 1024;

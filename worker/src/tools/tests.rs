@@ -97,6 +97,51 @@ fn unknown_tools_and_bad_arguments_are_refused_before_sending() {
     assert_eq!(tools.send(first, None).unwrap(), run_ended());
 }
 
+/// Arguments nested up to the limit go out; one level more is refused unsent, naming the
+/// argument, its depth and the limit, however deep it is (deeper than serde_json parses
+/// too).
+#[test]
+fn arguments_nested_past_the_depth_limit_are_refused_before_sending() {
+    let (tools, mut supervisor) = tools();
+    let any = ToolSpec {
+        name: "echo".into(),
+        description: "d".into(),
+        parameters: serde_json::json!({"type": "object"}),
+    };
+    tools.offer(&[any], 1);
+    let nested = |levels: usize| format!("{}0{}", "[".repeat(levels), "]".repeat(levels));
+    for levels in [MAX_TOOL_JSON_DEPTH + 1, 126, 100_000] {
+        let arguments = format!(r#"{{"flat": 1, "tief\"": {}}}"#, nested(levels));
+        let Err(ToolOutcome::Error { kind, message, .. }) = tools.check("echo", &arguments) else {
+            panic!("{levels} levels went through")
+        };
+        assert_eq!(kind, ToolErrorKind::Limit);
+        assert!(
+            message.starts_with(&format!(
+                "argument 'tief\"' of tool 'echo' is nested {levels} levels deep, deeper than \
+                 the 64 levels"
+            )),
+            "{message}"
+        );
+    }
+    let deepest = format!(r#"{{"v": {}}}"#, nested(MAX_TOOL_JSON_DEPTH));
+    let checked = tools.check("echo", &deepest).unwrap();
+    let sender = std::thread::spawn(move || tools.send(checked, None).unwrap());
+    let call = sent_call(&mut supervisor);
+    assert_eq!(
+        jsondepth::value_depth(&call.arguments["v"]),
+        MAX_TOOL_JSON_DEPTH
+    );
+    // The answer as deep as the argument is read back.
+    crate::jobsocket::tests::answer(&mut supervisor, call.id, call.arguments.clone());
+    assert_eq!(
+        sender.join().unwrap(),
+        ToolOutcome::Ok {
+            result: call.arguments
+        }
+    );
+}
+
 #[test]
 fn calls_fly_together_up_to_the_cap_and_each_gets_its_own_answer() {
     let (tools, mut supervisor) = tools();
