@@ -54,6 +54,7 @@ package ``snakecage`` that exists only in ``sys.modules``; the native half,
 socket.
 """
 
+import _queue
 import _thread
 import json as _json
 import sys as _sys
@@ -178,8 +179,10 @@ def _decode(name, answer):
     raise error(answer.get("message", ""), data=answer.get("data"), tool=name, kind=kind)
 
 
-# The threads ``acall`` runs calls on: started on first use (nothing is imported
-# for them before), never in the zygote, at most as many as the run's cap. The
+# The threads ``acall`` runs calls on: started on first use, never in the zygote,
+# at most as many as the run's cap. Their queue's module (``_queue``, small, it imports
+# nothing) is imported with this one: an import on first use, in a run whose memory is
+# used up, failed with ``OSError`` (ENOMEM) instead of the call's own error. The
 # native half starts them, each with a small stack of its own (``threading``'s
 # stack size is the process's: 8 MiB, and ~30 of those filled the run's memory
 # limit). They are not ``threading`` threads, and daemons in effect: a one-shot
@@ -192,14 +195,21 @@ _pool_threads = 0
 _pool_idle = 0
 
 
-def _pool_worker():
-    global _pool_idle
-    while True:
-        work = _pool_queue.get()
-        work()
-        del work
+def _pool_worker(started):
+    global _pool_idle, _pool_threads
+    started()  # the native half waits for this before it starts another
+    try:
+        while True:
+            work = _pool_queue.get()
+            work()
+            del work
+            with _pool_lock:
+                _pool_idle += 1
+    finally:
+        # A thread that dies (a MemoryError out of its loop) is not counted as one that
+        # serves: the next call starts another.
         with _pool_lock:
-            _pool_idle += 1
+            _pool_threads -= 1
 
 
 def _submit(work, name):
@@ -209,9 +219,7 @@ def _submit(work, name):
     global _pool_queue, _pool_threads, _pool_idle
     with _pool_lock:
         if _pool_queue is None:
-            import queue
-
-            _pool_queue = queue.SimpleQueue()
+            _pool_queue = _queue.SimpleQueue()
         if _pool_idle > 0:
             _pool_idle -= 1
         elif _pool_threads < max(1, _native.max_concurrent_calls()):

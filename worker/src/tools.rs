@@ -34,7 +34,7 @@ mod cancel;
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError};
 use pyo3::prelude::*;
 use serde_json::Value;
 use snakecage_worker::frame;
@@ -142,6 +142,7 @@ fn max_concurrent_calls() -> usize {
 /// for a slot and for the answer runs with the GIL released.
 #[pyfunction]
 fn call(py: Python<'_>, name: &str, arguments: &str) -> PyResult<String> {
+    memory_for_a_call()?;
     let outcome = match TOOLS.check(name, arguments) {
         Ok(checked) => py
             .detach(|| TOOLS.send(checked, None))
@@ -149,6 +150,13 @@ fn call(py: Python<'_>, name: &str, arguments: &str) -> PyResult<String> {
         Err(refused) => refused,
     };
     to_json(&outcome)
+}
+
+/// `MemoryError` unless the allocator's reserve is there (mapped again if a failed
+/// allocation spent it): a call runs Rust, whose allocations abort the worker when they
+/// fail, so none starts in a job whose memory is used up (see [`crate::reserve`]).
+fn memory_for_a_call() -> PyResult<()> {
+    crate::reserve::ensure().map_err(|e| PyMemoryError::new_err(e.to_string()))
 }
 
 fn channel_broke(what: String) -> PyErr {

@@ -66,7 +66,9 @@ class FakeNative:
     def start_thread(self, target, name):
         if self.threads_fail:
             raise RuntimeError("can't start new thread")
-        threading.Thread(target=target, name=name, daemon=True).start()
+        started = threading.Event()
+        threading.Thread(target=target, args=(started.set,), name=name, daemon=True).start()
+        started.wait()
 
 
 class FakeTicket:

@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyString;
 use snakecage_worker::protocol::{ToolErrorKind, ToolOutcome, WorkerMessage};
 
-use super::{Checked, TOOLS, Tools, channel_broke, to_json};
+use super::{Checked, TOOLS, Tools, channel_broke, memory_for_a_call, to_json};
 
 /// The stack of each thread of the pool `tools.acall` runs calls on. Such a thread only
 /// waits for a slot, writes a frame and reads frames (the checks, and the JSON of the
@@ -31,6 +31,11 @@ use super::{Checked, TOOLS, Tools, channel_broke, to_json};
 /// the job's RLIMIT_DATA like the heap: only ~30 such threads started under the default
 /// 256 MB limit. 64 (`tools.max_concurrent_calls` at most) take 32 MiB.
 pub const POOL_THREAD_STACK_BYTES: usize = 512 * 1024;
+
+/// What a thread's start maps besides its stack: Rust's signal stack (a few pages),
+/// CPython's thread state and its first frame chunk (16 KiB), an arena of glibc's malloc
+/// for the thread (132 KiB), with room to spare.
+const THREAD_START_BYTES: usize = 256 * 1024;
 
 /// Where a cancellable call stands.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -107,6 +112,7 @@ impl Ticket {
     /// Waits for a slot, sends the call and waits for its answer, with the GIL released;
     /// returns the JSON of the outcome, like `call`. A ticket is made once.
     fn wait(&self, py: Python<'_>) -> PyResult<String> {
+        memory_for_a_call()?;
         let call = self
             .call
             .lock()
@@ -130,6 +136,7 @@ impl Ticket {
 /// schema), unsent.
 #[pyfunction]
 fn prepare(py: Python<'_>, name: &str, arguments: &str) -> PyResult<Py<PyAny>> {
+    memory_for_a_call()?;
     match TOOLS.check(name, arguments) {
         Ok(checked) => Ok(Py::new(
             py,
@@ -145,28 +152,78 @@ fn prepare(py: Python<'_>, name: &str, arguments: &str) -> PyResult<Py<PyAny>> {
 }
 
 /// Starts a thread named `name` with a stack of [`POOL_THREAD_STACK_BYTES`] that runs
-/// `target()`. Not `threading`: its stack size is the process's, read by every thread
-/// started meanwhile; this one is this thread's alone. A thread that cannot start (the
-/// job's memory limit) raises `RuntimeError`, and nothing has run.
+/// `target(started)`, and returns once it runs: `target` calls `started()` first thing.
+/// Not `threading`: its stack size is the process's, read by every thread started
+/// meanwhile; this one is this thread's alone. A thread that cannot start (the job's
+/// memory limit), that there is no room to start, or that cannot run Python once started,
+/// raises `RuntimeError`, and nothing has run.
+///
+/// A start maps memory outside the allocator (the stack, Rust's signal stack, CPython's
+/// thread state and its first frames), and the two in the middle abort the worker when
+/// they cannot: so a thread is started only with room for all of it, and the next one not
+/// before this one has taken its room (starts measured together would each find the same
+/// room free).
 #[pyfunction]
-fn start_thread(target: Py<PyAny>, name: String) -> PyResult<()> {
+fn start_thread(py: Python<'_>, target: Py<PyAny>, name: String) -> PyResult<()> {
+    let cannot = |why: &dyn std::fmt::Display| {
+        PyRuntimeError::new_err(format!("can't start new thread: {why}"))
+    };
+    crate::reserve::room_for(POOL_THREAD_STACK_BYTES + THREAD_START_BYTES)
+        .map_err(|e| cannot(&e))?;
+    let (started, running) = std::sync::mpsc::sync_channel(1);
+    let started = Started(Mutex::new(Some(started)));
     std::thread::Builder::new()
         .name(name)
         .stack_size(POOL_THREAD_STACK_BYTES)
         .spawn(move || {
             Python::attach(move |py| {
-                if let Err(e) = target.call0(py) {
-                    e.write_unraisable(py, None);
+                let started = match Py::new(py, started) {
+                    Ok(started) => started,
+                    Err(_) => return, // no memory for it: told by `started` dropped
+                };
+                if let Err(e) = target.call1(py, (started.clone_ref(py),)) {
+                    // One that never ran (no memory for its first frame) was refused to
+                    // its caller already.
+                    if started.get().was_told() {
+                        e.write_unraisable(py, None);
+                    }
                 }
                 drop(target);
             });
         })
-        .map(drop)
-        .map_err(|e| PyRuntimeError::new_err(format!("can't start new thread: {e}")))
+        .map_err(|e| cannot(&e))?;
+    py.detach(move || running.recv())
+        .map_err(|_| cannot(&"the run's memory is used up (its memory limit)"))
+}
+
+/// What a thread of the pool calls once it runs; dropped uncalled, its start failed.
+#[pyclass(module = "_snakecage_tools", frozen)]
+struct Started(Mutex<Option<std::sync::mpsc::SyncSender<()>>>);
+
+impl Started {
+    fn sender(&self) -> MutexGuard<'_, Option<std::sync::mpsc::SyncSender<()>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn was_told(&self) -> bool {
+        self.sender().is_none()
+    }
+}
+
+#[pymethods]
+impl Started {
+    fn __call__(&self) {
+        if let Some(started) = self.sender().take() {
+            let _ = started.send(());
+        }
+    }
 }
 
 pub(super) fn add_to(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Ticket>()?;
+    module.add_class::<Started>()?;
     module.add_function(wrap_pyfunction!(prepare, module)?)?;
     module.add_function(wrap_pyfunction!(start_thread, module)?)?;
     Ok(())
