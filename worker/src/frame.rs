@@ -99,6 +99,15 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(
     r: &mut R,
     max: usize,
 ) -> Result<Option<T>, FrameError> {
+    match read_body(r, max)? {
+        Some(body) => Ok(Some(serde_json::from_slice(&body)?)),
+        None => Ok(None),
+    }
+}
+
+/// Reads one frame's body, not decoded (for a reader that decodes some frames its own
+/// way). `Ok(None)` means the stream ended cleanly between frames.
+pub fn read_body<R: Read>(r: &mut R, max: usize) -> Result<Option<Vec<u8>>, FrameError> {
     let mut header = [0u8; HEADER_LEN];
     let got = read_full(r, &mut header)?;
     if got == 0 {
@@ -116,7 +125,7 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(
     if got < len {
         return Err(FrameError::Truncated { got, expected: len });
     }
-    Ok(Some(serde_json::from_slice(&body)?))
+    Ok(Some(body))
 }
 
 /// Reads until `buf` is full or the stream ends; returns how many bytes were read.

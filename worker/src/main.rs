@@ -14,6 +14,7 @@ mod priority;
 mod reserve;
 mod sandbox;
 mod snapshot;
+mod stack;
 mod tools;
 mod zygote;
 

@@ -19,15 +19,16 @@ use pyo3::prelude::*;
 use pyo3::types::PyString;
 use snakecage_worker::protocol::{ToolErrorKind, ToolOutcome, WorkerMessage};
 
-use super::{Checked, TOOLS, Tools, channel_broke, memory_for_a_call, to_json};
+use super::{Checked, TOOLS, Tools, channel_broke, memory_for_a_call};
+use crate::jobsocket::Answer;
 
 /// The stack of each thread of the pool `tools.acall` runs calls on. Such a thread only
 /// waits for a slot, writes a frame and reads frames (the checks, and the JSON of the
 /// arguments and of the answer in Python, happen on the event loop's thread). Measured
 /// (2026-11-26): reading an answer nested as deep as the job socket's codec lets a call
-/// be (125 levels) takes between 192 and 256 KiB of stack in a debug build, less in a
-/// release build; 512 KiB leaves twice that. Answers are now held to 64 levels
-/// (`MAX_TOOL_JSON_DEPTH`), which leaves more. CPython's default, 8 MiB, counts against
+/// be (125 levels) took between 192 and 256 KiB of stack in a debug build; answers are
+/// now read as text, without recursion (`jobsocket::answer`), so their depth costs no
+/// stack here, and 512 KiB is room to spare. CPython's default, 8 MiB, counts against
 /// the job's RLIMIT_DATA like the heap: only ~30 such threads started under the default
 /// 256 MB limit. 64 (`tools.max_concurrent_calls` at most) take 32 MiB.
 pub const POOL_THREAD_STACK_BYTES: usize = 512 * 1024;
@@ -119,10 +120,10 @@ impl Ticket {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .take()
             .ok_or_else(|| PyRuntimeError::new_err("this call was made already"))?;
-        let outcome = py
+        let answer = py
             .detach(|| self.tools.send(call, Some(&self.cancellable)))
             .map_err(channel_broke)?;
-        to_json(&outcome)
+        Ok(answer.into_json())
     }
 
     /// Stops waiting for the call; harmless when it was answered already.
@@ -147,7 +148,9 @@ fn prepare(py: Python<'_>, name: &str, arguments: &str) -> PyResult<Py<PyAny>> {
             },
         )?
         .into_any()),
-        Err(refused) => Ok(PyString::new(py, &to_json(&refused)?).into_any().unbind()),
+        Err(refused) => Ok(PyString::new(py, &Answer::local(&refused).into_json())
+            .into_any()
+            .unbind()),
     }
 }
 
@@ -240,7 +243,7 @@ mod tests {
     fn cancellable_call(
         tools: &'static Tools,
         city: &str,
-    ) -> (Arc<Cancellable>, std::thread::JoinHandle<ToolOutcome>) {
+    ) -> (Arc<Cancellable>, std::thread::JoinHandle<Answer>) {
         let arguments = serde_json::json!({ "city": city }).to_string();
         let cancellable = Arc::new(Cancellable::default());
         let mine = cancellable.clone();

@@ -2,6 +2,7 @@
 //! and the end of a job.
 
 use super::*;
+use snakecage_worker::protocol::{ToolCall, WorkerMessage};
 use std::os::unix::net::UnixStream;
 
 #[test]
@@ -32,7 +33,7 @@ pub(super) fn tools() -> (&'static Tools, UnixStream) {
     (Box::leak(Box::new(Tools::new(socket))), supervisor)
 }
 
-fn call(tools: &'static Tools, city: &str) -> std::thread::JoinHandle<ToolOutcome> {
+fn call(tools: &'static Tools, city: &str) -> std::thread::JoinHandle<Answer> {
     let arguments = serde_json::json!({ "city": city }).to_string();
     std::thread::spawn(move || {
         let checked = tools.check("weather", &arguments).unwrap();
