@@ -3,7 +3,7 @@
 //! lives on (before, the supervisor could not decode the call and killed the worker); a
 //! hand-made frame deeper than a worker sends kills only that worker; a caller's answer
 //! nested deeper is a 400 naming the limit, and an HTTP or MCP tool's result a
-//! `ToolLimitError`.
+//! `ToolLimitError`; a thread with a 32 KiB stack carries JSON nested to the limit.
 
 use axum::Json;
 use axum::extract::Query;
@@ -344,4 +344,29 @@ print(tools.up_nest(levels=63) == {{'v': nested(63)}})"
         ),
         "{body}"
     );
+}
+
+/// A thread with the smallest stack Python allows (32 KiB) calls a tool with an argument
+/// nested to the limit and gets an answer as deep back (before, the worker's Rust half
+/// recursed per level on that stack, and 8 levels killed the worker with SIGSEGV).
+#[tokio::test]
+async fn a_thread_with_the_smallest_stack_sends_and_reads_json_nested_to_the_limit() {
+    let (s, _dir) = server().await;
+    let code = format!(
+        "{NESTED}import threading
+from snakecage import tools
+threading.stack_size(32 * 1024)
+out = []
+def call():
+    for levels in (8, 32, 63):
+        out.append(tools.echo(v=nested(levels)) == {{'v': nested(levels)}})
+    out.append(tools.deep(levels=64) == nested(64))
+t = threading.Thread(target=call)
+t.start()
+t.join()
+print(out)"
+    );
+    let body = s.run_with(json!({"code": code})).await;
+    assert_eq!(stdout(&body), "[True, True, True, True]\n", "{body}");
+    assert_eq!(body["verdict"], "ok", "{body}");
 }
