@@ -11,6 +11,26 @@ use std::io;
 
 /// Bytes of stack left below the current frame of this thread; `None`: unknown.
 pub fn remaining() -> Option<usize> {
+    thread_local! {
+        /// This thread's lowest stack address, looked up once (for the main thread glibc
+        /// reads `/proc/self/maps`, too slow for every call): 0 until then, 1 if unknown.
+        static LOWEST: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+    let lowest = LOWEST.with(|lowest| {
+        if lowest.get() == 0 {
+            lowest.set(lowest_address().unwrap_or(1));
+        }
+        lowest.get()
+    });
+    let here = std::hint::black_box(0u8);
+    match lowest {
+        1 => None,
+        lowest => (&raw const here as usize).checked_sub(lowest),
+    }
+}
+
+/// The lowest address of this thread's stack.
+fn lowest_address() -> Option<usize> {
     // SAFETY: a zeroed attr is what pthread_getattr_np initialises; it is destroyed after
     // use. The stack's lowest address and size are plain values written into our locals.
     unsafe {
@@ -22,11 +42,7 @@ pub fn remaining() -> Option<usize> {
         let mut size: libc::size_t = 0;
         let got = libc::pthread_attr_getstack(&attr, &mut low, &mut size);
         libc::pthread_attr_destroy(&mut attr);
-        if got != 0 {
-            return None;
-        }
-        let here = &raw const attr as usize;
-        here.checked_sub(low as usize)
+        (got == 0 && !low.is_null()).then_some(low as usize)
     }
 }
 
