@@ -11,7 +11,7 @@ use crate::envs::EnvError;
 use crate::envs::spec::SpecError;
 use crate::envs::uv::UvError;
 use crate::files::workspace::StageError;
-use crate::files::{StoreError, over_quota_detail};
+use crate::files::{StoreError, UploadSize, over_quota_detail};
 use crate::pool::PoolError;
 use crate::sessions::SessionError;
 
@@ -47,9 +47,12 @@ pub enum ApiError {
     /// A session busy with another request.
     #[error("{0}")]
     SessionBusy(String),
-    /// An answer to a tool call its run is not waiting for (answered, timed out, never made).
+    /// An answer to a tool call its run is not waiting for (answered already, never made).
     #[error("{0}")]
     ToolCallNotWaiting(String),
+    /// An answer to a tool call that was cancelled before it came; `detail` says why.
+    #[error("{0}")]
+    ToolCallCancelled(String),
     /// A session that ended on its own (expired, evicted, lost, failed replay).
     #[error("{0}")]
     Gone(String),
@@ -109,7 +112,9 @@ impl ApiError {
                 StatusCode::NOT_FOUND
             }
             ApiError::SessionBusy(_) | ApiError::ToolCallNotWaiting(_) => StatusCode::CONFLICT,
-            ApiError::Gone(_) | ApiError::RunGone(_) => StatusCode::GONE,
+            ApiError::Gone(_) | ApiError::RunGone(_) | ApiError::ToolCallCancelled(_) => {
+                StatusCode::GONE
+            }
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -141,6 +146,7 @@ impl ApiError {
             ApiError::SessionNotFound(_) => ErrorCode::SessionNotFound,
             ApiError::SessionBusy(_) => ErrorCode::SessionBusy,
             ApiError::ToolCallNotWaiting(_) => ErrorCode::ToolCallNotWaiting,
+            ApiError::ToolCallCancelled(_) => ErrorCode::ToolCallCancelled,
             ApiError::Gone(_) => ErrorCode::SessionGone,
             ApiError::RunGone(_) => ErrorCode::RunGone,
             ApiError::NotImplemented(_) => ErrorCode::NotImplemented,
@@ -212,28 +218,28 @@ impl From<StoreError> for ApiError {
                 quota_bytes,
                 stored_bytes,
                 upload,
-            } => ApiError::InsufficientStorage(over_quota_detail(
-                "file storage",
-                "files.quota_mb",
+            } => quota_refusal(
+                ("file storage", "files.quota_mb"),
                 quota_bytes,
                 stored_bytes,
                 upload,
-            )),
+                ApiError::InsufficientStorage,
+            ),
             StoreError::OwnerQuotaExceeded {
                 owner,
                 quota_bytes,
                 stored_bytes,
                 upload,
-            } => ApiError::TenantLimit {
-                detail: over_quota_detail(
-                    &format!("API key '{owner}'"),
-                    "max_stored_mb",
-                    quota_bytes,
-                    stored_bytes,
-                    upload,
-                ),
-                retry_after_secs: 60,
-            },
+            } => quota_refusal(
+                (&format!("API key '{owner}'"), "max_stored_mb"),
+                quota_bytes,
+                stored_bytes,
+                upload,
+                |detail| ApiError::TenantLimit {
+                    detail,
+                    retry_after_secs: 60,
+                },
+            ),
             e if e.is_out_of_space() => ApiError::InsufficientStorage(
                 "The file store has no space left (its disk is full or read-only); stored files are unaffected. Retry later".into(),
             ),
@@ -245,6 +251,26 @@ impl From<StoreError> for ApiError {
             }
             other => ApiError::Internal(other.to_string()),
         }
+    }
+}
+
+/// A quota's refusal of a file (`quota`: whose quota and the setting that sets it, as
+/// [`over_quota_detail`] names them): one larger than the whole quota is too large (413),
+/// now and after any wait, so nothing says to retry; one that only does not fit beside
+/// what is stored is `fits_later`'s (the store's 507, the API key's 429), which deletions
+/// lift.
+fn quota_refusal(
+    (whose, setting): (&str, &str),
+    quota_bytes: u64,
+    stored_bytes: u64,
+    upload: UploadSize,
+    fits_later: impl FnOnce(String) -> ApiError,
+) -> ApiError {
+    let detail = over_quota_detail(whose, setting, quota_bytes, stored_bytes, upload);
+    if upload.larger_than(quota_bytes) {
+        ApiError::PayloadTooLarge(detail)
+    } else {
+        fits_later(detail)
     }
 }
 
@@ -363,10 +389,11 @@ pub enum ErrorCode {
     InstallFailed,
     IndexUnreachable,
     ToolCallNotWaiting,
+    ToolCallCancelled,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 27] = [
+    pub const ALL: [ErrorCode; 28] = [
         ErrorCode::BadRequest,
         ErrorCode::InvalidRequest,
         ErrorCode::TimeoutTooLarge,
@@ -394,6 +421,7 @@ impl ErrorCode {
         ErrorCode::InstallFailed,
         ErrorCode::IndexUnreachable,
         ErrorCode::ToolCallNotWaiting,
+        ErrorCode::ToolCallCancelled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -425,6 +453,7 @@ impl ErrorCode {
             ErrorCode::InstallFailed => "install_failed",
             ErrorCode::IndexUnreachable => "index_unreachable",
             ErrorCode::ToolCallNotWaiting => "tool_call_not_waiting",
+            ErrorCode::ToolCallCancelled => "tool_call_cancelled",
         }
     }
 
@@ -502,6 +531,11 @@ mod tests {
             ),
             (ApiError::RunGone("x".into()), "run_gone", 410),
             (
+                ApiError::ToolCallCancelled("x".into()),
+                "tool_call_cancelled",
+                410,
+            ),
+            (
                 ApiError::QueueFull {
                     retry_after_secs: 1,
                 },
@@ -515,6 +549,52 @@ mod tests {
             assert_eq!(error.status().as_u16(), status);
             let row = format!("| `{code}` | {status} |");
             assert!(readme.contains(&row), "README lacks the row {row}");
+        }
+    }
+
+    /// A file larger than a whole quota is 413 with nothing to retry after; one that only
+    /// does not fit beside what is stored stays the store's 507 or the key's 429 (with
+    /// `Retry-After`). The detail is the quota's own either way.
+    #[test]
+    fn a_file_larger_than_a_whole_quota_is_too_large_not_a_limit_to_wait_out() {
+        let key = |upload| StoreError::OwnerQuotaExceeded {
+            owner: "bob".into(),
+            quota_bytes: 1 << 20,
+            stored_bytes: 700 << 10,
+            upload,
+        };
+        let store = |upload| StoreError::QuotaExceeded {
+            quota_bytes: 1 << 20,
+            stored_bytes: 700 << 10,
+            upload,
+        };
+        for (error, status, retry_after) in [
+            (key(UploadSize::Whole(2 << 20)), 413, None),
+            (key(UploadSize::AtLeast((1 << 20) + 1)), 413, None),
+            (key(UploadSize::Whole(700 << 10)), 429, Some("60")),
+            (key(UploadSize::AtLeast(400 << 10)), 429, Some("60")),
+            (store(UploadSize::Whole(2 << 20)), 413, None),
+            (store(UploadSize::AtLeast((1 << 20) + 1)), 413, None),
+            (store(UploadSize::Whole(1 << 20)), 507, None),
+        ] {
+            let error = ApiError::from(error);
+            let detail = error.to_string();
+            let response = error.into_response();
+            assert_eq!(response.status().as_u16(), status, "{detail}");
+            assert_eq!(
+                response
+                    .headers()
+                    .get(header::RETRY_AFTER)
+                    .map(|v| v.to_str().unwrap()),
+                retry_after,
+                "{detail}"
+            );
+            assert!(detail.starts_with("This file would take "), "{detail}");
+            assert_eq!(
+                detail.contains("larger than the whole quota"),
+                status == 413,
+                "{detail}"
+            );
         }
     }
 }

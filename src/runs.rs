@@ -5,13 +5,27 @@
 //! its pending calls with it. In a cluster a run id names the replica that runs it
 //! (`run_<replica>_<incarnation>_<random>`, [`crate::cluster::ids`]), so a call on it that
 //! lands on another replica is forwarded there.
+//!
+//! A call its client was told of and that was cancelled before its answer came is
+//! remembered with the [`CancelCause`], so that an answer arriving later is told why it
+//! is not wanted: for as long as the run lives, and once it has ended for
+//! [`ENDED_KEPT_FOR`] (at most [`ENDED_CALLS_KEPT`] calls of ended runs, the oldest
+//! forgotten first; an answer to a forgotten one finds its run unknown).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
+
+use crate::pool::cancel_cause::CancelCause;
+
+/// How long the cancelled calls of a run that ended are remembered.
+pub const ENDED_KEPT_FOR: Duration = Duration::from_secs(600);
+/// The most cancelled calls of ended runs remembered at once.
+pub const ENDED_CALLS_KEPT: usize = 10_000;
 
 /// The client's answer to one tool call.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,6 +37,8 @@ pub enum CallerAnswer {
 #[derive(Default)]
 pub struct Runs {
     runs: Mutex<HashMap<String, Arc<RunEntry>>>,
+    /// The cancelled calls of runs that have ended.
+    ended: Mutex<Ended>,
     /// What goes between `run_` and the random part of a new id: this replica's id and
     /// incarnation in a cluster, nothing otherwise.
     id_prefix: String,
@@ -33,7 +49,66 @@ pub struct RunEntry {
     owner: Option<String>,
     /// Fired by `DELETE /v1/runs/{id}`.
     pub cancel: CancellationToken,
-    pending: Mutex<HashMap<String, oneshot::Sender<CallerAnswer>>>,
+    calls: Mutex<Calls>,
+}
+
+/// The calls of one run its client answers.
+#[derive(Default)]
+struct Calls {
+    /// Waiting for their answer.
+    pending: HashMap<String, oneshot::Sender<CallerAnswer>>,
+    /// Cancelled before their answer came, and why.
+    cancelled: HashMap<String, CancelCause>,
+}
+
+/// The cancelled calls of ended runs, oldest first.
+#[derive(Default)]
+struct Ended {
+    runs: HashMap<String, EndedRun>,
+    order: VecDeque<String>,
+    calls: usize,
+}
+
+struct EndedRun {
+    owner: Option<String>,
+    ended: Instant,
+    cancelled: HashMap<String, CancelCause>,
+}
+
+impl Ended {
+    fn insert(&mut self, id: String, run: EndedRun, now: Instant) {
+        self.calls += run.cancelled.len();
+        self.order.push_back(id.clone());
+        self.runs.insert(id, run);
+        self.forget_old(now);
+    }
+
+    /// Forgets the runs that ended more than [`ENDED_KEPT_FOR`] ago, and the oldest
+    /// while more than [`ENDED_CALLS_KEPT`] calls are kept.
+    fn forget_old(&mut self, now: Instant) {
+        while let Some(oldest) = self.order.front() {
+            let run = &self.runs[oldest];
+            if now.duration_since(run.ended) <= ENDED_KEPT_FOR && self.calls <= ENDED_CALLS_KEPT {
+                return;
+            }
+            self.calls -= run.cancelled.len();
+            self.runs.remove(oldest);
+            self.order.pop_front();
+        }
+    }
+
+    /// Why call `call` of `owner`'s ended run `run` was cancelled, if it is remembered.
+    fn cause(
+        &mut self,
+        run: &str,
+        call: &str,
+        owner: Option<&str>,
+        now: Instant,
+    ) -> Option<CancelCause> {
+        self.forget_old(now);
+        let run = self.runs.get(run).filter(|r| r.owner.as_deref() == owner)?;
+        run.cancelled.get(call).copied()
+    }
 }
 
 /// Registered for as long as it lives; dropping it removes the run (its pending calls
@@ -50,19 +125,43 @@ impl Drop for RunHandle {
             .lock()
             .expect("runs lock")
             .remove(&self.entry.id);
-        self.entry.pending.lock().expect("pending lock").clear();
+        let cancelled = {
+            let mut calls = self.entry.calls.lock().expect("calls lock");
+            calls.pending.clear();
+            std::mem::take(&mut calls.cancelled)
+        };
+        if !cancelled.is_empty() {
+            let now = Instant::now();
+            let run = EndedRun {
+                owner: self.entry.owner.clone(),
+                ended: now,
+                cancelled,
+            };
+            let mut ended = self.runs.ended.lock().expect("ended runs lock");
+            ended.insert(self.entry.id.clone(), run, now);
+        }
     }
 }
 
 /// Why an answer was not taken.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum AnswerError {
     #[error("run '{0}' not found (it ended, or it is not yours)")]
     NoRun(String),
     #[error(
-        "tool call '{call}' of run '{run}' is not waiting for an answer (answered already, timed out, or never made)"
+        "tool call '{call}' of run '{run}' is not waiting for an answer (answered already, or never made)"
     )]
     NotPending { run: String, call: String },
+    #[error(
+        "tool call '{call}' of run '{run}' was cancelled ({}): {}; it takes no answer",
+        cause.as_str(),
+        cause.describe()
+    )]
+    Cancelled {
+        run: String,
+        call: String,
+        cause: CancelCause,
+    },
 }
 
 impl Runs {
@@ -70,8 +169,8 @@ impl Runs {
     /// [`crate::cluster::Cluster::id_prefix`]).
     pub fn with_id_prefix(id_prefix: String) -> Arc<Self> {
         Arc::new(Self {
-            runs: Mutex::default(),
             id_prefix,
+            ..Self::default()
         })
     }
 
@@ -81,7 +180,7 @@ impl Runs {
             id: format!("run_{}{}", self.id_prefix, uuid::Uuid::new_v4().simple()),
             owner: owner.map(str::to_owned),
             cancel: CancellationToken::new(),
-            pending: Mutex::new(HashMap::new()),
+            calls: Mutex::default(),
         });
         self.runs
             .lock()
@@ -120,11 +219,23 @@ impl Runs {
         owner: Option<&str>,
         answer: CallerAnswer,
     ) -> Result<(), AnswerError> {
-        let entry = self
-            .get(run, owner)
-            .ok_or_else(|| AnswerError::NoRun(run.to_owned()))?;
-        let waiter = entry.pending.lock().expect("pending lock").remove(call);
-        match waiter.map(|w| w.send(answer)) {
+        let cancelled = |cause| AnswerError::Cancelled {
+            run: run.to_owned(),
+            call: call.to_owned(),
+            cause,
+        };
+        let Some(entry) = self.get(run, owner) else {
+            let mut ended = self.ended.lock().expect("ended runs lock");
+            return Err(match ended.cause(run, call, owner, Instant::now()) {
+                Some(cause) => cancelled(cause),
+                None => AnswerError::NoRun(run.to_owned()),
+            });
+        };
+        let mut calls = entry.calls.lock().expect("calls lock");
+        if let Some(cause) = calls.cancelled.get(call) {
+            return Err(cancelled(*cause));
+        }
+        match calls.pending.remove(call).map(|w| w.send(answer)) {
             Some(Ok(())) => Ok(()),
             _ => Err(AnswerError::NotPending {
                 run: run.to_owned(),
@@ -156,9 +267,10 @@ pub struct PendingCall {
 impl Drop for PendingCall {
     fn drop(&mut self) {
         self.entry
-            .pending
+            .calls
             .lock()
-            .expect("pending lock")
+            .expect("calls lock")
+            .pending
             .remove(&self.call_id);
     }
 }
@@ -168,9 +280,10 @@ impl RunEntry {
     pub fn expect_answer(self: &Arc<Self>) -> PendingCall {
         let call_id = format!("call_{}", uuid::Uuid::new_v4().simple());
         let (tx, rx) = oneshot::channel();
-        self.pending
+        self.calls
             .lock()
-            .expect("pending lock")
+            .expect("calls lock")
+            .pending
             .insert(call_id.clone(), tx);
         PendingCall {
             entry: self.clone(),
@@ -181,7 +294,19 @@ impl RunEntry {
 
     /// Calls waiting for an answer.
     pub fn pending_calls(&self) -> usize {
-        self.pending.lock().expect("pending lock").len()
+        self.calls.lock().expect("calls lock").pending.len()
+    }
+
+    /// Cancels call `call_id` for `cause`, if it is still waiting for its answer: an
+    /// answer to it is refused from now on, saying why. False when it is not waiting (its
+    /// answer came first).
+    pub fn cancel_call(&self, call_id: &str, cause: CancelCause) -> bool {
+        let mut calls = self.calls.lock().expect("calls lock");
+        if calls.pending.remove(call_id).is_none() {
+            return false;
+        }
+        calls.cancelled.insert(call_id.to_owned(), cause);
+        true
     }
 }
 
@@ -216,6 +341,96 @@ mod tests {
         drop(run);
         assert_eq!(runs.active(), 0);
         assert!(runs.get(&id, Some("alice")).is_none());
+    }
+
+    #[test]
+    fn a_cancelled_call_refuses_its_answer_saying_why_while_its_run_lives_and_after() {
+        let runs = Arc::new(Runs::default());
+        let run = runs.register(Some("alice"));
+        let id = run.entry.id.clone();
+        let call = run.entry.expect_answer();
+        let call_id = call.call_id.clone();
+        assert!(run.entry.cancel_call(&call_id, CancelCause::RunTimeout));
+        // Once: the first cause is the one.
+        assert!(!run.entry.cancel_call(&call_id, CancelCause::RunEnded));
+        drop(call);
+        assert_eq!(run.entry.pending_calls(), 0);
+        let answer = |owner| runs.answer(&id, &call_id, owner, CallerAnswer::Result(1.into()));
+        let refusal = AnswerError::Cancelled {
+            run: id.clone(),
+            call: call_id.clone(),
+            cause: CancelCause::RunTimeout,
+        };
+        let cancelled = Err(refusal.clone());
+        assert_eq!(answer(Some("alice")), cancelled);
+        assert_eq!(answer(Some("bob")), Err(AnswerError::NoRun(id.clone())));
+        drop(run);
+        assert_eq!(answer(Some("alice")), cancelled);
+        assert_eq!(answer(Some("bob")), Err(AnswerError::NoRun(id.clone())));
+        let other = runs.answer(&id, "call_x", Some("alice"), CallerAnswer::Result(1.into()));
+        assert_eq!(other, Err(AnswerError::NoRun(id.clone())));
+        assert_eq!(
+            refusal.to_string(),
+            format!(
+                "tool call '{call_id}' of run '{id}' was cancelled (run_timeout): the run \
+                 reached its time limit (timeout_ms); it takes no answer"
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_call_answered_first_is_not_cancelled() {
+        let runs = Arc::new(Runs::default());
+        let run = runs.register(None);
+        let mut call = run.entry.expect_answer();
+        runs.answer(
+            &run.entry.id,
+            &call.call_id,
+            None,
+            CallerAnswer::Error(1.into()),
+        )
+        .unwrap();
+        assert!(
+            !run.entry
+                .cancel_call(&call.call_id, CancelCause::CallTimeout)
+        );
+        assert_eq!(
+            (&mut call.answer).await.unwrap(),
+            CallerAnswer::Error(1.into())
+        );
+    }
+
+    #[test]
+    fn the_cancelled_calls_of_ended_runs_are_forgotten_after_a_while_or_past_a_count() {
+        let start = Instant::now();
+        let run = |calls: usize| EndedRun {
+            owner: None,
+            ended: start,
+            cancelled: (0..calls)
+                .map(|i| (format!("c{i}"), CancelCause::RunEnded))
+                .collect(),
+        };
+        let mut ended = Ended::default();
+        ended.insert("a".into(), run(ENDED_CALLS_KEPT - 1), start);
+        ended.insert("b".into(), run(1), start);
+        assert_eq!(
+            ended.cause("a", "c0", None, start),
+            Some(CancelCause::RunEnded)
+        );
+        assert_eq!(ended.cause("a", "c0", Some("alice"), start), None);
+        // One call too many: the oldest run goes.
+        ended.insert("c".into(), run(1), start);
+        assert_eq!(ended.cause("a", "c0", None, start), None);
+        assert_eq!(
+            ended.cause("b", "c0", None, start),
+            Some(CancelCause::RunEnded)
+        );
+        let later = start + ENDED_KEPT_FOR + Duration::from_secs(1);
+        assert_eq!(ended.cause("c", "c0", None, later), None);
+        assert_eq!(
+            (ended.runs.len(), ended.order.len(), ended.calls),
+            (0, 0, 0)
+        );
     }
 
     #[test]

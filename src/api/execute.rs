@@ -15,6 +15,7 @@ use tower_http::request_id::RequestId;
 use super::SharedState;
 use super::json::ApiJson;
 use crate::auth::Caller;
+use crate::codemode::caller::caller_events;
 use crate::error::ApiError;
 use crate::files::workspace::{
     self, CollectLimits, SkippedFile, StageInput, Staged, WorkspaceFile,
@@ -38,21 +39,24 @@ pub struct ExecuteRequest {
     /// A staged file to run as `__main__`, like `python <entrypoint> <args>`.
     #[serde(default)]
     pub entrypoint: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::nullable::or_default")]
     pub args: Vec<String>,
     #[serde(default)]
     pub stdin: Option<String>,
     #[serde(default, deserialize_with = "super::whole_number::optional")]
     pub timeout_ms: Option<u64>,
-    #[serde(default = "default_true")]
+    #[serde(
+        default = "default_true",
+        deserialize_with = "super::nullable::or_true"
+    )]
     pub last_line_interactive: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::nullable::or_default")]
     pub files: Vec<FileInput>,
     /// `markdown`: `code` is a model's answer; its ```python blocks run, in order.
     #[serde(default)]
     pub code_format: CodeFormat,
     /// Tools the caller declares and answers itself (Code Mode, `/v1/execute/stream`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::nullable::or_default")]
     pub tools: Vec<serde_json::Value>,
 }
 
@@ -64,12 +68,25 @@ fn default_true() -> bool {
     true
 }
 
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum CodeFormat {
     #[default]
     Python,
     Markdown,
+}
+
+/// Read through a string: serde_json calls any value but a string or an object given for
+/// an enum a syntax error ("expected value"), which would be a 400 saying the body is not
+/// JSON. `null` is the default; anything else names the formats there are.
+impl<'de> Deserialize<'de> for CodeFormat {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        const FORMATS: &[&str] = &["python", "markdown"];
+        match Option::<String>::deserialize(deserializer)?.as_deref() {
+            None | Some("python") => Ok(Self::Python),
+            Some("markdown") => Ok(Self::Markdown),
+            Some(other) => Err(serde::de::Error::unknown_variant(other, FORMATS)),
+        }
+    }
 }
 
 /// A stored file to place in the workspace before the code runs.
@@ -193,7 +210,7 @@ pub async fn execute_stream(
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     let mut prepared = prepare(&state, &caller, req).await?;
-    let (calls_tx, calls_rx) = mpsc::channel(super::runs::TOOL_CALL_BUFFER);
+    let (calls_tx, calls_rx) = caller_events(super::runs::TOOL_CALL_BUFFER);
     let handle = super::runs::attach_tools(&state, &caller, &mut prepared, Some(calls_tx))?;
     let run_id = handle.entry.id.clone();
     let slot = caller.execution_slot()?;

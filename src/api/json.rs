@@ -107,7 +107,9 @@ pub fn parse_object<T: JsonObject>(bytes: &[u8], state: &SharedState) -> Result<
 
 fn syntax_error(text: &str) -> ApiError {
     let mut detail = format!("request body is not valid JSON: {text}");
-    if text.contains("surrogate") {
+    // serde_json: "lone leading surrogate", or, for a leading half followed by anything
+    // but its trailing one, "unexpected end of hex escape".
+    if text.contains("surrogate") || text.contains("hex escape") {
         // What Python's json.dumps writes for a str holding surrogateescape'd bytes.
         detail.push_str(
             "; strings must be valid Unicode: a lone \\udXXX escape (half of a surrogate \

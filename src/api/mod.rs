@@ -9,6 +9,7 @@ mod files;
 mod health;
 mod json;
 mod metrics;
+mod nullable;
 mod runs;
 mod session_run;
 mod sessions;

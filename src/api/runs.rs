@@ -11,12 +11,11 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use snakecage_worker::jsondepth::{self, MAX_TOOL_JSON_DEPTH};
-use tokio::sync::mpsc;
 
 use super::SharedState;
 use super::execute::Prepared;
 use crate::auth::Caller;
-use crate::codemode::caller::{CallerBridge, ToolCallEvent};
+use crate::codemode::caller::{CallerBridge, CallerEvents};
 use crate::codemode::{CallLimits, CatalogTool, Provider, Toolbox};
 use crate::error::ApiError;
 use crate::pool::toolcalls::RunTools;
@@ -32,7 +31,7 @@ pub fn attach_tools(
     state: &SharedState,
     caller: &Caller,
     prepared: &mut Prepared,
-    events: Option<mpsc::Sender<ToolCallEvent>>,
+    events: Option<CallerEvents>,
 ) -> Result<RunHandle, ApiError> {
     let run = state.runs.register(caller.owner());
     let mut tools = state.catalog.visible_to(caller.owner());
@@ -120,6 +119,7 @@ pub async fn answer_tool_call(
         Ok(()) => Ok(StatusCode::NO_CONTENT),
         Err(e @ AnswerError::NoRun(_)) => Err(ApiError::NotFound(e.to_string())),
         Err(e @ AnswerError::NotPending { .. }) => Err(ApiError::ToolCallNotWaiting(e.to_string())),
+        Err(e @ AnswerError::Cancelled { .. }) => Err(ApiError::ToolCallCancelled(e.to_string())),
     }
 }
 

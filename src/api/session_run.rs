@@ -17,6 +17,7 @@ use super::execute::{self, ExecuteRequest, ExecuteResponse, Prepared, collect_li
 use super::json::ApiJson;
 use super::stream::{self, OnDisconnect};
 use crate::auth::Caller;
+use crate::codemode::caller::caller_events;
 use crate::error::ApiError;
 use crate::files::workspace::{self, StageInput};
 use crate::metrics::labels::{Kind, Outcome};
@@ -80,7 +81,7 @@ pub async fn execute_stream(
 ) -> Result<Response, ApiError> {
     // Everything that can be answered with a status is answered before the stream starts.
     let mut prepared = execute::prepare(&state, &caller, req).await?;
-    let (calls_tx, calls_rx) = mpsc::channel(super::runs::TOOL_CALL_BUFFER);
+    let (calls_tx, calls_rx) = caller_events(super::runs::TOOL_CALL_BUFFER);
     let handle = super::runs::attach_tools(&state, &caller, &mut prepared, Some(calls_tx))?;
     let run_id = handle.entry.id.clone();
     let session = state.sessions.get(&id, caller.owner())?;

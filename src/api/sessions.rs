@@ -24,13 +24,13 @@ use crate::sessions::SessionInfo;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSessionRequest {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::nullable::or_default")]
     pub files: Vec<FileInput>,
     #[serde(default, deserialize_with = "super::whole_number::optional")]
     pub ttl_seconds: Option<u64>,
     /// Keep the successful runs (and their tool calls' answers) and replay them on a new
     /// worker if the worker is lost.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::nullable::or_default")]
     pub replay: bool,
 }
 

@@ -2,7 +2,10 @@
 //! events (`{"stream", "data"}`) as the code writes, then exactly one `result` (the same
 //! body `/v1/execute` answers) or one `error` (`{"message", "code"}`). A run with tools
 //! the caller declared also sends `tool_call` events (`{"run_id", "call_id", "name",
-//! "arguments"}`), which the client answers with `POST /v1/runs/{run_id}/tool_calls/{call_id}`.
+//! "arguments"}`), which the client answers with `POST /v1/runs/{run_id}/tool_calls/{call_id}`,
+//! and a `tool_call_cancelled` event (`{"run_id", "call_id", "name", "reason",
+//! "message"}`) for each of them cancelled before its answer came, after its `tool_call`
+//! and before the `result`.
 //!
 //! The run goes on in a task whose output reaches the response through a channel. When the
 //! client goes away, axum drops the response stream and with it a [`DisconnectGuard`],
@@ -23,7 +26,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::execute::ExecuteResponse;
-use crate::codemode::caller::ToolCallEvent;
+use crate::codemode::caller::{CallerEventsRx, ToolCallCancelled, ToolCallEvent};
 use crate::error::{ApiError, ErrorCode};
 use crate::pool::run::{OutputChunk, Stream as OutputStream};
 
@@ -57,6 +60,7 @@ impl Drop for DisconnectGuard {
 struct StreamState {
     chunks: Option<mpsc::Receiver<OutputChunk>>,
     tool_calls: Option<mpsc::Receiver<ToolCallEvent>>,
+    cancelled_calls: Option<mpsc::UnboundedReceiver<ToolCallCancelled>>,
     run: Option<JoinHandle<Result<ExecuteResponse, ApiError>>>,
     stdout: Utf8Decoder,
     stderr: Utf8Decoder,
@@ -65,8 +69,8 @@ struct StreamState {
 
 /// Streams `run` (which sends its output to the sender of `chunks`) as SSE. `interrupt`
 /// is fired when the client disconnects (see [`OnDisconnect`]).
-/// `tool_calls`, when given, carries the run's `tool_call` events, interleaved with its
-/// output.
+/// `tool_calls`, when given, carries the run's `tool_call` and `tool_call_cancelled`
+/// events, interleaved with its output.
 ///
 /// `run` is polled once before the stream starts: a run refused before it waits for
 /// anything (the queue is full, the service is shutting down, the session is busy) is
@@ -75,7 +79,7 @@ struct StreamState {
 /// response is the stream and a later failure is its `error` event.
 pub fn sse_with_tool_calls(
     chunks: mpsc::Receiver<OutputChunk>,
-    tool_calls: Option<mpsc::Receiver<ToolCallEvent>>,
+    tool_calls: Option<CallerEventsRx>,
     run: impl Future<Output = Result<ExecuteResponse, ApiError>> + Send + 'static,
     on_disconnect: OnDisconnect,
     interrupt: CancellationToken,
@@ -92,38 +96,47 @@ pub fn sse_with_tool_calls(
         task: (on_disconnect == OnDisconnect::Kill).then(|| run.abort_handle()),
         interrupt,
     };
+    let (tool_calls, cancelled_calls) = match tool_calls {
+        Some(rx) => (Some(rx.calls), Some(rx.cancelled)),
+        None => (None, None),
+    };
     let state = StreamState {
         chunks: Some(chunks),
         tool_calls,
+        cancelled_calls,
         run: Some(run),
         stdout: Utf8Decoder::default(),
         stderr: Utf8Decoder::default(),
         _guard: guard,
     };
     let events = futures_util::stream::unfold(state, |mut st| async move {
-        while st.chunks.is_some() || st.tool_calls.is_some() {
+        while st.chunks.is_some() || st.tool_calls.is_some() || st.cancelled_calls.is_some() {
             // Output first: what a program printed before a call reaches the client first.
+            // A call before its cancel: its `tool_call` was queued before the cancel was.
             let next = tokio::select! {
                 biased;
                 chunk = recv(&mut st.chunks), if st.chunks.is_some() => Next::Chunk(chunk),
                 call = recv(&mut st.tool_calls), if st.tool_calls.is_some() => Next::Call(call),
+                cancelled = recv_unbounded(&mut st.cancelled_calls), if st.cancelled_calls.is_some() => {
+                    Next::Cancelled(cancelled)
+                }
             };
             let chunk = match next {
                 Next::Chunk(chunk) => chunk,
                 Next::Call(Some(call)) => {
-                    let event = Event::default()
-                        .event("tool_call")
-                        .json_data(&call)
-                        .unwrap_or_else(|_| {
-                            error_event(
-                                "a tool call could not be encoded",
-                                ErrorCode::InternalError,
-                            )
-                        });
-                    return Some((Ok(event), st));
+                    return Some((Ok(json_event("tool_call", &call, "a tool call")), st));
                 }
                 Next::Call(None) => {
                     st.tool_calls = None;
+                    continue;
+                }
+                Next::Cancelled(Some(cancelled)) => {
+                    let event =
+                        json_event("tool_call_cancelled", &cancelled, "a tool call's cancel");
+                    return Some((Ok(event), st));
+                }
+                Next::Cancelled(None) => {
+                    st.cancelled_calls = None;
                     continue;
                 }
             };
@@ -154,12 +167,7 @@ pub fn sse_with_tool_calls(
         }
         let run = st.run.take()?;
         let event = match run.await {
-            Ok(Ok(response)) => Event::default()
-                .event("result")
-                .json_data(&response)
-                .unwrap_or_else(|_| {
-                    error_event("the result could not be encoded", ErrorCode::InternalError)
-                }),
+            Ok(Ok(response)) => json_event("result", &response, "the result"),
             Ok(Err(e)) => {
                 if let ApiError::Internal(cause) = &e {
                     tracing::error!(%cause, "internal error in a streamed run");
@@ -179,6 +187,7 @@ pub fn sse_with_tool_calls(
 enum Next {
     Chunk(Option<OutputChunk>),
     Call(Option<ToolCallEvent>),
+    Cancelled(Option<ToolCallCancelled>),
 }
 
 /// The next item of an open channel; never, for a closed one.
@@ -189,11 +198,34 @@ async fn recv<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
     }
 }
 
+/// [`recv`], of an unbounded channel.
+async fn recv_unbounded<T>(rx: &mut Option<mpsc::UnboundedReceiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 fn output_event(stream: OutputStream, data: String) -> Event {
+    json_event(
+        "output",
+        &json!({ "stream": stream, "data": data }),
+        "output",
+    )
+}
+
+/// The event `name` with `data` as its JSON; an `error` event saying that `what` could not
+/// be encoded when it cannot be.
+fn json_event(name: &str, data: &impl serde::Serialize, what: &str) -> Event {
     Event::default()
-        .event("output")
-        .json_data(json!({ "stream": stream, "data": data }))
-        .unwrap_or_else(|_| error_event("output could not be encoded", ErrorCode::InternalError))
+        .event(name)
+        .json_data(data)
+        .unwrap_or_else(|_| {
+            error_event(
+                &format!("{what} could not be encoded"),
+                ErrorCode::InternalError,
+            )
+        })
 }
 
 fn error_event(message: &str, code: ErrorCode) -> Event {

@@ -1,6 +1,8 @@
 //! Tools a request declares (`tools` in an execute body), answered by its own client: on
 //! `/v1/execute/stream` each call becomes an SSE `tool_call` event, and the client
-//! answers with `POST /v1/runs/{run_id}/tool_calls/{call_id}`. Three shapes are
+//! answers with `POST /v1/runs/{run_id}/tool_calls/{call_id}`. A call the client was
+//! told of that is cancelled before its answer comes (see [`CancelCause`]) becomes one
+//! `tool_call_cancelled` event, so that the client stops working on it. Three shapes are
 //! accepted: plain `{name, description, parameters}`, OpenAI's
 //! `{type: "function", function: {...}}` and Anthropic's `{name, description,
 //! input_schema}`.
@@ -14,6 +16,7 @@ use snakecage_worker::toolspec::{ToolSpec, empty_object_schema, valid_name};
 use tokio::sync::mpsc;
 
 use super::catalog::failed;
+use crate::pool::cancel_cause::{self, CancelCause};
 use crate::runs::{CallerAnswer, RunEntry};
 
 /// What the client is sent for each call (the SSE `tool_call` event).
@@ -23,6 +26,48 @@ pub struct ToolCallEvent {
     pub call_id: String,
     pub name: String,
     pub arguments: Value,
+}
+
+/// What the client is sent for a call of which it was told, cancelled before its answer
+/// came (the SSE `tool_call_cancelled` event).
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallCancelled {
+    pub run_id: String,
+    pub call_id: String,
+    pub name: String,
+    /// [`CancelCause::as_str`].
+    pub reason: &'static str,
+    /// [`CancelCause::describe`].
+    pub message: &'static str,
+}
+
+/// Where a run's caller-tool events go: its calls, each waiting for room (a slow client
+/// slows the calls), and their cancellations, never waiting (they are sent as a call's
+/// future is dropped; there is at most one per call, and a run makes at most
+/// `tools.max_calls_per_run` calls).
+#[derive(Clone)]
+pub struct CallerEvents {
+    calls: mpsc::Sender<ToolCallEvent>,
+    cancelled: mpsc::UnboundedSender<ToolCallCancelled>,
+}
+
+/// The receiving ends of [`CallerEvents`], for the run's stream.
+pub struct CallerEventsRx {
+    pub calls: mpsc::Receiver<ToolCallEvent>,
+    pub cancelled: mpsc::UnboundedReceiver<ToolCallCancelled>,
+}
+
+/// A run's caller-tool events, `buffer` of its calls buffered for a slow client.
+pub fn caller_events(buffer: usize) -> (CallerEvents, CallerEventsRx) {
+    let (calls, calls_rx) = mpsc::channel(buffer);
+    let (cancelled, cancelled_rx) = mpsc::unbounded_channel();
+    (
+        CallerEvents { calls, cancelled },
+        CallerEventsRx {
+            calls: calls_rx,
+            cancelled: cancelled_rx,
+        },
+    )
 }
 
 /// Reads the declared tools, in order; the message says which one is wrong and why.
@@ -91,11 +136,11 @@ pub fn parse_declared(tools: &[Value], max: usize) -> Result<Vec<ToolSpec>, Stri
 /// Carries one run's calls of declared tools to its client and back.
 pub struct CallerBridge {
     run: Arc<RunEntry>,
-    events: mpsc::Sender<ToolCallEvent>,
+    events: CallerEvents,
 }
 
 impl CallerBridge {
-    pub fn new(run: Arc<RunEntry>, events: mpsc::Sender<ToolCallEvent>) -> Self {
+    pub fn new(run: Arc<RunEntry>, events: CallerEvents) -> Self {
         Self { run, events }
     }
 
@@ -107,13 +152,23 @@ impl CallerBridge {
             name: name.to_owned(),
             arguments,
         };
-        if self.events.send(event).await.is_err() {
+        if self.events.calls.send(event).await.is_err() {
             return ToolOutcome::error(
                 ToolErrorKind::Unavailable,
                 "the client that declared this tool is gone",
             );
         }
-        match (&mut pending.answer).await {
+        // The client knows of the call now: dropped before its answer comes, it is told.
+        let mut told = Told {
+            bridge: self,
+            call_id: &pending.call_id,
+            name,
+            answered: false,
+        };
+        let answer = (&mut pending.answer).await;
+        told.answered = answer.is_ok();
+        drop(told);
+        match answer {
             Ok(CallerAnswer::Result(result)) => ToolOutcome::Ok { result },
             Ok(CallerAnswer::Error(error)) => {
                 let message = match &error {
@@ -131,6 +186,38 @@ impl CallerBridge {
                 failed(message, data)
             }
             Err(_) => ToolOutcome::error(ToolErrorKind::Cancelled, "the run ended"),
+        }
+    }
+}
+
+/// A call its client was told of, until its answer comes. Dropped before (the call's
+/// future was dropped: cancelled), it cancels the call in the run with the cause of the
+/// drop, which refuses a later answer saying why, and sends the client a
+/// `tool_call_cancelled` event, unless the answer came first.
+struct Told<'a> {
+    bridge: &'a CallerBridge,
+    call_id: &'a str,
+    name: &'a str,
+    answered: bool,
+}
+
+impl Drop for Told<'_> {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        // Every cancel says why (`pool::cancel_cause`); a drop no cancel explains is one
+        // of a run that was dropped.
+        let cause = cancel_cause::current().unwrap_or(CancelCause::RunAbandoned);
+        if self.bridge.run.cancel_call(self.call_id, cause) {
+            // A client gone meanwhile reads no more events.
+            let _ = self.bridge.events.cancelled.send(ToolCallCancelled {
+                run_id: self.bridge.run.id.clone(),
+                call_id: self.call_id.to_owned(),
+                name: self.name.to_owned(),
+                reason: cause.as_str(),
+                message: cause.describe(),
+            });
         }
     }
 }

@@ -27,6 +27,7 @@ use snakecage_worker::toolspec::ToolSpec;
 
 use crate::config::ToolsConfig;
 use crate::metrics::Metrics;
+use crate::pool::cancel_cause::{CancelCause, cancelling};
 use crate::pool::toolcalls::{ToolFuture, ToolHost};
 
 pub use self::catalog::{Catalog, CatalogTool, Provider};
@@ -161,22 +162,26 @@ impl ToolHost for Toolbox {
         // interrupted or cancelled, the program cancelled the call), it counts the call
         // `cancelled`, whether or not the future was ever polled.
         Box::pin(async move {
-            let outcome = match tokio::time::timeout(
-                limits.call_timeout,
-                tool.provider
-                    .call(&tool.upstream_name, call.arguments, limits.max_result_bytes),
-            )
-            .await
-            {
+            let mut answer = Box::pin(tool.provider.call(
+                &tool.upstream_name,
+                call.arguments,
+                limits.max_result_bytes,
+            ));
+            let answered = tokio::time::timeout(limits.call_timeout, &mut answer).await;
+            let outcome = match answered {
                 Ok(outcome) => cap_result(outcome, limits.max_result_bytes),
-                Err(_) => ToolOutcome::error(
-                    ToolErrorKind::Timeout,
-                    format!(
-                        "tool '{}' did not answer within {} ms (tools.call_timeout_ms)",
-                        tool.spec.name,
-                        limits.call_timeout.as_millis()
-                    ),
-                ),
+                Err(_) => {
+                    // Dropped here, saying why: a caller tool's client is told.
+                    cancelling(CancelCause::CallTimeout, || drop(answer));
+                    ToolOutcome::error(
+                        ToolErrorKind::Timeout,
+                        format!(
+                            "tool '{}' did not answer within {} ms (tools.call_timeout_ms)",
+                            tool.spec.name,
+                            limits.call_timeout.as_millis()
+                        ),
+                    )
+                }
             };
             record.finish(&outcome);
             outcome

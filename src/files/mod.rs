@@ -147,6 +147,13 @@ impl UploadSize {
             UploadSize::Whole(n) | UploadSize::AtLeast(n) => n,
         }
     }
+
+    /// Whether the file is known to be larger than a whole quota of `quota_bytes`: no
+    /// deletion and no wait makes room for it (a streamed file refused part-way is known
+    /// only once what was read passes the quota).
+    pub fn larger_than(self, quota_bytes: u64) -> bool {
+        self.bytes() > quota_bytes
+    }
 }
 
 impl std::fmt::Display for UploadSize {
@@ -173,10 +180,10 @@ pub fn over_quota_detail(
     let head = format!("This file would take {whose} past its quota of {quota} ({setting})");
     match upload {
         // A streamed file is refused part-way: its size is known only to be over the quota.
-        UploadSize::AtLeast(n) if n > quota_bytes => {
+        UploadSize::AtLeast(_) if upload.larger_than(quota_bytes) => {
             format!("{head}: the file is larger than the whole quota; upload a smaller file")
         }
-        UploadSize::Whole(n) if n > quota_bytes => format!(
+        UploadSize::Whole(n) if upload.larger_than(quota_bytes) => format!(
             "{head}: the file ({}) is larger than the whole quota; upload a smaller file",
             size_text(n)
         ),

@@ -1,5 +1,6 @@
 //! The wait of one job: the worker's output, its tool calls and its result or death,
-//! against the deadline, an interrupt and a cancel, turned into an [`Ending`].
+//! against the deadline, an interrupt and a cancel, turned into an [`Ending`]. Every call
+//! it cancels is cancelled under its cause ([`cancelling`]).
 
 use std::time::Duration;
 
@@ -7,6 +8,7 @@ use snakecage_worker::frame::FrameError;
 use snakecage_worker::protocol::{JobRequest, JobResult, ToolOutcome, ToolResult, WorkerMessage};
 use tokio_util::sync::CancellationToken;
 
+use super::cancel_cause::{CancelCause, cancelling};
 use super::capture::Capture;
 use super::run::{Interrupt, ProtocolViolation, RunLimits, Stream};
 use super::toolcalls::{self, InFlight};
@@ -23,7 +25,8 @@ const INTERRUPT_REPEAT: Duration = Duration::from_millis(250);
 /// once, each as soon as its answer is there: the deadline keeps running while they are
 /// pending; a call the program stopped waiting for (`ToolCancel`) is dropped and answered
 /// `cancelled`; an interrupt answers them all `cancelled`; an ending drops them, and a result
-/// that comes while some are pending is followed by a `cancelled` answer for each.
+/// that comes while some are pending is followed by a `cancelled` answer for each. The
+/// calls left pending by a wait that is dropped (its run abandoned) are dropped with it.
 pub(super) async fn drive(
     worker: &mut Worker,
     capture: &mut Capture,
@@ -33,12 +36,52 @@ pub(super) async fn drive(
     limits: &RunLimits,
     tool_cap: usize,
 ) -> Ending {
+    let mut calls = Pending {
+        calls: InFlight::new(tool_cap),
+        cause: CancelCause::RunAbandoned,
+    };
+    let ending = wait(
+        worker,
+        capture,
+        buf,
+        deadline,
+        interrupt,
+        limits,
+        &mut calls.calls,
+    )
+    .await;
+    calls.cause = ending.cancel_cause();
+    ending
+}
+
+/// The calls of a job in flight; those still pending when it is dropped are cancelled
+/// with `cause`.
+struct Pending {
+    calls: InFlight,
+    cause: CancelCause,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        cancelling(self.cause, || self.calls.cancel_all());
+    }
+}
+
+/// [`drive`]'s loop, its calls held by `drive`.
+async fn wait(
+    worker: &mut Worker,
+    capture: &mut Capture,
+    buf: &mut [u8],
+    deadline: tokio::time::Instant,
+    interrupt: Option<&Interrupt<'_>>,
+    limits: &RunLimits,
+    calls: &mut InFlight,
+) -> Ending {
     let mut deadline = deadline;
     let mut interrupted = false;
     let never = CancellationToken::new();
     let interrupt_now = interrupt.map_or(&never, |i| i.now);
     let cancel = limits.cancel.as_ref().unwrap_or(&never);
-    let mut calls = InFlight::new(tool_cap);
     // What ends a stateless run at once also ends a send to its worker (a session's run is
     // interrupted instead, and its sends are bounded by the deadline and the grace).
     let stateless_cancel = interrupt.is_none().then_some(cancel);
@@ -54,7 +97,8 @@ pub(super) async fn drive(
             biased;
             () = tokio::time::sleep_until(deadline) => match interrupt {
                 Some(i) if !interrupted => {
-                    if let Some(ending) = interrupt_job(worker, &mut calls, i.grace, &mut deadline, &mut interrupted).await {
+                    let cause = CancelCause::RunTimeout;
+                    if let Some(ending) = interrupt_job(worker, calls, cause, i.grace, &mut deadline, &mut interrupted).await {
                         return ending;
                     }
                 }
@@ -72,7 +116,9 @@ pub(super) async fn drive(
                 () = cancel.cancelled() => {}
             } }, if !interrupted && interrupt.is_some() => {
                 let grace = interrupt.map_or(Duration::ZERO, |i| i.grace);
-                if let Some(ending) = interrupt_job(worker, &mut calls, grace, &mut deadline, &mut interrupted).await {
+                // The cancel is `DELETE /v1/runs/{id}`; the interrupt, a client gone.
+                let cause = if cancel.is_cancelled() { CancelCause::RunCancelled } else { CancelCause::ClientGone };
+                if let Some(ending) = interrupt_job(worker, calls, cause, grace, &mut deadline, &mut interrupted).await {
                     return ending;
                 }
             }
@@ -90,7 +136,7 @@ pub(super) async fn drive(
                     // a thread of a session's worker blocked reading is woken by these.
                     // Bounded like every answer: a worker that stopped reading has its
                     // result anyway.
-                    let _ = cancel_all(worker, &mut calls, toolcalls::ended(), deadline, stateless_cancel).await;
+                    let _ = cancel_all(worker, calls, CancelCause::RunEnded, toolcalls::ended(), deadline, stateless_cancel).await;
                     return Ending::Reported(result);
                 }
                 Ok(Some(WorkerMessage::ToolCall(call))) => {
@@ -111,7 +157,7 @@ pub(super) async fn drive(
                 Ok(Some(WorkerMessage::ToolCancel { id })) => {
                     // Answered once, only while pending: a cancel that crossed its answer,
                     // or one for an id never made, is ignored.
-                    if calls.cancel(id) {
+                    if cancelling(CancelCause::ProgramStoppedWaiting, || calls.cancel(id)) {
                         let answer = JobRequest::ToolResult(ToolResult { id, outcome: toolcalls::given_up() });
                         if let Some(ending) = send_bounded(worker, &answer, deadline, stateless_cancel).await {
                             return ending;
@@ -147,11 +193,13 @@ pub(super) async fn drive(
 }
 
 /// Interrupts the job (SIGINT, repeated while `interrupted`), gives it `grace` from now
-/// to answer, and answers every pending call `cancelled`: the deadline's interrupt and an
-/// early one (`interrupt.now`, a cancel) alike. The ending a send gave, if any.
+/// to answer, and answers every pending call `cancelled` (for `cause`): the deadline's
+/// interrupt and an early one (`interrupt.now`, a cancel) alike. The ending a send gave,
+/// if any.
 async fn interrupt_job(
     worker: &mut Worker,
     calls: &mut InFlight,
+    cause: CancelCause,
     grace: Duration,
     deadline: &mut tokio::time::Instant,
     interrupted: &mut bool,
@@ -159,20 +207,30 @@ async fn interrupt_job(
     worker.interrupt();
     *interrupted = true;
     *deadline = tokio::time::Instant::now() + grace;
-    cancel_all(worker, calls, toolcalls::cancelled(), *deadline, None).await
+    cancel_all(
+        worker,
+        calls,
+        cause,
+        toolcalls::cancelled(),
+        *deadline,
+        None,
+    )
+    .await
 }
 
 /// Answers every pending call with `outcome` (`cancelled`) and drops its future, which
-/// cancels the call: an interrupted job must not stay blocked on a tool. Each answer is
-/// sent as [`send_bounded`] sends it; the ending it gives, if any, is returned.
+/// cancels the call (for `cause`): an interrupted job must not stay blocked on a tool.
+/// Each answer is sent as [`send_bounded`] sends it; the ending it gives, if any, is
+/// returned.
 async fn cancel_all(
     worker: &mut Worker,
     calls: &mut InFlight,
+    cause: CancelCause,
     outcome: ToolOutcome,
     deadline: tokio::time::Instant,
     cancel: Option<&CancellationToken>,
 ) -> Option<Ending> {
-    for id in calls.cancel_all() {
+    for id in cancelling(cause, || calls.cancel_all()) {
         let answer = JobRequest::ToolResult(ToolResult {
             id,
             outcome: outcome.clone(),
@@ -217,4 +275,16 @@ pub(super) enum Ending {
     ProtocolViolation(ProtocolViolation),
     /// Cancelled by its client (stateless runs; a session's job is interrupted instead).
     Cancelled,
+}
+
+impl Ending {
+    /// Why the calls this ending leaves pending are cancelled.
+    fn cancel_cause(&self) -> CancelCause {
+        match self {
+            Ending::Reported(_) => CancelCause::RunEnded,
+            Ending::Deadline => CancelCause::RunTimeout,
+            Ending::Died | Ending::ProtocolViolation(_) => CancelCause::WorkerLost,
+            Ending::Cancelled => CancelCause::RunCancelled,
+        }
+    }
 }

@@ -17,13 +17,13 @@ use super::{Inner, PoolError, PoolSettings};
 pub(super) async fn start_zygote(
     settings: &PoolSettings,
     config: &snakecage_worker::protocol::ZygoteConfig,
-    generation: u64,
+    restarts: u64,
     background: Option<Duration>,
 ) -> Result<Arc<ZygoteHandle>, PoolError> {
     let zygote = ZygoteHandle::start(
         &settings.worker_binary,
         config,
-        generation,
+        restarts,
         settings.spawn_timeout * 4,
         background,
     )
@@ -67,7 +67,7 @@ async fn zygote_keeper(inner: Arc<Inner>, generation: Arc<Generation>, index: us
             let started = start_zygote(
                 &generation.settings,
                 &tier.zygote_config,
-                current.generation + 1,
+                current.restarts + 1,
                 None,
             );
             tokio::select! {

@@ -14,7 +14,8 @@
 //!   queue; `refill`: forking ahead of demand; `keeper`: starting and restarting zygotes;
 //!   `fd`: pipes and fds on the supervisor's side.
 //! - [`root`]: the workspace root this instance owns (locked), recreated if it vanishes.
-//! - [`toolcalls`]: tool calls answered while a job runs (Code Mode).
+//! - [`toolcalls`]: tool calls answered while a job runs (Code Mode);
+//!   [`cancel_cause`]: why a pending call was cancelled, said as it is.
 //! - [`generation`]: the generations (one zygote per tier each), the current one, the
 //!   retired ones still in use; `rollover`: preparing the next one and switching to it;
 //!   `probe`: the sandboxed job a new generation must pass; `take`: taking an idle worker.
@@ -49,6 +50,7 @@
 //! may hold at most `size − 1` slots (1 when `size` is 1), so stateless traffic always has
 //! a slot to flow through however many sessions are busy.
 
+pub mod cancel_cause;
 pub mod capture;
 pub mod checkout;
 mod drive;

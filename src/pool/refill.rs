@@ -165,7 +165,7 @@ async fn spawn_one(
                 // A worker of a zygote that is being replaced says nothing about the next;
                 // one of a generation being prepared says nothing about the one serving.
                 let serving = inner.generations.is_current(&generation);
-                if serving && zygote.generation == tier.current_zygote().generation {
+                if serving && zygote.restarts == tier.current_zygote().restarts {
                     inner.counters.spawn_failed(e.to_string());
                 }
                 // Do not spin on a failure that repeats (a broken sandbox layer, say).
@@ -217,7 +217,7 @@ async fn spawn_worker(
     let channel = JobChannel::new(OwnedFd::from(ours))?;
     let mut worker = Worker::new(
         id,
-        zygote.generation,
+        zygote.restarts,
         generation.lease(),
         forked,
         channel,

@@ -86,7 +86,7 @@ impl Inner {
                 continue;
             };
             let tier = &generation.tiers[candidates[index]];
-            if worker.generation != tier.current_zygote().generation || !worker.is_alive() {
+            if worker.zygote_restarts != tier.current_zygote().restarts || !worker.is_alive() {
                 // Died with its zygote while idle: skip it, the refill replaces it.
                 self.events.worker_killed(KillReason::LostIdle);
                 continue;

@@ -202,7 +202,7 @@ impl Tier {
             cold_workers_replaced: self.cold_replaced.load(Ordering::Relaxed),
             zygote: Some(ZygoteStatus {
                 pid: zygote.info.pid,
-                restarts: zygote.generation,
+                restarts: zygote.restarts,
                 alive: zygote.is_alive(),
                 python_version: zygote.info.python_version.clone(),
             }),

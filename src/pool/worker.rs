@@ -21,8 +21,9 @@ use super::zygote::Forked;
 pub struct Worker {
     pub id: u64,
     pub pid: i32,
-    /// Its zygote's restart count within its tier (not the pool generation).
-    pub generation: u64,
+    /// Its zygote's [`ZygoteHandle::restarts`](super::zygote::ZygoteHandle::restarts): a
+    /// worker of a zygote since restarted died with it.
+    pub zygote_restarts: u64,
     /// Its pool generation; held, it keeps that generation's zygotes running.
     pub lease: super::GenerationLease,
     pidfd: Option<OwnedFd>,
@@ -43,7 +44,7 @@ impl Worker {
     #[allow(clippy::too_many_arguments)] // each is one part of a forked worker
     pub(super) fn new(
         id: u64,
-        generation: u64,
+        zygote_restarts: u64,
         lease: super::GenerationLease,
         forked: Forked,
         channel: JobChannel,
@@ -54,7 +55,7 @@ impl Worker {
         Ok(Self {
             id,
             pid: forked.pid,
-            generation,
+            zygote_restarts,
             lease,
             pidfd: forked.pidfd,
             channel,

@@ -62,10 +62,11 @@ struct Routes {
 /// One running zygote. Dropping the last handle does not kill it; [`ZygoteHandle::shutdown`]
 /// or the supervisor's exit does (the zygote has PDEATHSIG).
 pub struct ZygoteHandle {
-    /// Which start of its tier's zygote this is, within its zygote generation: 0 first,
-    /// one more per restart (`/health` shows it as `restarts`). Its workers carry it, so
-    /// that workers of a zygote since replaced are not handed out.
-    pub generation: u64,
+    /// How many times its tier's zygote had been restarted (within its pool generation)
+    /// when this one started: 0 for the first, one more per restart (`/health` shows it as
+    /// `restarts`). Its workers carry it, so that workers of a zygote since replaced are
+    /// not handed out.
+    pub restarts: u64,
     pub info: ZygoteInfo,
     sock: Arc<AsyncFd<OwnedFd>>,
     routes: Arc<Mutex<Routes>>,
@@ -83,7 +84,7 @@ impl ZygoteHandle {
     pub async fn start(
         binary: &std::path::Path,
         config: &ZygoteConfig,
-        generation: u64,
+        restarts: u64,
         startup_timeout: Duration,
         background: Option<Duration>,
     ) -> Result<Arc<Self>, ZygoteError> {
@@ -198,7 +199,7 @@ impl ZygoteHandle {
             Ok(Err(e)) => return Err(e),
         };
         let handle = Arc::new(Self {
-            generation,
+            restarts,
             info,
             sock: sock.clone(),
             routes: Arc::default(),

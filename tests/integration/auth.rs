@@ -105,16 +105,19 @@ impl Tenant {
     }
 
     async fn upload(&self, name: &str, bytes: Vec<u8>) -> (u16, Value) {
+        let (s, _, b) = self.upload_with_headers(name, bytes).await;
+        (s, b)
+    }
+
+    async fn upload_with_headers(&self, name: &str, bytes: Vec<u8>) -> (u16, HeaderMap, Value) {
         let part = reqwest::multipart::Part::bytes(bytes).file_name(name.to_owned());
         let form = reqwest::multipart::Form::new().part("file", part);
-        let (s, _, b) = self
-            .send(
-                self.client
-                    .post(format!("{}/v1/files", self.base))
-                    .multipart(form),
-            )
-            .await;
-        (s, b)
+        self.send(
+            self.client
+                .post(format!("{}/v1/files", self.base))
+                .multipart(form),
+        )
+        .await
     }
 
     async fn file_ids(&self) -> Vec<String> {
@@ -409,22 +412,25 @@ async fn per_key_limits_answer_429_and_leave_other_keys_alone() {
     assert_eq!(status, 201);
 
     // Storage: 1 MB for alice. A file larger than the whole quota says so, not that the
-    // quota is used up (nothing is stored yet); one that does not fit beside what is stored
-    // says both numbers. The store reads the upload as it streams: it knows a lower bound.
-    let (status, body) = alice.upload("huge.bin", vec![1u8; 2 << 20]).await;
-    assert_eq!(status, 429, "{body}");
-    let detail = body["detail"].as_str().unwrap();
-    assert!(
-        detail.starts_with(
-            "This file would take API key 'alice' past its quota of 1 MB \
-             (max_stored_mb): the file is larger than the whole quota; upload a smaller file"
-        ),
-        "{detail}"
+    // quota is used up (nothing is stored yet), and is too large (413): no wait makes room
+    // for it, so there is no Retry-After. One that does not fit beside what is stored says
+    // both numbers, and is a limit to retry after deleting (429). The store reads the
+    // upload as it streams: it knows a lower bound.
+    crate::files::assert_larger_than_the_whole_quota(
+        alice
+            .upload_with_headers("huge.bin", vec![1u8; 2 << 20])
+            .await,
+        "API key 'alice'",
+        "max_stored_mb",
     );
     let (status, body) = alice.upload("a.bin", vec![1u8; 700 << 10]).await;
     assert_eq!(status, 201, "{body}");
-    let (status, body) = alice.upload("b.bin", vec![1u8; 700 << 10]).await;
+    let (status, headers, body) = alice
+        .upload_with_headers("b.bin", vec![1u8; 700 << 10])
+        .await;
     assert_eq!(status, 429, "{body}");
+    assert_eq!(body["code"], "tenant_limit", "{body}");
+    assert_eq!(headers["retry-after"], "60", "{headers:?}");
     let detail = body["detail"].as_str().unwrap();
     assert!(
         detail.starts_with(

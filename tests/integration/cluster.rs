@@ -12,7 +12,7 @@ use crate::backing::{Haproxy, Seaweed, free_port};
 use crate::harness::Server;
 use crate::s3_store::{download, s3_options, upload};
 use crate::stream::read_events;
-use crate::tools_caller::Events;
+use crate::streamed::Events;
 
 const IDS: [&str; 3] = ["r0", "r1", "r2"];
 

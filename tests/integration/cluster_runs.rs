@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::auth::keys_add;
 use crate::backing::free_port;
 use crate::harness::{Options, Server, check_error_body};
-use crate::tools_caller::Events;
+use crate::streamed::Events;
 
 const IDS: [&str; 2] = ["r0", "r1"];
 

@@ -274,6 +274,40 @@ async fn whole_numbers_sent_as_floats_are_taken_and_fractions_refused() {
     }
 }
 
+/// A client that writes every unset optional field as `null` (a pydantic model's dump)
+/// gets each field's default, on every field alike.
+#[tokio::test]
+async fn null_for_an_optional_field_means_not_given() {
+    let s = Server::start().await;
+    let r = s
+        .run_with(json!({
+            "code": "print('é', 40 + 2)\n'shown'",
+            "entrypoint": null, "args": null, "stdin": null, "timeout_ms": null,
+            "last_line_interactive": null, "files": null, "code_format": null, "tools": null,
+        }))
+        .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    assert_eq!(r["stdout"], "é 42\n'shown'\n", "{r}");
+    assert_eq!(r["results"], json!([{"text/plain": "'shown'"}]), "{r}");
+    let (status, created) = s
+        .post(
+            "/v1/sessions",
+            &json!({"files": null, "ttl_seconds": null, "replay": null}),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["replay"], false, "{created}");
+    let sid = created["session_id"].as_str().unwrap();
+    let (status, r) = s
+        .post(
+            &format!("/v1/sessions/{sid}/execute"),
+            &json!({"code": "x = 1\nx", "files": null, "args": null, "code_format": null}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["results"], json!([{"text/plain": "1"}]), "{r}");
+}
+
 /// Bodies a client gets subtly wrong: each is refused with a detail that names what to fix,
 /// where before some were run as if the mistake were not there.
 #[tokio::test]
@@ -385,6 +419,29 @@ async fn a_body_of_the_wrong_shape_is_refused_naming_what_to_fix() {
         detail(&r).contains("valid Unicode") && detail(&r).contains("U+FFFD"),
         "{r}"
     );
+    // The leading half of a pair, alone (serde_json: "unexpected end of hex escape").
+    let req = c
+        .post(url("/v1/execute"))
+        .header("content-type", "application/json")
+        .body(r#"{"code": "\ud800"}"#);
+    let r = expect(req, 400, "bad_request").await;
+    assert!(
+        detail(&r).contains("valid Unicode") && detail(&r).contains("U+FFFD"),
+        "{r}"
+    );
+
+    // A code_format that is not a string is a field with a bad value (422 naming the
+    // formats), not a body that is not JSON.
+    for bad in [json!(5), json!({}), json!(["python"]), json!("PYTHON")] {
+        let req = c
+            .post(url("/v1/execute"))
+            .json(&json!({"code": "print(1)", "code_format": bad}));
+        let r = expect(req, 422, "invalid_request").await;
+        assert!(detail(&r).contains("code_format"), "{bad}: {r}");
+        if bad.is_string() {
+            assert!(detail(&r).contains("`python` or `markdown`"), "{bad}: {r}");
+        }
+    }
 
     // An upload that is not multipart says how to send one, not which boundary is missing.
     let req = c

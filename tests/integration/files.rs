@@ -14,6 +14,36 @@ pub async fn upload(s: &Server, name: &str, bytes: Vec<u8>) -> Value {
 }
 
 pub async fn try_upload(s: &Server, name: &str, bytes: Vec<u8>) -> (u16, Value) {
+    let (status, _, body) = try_upload_with_headers(s, name, bytes).await;
+    (status, body)
+}
+
+/// The refusal of a file larger than a whole quota of 1 MB (`whose`, set by `setting`,
+/// as the detail names them), refused as it streamed in: 413 without `Retry-After` (no
+/// deletion and no wait makes room for it), and a detail that says so.
+pub fn assert_larger_than_the_whole_quota(
+    (status, headers, body): (u16, reqwest::header::HeaderMap, Value),
+    whose: &str,
+    setting: &str,
+) {
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["code"], "payload_too_large", "{body}");
+    assert!(headers.get("retry-after").is_none(), "{headers:?}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with(&format!(
+            "This file would take {whose} past its quota of 1 MB ({setting}): the file is \
+             larger than the whole quota; upload a smaller file"
+        )),
+        "{detail}"
+    );
+}
+
+async fn try_upload_with_headers(
+    s: &Server,
+    name: &str,
+    bytes: Vec<u8>,
+) -> (u16, reqwest::header::HeaderMap, Value) {
     let part = reqwest::multipart::Part::bytes(bytes).file_name(name.to_owned());
     let form = reqwest::multipart::Form::new()
         .text("purpose", "analysis")
@@ -26,11 +56,12 @@ pub async fn try_upload(s: &Server, name: &str, bytes: Vec<u8>) -> (u16, Value) 
         .await
         .unwrap();
     let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
     let body: Value = resp.json().await.unwrap();
     if status >= 400 {
         crate::harness::check_error_body(status, &body);
     }
-    (status, body)
+    (status, headers, body)
 }
 
 async fn download(s: &Server, id: &str) -> reqwest::Response {
@@ -591,6 +622,31 @@ async fn files_expire_after_their_ttl_and_a_full_store_answers_507() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A file larger than the store's whole quota is too large (413): no deletion and no wait
+/// makes room for it, so the detail says so and there is no `Retry-After`. One that fits
+/// the quota but not beside what is stored stays 507.
+#[tokio::test]
+async fn a_file_larger_than_the_whole_store_quota_is_413_one_that_does_not_fit_507() {
+    let s = Server::start_with(Options::default().env("SNAKECAGE_FILES__QUOTA_MB", 1)).await;
+    assert_larger_than_the_whole_quota(
+        try_upload_with_headers(&s, "huge.bin", vec![0; 2 << 20]).await,
+        "file storage",
+        "files.quota_mb",
+    );
+    upload(&s, "a.bin", vec![0; 600 << 10]).await;
+    let (status, headers, body) = try_upload_with_headers(&s, "b.bin", vec![0; 600 << 10]).await;
+    assert_eq!(status, 507, "{body}");
+    assert_eq!(body["code"], "insufficient_storage", "{body}");
+    assert!(headers.get("retry-after").is_none(), "{headers:?}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .ends_with("KB; delete files you no longer need and retry"),
+        "{body}"
+    );
 }
 
 /// A tmp cleaner removes the store's directory under the running service: the store

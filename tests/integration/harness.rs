@@ -295,13 +295,7 @@ impl Server {
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let resp = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .json(body)
-            .send()
-            .await
-            .unwrap();
+        let resp = self.post_response(path, body).await;
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap();
         let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
@@ -309,6 +303,16 @@ impl Server {
             check_error_body(status, &body);
         }
         (status, body)
+    }
+
+    /// POST `body` to `path`: the response, as it starts.
+    pub async fn post_response(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.client
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .unwrap()
     }
 
     /// POST /v1/execute that must succeed at the HTTP level.

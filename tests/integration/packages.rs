@@ -78,6 +78,59 @@ async fn listed_version(s: &Server, name: &str) -> Option<String> {
         .map(|p| p["version"].as_str().unwrap_or_default().to_owned())
 }
 
+/// The `site-packages` directory of the environment at `env`.
+fn site_packages(env: &Path) -> PathBuf {
+    let lib = env.join("lib");
+    let python = std::fs::read_dir(&lib)
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|e| e.file_name().to_string_lossy().starts_with("python3"))
+        .unwrap_or_else(|| panic!("no python3.* in {}", lib.display()));
+    python.path().join("site-packages")
+}
+
+/// `package/__init__.py` has bytecode in `__pycache__` that CPython accepts for it: a
+/// timestamp pyc records the source's mtime and size (PEP 552), and they must match.
+fn assert_compiled(package: &Path) {
+    let source = std::fs::metadata(package.join("__init__.py")).unwrap();
+    let cache = package.join("__pycache__");
+    let pyc = std::fs::read_dir(&cache)
+        .unwrap_or_else(|e| panic!("no bytecode in {}: {e}", cache.display()))
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            name.starts_with("__init__.cpython-") && name.ends_with(".pyc")
+        })
+        .unwrap_or_else(|| panic!("no __init__ bytecode in {}", cache.display()));
+    let bytes = std::fs::read(&pyc).unwrap();
+    let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+    let flags = word(4);
+    if flags == 0 {
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            word(8),
+            source.mtime() as u32,
+            "stale mtime in {}",
+            pyc.display()
+        );
+        assert_eq!(
+            word(12),
+            source.len() as u32,
+            "stale size in {}",
+            pyc.display()
+        );
+    } else {
+        // A hash-based pyc that is not checked against its source would serve a stale one.
+        assert_eq!(
+            flags,
+            0b11,
+            "{}: unchecked hash-based bytecode",
+            pyc.display()
+        );
+    }
+}
+
 #[tokio::test]
 async fn an_added_package_serves_after_a_switch_with_no_failed_request_and_survives_a_restart() {
     let state = tempfile::tempdir().unwrap();
@@ -133,6 +186,13 @@ async fn an_added_package_serves_after_a_switch_with_no_failed_request_and_survi
         generation(&s).await,
         added["generation"]["id"].as_u64().unwrap()
     );
+    // The new environment has bytecode for what changed and for what did not: workers
+    // cannot write any, and would compile every import that is not preloaded from source.
+    let env = env_dirs(state.path()).pop().expect("the new environment");
+    let site = site_packages(&env);
+    for package in ["tabulate", "numpy", "scipy/stats"] {
+        assert_compiled(&site.join(package));
+    }
 
     // The same add again, and a sync of the same requirements: nothing to do, no rollover.
     let counted = rollovers(&s).await;

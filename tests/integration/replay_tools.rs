@@ -16,7 +16,6 @@ use serde_json::{Value, json};
 
 use crate::harness::{Options, Server};
 use crate::replay::{kill_worker, worker_pid};
-use crate::tools_caller::Events;
 
 /// What the tool service has served.
 #[derive(Default)]
@@ -198,34 +197,23 @@ async fn stream_run(
 ) -> (Value, Vec<Value>) {
     let declared = json!([{"name": "lookup_order", "description": "An order by id",
         "parameters": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}}]);
-    let resp = s
-        .client
-        .post(format!("{}/v1/sessions/{sid}/execute/stream", s.base))
-        .json(&json!({"code": code, "tools": declared, "timeout_ms": 30000}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
-    let mut events = Events::new(resp);
+    let mut run = s
+        .stream(
+            &format!("/v1/sessions/{sid}/execute/stream"),
+            &json!({"code": code, "tools": declared, "timeout_ms": 30000}),
+        )
+        .await;
     let mut asked = Vec::new();
-    while let Some((event, data)) = events.next().await {
-        match event.as_str() {
-            "tool_call" => {
-                let url = format!(
-                    "/v1/runs/{run_id}/tool_calls/{}",
-                    data["call_id"].as_str().unwrap()
-                );
-                let (status, body) = s.post(&url, &answer(&data["arguments"])).await;
-                assert_eq!(status, 204, "{body}");
-                asked.push(data["arguments"].clone());
-            }
-            "result" => return (data, asked),
-            "output" => {}
-            other => panic!("unexpected event {other}: {data}"),
-        }
-    }
-    panic!("the stream ended without a result");
+    let result = run
+        .answer_calls(async |run, call| {
+            let (status, body) = run.answer(call, &answer(&call["arguments"])).await;
+            assert_eq!(status, 204, "{body}");
+            asked.push(call["arguments"].clone());
+        })
+        .await;
+    let unexpected = run.events_other_than(&["output", "tool_call", "result"]);
+    assert!(unexpected.is_empty(), "unexpected events: {unexpected:?}");
+    (result, asked)
 }
 
 #[tokio::test]

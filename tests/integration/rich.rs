@@ -82,3 +82,39 @@ async fn a_trailing_semicolon_quiets_the_last_expression_as_in_jupyter() {
     let r = s.run("x = 6 * 7\nx").await;
     assert_eq!(r["stdout"], "42\n", "{r}");
 }
+
+/// A figure too large to draw under the memory limit (as a stranger met it: 20 × 20 inches
+/// of an image) is not dropped in silence: its bundle and stderr say it was not rendered.
+#[tokio::test]
+async fn a_figure_too_large_for_the_memory_limit_says_it_was_not_rendered() {
+    let s = Server::start().await;
+    let (status, r) = s
+        .post(
+            "/v1/execute",
+            &json!({
+                "code": "import matplotlib.pyplot as plt, numpy as np\n\
+                         fig = plt.figure(figsize=(40, 40), dpi=100)\n\
+                         plt.imshow(np.random.rand(1000, 1000, 3))\n\
+                         plt.title('très grand')\nNone",
+                "timeout_ms": 30000,
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let results = r["results"].as_array().unwrap();
+    assert_eq!(results.len(), 1, "{r}");
+    let plain = results[0]["text/plain"].as_str().unwrap();
+    assert!(
+        plain.starts_with("<Figure size 4000x4000 with 1 Axes>\n[figure not rendered: MemoryError"),
+        "{r}"
+    );
+    assert!(results[0].get("image/png").is_none(), "{r}");
+    let stderr = r["stderr"].as_str().unwrap();
+    assert!(
+        stderr.contains(
+            "snakecage: <Figure size 4000x4000 with 1 Axes> [figure not rendered: MemoryError"
+        ),
+        "{r}"
+    );
+}

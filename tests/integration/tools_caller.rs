@@ -5,47 +5,10 @@
 
 use serde_json::{Value, json};
 
+use crate::streamed::StreamedRun;
 use crate::tools::server_with_tools;
 
-/// Reads SSE events (`(event, data)`) from a streamed response.
-pub struct Events {
-    resp: reqwest::Response,
-    buf: String,
-}
-
-impl Events {
-    pub fn new(resp: reqwest::Response) -> Self {
-        Self {
-            resp,
-            buf: String::new(),
-        }
-    }
-
-    pub async fn next(&mut self) -> Option<(String, Value)> {
-        loop {
-            if let Some(end) = self.buf.find("\n\n") {
-                let block: String = self.buf.drain(..end + 2).collect();
-                let mut event = String::new();
-                let mut data = String::new();
-                for line in block.lines() {
-                    if let Some(e) = line.strip_prefix("event: ") {
-                        event = e.to_owned();
-                    } else if let Some(d) = line.strip_prefix("data: ") {
-                        data.push_str(d);
-                    }
-                }
-                if event.is_empty() {
-                    continue; // keep-alive comment
-                }
-                return Some((event, serde_json::from_str(&data).unwrap_or(Value::Null)));
-            }
-            let chunk = self.resp.chunk().await.ok()??;
-            self.buf.push_str(&String::from_utf8_lossy(&chunk));
-        }
-    }
-}
-
-fn declared() -> Value {
+pub(crate) fn declared() -> Value {
     json!([
         {"type": "function", "function": {"name": "lookup_order", "description": "An order by id",
           "parameters": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}}},
@@ -65,52 +28,37 @@ try:
     tools.lookup_order(id=99)
 except tools.ToolError as e:
     print('error', e.message, e.data)\n";
-    let resp = s
-        .client
-        .post(format!("{}/v1/execute/stream", s.base))
-        .json(&json!({"code": code, "tools": declared()}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
-    let mut events = Events::new(resp);
-    let mut result = Value::Null;
+    let mut run = s
+        .stream(
+            "/v1/execute/stream",
+            &json!({"code": code, "tools": declared()}),
+        )
+        .await;
     let mut calls = 0;
-    while let Some((event, data)) = events.next().await {
-        match event.as_str() {
-            "tool_call" => {
-                calls += 1;
-                assert_eq!(data["run_id"], run_id.as_str());
-                assert_eq!(data["name"], "lookup_order");
-                let id = data["arguments"]["id"].as_i64().unwrap();
-                let answer = if id == 99 {
-                    json!({"error": {"message": "no order 99", "data": {"id": 99}}})
-                } else {
-                    json!({"result": {"amount": id * 10}})
-                };
-                let url = format!(
-                    "/v1/runs/{run_id}/tool_calls/{}",
-                    data["call_id"].as_str().unwrap()
-                );
-                let (status, body) = s.post(&url, &answer).await;
-                assert_eq!(status, 204, "{body}");
-                if calls == 1 {
-                    // A second answer to the same call is refused (the run still waits on
-                    // later calls, so it is still there).
-                    let (status, body) = s.post(&url, &answer).await;
-                    assert_eq!(status, 409, "{body}");
-                    assert_eq!(body["code"], "tool_call_not_waiting", "{body}");
-                }
+    let result = run
+        .answer_calls(async |run, call| {
+            calls += 1;
+            assert_eq!(call["run_id"], run.run_id.as_str());
+            assert_eq!(call["name"], "lookup_order");
+            let id = call["arguments"]["id"].as_i64().unwrap();
+            let answer = if id == 99 {
+                json!({"error": {"message": "no order 99", "data": {"id": 99}}})
+            } else {
+                json!({"result": {"amount": id * 10}})
+            };
+            let (status, body) = run.answer(call, &answer).await;
+            assert_eq!(status, 204, "{body}");
+            if calls == 1 {
+                // A second answer to the same call is refused (the run still waits on
+                // later calls, so it is still there).
+                let (status, body) = run.answer(call, &answer).await;
+                assert_eq!(status, 409, "{body}");
+                assert_eq!(body["code"], "tool_call_not_waiting", "{body}");
             }
-            "result" => {
-                result = data;
-                break;
-            }
-            "output" => {}
-            other => panic!("unexpected event {other}: {data}"),
-        }
-    }
+        })
+        .await;
+    let unexpected = run.events_other_than(&["output", "tool_call", "result"]);
+    assert!(unexpected.is_empty(), "unexpected events: {unexpected:?}");
     assert_eq!(calls, 4);
     assert_eq!(
         result["stdout"], "total 60\nerror no order 99 {'id': 99}\n",
@@ -167,37 +115,21 @@ except tools.ToolTimeoutError as e:
     assert!(text.contains(r#""stdout":"timeout\n""#), "{text}");
 
     // The run's deadline (1 s) comes before the call's timeout (1.5 s): killed at once, the
-    // pending call forgotten, the run gone.
-    let resp = s
-        .client
-        .post(format!("{}/v1/execute/stream", s.base))
-        .json(&json!({"code": "from snakecage import tools\ntools.never_answered()", "tools": declared(), "timeout_ms": 1000}))
-        .send()
-        .await
-        .unwrap();
-    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
-    let mut events = Events::new(resp);
-    let mut call_id = String::new();
-    let mut result = Value::Null;
-    while let Some((event, data)) = events.next().await {
-        match event.as_str() {
-            "tool_call" => call_id = data["call_id"].as_str().unwrap().to_owned(),
-            "result" => {
-                result = data;
-                break;
-            }
-            _ => {}
-        }
-    }
-    assert_eq!(result["timed_out"], true, "{result}");
-    assert!(!call_id.is_empty());
-    let (status, _) = s
-        .post(
-            &format!("/v1/runs/{run_id}/tool_calls/{call_id}"),
-            &json!({"result": 1}),
+    // pending call cancelled (an answer to it is refused, saying why), the run gone.
+    let mut run = s
+        .stream(
+            "/v1/execute/stream",
+            &json!({"code": "from snakecage import tools\ntools.never_answered()", "tools": declared(), "timeout_ms": 1000}),
         )
         .await;
-    assert_eq!(status, 404);
+    let call = run.until("tool_call").await;
+    let call_id = call["call_id"].as_str().unwrap();
+    let result = run.result().await;
+    assert_eq!(result["timed_out"], true, "{result}");
+    assert!(!call_id.is_empty());
+    let (status, body) = run.answer_id(call_id, &json!({"result": 1})).await;
+    assert_eq!(status, 410, "{body}");
+    assert_eq!(body["code"], "tool_call_cancelled", "{body}");
     // Nothing is left waiting: no run holds a pending call.
     let (_, _, status) = s.get("/v1/status").await;
     let status: Value = serde_json::from_str(&status).unwrap();
@@ -205,8 +137,9 @@ except tools.ToolTimeoutError as e:
 }
 
 /// An answer the run no longer waits for, while the run goes on: a second answer to a
-/// call, and an answer to a call that timed out, are each a 409 of their own code (no
-/// session is involved), and the run's later calls are answered as usual.
+/// call is a 409 of its own code (no session is involved); an answer to a call that timed
+/// out, whose client was told with a `tool_call_cancelled` event, is a 410 that says so;
+/// and the run's later calls are answered as usual.
 #[tokio::test]
 async fn answers_to_calls_that_are_not_waiting_get_their_own_code() {
     let (s, _dir) = server_with_tools("").await;
@@ -217,72 +150,78 @@ except tools.ToolTimeoutError:
     print('timed out')
 print(tools.lookup_order(id=7)['amount'])
 print(tools.lookup_order(id=8)['amount'])\n";
-    let resp = s
-        .client
-        .post(format!("{}/v1/execute/stream", s.base))
-        .json(&json!({"code": code, "tools": declared(), "timeout_ms": 20000}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
-    let mut events = Events::new(resp);
+    let mut run = s
+        .stream(
+            "/v1/execute/stream",
+            &json!({"code": code, "tools": declared(), "timeout_ms": 20000}),
+        )
+        .await;
     let mut calls: Vec<String> = Vec::new();
-    let mut result = Value::Null;
-    let not_waiting = |status: u16, body: &Value, call: &str| {
+    let not_waiting = |status: u16, body: &Value, run: &StreamedRun, call: &str| {
         assert_eq!(status, 409, "{body}");
         assert_eq!(body["code"], "tool_call_not_waiting", "{body}");
         let detail = body["detail"].as_str().unwrap();
         assert!(
             detail.contains(&format!(
-                "tool call '{call}' of run '{run_id}' is not waiting for an answer"
+                "tool call '{call}' of run '{}' is not waiting for an answer",
+                run.run_id
             )),
             "{detail}"
         );
     };
-    while let Some((event, data)) = events.next().await {
-        match event.as_str() {
-            "tool_call" => {
-                let call = data["call_id"].as_str().unwrap().to_owned();
-                calls.push(call.clone());
-                let url = |call: &str| format!("/v1/runs/{run_id}/tool_calls/{call}");
-                match calls.len() {
-                    // never_answered: left to time out (1.5 s).
-                    1 => assert_eq!(data["name"], "never_answered", "{data}"),
-                    // The first call timed out before this one was made: answering it now
-                    // is refused, and this one is still answered.
-                    2 => {
-                        let (status, body) =
-                            s.post(&url(&calls[0]), &json!({"result": "spät"})).await;
-                        not_waiting(status, &body, &calls[0]);
-                        let (status, body) = s
-                            .post(&url(&call), &json!({"result": {"amount": 70}}))
-                            .await;
-                        assert_eq!(status, 204, "{body}");
-                    }
-                    // The second call was answered already; the run is now waiting on this one.
-                    3 => {
-                        let (status, body) = s
-                            .post(&url(&calls[1]), &json!({"result": {"amount": 0}}))
-                            .await;
-                        not_waiting(status, &body, &calls[1]);
-                        let (status, body) = s
-                            .post(&url(&call), &json!({"result": {"amount": 80}}))
-                            .await;
-                        assert_eq!(status, 204, "{body}");
-                    }
-                    n => panic!("call {n}: {data}"),
+    let result = run
+        .answer_calls(async |run, data| {
+            let call = data["call_id"].as_str().unwrap().to_owned();
+            calls.push(call.clone());
+            match calls.len() {
+                // never_answered: left to time out (1.5 s).
+                1 => assert_eq!(data["name"], "never_answered", "{data}"),
+                // The first call timed out before this one was made: answering it now
+                // is refused, and this one is still answered.
+                2 => {
+                    let (status, body) = run.answer_id(&calls[0], &json!({"result": "spät"})).await;
+                    assert_eq!(status, 410, "{body}");
+                    assert_eq!(body["code"], "tool_call_cancelled", "{body}");
+                    assert_eq!(
+                        body["detail"],
+                        format!(
+                            "tool call '{}' of run '{}' was cancelled (call_timeout): it was \
+                             not answered within tools.call_timeout_ms; it takes no answer",
+                            calls[0], run.run_id
+                        ),
+                        "{body}"
+                    );
+                    let (status, body) = run
+                        .answer_id(&call, &json!({"result": {"amount": 70}}))
+                        .await;
+                    assert_eq!(status, 204, "{body}");
                 }
+                // The second call was answered already; the run is now waiting on this one.
+                3 => {
+                    let (status, body) = run
+                        .answer_id(&calls[1], &json!({"result": {"amount": 0}}))
+                        .await;
+                    not_waiting(status, &body, run, &calls[1]);
+                    let (status, body) = run
+                        .answer_id(&call, &json!({"result": {"amount": 80}}))
+                        .await;
+                    assert_eq!(status, 204, "{body}");
+                }
+                n => panic!("call {n}: {data}"),
             }
-            "result" => {
-                result = data;
-                break;
-            }
-            _ => {}
-        }
-    }
+        })
+        .await;
     assert_eq!(calls.len(), 3, "{result}");
     assert_eq!(result["stdout"], "timed out\n70\n80\n", "{result}");
+    let cancels: Vec<&Value> = run
+        .seen
+        .iter()
+        .filter(|(event, _)| event == "tool_call_cancelled")
+        .map(|(_, data)| data)
+        .collect();
+    assert_eq!(cancels.len(), 1, "{:?}", run.seen);
+    assert_eq!(cancels[0]["call_id"], calls[0].as_str(), "{}", cancels[0]);
+    assert_eq!(cancels[0]["reason"], "call_timeout", "{}", cancels[0]);
     assert_eq!(result["exit_code"], 0, "{result}");
 }
 
@@ -293,48 +232,32 @@ async fn a_caller_may_answer_null() {
     let (s, _dir) = server_with_tools("").await;
     let code = "from snakecage import tools
 print(repr(tools.lookup_order(id=1)), repr(tools.lookup_order(id=2)))\n";
-    let resp = s
-        .client
-        .post(format!("{}/v1/execute/stream", s.base))
-        .json(&json!({"code": code, "tools": declared()}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
-    let mut events = Events::new(resp);
-    let mut result = Value::Null;
-    while let Some((event, data)) = events.next().await {
-        match event.as_str() {
-            "tool_call" => {
-                let url = format!(
-                    "/v1/runs/{run_id}/tool_calls/{}",
-                    data["call_id"].as_str().unwrap()
-                );
-                if data["arguments"]["id"] == 1 {
-                    let (status, body) = s.post(&url, &json!({"result": null})).await;
-                    assert_eq!(status, 204, "{body}");
-                } else {
-                    for nothing in [json!({"error": null}), json!({})] {
-                        let (status, body) = s.post(&url, &nothing).await;
-                        assert_eq!(status, 422, "{body}");
-                        assert!(
-                            body["detail"].as_str().unwrap().contains("exactly one of"),
-                            "{body}"
-                        );
-                    }
-                    let both = json!({"result": {"amount": "zwanzig €"}, "error": null});
-                    let (status, body) = s.post(&url, &both).await;
-                    assert_eq!(status, 204, "{body}");
+    let mut run = s
+        .stream(
+            "/v1/execute/stream",
+            &json!({"code": code, "tools": declared()}),
+        )
+        .await;
+    let result = run
+        .answer_calls(async |run, call| {
+            if call["arguments"]["id"] == 1 {
+                let (status, body) = run.answer(call, &json!({"result": null})).await;
+                assert_eq!(status, 204, "{body}");
+            } else {
+                for nothing in [json!({"error": null}), json!({})] {
+                    let (status, body) = run.answer(call, &nothing).await;
+                    assert_eq!(status, 422, "{body}");
+                    assert!(
+                        body["detail"].as_str().unwrap().contains("exactly one of"),
+                        "{body}"
+                    );
                 }
+                let both = json!({"result": {"amount": "zwanzig €"}, "error": null});
+                let (status, body) = run.answer(call, &both).await;
+                assert_eq!(status, 204, "{body}");
             }
-            "result" => {
-                result = data;
-                break;
-            }
-            _ => {}
-        }
-    }
+        })
+        .await;
     assert_eq!(
         result["stdout"], "None {'amount': 'zwanzig €'}\n",
         "{result}"
@@ -357,49 +280,33 @@ for i in (2, 3):
         tools.lookup_order(id=i)
     except tools.ToolError as e:
         print(type(e).__name__)\n";
-    let resp = s
-        .client
-        .post(format!("{}/v1/execute/stream", s.base))
-        .json(&json!({"code": code, "tools": declared(), "timeout_ms": 10000}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
-    let mut events = Events::new(resp);
-    let mut result = Value::Null;
-    while let Some((event, data)) = events.next().await {
-        match event.as_str() {
-            "tool_call" => {
-                let url = format!(
-                    "/v1/runs/{run_id}/tool_calls/{}",
-                    data["call_id"].as_str().unwrap()
+    let mut run = s
+        .stream(
+            "/v1/execute/stream",
+            &json!({"code": code, "tools": declared(), "timeout_ms": 10000}),
+        )
+        .await;
+    let result = run
+        .answer_calls(async |run, call| {
+            let (chars, status) = match call["arguments"]["id"].as_i64().unwrap() {
+                1 => (10_000, 204), // 20 KB of 'ü'
+                2 => (50_000, 204), // 100 KB: past the cap
+                _ => (200_000, 413),
+            };
+            let answer = json!({"result": {"text": "ü".repeat(chars)}});
+            let (got, body) = run.answer(call, &answer).await;
+            assert_eq!(got, status, "{body}");
+            if status == 413 {
+                assert!(
+                    body["detail"]
+                        .as_str()
+                        .unwrap()
+                        .contains("tools.max_result_bytes: 65536"),
+                    "{body}"
                 );
-                let (chars, status) = match data["arguments"]["id"].as_i64().unwrap() {
-                    1 => (10_000, 204), // 20 KB of 'ü'
-                    2 => (50_000, 204), // 100 KB: past the cap
-                    _ => (200_000, 413),
-                };
-                let answer = json!({"result": {"text": "ü".repeat(chars)}});
-                let (got, body) = s.post(&url, &answer).await;
-                assert_eq!(got, status, "{body}");
-                if status == 413 {
-                    assert!(
-                        body["detail"]
-                            .as_str()
-                            .unwrap()
-                            .contains("tools.max_result_bytes: 65536"),
-                        "{body}"
-                    );
-                }
             }
-            "result" => {
-                result = data;
-                break;
-            }
-            _ => {}
-        }
-    }
+        })
+        .await;
     assert_eq!(
         result["stdout"], "10000\nToolLimitError\nToolTimeoutError\n",
         "{result}"
@@ -462,37 +369,29 @@ waiter.start()";
 #[tokio::test]
 async fn a_streamed_run_is_cancelled_by_delete() {
     let (s, _dir) = server_with_tools("").await;
-    let resp = s
+    let mut run = s
+        .stream(
+            "/v1/execute/stream",
+            &json!({"code": "import time\nprint('started', flush=True)\ntime.sleep(60)", "timeout_ms": 60000}),
+        )
+        .await;
+    let (event, _) = run.next().await.unwrap();
+    assert_eq!(event, "output");
+    let unknown = s
         .client
-        .post(format!("{}/v1/execute/stream", s.base))
-        .json(&json!({"code": "import time\nprint('started', flush=True)\ntime.sleep(60)", "timeout_ms": 60000}))
+        .delete(format!("{}/v1/runs/run_unknown", s.base))
         .send()
         .await
         .unwrap();
-    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
-    let mut events = Events::new(resp);
-    let (event, _) = events.next().await.unwrap();
-    assert_eq!(event, "output");
-    let del = |id: String| {
-        let client = s.client.clone();
-        let url = format!("{}/v1/runs/{id}", s.base);
-        async move { client.delete(url).send().await.unwrap().status().as_u16() }
-    };
-    assert_eq!(del("run_unknown".into()).await, 404);
-    assert_eq!(del(run_id.clone()).await, 204);
-    let mut result = Value::Null;
-    while let Some((event, data)) = events.next().await {
-        if event == "result" {
-            result = data;
-            break;
-        }
-    }
+    assert_eq!(unknown.status(), 404);
+    assert_eq!(run.cancel().await, 204);
+    let result = run.result().await;
     assert_eq!(result["verdict"], "killed", "{result}");
     assert!(
         result["stderr"].as_str().unwrap().contains("cancelled"),
         "{result}"
     );
-    assert_eq!(del(run_id).await, 404);
+    assert_eq!(run.cancel().await, 404);
 }
 
 #[tokio::test]
@@ -529,31 +428,15 @@ async fn a_session_interrupted_while_a_call_is_pending_keeps_its_state() {
         .await;
     assert_eq!(after["stdout"], "ja 5\n", "{after}");
     // DELETE /v1/runs/{id} on a session's run interrupts it; the session lives on.
-    let resp = s
-        .client
-        .post(format!("{}/v1/sessions/{id}/execute/stream", s.base))
-        .json(&json!({"code": "import time\nprint('busy', flush=True)\ntime.sleep(30)", "timeout_ms": 60000}))
-        .send()
-        .await
-        .unwrap();
-    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
-    let mut events = Events::new(resp);
-    assert_eq!(events.next().await.unwrap().0, "output");
-    let status = s
-        .client
-        .delete(format!("{}/v1/runs/{run_id}", s.base))
-        .send()
-        .await
-        .unwrap()
-        .status();
-    assert_eq!(status, 204);
-    let mut result = Value::Null;
-    while let Some((event, data)) = events.next().await {
-        if event == "result" {
-            result = data;
-            break;
-        }
-    }
+    let mut run = s
+        .stream(
+            &format!("/v1/sessions/{id}/execute/stream"),
+            &json!({"code": "import time\nprint('busy', flush=True)\ntime.sleep(30)", "timeout_ms": 60000}),
+        )
+        .await;
+    assert_eq!(run.next().await.unwrap().0, "output");
+    assert_eq!(run.cancel().await, 204);
+    let result = run.result().await;
     let stderr = result["stderr"].as_str().unwrap();
     assert!(stderr.contains("KeyboardInterrupt"), "{result}");
     // Said in so many words: it was the client's cancel, not the deadline or the program.

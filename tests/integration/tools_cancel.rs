@@ -6,7 +6,6 @@
 use serde_json::{Value, json};
 
 use crate::harness::{Options, Server, repo_root};
-use crate::tools_caller::Events;
 use crate::tools_concurrent::{server, session_run, stdout};
 
 /// The value of the sample `name{labels}` in the metrics text (0 when absent).
@@ -15,6 +14,17 @@ pub(crate) fn sample(metrics: &str, name_and_labels: &str) -> f64 {
         .lines()
         .find_map(|line| line.strip_prefix(name_and_labels)?.trim().parse().ok())
         .unwrap_or(0.0)
+}
+
+/// The calls of `tool` (provider `provider`) counted with `outcome` in
+/// `snakecage_tool_calls_total`.
+fn counted(metrics: &str, outcome: &str, provider: &str, tool: &str) -> f64 {
+    sample(
+        metrics,
+        &format!(
+            r#"snakecage_tool_calls_total{{outcome="{outcome}",provider="{provider}",tool="{tool}"}}"#
+        ),
+    )
 }
 
 /// The calls counted for `provider` in `snakecage_tool_calls_total`, every tool and
@@ -36,46 +46,6 @@ fn assert_histogram_counts_every_call(metrics: &str, provider: &str) {
         &format!("snakecage_tool_call_duration_seconds_count{{provider=\"{provider}\"}}"),
     );
     assert_eq!(timed, counted, "{provider}: {metrics}");
-}
-
-/// Starts `code` as a streamed run (`path`: `/v1/execute/stream` or a session's), and
-/// cancels it with `DELETE /v1/runs/{id}` once the event `when` says so; returns the
-/// `result` event.
-async fn stream_and_delete(
-    s: &Server,
-    path: &str,
-    body: Value,
-    when: impl Fn(&str, &Value) -> bool,
-) -> Value {
-    let resp = s
-        .client
-        .post(format!("{}{path}", s.base))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
-    let mut events = Events::new(resp);
-    let mut deleted = false;
-    while let Some((event, data)) = events.next().await {
-        if event == "result" {
-            assert!(deleted, "the run ended before it was cancelled: {data}");
-            return data;
-        }
-        if !deleted && when(&event, &data) {
-            let status = s
-                .client
-                .delete(format!("{}/v1/runs/{run_id}", s.base))
-                .send()
-                .await
-                .unwrap()
-                .status();
-            assert_eq!(status, 204);
-            deleted = true;
-        }
-    }
-    panic!("the stream ended without a result");
 }
 
 /// One HTTP tool's calls cancelled three ways, and a declared tool's call cancelled by
@@ -116,13 +86,14 @@ while tools.status()['holding'] < 1:
     pass
 print('holding', flush=True)
 threading.Event().wait()";
-    let result = stream_and_delete(
-        &s,
-        "/v1/execute/stream",
-        json!({"code": code, "timeout_ms": 60000}),
-        |event, data| event == "output" && data["data"] == "holding\n",
-    )
-    .await;
+    let result = s
+        .stream(
+            "/v1/execute/stream",
+            &json!({"code": code, "timeout_ms": 60000}),
+        )
+        .await
+        .cancel_when(|event, data| event == "output" && data["data"] == "holding\n")
+        .await;
     assert_eq!(result["verdict"], "killed", "{result}");
     let metrics = s.get("/metrics").await.2;
     assert_eq!(sample(&metrics, hold), 3.0, "{metrics}");
@@ -130,20 +101,18 @@ threading.Event().wait()";
 
     // 4. A declared tool's call, outstanding at the client, when the run is cancelled.
     let declared = json!([{"name": "ask", "parameters": {"type": "object"}}]);
-    let result = stream_and_delete(
-        &s,
-        "/v1/execute/stream",
-        json!({"code": "from snakecage import tools\ntools.ask()", "tools": declared, "timeout_ms": 60000}),
-        |event, _| event == "tool_call",
-    )
-    .await;
+    let result = s
+        .stream(
+            "/v1/execute/stream",
+            &json!({"code": "from snakecage import tools\ntools.ask()", "tools": declared, "timeout_ms": 60000}),
+        )
+        .await
+        .cancel_when(|event, _| event == "tool_call")
+        .await;
     assert_eq!(result["verdict"], "killed", "{result}");
     let metrics = s.get("/metrics").await.2;
     assert_eq!(
-        sample(
-            &metrics,
-            r#"snakecage_tool_calls_total{outcome="cancelled",provider="caller",tool="caller"}"#
-        ),
+        counted(&metrics, "cancelled", "caller", "caller"),
         1.0,
         "{metrics}"
     );
@@ -176,21 +145,11 @@ tools.calc_wait(seconds=120)";
     assert_eq!(body["timed_out"], true, "{body}");
     let metrics = s.get("/metrics").await.2;
     assert_eq!(
-        sample(
-            &metrics,
-            r#"snakecage_tool_calls_total{outcome="cancelled",provider="mcp",tool="calc_wait"}"#
-        ),
+        counted(&metrics, "cancelled", "mcp", "calc_wait"),
         1.0,
         "{metrics}"
     );
-    assert_eq!(
-        sample(
-            &metrics,
-            r#"snakecage_tool_calls_total{outcome="ok",provider="mcp",tool="calc_add"}"#
-        ),
-        1.0,
-        "{metrics}"
-    );
+    assert_eq!(counted(&metrics, "ok", "mcp", "calc_add"), 1.0, "{metrics}");
     assert_histogram_counts_every_call(&metrics, "mcp");
 }
 
@@ -208,14 +167,7 @@ except tools.ToolLimitError as e:
     let body = s.run(code).await;
     assert_eq!(stdout(&body), "1\nlimit\n", "{body}");
     let metrics = s.get("/metrics").await.2;
-    assert_eq!(
-        sample(
-            &metrics,
-            r#"snakecage_tool_calls_total{outcome="limit",provider="http",tool="echo"}"#
-        ),
-        1.0,
-        "{metrics}"
-    );
+    assert_eq!(counted(&metrics, "limit", "http", "echo"), 1.0, "{metrics}");
     assert_eq!(calls_of(&metrics, "none"), 0.0, "{metrics}");
     assert_histogram_counts_every_call(&metrics, "http");
 }
@@ -280,10 +232,7 @@ print(first['id'], first['result'], '|', held['id'], held['kind'], held['message
     assert_eq!(body["verdict"], "ok", "{body}");
     let metrics = s.get("/metrics").await.2;
     assert_eq!(
-        sample(
-            &metrics,
-            r#"snakecage_tool_calls_total{outcome="cancelled",provider="http",tool="hold"}"#
-        ),
+        counted(&metrics, "cancelled", "http", "hold"),
         1.0,
         "{metrics}"
     );
@@ -377,10 +326,7 @@ await main()";
     assert_eq!(body["verdict"], "ok", "{body}");
     let metrics = s.get("/metrics").await.2;
     assert_eq!(
-        sample(
-            &metrics,
-            r#"snakecage_tool_calls_total{outcome="cancelled",provider="http",tool="hold"}"#
-        ),
+        counted(&metrics, "cancelled", "http", "hold"),
         4.0,
         "{metrics}"
     );

@@ -18,7 +18,6 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 
 use crate::harness::{Options, Server};
-use crate::tools_caller::Events;
 
 /// What the tool service has seen.
 #[derive(Default)]
@@ -344,36 +343,14 @@ except KeyboardInterrupt:
 for t in threads:
     t.join()
 print(sorted(set(outcomes)), len(outcomes))";
-    let resp = s
-        .client
-        .post(format!("{}/v1/sessions/{sid}/execute/stream", s.base))
-        .json(&json!({"code": code, "timeout_ms": 60000}))
-        .send()
+    let result = s
+        .stream(
+            &format!("/v1/sessions/{sid}/execute/stream"),
+            &json!({"code": code, "timeout_ms": 60000}),
+        )
         .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
-    let mut events = Events::new(resp);
-    let mut result = Value::Null;
-    while let Some((event, data)) = events.next().await {
-        match event.as_str() {
-            "output" if data["data"] == "holding\n" => {
-                let status = s
-                    .client
-                    .delete(format!("{}/v1/runs/{run_id}", s.base))
-                    .send()
-                    .await
-                    .unwrap()
-                    .status();
-                assert_eq!(status, 204);
-            }
-            "result" => {
-                result = data;
-                break;
-            }
-            _ => {}
-        }
-    }
+        .cancel_when(|event, data| event == "output" && data["data"] == "holding\n")
+        .await;
     assert_eq!(
         stdout(&result),
         "holding\ninterrupted\n[('cancelled', 'the run was interrupted while this call was pending')] 3\n",
@@ -396,45 +373,30 @@ with ThreadPoolExecutor(2) as pool:
     first = pool.submit(tools.lookup_order, id=1)
     second = pool.submit(tools.lookup_order, id=2)
     print(first.result()['amount'], '|', second.result()['amount'])";
-    let resp = s
-        .client
-        .post(format!("{}/v1/execute/stream", s.base))
-        .json(&json!({"code": code, "tools": declared, "timeout_ms": 60000}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let run_id = resp.headers()["x-run-id"].to_str().unwrap().to_owned();
-    let mut events = Events::new(resp);
+    let mut run = s
+        .stream(
+            "/v1/execute/stream",
+            &json!({"code": code, "tools": declared, "timeout_ms": 60000}),
+        )
+        .await;
     let mut calls: Vec<(i64, String)> = Vec::new();
-    let mut result = Value::Null;
-    while let Some((event, data)) = events.next().await {
-        match event.as_str() {
-            "tool_call" => {
-                let id = data["arguments"]["id"].as_i64().unwrap();
-                calls.push((id, data["call_id"].as_str().unwrap().to_owned()));
-                if calls.len() == 2 {
-                    // Both are outstanding: answer the later one first.
-                    calls.sort();
-                    for (id, call) in calls.iter().rev() {
-                        let amount = if *id == 1 { "eins €" } else { "zwei €" };
-                        let (status, body) = s
-                            .post(
-                                &format!("/v1/runs/{run_id}/tool_calls/{call}"),
-                                &json!({"result": {"amount": amount}}),
-                            )
-                            .await;
-                        assert_eq!(status, 204, "{body}");
-                    }
+    let result = run
+        .answer_calls(async |run, call| {
+            let id = call["arguments"]["id"].as_i64().unwrap();
+            calls.push((id, call["call_id"].as_str().unwrap().to_owned()));
+            if calls.len() == 2 {
+                // Both are outstanding: answer the later one first.
+                calls.sort();
+                for (id, call) in calls.iter().rev() {
+                    let amount = if *id == 1 { "eins €" } else { "zwei €" };
+                    let (status, body) = run
+                        .answer_id(call, &json!({"result": {"amount": amount}}))
+                        .await;
+                    assert_eq!(status, 204, "{body}");
                 }
             }
-            "result" => {
-                result = data;
-                break;
-            }
-            _ => {}
-        }
-    }
+        })
+        .await;
     assert_eq!(calls.len(), 2, "{result}");
     assert_eq!(stdout(&result), "eins € | zwei €\n", "{result}");
 }

@@ -11,7 +11,7 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 use crate::harness::{Options, Server};
-use crate::tools_caller::Events;
+use crate::streamed::Events;
 use crate::tools_concurrent::stdout;
 
 /// The service behind the HTTP tools: `echo` answers its arguments, `deep` a JSON array

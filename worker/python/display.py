@@ -6,10 +6,6 @@ like the ``data`` of a Jupyter ``display_data`` message.  Every bundle is bounde
 one larger than the job's ``max_bundle_bytes`` is replaced by a note, and a job
 keeps at most ``MAX_BUNDLES`` of them.
 
-It also describes a session's variables for ``GET /v1/sessions/{id}``: names,
-types, short reprs and shapes, computed without calling ``__repr__`` of user
-classes (which could run forever or print huge values).
-
 Only the standard library is imported at module level; numpy, pandas and
 matplotlib are looked up in ``sys.modules`` when a value might be theirs.
 """
@@ -18,11 +14,7 @@ import base64
 import builtins
 import html
 import io
-import reprlib
-import signal
 import sys
-import time
-import types
 import warnings
 
 DEFAULT_MAX_BUNDLE_BYTES = 1 << 20
@@ -34,24 +26,6 @@ MAX_BUNDLES = 50
 DATAFRAME_MAX_ROWS = 20
 DATAFRAME_MAX_COLS = 20
 _MARKDOWN_CELL_CHARS = 60
-
-MAX_VARIABLES = 500
-"""Variables listed per session; the rest are counted, not listed."""
-
-VARIABLE_SECONDS = 0.1
-"""The longest describing one variable may take (a ``__class__`` property that sleeps,
-say); past it the variable is listed without a description, and so is every later value
-of its type, at once."""
-
-LISTING_SECONDS = 1.0
-"""The longest describing all of them may take; past it the rest are listed by name and
-type only."""
-
-_SLOW_TYPES_KEPT = 256
-
-REPR_CHARS = 100
-"""The longest ``repr`` a variable listing gives."""
-
 
 # --------------------------------------------------------------------------
 # Collecting a job's outputs
@@ -188,17 +162,22 @@ def _close_all_figures():
 def mime_bundle(obj, collector=None):
     """The MIME bundle of ``obj``: text/plain always, richer types where known."""
     bundle = {"text/plain": _safe_repr(obj)}
-    if _is_instance(obj, "matplotlib.figure", "Figure"):
-        png = _figure_png(obj)
+    if is_instance(obj, "matplotlib.figure", "Figure"):
+        png, failure = _figure_png(obj)
         if png is not None:
             bundle["image/png"] = png
+        else:
+            # Said where the model and the user look: the bundle, and stderr.
+            note = "[figure not rendered: %s]" % failure
+            bundle["text/plain"] += "\n" + note
+            print("snakecage: %s %s" % (_safe_repr(obj), note), file=sys.stderr)
         if collector is not None:
             collector.shown_figures.add(id(obj))
         return bundle
-    if _is_instance(obj, "pandas", "DataFrame"):
+    if is_instance(obj, "pandas", "DataFrame"):
         bundle.update(_dataframe_bundle(obj))
         return bundle
-    if _is_instance(obj, "numpy", "ndarray"):
+    if is_instance(obj, "numpy", "ndarray"):
         bundle["text/plain"] = ndarray_text(obj)
         return bundle
     for method, mime in (
@@ -215,7 +194,7 @@ def mime_bundle(obj, collector=None):
     return bundle
 
 
-def _is_instance(obj, module, name):
+def is_instance(obj, module, name):
     mod = sys.modules.get(module)
     cls = getattr(mod, name, None) if mod is not None else None
     return isinstance(cls, type) and isinstance(obj, cls)
@@ -238,15 +217,27 @@ def _call_repr_method(obj, name):
         return None
 
 
+_FAILURE_CHARS = 300
+"""The most of a rendering failure's message a note quotes."""
+
+
 def _figure_png(figure):
+    """``(png, None)``, or ``(None, why)`` when drawing failed (a figure too large for the
+    memory limit raises ``MemoryError``)."""
     try:
         buf = io.BytesIO()
         with warnings.catch_warnings(record=True) as caught:
             figure.savefig(buf, format="png", bbox_inches="tight")
         _show_figure_warnings(caught)
-        return base64.b64encode(buf.getvalue()).decode("ascii")
-    except Exception:
-        return None
+        return base64.b64encode(buf.getvalue()).decode("ascii"), None
+    except Exception as exc:
+        try:
+            why = "%s: %s" % (_type_name_of_class(type(exc)), exc)
+        except Exception:
+            why = _type_name_of_class(type(exc))
+        if len(why) > _FAILURE_CHARS:
+            why = why[: _FAILURE_CHARS - 1] + "…"
+        return None, why
 
 
 def _show_figure_warnings(caught):
@@ -375,186 +366,3 @@ def _md_cell(value):
     if len(text) > _MARKDOWN_CELL_CHARS:
         text = text[: _MARKDOWN_CELL_CHARS - 1] + "…"
     return text
-
-
-# --------------------------------------------------------------------------
-# Describing a session's variables
-
-
-class _BoundedRepr(reprlib.Repr):
-    """reprlib with user-defined ``__repr__`` never called: only builtin values are shown."""
-
-    def __init__(self):
-        super().__init__()
-        self.maxlevel = 3
-        self.maxstring = 60
-        self.maxother = 60
-
-    def repr_instance(self, x, level):
-        return _opaque_repr(x)
-
-
-_BOUNDED_REPR = _BoundedRepr()
-_SAFE_REPR_TYPES = (int, float, complex, bool, type(None), bytes, range, type(Ellipsis))
-
-
-def _opaque_repr(x):
-    cls = type(x)
-    if cls in _SAFE_REPR_TYPES or cls.__module__ == "builtins" and not hasattr(x, "__dict__"):
-        try:
-            return _cut(repr(x))  # a builtin type's repr: bounded by reprlib's caller
-        except Exception:
-            pass
-    if isinstance(x, type):
-        return "<class '%s.%s'>" % (x.__module__, x.__qualname__)
-    if isinstance(x, types.FunctionType):
-        return "<function %s>" % x.__qualname__
-    return "<%s.%s object>" % (cls.__module__, cls.__qualname__)
-
-
-def describe(name, value):
-    """``{"name", "type", "repr", "shape"?}`` for one variable, without user code."""
-    cls = type(value)
-    entry = {"name": name, "type": cls.__name__}
-    shape = _shape(value)
-    if shape is not None:
-        entry["shape"] = shape
-    if _is_instance(value, "pandas", "DataFrame"):
-        text = "DataFrame with %d rows × %d columns" % tuple(shape)
-    elif _is_instance(value, "pandas", "Series"):
-        text = "Series of %d %s values" % (shape[0], value.dtype)
-    elif _is_instance(value, "numpy", "ndarray"):
-        text = "ndarray of shape %s, dtype %s" % (tuple(shape), value.dtype)
-    elif type(value).__name__ == "module":
-        text = "<module '%s'>" % getattr(value, "__name__", name)
-    else:
-        try:
-            text = _BOUNDED_REPR.repr(value)
-        except Exception:
-            text = _opaque_repr(value)
-    entry["repr"] = _cut(text)
-    return entry
-
-
-def _shape(value):
-    for module, name in (("numpy", "ndarray"), ("pandas", "DataFrame"), ("pandas", "Series")):
-        if _is_instance(value, module, name):
-            return [int(n) for n in value.shape]
-    return None
-
-
-def _cut(text):
-    return text if len(text) <= REPR_CHARS else text[: REPR_CHARS - 1] + "…"
-
-
-def variables(namespace):
-    """The user globals of ``namespace`` (names not starting with ``_``), bounded.
-
-    Returns ``(entries, total)``: at most ``MAX_VARIABLES`` descriptions and how many user
-    globals there are. A name is read as the plain ``str`` it holds (a ``str`` subclass's
-    methods are never called), and a value whose description raises (an ``isinstance``
-    check can run user code: a ``__class__`` property) is listed without one: listing never
-    fails, so it never costs the session its worker. Describing is timed
-    (``VARIABLE_SECONDS`` each, ``LISTING_SECONDS`` in all), so one slow value neither
-    hides the others nor delays every run of the session.
-    """
-    entries = []
-    total = 0
-    deadline = time.monotonic() + LISTING_SECONDS
-    with _Alarm() as alarm:
-        for name, value in list(namespace.items()):
-            if not isinstance(name, str):
-                continue
-            name = str.__str__(name)
-            if name.startswith("_"):
-                continue
-            total += 1
-            if len(entries) < MAX_VARIABLES:
-                entries.append(_describe_in_time(name, value, alarm, deadline))
-    return entries, total
-
-
-def _describe_in_time(name, value, alarm, deadline):
-    cls = type(value)
-    if cls in _slow_types or time.monotonic() >= deadline:
-        return _not_described(name, value, "too slow to describe")
-    try:
-        alarm.arm(VARIABLE_SECONDS)
-        try:
-            return describe(name, value)
-        finally:
-            alarm.disarm()
-    except (_TooSlow, KeyboardInterrupt):
-        # Ours, or the supervisor's interrupt of an overdue listing (a value stuck where
-        # no signal handler runs): either way this value is not worth waiting for again.
-        if len(_slow_types) < _SLOW_TYPES_KEPT:
-            _slow_types.add(cls)
-        return _not_described(name, value, "too slow to describe")
-    except BaseException as exc:
-        return _undescribable(name, value, exc)
-
-
-_slow_types = set()
-"""Types a value of which took too long to describe: later listings skip them at once."""
-
-
-class _TooSlow(BaseException):
-    """Raised into a description that ran out of time (``BaseException``: user code that
-    catches ``Exception`` around a sleep does not swallow it)."""
-
-
-class _Alarm:
-    """A repeating ``SIGALRM`` timer that raises ``_TooSlow`` while armed.
-
-    It repeats because user code may catch one. The handler raises only while armed, so a
-    signal delivered just as a description ends is ignored; a timer or handler the job set
-    is put back when the listing ends.
-    """
-
-    def __init__(self):
-        self._armed = False
-        self._usable = False
-
-    def __enter__(self):
-        try:
-            self._handler = signal.signal(signal.SIGALRM, self._fire)
-        except ValueError:
-            return self  # not the main thread: untimed (the supervisor's interrupt bounds it)
-        self._usable = True
-        self._timer = signal.setitimer(signal.ITIMER_REAL, 0)
-        return self
-
-    def __exit__(self, *exc):
-        if not self._usable:
-            return
-        self.disarm()
-        signal.signal(signal.SIGALRM, self._handler)
-        if self._timer[0] > 0:
-            signal.setitimer(signal.ITIMER_REAL, *self._timer)
-
-    def arm(self, seconds):
-        if self._usable:
-            self._armed = True
-            signal.setitimer(signal.ITIMER_REAL, seconds, seconds)
-
-    def disarm(self):
-        if self._usable:
-            self._armed = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
-
-    def _fire(self, signum, frame):
-        if self._armed:
-            raise _TooSlow
-
-
-def _not_described(name, value, why):
-    return {"name": name, "type": _type_name(value), "repr": "<not described: %s>" % why}
-
-
-def _undescribable(name, value, exc):
-    return _not_described(name, value, _type_name(exc))
-
-
-def _type_name(obj):
-    """The name of ``obj``'s class, read past any ``__name__`` its metaclass defines."""
-    return type.__dict__["__name__"].__get__(type(obj))

@@ -30,7 +30,7 @@ This module owns the entry points and one job's life around the user code
 (its ``__main__``, stdin, argv, display hook, the threads it leaves running).
 It is loaded last; the parts it imports are loaded before it, in this order:
 ``aio.py`` (asyncio in the sandbox, the loop top-level ``await`` runs on),
-``display.py`` (rich outputs), ``report.py`` (how a job ends: results, exit
+``display.py`` (rich outputs), ``variables.py`` (a session's variables), ``report.py`` (how a job ends: results, exit
 status, tracebacks), ``program.py`` (reading and compiling the program) and
 ``state.py`` (interpreter state set once, per child, around a warm-up).
 """
@@ -45,6 +45,7 @@ import _snakecage_display as _display
 import _snakecage_program as _program
 import _snakecage_report as _report
 import _snakecage_state as _state
+import _snakecage_variables as _variables
 
 _report.hide_frames_of((lambda: 0).__code__.co_filename)
 # aio.py loads before report.py, so its frames (a top-level ``await``'s) are hidden here.
@@ -92,7 +93,7 @@ class Session:
 
     def variables(self):
         """The user globals: ``([{"name", "type", "repr", "shape"?}], total)``, bounded."""
-        return _display.variables(self._module.__dict__)
+        return _variables.variables(self._module.__dict__)
 
     def reset(self):
         """Forget every user global; the module object itself is kept."""

@@ -121,7 +121,7 @@ pub fn install(py: Python<'_>, config: &SandboxConfig) -> Vec<LayerReport> {
         .map(|m| m.name.clone())
         .collect();
     allowed.extend(config.allowed_packages.iter().cloned());
-    // `snakecage.tools` lives only in sys.modules (see `interpreter::load_tools`).
+    // `snakecage.tools` lives only in sys.modules (see `interpreter::runner::load_tools`).
     allowed.push("snakecage".into());
     let _ = ALLOWED.set(allowed);
 

@@ -122,6 +122,25 @@ def test_a_displayed_figure_is_not_shown_twice(runner, pyplot, capsys):
     assert results[1] == {"text/plain": "'done'"}
 
 
+def test_a_figure_that_cannot_be_drawn_says_why_in_its_bundle_and_on_stderr(runner, pyplot, capsys):
+    # As a figure too large for the memory limit fails inside savefig.
+    code = (
+        "import matplotlib.pyplot as plt\n"
+        "fig = plt.figure(figsize=(20, 20))\n"
+        "def too_big(*args, **kwargs):\n"
+        "    raise MemoryError('Unable to allocate 72.4 MiB for an array')\n"
+        "fig.savefig = too_big\n"
+        "fig"
+    )
+    result = runner.run(job(code, interactive=True))
+    assert result["exit_code"] == 0, result
+    note = "[figure not rendered: MemoryError: Unable to allocate 72.4 MiB for an array]"
+    assert result["results"] == [{"text/plain": "<Figure size 2000x2000 with 0 Axes>\n" + note}]
+    captured = capsys.readouterr()
+    assert captured.err == "snakecage: <Figure size 2000x2000 with 0 Axes> " + note + "\n"
+    assert captured.out == "<Figure size 2000x2000 with 0 Axes>\n" + note + "\n"
+
+
 def test_objects_with_ipython_repr_methods_are_rich(runner, capsys):
     code = (
         "class Card:\n"
@@ -221,7 +240,7 @@ def test_session_variables_run_no_name_method_and_survive_a_value_that_raises(ru
 
 
 def test_a_slow_value_is_listed_without_a_description_and_hides_nothing(runner, capsys):
-    display = sys.modules["_snakecage_display"]
+    variables = sys.modules["_snakecage_variables"]
     session = runner.Session()
     code = (
         "import time\n"
@@ -256,16 +275,16 @@ def test_a_slow_value_is_listed_without_a_description_and_hides_nothing(runner, 
     # The timer and handler are put back as they were.
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
-    display._slow_types.clear()
+    variables._slow_types.clear()
 
 
 def test_every_user_global_is_counted_past_the_listing_bound(runner, capsys):
-    display = sys.modules["_snakecage_display"]
+    variables = sys.modules["_snakecage_variables"]
     session = runner.Session()
     code = "g = globals()\nfor i in range(1200):\n    g[f'v{i}é'] = i\n"
     assert session.run(job(code))["exit_code"] == 0
     entries, total = session.variables()
-    assert len(entries) == display.MAX_VARIABLES == 500
+    assert len(entries) == variables.MAX_VARIABLES == 500
     assert total == 1202  # v0é… v1199é, g and i
 
 

@@ -5,15 +5,17 @@
 //! call it. Every request gets an id (`x-request-id`, kept when the client sent one) and a
 //! tracing span carrying it, so each log line of a request names it.
 
+mod report;
+mod request_id;
+mod settings;
+mod unread_body;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::Request;
 use axum::serve::ListenerExt;
-use snakecage_worker::protocol::{LayerReport, LayerState, WorkerLimits, ZygoteConfig, ZygoteInfo};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower_http::LatencyUnit;
@@ -22,22 +24,23 @@ use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
 use crate::api::{self, AppState};
-use crate::auth::{KeyRing, Keys, KeysError};
+use crate::auth::{KeyRing, KeysError};
 use crate::cluster::{Cluster, ClusterError};
-use crate::config::FilesBackend;
 use crate::config::{Config, ConfigError};
-use crate::files::local::LocalStoreSettings;
-use crate::files::observed::Observed;
-use crate::files::s3::S3StoreSettings;
-use crate::files::{self, LocalStore, S3Store, SharedStore, StoreError};
+use crate::files::{self, StoreError};
 use crate::generation::{GenerationInfo, Rollovers};
 use crate::live::{Live, LiveCell};
-use crate::metrics::{BuildInfo, Metrics};
+use crate::metrics::Metrics;
 use crate::packages::Packages;
-use crate::pool::{Pool, PoolError, PoolSettings, TierSettings};
-use crate::sessions::{SessionSettings, Sessions};
+use crate::pool::{Pool, PoolError};
+use crate::sessions::Sessions;
 use crate::shutdown::{stopped_while_starting, until_requested};
 use crate::tools::ToolContext;
+pub use report::build_info;
+use report::log_sandbox;
+use request_id::{drop_unfit_request_id, request_span};
+use settings::prepare_mpl_config_dir;
+pub use settings::{load_keys, open_store, pool_settings, session_settings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -61,106 +64,6 @@ pub enum ServeError {
     Tools(String),
     #[error("package management: {0}")]
     Packages(#[from] crate::envs::EnvError),
-}
-
-/// The configured keys, and whether the service may listen where it does with them: beyond
-/// loopback only with keys, or when explicitly allowed (then with a loud warning).
-pub fn load_keys(config: &Config, listening: SocketAddr) -> Result<Keys, ServeError> {
-    let keys = Keys::load(&config.auth)?.listening_on(listening);
-    if keys.enabled() {
-        tracing::info!(keys = keys.names().count(), "API keys required");
-    } else if !listening.ip().is_loopback() {
-        if !config.auth.allow_unauthenticated {
-            return Err(ServeError::Unauthenticated(listening));
-        }
-        tracing::warn!(
-            addr = %listening,
-            "NO AUTHENTICATION: listening beyond loopback without API keys \
-             (--allow-unauthenticated); anyone who can reach this port can run code and \
-             read, replace and delete every stored file"
-        );
-    }
-    Ok(keys)
-}
-
-/// The niceness the lighter zygotes prepare at: the fullest one, which the service's
-/// readiness waits for, gets the CPU first (BENCHMARKS.md, "Start-up").
-const STARTUP_NICE_LIGHTER: i32 = 10;
-
-/// The pool settings a configuration implies: one zygote configuration per tier, the
-/// same but for its name, preloads and warm-up.
-pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
-    let layout = config.python.layout()?;
-    let state_dir = &config.worker.state_dir;
-    let limits = &config.limits;
-    let zygote = ZygoteConfig {
-        python_home: layout.home,
-        site_packages: layout.site_packages,
-        tier: String::new(),
-        preload: Vec::new(),
-        warm_up: Vec::new(),
-        snapshot: false,
-        immortal: true,
-        // Shared by every tier: the plotting zygote builds the font cache there, which a
-        // worker of another tier importing matplotlib then reads.
-        describe_packages: true,
-        startup_nice: 0,
-        mpl_config_dir: state_dir.join("mplconfig"),
-        limits: WorkerLimits {
-            memory_limit_bytes: limits.memory_limit_mb << 20,
-            // The wall-clock kill comes first; CPU time is a backstop a little behind it.
-            cpu_seconds: limits.max_timeout_ms.div_ceil(1000) + 1,
-            max_file_bytes: limits.max_file_size_mb << 20,
-            max_open_files: limits.max_open_files,
-            max_processes: limits.max_processes,
-        },
-        sandbox: config.sandbox.zygote_config(),
-        supervisor_pid: Some(std::process::id() as i32),
-    };
-    let fullest = config
-        .tiers
-        .profile
-        .iter()
-        .map(|profile| profile.preload.len())
-        .max()
-        .unwrap_or(0);
-    let tiers = config
-        .tiers
-        .profile
-        .iter()
-        .enumerate()
-        .map(|(i, profile)| TierSettings {
-            name: profile.name.clone(),
-            zygote: ZygoteConfig {
-                tier: profile.name.clone(),
-                preload: profile.preload.clone(),
-                warm_up: profile.warm_up(),
-                // The lightest zygote is up first: the package scan is off the path of
-                // the fuller ones, which decide when the service is ready.
-                describe_packages: i == 0,
-                startup_nice: if profile.preload.len() == fullest {
-                    0
-                } else {
-                    STARTUP_NICE_LIGHTER
-                },
-                snapshot: profile.snapshot,
-                immortal: profile.immortal,
-                ..zygote.clone()
-            },
-        })
-        .collect();
-    Ok(PoolSettings {
-        size: config.pool.size,
-        queue_length: config.pool.queue_length,
-        queue_timeout: Duration::from_millis(config.pool.queue_timeout_ms),
-        spawn_timeout: Duration::from_millis(config.pool.spawn_timeout_ms),
-        worker_binary: config.worker_binary(),
-        workspace_root: config.workspace_root(),
-        tiers,
-        session_tier: config.tiers.session_tier(),
-        min_idle: config.tiers.min_idle,
-        require: config.sandbox.require.clone(),
-    })
 }
 
 pub async fn serve(
@@ -348,7 +251,8 @@ pub async fn serve_with(
         )
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
-        .layer(axum::middleware::map_request(drop_unfit_request_id));
+        .layer(axum::middleware::map_request(drop_unfit_request_id))
+        .layer(axum::middleware::from_fn(unread_body::keep_or_close));
 
     let stop_signal = stop.clone();
     tokio::spawn(async move {
@@ -391,147 +295,4 @@ async fn listen(
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await
-}
-
-/// matplotlib's config and cache directory, shared by every tier: the plotting zygote
-/// writes its font cache there, and a worker of any other tier that imports matplotlib
-/// (behind the import scan's back) reads it. matplotlib insists on a directory that
-/// `access(W_OK)` calls writable, and otherwise makes a temporary one and exports it with
-/// `os.putenv`, which the audit hook denies: the import would fail. So the directory is
-/// `/tmp`-like for the file permissions (mode 1777: anyone may create, nobody may replace
-/// or remove another's file, such as the root-owned font cache), while a worker can still
-/// write nothing there: Landlock grants it read access only (`access` is not a Landlock
-/// check) and the audit hook denies opening it for writing. A directory this process does
-/// not own (another instance's) keeps its mode: only such an import is then affected.
-fn prepare_mpl_config_dir(dir: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(dir)?;
-    if let Err(e) = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777)) {
-        tracing::warn!(dir = %dir.display(), error = %e, "cannot open matplotlib's config dir to workers");
-    }
-    Ok(())
-}
-
-/// The session rules the configuration describes.
-pub fn session_settings(config: &Config) -> SessionSettings {
-    let s = &config.sessions;
-    SessionSettings {
-        idle_timeout: Duration::from_secs(s.idle_timeout_seconds),
-        max_sessions: s.max_sessions,
-        max_ttl: Duration::from_secs(s.max_ttl_seconds),
-        interrupt_grace: Duration::from_millis(s.interrupt_grace_ms),
-        replay: crate::sessions::replay::ReplayLimits {
-            max_runs: s.replay_max_runs,
-            max_bytes: s.replay_max_bytes,
-        },
-        id_prefix: String::new(),
-    }
-}
-
-/// The longest client-sent `x-request-id` kept.
-const MAX_REQUEST_ID_LEN: usize = 128;
-
-/// Keeps a client's `x-request-id` only when it is a plain token (letters, digits, `-`,
-/// `_`, `.`, `:`, at most 128): anything else is dropped and the request gets an id of
-/// ours. Before any authentication, an id is written into every log line of the request,
-/// where one with spaces and `=` could pass for fields of its own (`path=/v1/admin/…`).
-async fn drop_unfit_request_id(mut request: Request<Body>) -> Request<Body> {
-    let fit = |v: &axum::http::HeaderValue| {
-        let b = v.as_bytes();
-        !b.is_empty()
-            && b.len() <= MAX_REQUEST_ID_LEN
-            && b.iter()
-                .all(|c| c.is_ascii_alphanumeric() || b"-_.:".contains(c))
-    };
-    let headers = request.headers_mut();
-    if headers.get_all("x-request-id").iter().count() > 1
-        || headers.get("x-request-id").is_some_and(|v| !fit(v))
-    {
-        headers.remove("x-request-id");
-    }
-    request
-}
-
-/// The span every log line of a request is written in: its id, method and path (never its
-/// body: code and output are not logged).
-fn request_span(request: &Request<Body>) -> tracing::Span {
-    let id = request
-        .headers()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    tracing::info_span!(
-        "request",
-        request_id = %id,
-        method = %request.method(),
-        path = %request.uri().path(),
-    )
-}
-
-/// What `snakecage_build_info` and the status page say is running.
-pub fn build_info(zygote: &ZygoteInfo) -> BuildInfo {
-    BuildInfo {
-        version: env!("CARGO_PKG_VERSION").to_owned(),
-        python_version: zygote.python_version.clone(),
-        sandbox_layers: sandbox_layers(zygote),
-    }
-}
-
-/// The sandbox layers the zygote's start-up probe found active, by name.
-fn sandbox_layers(zygote: &ZygoteInfo) -> Vec<String> {
-    zygote
-        .sandbox
-        .iter()
-        .filter(|r| r.state == LayerState::Active)
-        .map(|r| r.layer.as_str().to_owned())
-        .collect()
-}
-
-/// The file store the configuration describes (local disk or S3), its operations
-/// recorded in `metrics`.
-pub fn open_store(config: &Config, metrics: Arc<Metrics>) -> Result<SharedStore, StoreError> {
-    let files = &config.files;
-    let max_file_bytes = files.max_file_size_mb << 20;
-    let quota_bytes = (files.quota_mb > 0).then_some(files.quota_mb << 20);
-    let ttl = (files.ttl_seconds > 0).then(|| Duration::from_secs(files.ttl_seconds));
-    Ok(match files.backend {
-        FilesBackend::Local => {
-            let store = LocalStore::open(LocalStoreSettings {
-                dir: config.files_dir(),
-                max_file_bytes,
-                quota_bytes,
-                ttl,
-            })?;
-            Arc::new(Observed::new(store, metrics))
-        }
-        FilesBackend::S3 => {
-            let settings = S3StoreSettings {
-                max_file_bytes,
-                quota_bytes,
-                ttl,
-            };
-            Arc::new(Observed::new(S3Store::open(&config.s3, settings)?, metrics))
-        }
-    })
-}
-
-/// One log line per sandbox layer: active ones at info, the others as warnings (a layer
-/// switched off is for benchmarks only).
-fn log_sandbox(layers: &[LayerReport]) {
-    for r in layers {
-        let layer = r.layer.as_str();
-        match r.state {
-            LayerState::Active => tracing::info!(layer, detail = %r.detail, "sandbox layer active"),
-            LayerState::Off => tracing::warn!(
-                layer,
-                detail = %r.detail,
-                "SANDBOX LAYER SWITCHED OFF by configuration: workers run with less isolation"
-            ),
-            LayerState::Unavailable => tracing::warn!(
-                layer,
-                detail = %r.detail,
-                "sandbox layer unavailable on this host; add it to sandbox.require to refuse to start"
-            ),
-        }
-    }
 }

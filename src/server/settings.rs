@@ -1,0 +1,184 @@
+//! What a configuration implies for the parts `serve` starts: the API keys and where they
+//! allow listening, the pool's tiers, the session rules, the file store, matplotlib's
+//! shared config directory.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use snakecage_worker::protocol::{WorkerLimits, ZygoteConfig};
+
+use super::ServeError;
+use crate::auth::Keys;
+use crate::config::FilesBackend;
+use crate::config::{Config, ConfigError};
+use crate::files::local::LocalStoreSettings;
+use crate::files::observed::Observed;
+use crate::files::s3::S3StoreSettings;
+use crate::files::{LocalStore, S3Store, SharedStore, StoreError};
+use crate::metrics::Metrics;
+use crate::pool::{PoolSettings, TierSettings};
+use crate::sessions::SessionSettings;
+
+/// The configured keys, and whether the service may listen where it does with them: beyond
+/// loopback only with keys, or when explicitly allowed (then with a loud warning).
+pub fn load_keys(config: &Config, listening: SocketAddr) -> Result<Keys, ServeError> {
+    let keys = Keys::load(&config.auth)?.listening_on(listening);
+    if keys.enabled() {
+        tracing::info!(keys = keys.names().count(), "API keys required");
+    } else if !listening.ip().is_loopback() {
+        if !config.auth.allow_unauthenticated {
+            return Err(ServeError::Unauthenticated(listening));
+        }
+        tracing::warn!(
+            addr = %listening,
+            "NO AUTHENTICATION: listening beyond loopback without API keys \
+             (--allow-unauthenticated); anyone who can reach this port can run code and \
+             read, replace and delete every stored file"
+        );
+    }
+    Ok(keys)
+}
+
+/// The niceness the lighter zygotes prepare at: the fullest one, which the service's
+/// readiness waits for, gets the CPU first (BENCHMARKS.md, "Start-up").
+const STARTUP_NICE_LIGHTER: i32 = 10;
+
+/// The pool settings a configuration implies: one zygote configuration per tier, the
+/// same but for its name, preloads and warm-up.
+pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
+    let layout = config.python.layout()?;
+    let state_dir = &config.worker.state_dir;
+    let limits = &config.limits;
+    let zygote = ZygoteConfig {
+        python_home: layout.home,
+        site_packages: layout.site_packages,
+        tier: String::new(),
+        preload: Vec::new(),
+        warm_up: Vec::new(),
+        snapshot: false,
+        immortal: true,
+        // Shared by every tier: the plotting zygote builds the font cache there, which a
+        // worker of another tier importing matplotlib then reads.
+        describe_packages: true,
+        startup_nice: 0,
+        mpl_config_dir: state_dir.join("mplconfig"),
+        limits: WorkerLimits {
+            memory_limit_bytes: limits.memory_limit_mb << 20,
+            // The wall-clock kill comes first; CPU time is a backstop a little behind it.
+            cpu_seconds: limits.max_timeout_ms.div_ceil(1000) + 1,
+            max_file_bytes: limits.max_file_size_mb << 20,
+            max_open_files: limits.max_open_files,
+            max_processes: limits.max_processes,
+        },
+        sandbox: config.sandbox.zygote_config(),
+        supervisor_pid: Some(std::process::id() as i32),
+    };
+    let fullest = config
+        .tiers
+        .profile
+        .iter()
+        .map(|profile| profile.preload.len())
+        .max()
+        .unwrap_or(0);
+    let tiers = config
+        .tiers
+        .profile
+        .iter()
+        .enumerate()
+        .map(|(i, profile)| TierSettings {
+            name: profile.name.clone(),
+            zygote: ZygoteConfig {
+                tier: profile.name.clone(),
+                preload: profile.preload.clone(),
+                warm_up: profile.warm_up(),
+                // The lightest zygote is up first: the package scan is off the path of
+                // the fuller ones, which decide when the service is ready.
+                describe_packages: i == 0,
+                startup_nice: if profile.preload.len() == fullest {
+                    0
+                } else {
+                    STARTUP_NICE_LIGHTER
+                },
+                snapshot: profile.snapshot,
+                immortal: profile.immortal,
+                ..zygote.clone()
+            },
+        })
+        .collect();
+    Ok(PoolSettings {
+        size: config.pool.size,
+        queue_length: config.pool.queue_length,
+        queue_timeout: Duration::from_millis(config.pool.queue_timeout_ms),
+        spawn_timeout: Duration::from_millis(config.pool.spawn_timeout_ms),
+        worker_binary: config.worker_binary(),
+        workspace_root: config.workspace_root(),
+        tiers,
+        session_tier: config.tiers.session_tier(),
+        min_idle: config.tiers.min_idle,
+        require: config.sandbox.require.clone(),
+    })
+}
+
+/// matplotlib's config and cache directory, shared by every tier: the plotting zygote
+/// writes its font cache there, and a worker of any other tier that imports matplotlib
+/// (behind the import scan's back) reads it. matplotlib insists on a directory that
+/// `access(W_OK)` calls writable, and otherwise makes a temporary one and exports it with
+/// `os.putenv`, which the audit hook denies: the import would fail. So the directory is
+/// `/tmp`-like for the file permissions (mode 1777: anyone may create, nobody may replace
+/// or remove another's file, such as the root-owned font cache), while a worker can still
+/// write nothing there: Landlock grants it read access only (`access` is not a Landlock
+/// check) and the audit hook denies opening it for writing. A directory this process does
+/// not own (another instance's) keeps its mode: only such an import is then affected.
+pub(super) fn prepare_mpl_config_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    if let Err(e) = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777)) {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot open matplotlib's config dir to workers");
+    }
+    Ok(())
+}
+
+/// The session rules the configuration describes.
+pub fn session_settings(config: &Config) -> SessionSettings {
+    let s = &config.sessions;
+    SessionSettings {
+        idle_timeout: Duration::from_secs(s.idle_timeout_seconds),
+        max_sessions: s.max_sessions,
+        max_ttl: Duration::from_secs(s.max_ttl_seconds),
+        interrupt_grace: Duration::from_millis(s.interrupt_grace_ms),
+        replay: crate::sessions::replay::ReplayLimits {
+            max_runs: s.replay_max_runs,
+            max_bytes: s.replay_max_bytes,
+        },
+        id_prefix: String::new(),
+    }
+}
+
+/// The file store the configuration describes (local disk or S3), its operations
+/// recorded in `metrics`.
+pub fn open_store(config: &Config, metrics: Arc<Metrics>) -> Result<SharedStore, StoreError> {
+    let files = &config.files;
+    let max_file_bytes = files.max_file_size_mb << 20;
+    let quota_bytes = (files.quota_mb > 0).then_some(files.quota_mb << 20);
+    let ttl = (files.ttl_seconds > 0).then(|| Duration::from_secs(files.ttl_seconds));
+    Ok(match files.backend {
+        FilesBackend::Local => {
+            let store = LocalStore::open(LocalStoreSettings {
+                dir: config.files_dir(),
+                max_file_bytes,
+                quota_bytes,
+                ttl,
+            })?;
+            Arc::new(Observed::new(store, metrics))
+        }
+        FilesBackend::S3 => {
+            let settings = S3StoreSettings {
+                max_file_bytes,
+                quota_bytes,
+                ttl,
+            };
+            Arc::new(Observed::new(S3Store::open(&config.s3, settings)?, metrics))
+        }
+    })
+}
