@@ -1,9 +1,8 @@
-"""An upstream MCP server (stdio, or ``http PORT``) for the depth tests, on the official MCP Python SDK: one
-tool, ``nest``, whose structured result nests a list ``levels`` deep, and ``nest_text``,
+"""An upstream MCP server (stdio) for the depth tests, on the official MCP Python SDK: two
+tools: ``nest``, whose structured result nests a list ``levels`` deep, and ``nest_text``,
 whose text is such a list as JSON (no structured content)."""
 
 import json
-import sys
 
 from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent
@@ -32,7 +31,4 @@ def nest_text(levels: int) -> CallToolResult:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "http":
-        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
-    else:
-        server.run()
+    server.run()
