@@ -7,6 +7,7 @@ use axum::extract::rejection::{BytesRejection, JsonRejection};
 use axum::extract::{FromRequest, Request};
 use axum::http::{StatusCode, header};
 use serde::de::{DeserializeOwned, IgnoredAny};
+use snakecage_worker::jsondepth;
 
 use super::SharedState;
 use crate::error::ApiError;
@@ -17,11 +18,23 @@ pub struct ApiJson<T>(pub T);
 pub trait JsonObject: DeserializeOwned {
     /// The object in brief, as a client would start writing it: `{"code": ...}`.
     const SKETCH: &'static str;
+
+    /// The refusal of a body that is JSON nested `depth` levels deep (its own object
+    /// included), deeper than serde_json parses; `None`: refused as JSON it cannot read.
+    fn too_deep(_depth: usize) -> Option<ApiError> {
+        None
+    }
 }
 
 // Here rather than beside its type: `api/runs.rs` is the tool-call protocol's.
 impl JsonObject for super::runs::AnswerBody {
     const SKETCH: &'static str = r#"{"result": ...} or {"error": ...}"#;
+
+    fn too_deep(depth: usize) -> Option<ApiError> {
+        Some(super::runs::answer_too_deep(&format!(
+            "the answer (its own object included) is nested {depth} levels deep"
+        )))
+    }
 }
 
 impl<T: JsonObject> FromRequest<SharedState> for ApiJson<T> {
@@ -83,7 +96,13 @@ pub fn parse_object<T: JsonObject>(bytes: &[u8], state: &SharedState) -> Result<
     }
     axum::Json::<T>::from_bytes(bytes)
         .map(|axum::Json(value)| value)
-        .map_err(|rejection| rejection_to_error(rejection, state))
+        .map_err(|rejection| match rejection {
+            JsonRejection::JsonSyntaxError(_) => jsondepth::parse_result(bytes)
+                .err()
+                .and_then(T::too_deep)
+                .unwrap_or_else(|| rejection_to_error(rejection, state)),
+            rejection => rejection_to_error(rejection, state),
+        })
 }
 
 fn syntax_error(text: &str) -> ApiError {

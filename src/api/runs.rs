@@ -10,6 +10,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use snakecage_worker::jsondepth::{self, MAX_TOOL_JSON_DEPTH};
 
 use super::SharedState;
 use super::execute::Prepared;
@@ -113,12 +114,42 @@ pub async fn answer_tool_call(
             ));
         }
     };
+    held_to_depth(&answer)?;
     match state.runs.answer(&run_id, &call_id, caller.owner(), answer) {
         Ok(()) => Ok(StatusCode::NO_CONTENT),
         Err(e @ AnswerError::NoRun(_)) => Err(ApiError::NotFound(e.to_string())),
         Err(e @ AnswerError::NotPending { .. }) => Err(ApiError::ToolCallNotWaiting(e.to_string())),
         Err(e @ AnswerError::Cancelled { .. }) => Err(ApiError::ToolCallCancelled(e.to_string())),
     }
+}
+
+/// Refuses an answer whose result, or error `data`, nests deeper than a tool's result may
+/// ([`MAX_TOOL_JSON_DEPTH`]): the worker could not be given it. The call still waits.
+fn held_to_depth(answer: &CallerAnswer) -> Result<(), ApiError> {
+    let (what, value) = match answer {
+        CallerAnswer::Result(result) => ("`result`", result),
+        CallerAnswer::Error(error) => match error.get("data") {
+            Some(data) => ("`error.data`", data),
+            None => return Ok(()),
+        },
+    };
+    let depth = jsondepth::value_depth(value);
+    if depth > MAX_TOOL_JSON_DEPTH {
+        return Err(answer_too_deep(&format!(
+            "the answer's {what} is nested {depth} levels deep"
+        )));
+    }
+    Ok(())
+}
+
+/// 400 for an answer nested too deep (`what_is`: "the answer's `result` is nested 70
+/// levels deep"), naming the limit; the call still waits for an answer it can take.
+pub fn answer_too_deep(what_is: &str) -> ApiError {
+    ApiError::BadRequest(format!(
+        "{what_is}, deeper than the {MAX_TOOL_JSON_DEPTH} levels a tool's result or error \
+         data may nest (arrays and objects within one another); the call still waits for an \
+         answer: send one less deep, or an error"
+    ))
 }
 
 /// Cancels a run: a stateless run's worker is killed at once; a session's job is

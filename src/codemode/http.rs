@@ -9,6 +9,7 @@ use std::time::Duration;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::redirect::{Attempt, Policy};
 use serde_json::Value;
+use snakecage_worker::jsondepth;
 use snakecage_worker::protocol::{ToolErrorKind, ToolOutcome};
 
 use super::catalog::failed;
@@ -89,9 +90,17 @@ impl HttpTool {
             Ok(body) => body,
             Err(outcome) => return outcome,
         };
-        let value = match serde_json::from_slice::<Value>(&body) {
-            Ok(v) => v,
-            Err(_) => Value::String(String::from_utf8_lossy(&body).into_owned()),
+        // JSON too deep to parse is refused here; parsed, it is held to the depth limit
+        // with every other result.
+        let value = match jsondepth::parse_result(&body) {
+            Ok(Some(v)) => v,
+            Ok(None) => Value::String(String::from_utf8_lossy(&body).into_owned()),
+            Err(depth) => {
+                return ToolOutcome::error(
+                    ToolErrorKind::Limit,
+                    jsondepth::too_deep("the tool's result", depth),
+                );
+            }
         };
         if status.is_success() {
             ToolOutcome::Ok { result: value }

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use snakecage_worker::jsondepth::{self, MAX_TOOL_JSON_DEPTH};
 use snakecage_worker::protocol::{ToolCall, ToolErrorKind, ToolOutcome};
 use snakecage_worker::toolspec::ToolSpec;
 
@@ -188,26 +189,62 @@ impl ToolHost for Toolbox {
     }
 }
 
-/// A result bigger than the limit becomes a `limit` error.
+/// A result bigger than the limit, or nested deeper than [`MAX_TOOL_JSON_DEPTH`] (which no
+/// worker could read past its frame codec's depth), becomes a `limit` error; error `data`
+/// past either is dropped, the error kept. Every provider's answer passes here.
 fn cap_result(outcome: ToolOutcome, max: usize) -> ToolOutcome {
-    let size = |v: &Value| serde_json::to_vec(v).map_or(usize::MAX, |b| b.len());
-    match &outcome {
-        ToolOutcome::Ok { result } if size(result) > max => ToolOutcome::error(
-            ToolErrorKind::Limit,
-            format!(
-                "the tool's result is larger than the {max} bytes allowed (tools.max_result_bytes)"
+    match outcome {
+        ToolOutcome::Ok { result } => match over_limits(&result, max) {
+            None => ToolOutcome::Ok { result },
+            Some(Over::Size) => ToolOutcome::error(
+                ToolErrorKind::Limit,
+                format!(
+                    "the tool's result is larger than the {max} bytes allowed (tools.max_result_bytes)"
+                ),
             ),
-        ),
-        ToolOutcome::Error { data, .. } if size(data) > max => match outcome {
-            ToolOutcome::Error { kind, message, .. } => ToolOutcome::Error {
+            Some(Over::Depth(depth)) => ToolOutcome::error(
+                ToolErrorKind::Limit,
+                jsondepth::too_deep("the tool's result", depth),
+            ),
+        },
+        ToolOutcome::Error {
+            kind,
+            mut message,
+            data,
+        } => {
+            let data = match over_limits(&data, max) {
+                None => data,
+                Some(Over::Size) => Value::Null,
+                Some(Over::Depth(depth)) => {
+                    message.push_str(&format!(
+                        " (its data was dropped: {})",
+                        jsondepth::too_deep("it", depth)
+                    ));
+                    Value::Null
+                }
+            };
+            ToolOutcome::Error {
                 kind,
                 message,
-                data: Value::Null,
-            },
-            ok => ok,
-        },
-        _ => outcome,
+                data,
+            }
+        }
     }
+}
+
+/// How a value breaks the limits on a result, depth first.
+enum Over {
+    Size,
+    Depth(usize),
+}
+
+fn over_limits(value: &Value, max: usize) -> Option<Over> {
+    let depth = jsondepth::value_depth(value);
+    if depth > MAX_TOOL_JSON_DEPTH {
+        return Some(Over::Depth(depth));
+    }
+    let size = serde_json::to_vec(value).map_or(usize::MAX, |b| b.len());
+    (size > max).then_some(Over::Size)
 }
 
 /// One call as the metrics count it, exactly once: with its outcome when it is answered
@@ -264,6 +301,7 @@ impl Drop for CallRecord {
 
 #[cfg(test)]
 mod tests {
+    use super::catalog::failed;
     use super::*;
     use serde_json::json;
 
@@ -281,5 +319,45 @@ mod tests {
         ));
         let small = ToolOutcome::Ok { result: json!(1) };
         assert_eq!(cap_result(small.clone(), 50), small);
+    }
+
+    fn nested(levels: usize) -> Value {
+        (0..levels).fold(json!(0), |inner, _| json!([inner]))
+    }
+
+    /// Results up to the depth limit pass; deeper ones are `limit` errors saying how deep,
+    /// and error data nested too deep is dropped with a word why.
+    #[test]
+    fn results_nested_past_the_depth_limit_become_limit_errors() {
+        let deepest = ToolOutcome::Ok {
+            result: nested(MAX_TOOL_JSON_DEPTH),
+        };
+        assert_eq!(cap_result(deepest.clone(), 1 << 20), deepest);
+        let ToolOutcome::Error { kind, message, .. } = cap_result(
+            ToolOutcome::Ok {
+                result: json!({"a": nested(MAX_TOOL_JSON_DEPTH)}),
+            },
+            1 << 20,
+        ) else {
+            panic!("a result too deep went through")
+        };
+        assert_eq!(kind, ToolErrorKind::Limit);
+        assert!(
+            message.starts_with("the tool's result is nested 65 levels deep, deeper than the 64"),
+            "{message}"
+        );
+        let ToolOutcome::Error {
+            kind,
+            message,
+            data,
+        } = cap_result(failed("no such order", nested(100)), 1 << 20)
+        else {
+            panic!("not an error")
+        };
+        assert_eq!((kind, data), (ToolErrorKind::Failed, Value::Null));
+        assert!(
+            message.starts_with("no such order (its data was dropped: it is nested 100 levels"),
+            "{message}"
+        );
     }
 }

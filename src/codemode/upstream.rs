@@ -20,6 +20,7 @@ use rmcp::transport::DynamicTransportError;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::Value;
+use snakecage_worker::jsondepth;
 use snakecage_worker::protocol::{ToolErrorKind, ToolOutcome};
 use snakecage_worker::toolspec::{ToolSpec, valid_name};
 
@@ -153,7 +154,16 @@ impl Upstream {
         }
         let value = match result.structured_content {
             Some(v) => v,
-            None => serde_json::from_str(&text).unwrap_or(Value::String(text)),
+            None => match jsondepth::parse_result(text.as_bytes()) {
+                Ok(Some(v)) => v,
+                Ok(None) => Value::String(text),
+                Err(depth) => {
+                    return ToolOutcome::error(
+                        ToolErrorKind::Limit,
+                        jsondepth::too_deep("the tool's result", depth),
+                    );
+                }
+            },
         };
         ToolOutcome::Ok { result: value }
     }

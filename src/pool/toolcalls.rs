@@ -23,6 +23,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 
+use snakecage_worker::jsondepth::{self, MAX_TOOL_JSON_DEPTH};
 use snakecage_worker::protocol::{ToolCall, ToolErrorKind, ToolOutcome, ToolResult};
 
 /// The answer to one call, still to come.
@@ -63,6 +64,9 @@ pub enum CallViolation {
     DuplicateId(u64),
     /// One call more than the job's cap in flight at once.
     OverCap(usize),
+    /// A call with an argument nested this deep, past [`MAX_TOOL_JSON_DEPTH`]: the worker
+    /// refuses such a call itself, so only code writing to the job socket sends one.
+    TooDeep(usize),
 }
 
 impl fmt::Display for CallViolation {
@@ -76,6 +80,11 @@ impl fmt::Display for CallViolation {
                 f,
                 "more tool calls in flight at once than the {cap} allowed \
                  (tools.max_concurrent_calls)"
+            ),
+            CallViolation::TooDeep(depth) => write!(
+                f,
+                "a tool call with an argument nested {depth} levels deep, past the \
+                 {MAX_TOOL_JSON_DEPTH} a worker sends"
             ),
         }
     }
@@ -94,9 +103,16 @@ impl InFlight {
         self.pending.is_empty()
     }
 
-    /// Checks `call` against the calls pending: a duplicate id or one past the cap breaks
-    /// the protocol. Nothing is started for it.
+    /// Checks `call` against the calls pending: a duplicate id, one past the cap or one
+    /// nested deeper than a worker sends breaks the protocol. Nothing is started for it.
     pub fn admit(&self, call: &ToolCall) -> Result<(), CallViolation> {
+        let depth = match jsondepth::deepest_member(&call.arguments) {
+            Some((_, depth)) => depth,
+            None => jsondepth::value_depth(&call.arguments),
+        };
+        if depth > MAX_TOOL_JSON_DEPTH {
+            return Err(CallViolation::TooDeep(depth));
+        }
         if self.pending.iter().any(|(id, _)| *id == call.id) {
             return Err(CallViolation::DuplicateId(call.id));
         }
@@ -240,6 +256,15 @@ mod tests {
             Err(CallViolation::DuplicateId(2))
         );
         assert_eq!(in_flight.admit(&call(4)), Err(CallViolation::OverCap(3)));
+        let nested = |levels| (0..levels).fold(json!(0), |inner, _| json!([inner]));
+        let mut deep = call(5);
+        deep.arguments = json!({"flat": 1, "deep": nested(MAX_TOOL_JSON_DEPTH + 1)});
+        assert_eq!(
+            InFlight::new(3).admit(&deep),
+            Err(CallViolation::TooDeep(MAX_TOOL_JSON_DEPTH + 1))
+        );
+        deep.arguments = json!({"deepest": nested(MAX_TOOL_JSON_DEPTH)});
+        assert_eq!(InFlight::new(3).admit(&deep), Ok(()));
         let mut order = Vec::new();
         for _ in 0..3 {
             order.push(in_flight.next().await.0);

@@ -58,6 +58,7 @@ mod tools_caller;
 mod tools_caller_cancel;
 mod tools_cancel;
 mod tools_concurrent;
+mod tools_depth;
 mod tools_fanout;
 mod tools_mcp;
 mod tools_mcp_reconnect;

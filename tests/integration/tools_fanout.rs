@@ -20,9 +20,10 @@ async fn sixty_four_calls_gathered_at_once_are_all_in_flight_together() {
 from snakecage import tools
 answers = await asyncio.gather(*(tools.aio.gate(city=i, together=64) for i in range(64)))
 print([a['city'] for a in answers] == list(range(64)), min(a['seen'] for a in answers))
-# The deepest answer the job socket carries is read on those small stacks too.
+# The deepest answer a tool may give (64 levels: the echo of an argument 63 deep) is read
+# on those small stacks too.
 deep = 0
-for _ in range(124):
+for _ in range(63):
     deep = [deep]
 print(await tools.aio.echo(v=deep) == {'v': deep})";
     let body = s.run_with(json!({"code": code, "timeout_ms": 60000})).await;
@@ -70,4 +71,55 @@ print(await tools.aio.echo(n='dann'))";
         1.0,
         "{metrics}"
     );
+}
+
+/// A session whose memory is used up but for a few pages fans out 64 calls (the report:
+/// the worker aborted, "memory allocation of 632 bytes failed", SIGABRT, the session
+/// lost). The Rust half of a call no longer aborts: each call raises `MemoryError` or
+/// `ToolLimitError` (no thread for it) or gets its answer, for each amount freed that
+/// aborted before; and once the memory is free, the same session makes calls again.
+#[tokio::test]
+async fn a_fan_out_with_the_memory_used_up_raises_memory_error_and_the_session_lives() {
+    let (s, _seen, _dir) = server("max_concurrent_calls = 64").await;
+    let id = s.new_session().await;
+    let fill = "import asyncio
+from snakecage import tools
+def outcomes(answers):
+    return sorted({type(a).__name__ for a in answers})
+hog = []
+for size in (1 << 20, 1 << 16, 1 << 12):
+    try:
+        while True:
+            hog.append(bytearray(size))
+    except MemoryError:
+        pass
+";
+    for pages in [1, 4, 8] {
+        let code = format!(
+            "{fill}del hog[-{pages}:]
+answers = await asyncio.gather(*(tools.aio.echo(i=i) for i in range(64)), return_exceptions=True)
+del hog
+print(len(answers), set(outcomes(answers)) <= {{'dict', 'MemoryError', 'ToolLimitError'}}, outcomes(answers))"
+        );
+        let body = s.session_run(&id, &code).await;
+        assert_eq!(body["verdict"], "ok", "freed {pages} pages: {body}");
+        assert!(
+            stdout(&body).starts_with("64 True "),
+            "freed {pages} pages: {body}"
+        );
+    }
+    // The session lives, and so do its calls. (A new thread of the pool may still find no
+    // room: memory freed into the allocator's free lists, not given back to the kernel,
+    // counts against the limit; that call raises `ToolLimitError`, as it did before.)
+    let body = s
+        .session_run(
+            &id,
+            "print(tools.echo(i='sync'))
+try:
+    print((await tools.aio.echo(i='aio'))['i'])
+except tools.ToolLimitError:
+    print('aio')",
+        )
+        .await;
+    assert_eq!(stdout(&body), "{'i': 'sync'}\naio\n", "{body}");
 }

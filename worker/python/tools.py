@@ -17,7 +17,10 @@ this run are its only reach beyond the process.  Find them, then call them::
 A call blocks the calling thread until the tool answers; the run's deadline
 keeps running meanwhile.  Arguments are keyword arguments of JSON values,
 checked against the tool's JSON Schema before anything is sent; the result is
-the tool's JSON answer as Python objects.
+the tool's JSON answer as Python objects.  An argument or a result may nest
+lists and dicts at most ``MAX_JSON_DEPTH`` (64) levels deep: a deeper argument
+raises ``ToolLimitError`` before anything is sent, a deeper result raises it
+instead of returning.
 
 Calls run concurrently: a waiting call releases the GIL, so the program's
 other threads run, and calls from several threads are in flight at once (up
@@ -51,6 +54,7 @@ package ``snakecage`` that exists only in ``sys.modules``; the native half,
 socket.
 """
 
+import _queue
 import _thread
 import json as _json
 import sys as _sys
@@ -58,6 +62,7 @@ import sys as _sys
 import _snakecage_tools as _native
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "ToolError",
     "UnknownToolError",
     "ToolArgumentsError",
@@ -94,7 +99,12 @@ class ToolArgumentsError(ToolError, TypeError):
 
 
 class ToolLimitError(ToolError):
-    """A per-run limit was reached: number of calls, argument or result size."""
+    """A limit was reached: the number of calls of a run, the size of the
+    arguments or of the result, or how deep they nest (``MAX_JSON_DEPTH``)."""
+
+
+# How deep an argument or a result may nest lists and dicts: [[1]] is 2 levels.
+MAX_JSON_DEPTH = _native.MAX_JSON_DEPTH
 
 
 class ToolTimeoutError(ToolError, TimeoutError):
@@ -146,6 +156,17 @@ def _encode(name, arguments):
             tool=name,
             kind="invalid_arguments",
         ) from None
+    except RecursionError:
+        # Nested thousands of levels: deeper than the encoder goes, and far deeper than
+        # a call may carry. The native half measures
+        # everything shallower, and names the argument.
+        raise ToolLimitError(
+            f"arguments of tool '{name}' are nested too deep to be encoded, deeper than the "
+            f"{MAX_JSON_DEPTH} levels a tool's arguments and results may nest (arrays and "
+            "objects within one another); flatten them, or pass them as a JSON string",
+            tool=name,
+            kind="limit",
+        ) from None
 
 
 def _decode(name, answer):
@@ -158,8 +179,10 @@ def _decode(name, answer):
     raise error(answer.get("message", ""), data=answer.get("data"), tool=name, kind=kind)
 
 
-# The threads ``acall`` runs calls on: started on first use (nothing is imported
-# for them before), never in the zygote, at most as many as the run's cap. The
+# The threads ``acall`` runs calls on: started on first use, never in the zygote,
+# at most as many as the run's cap. Their queue's module (``_queue``, small, it imports
+# nothing) is imported with this one: an import on first use, in a run whose memory is
+# used up, failed with ``OSError`` (ENOMEM) instead of the call's own error. The
 # native half starts them, each with a small stack of its own (``threading``'s
 # stack size is the process's: 8 MiB, and ~30 of those filled the run's memory
 # limit). They are not ``threading`` threads, and daemons in effect: a one-shot
@@ -172,14 +195,21 @@ _pool_threads = 0
 _pool_idle = 0
 
 
-def _pool_worker():
-    global _pool_idle
-    while True:
-        work = _pool_queue.get()
-        work()
-        del work
+def _pool_worker(started):
+    global _pool_idle, _pool_threads
+    started()  # the native half waits for this before it starts another
+    try:
+        while True:
+            work = _pool_queue.get()
+            work()
+            del work
+            with _pool_lock:
+                _pool_idle += 1
+    finally:
+        # A thread that dies (a MemoryError out of its loop) is not counted as one that
+        # serves: the next call starts another.
         with _pool_lock:
-            _pool_idle += 1
+            _pool_threads -= 1
 
 
 def _submit(work, name):
@@ -189,9 +219,7 @@ def _submit(work, name):
     global _pool_queue, _pool_threads, _pool_idle
     with _pool_lock:
         if _pool_queue is None:
-            import queue
-
-            _pool_queue = queue.SimpleQueue()
+            _pool_queue = _queue.SimpleQueue()
         if _pool_idle > 0:
             _pool_idle -= 1
         elif _pool_threads < max(1, _native.max_concurrent_calls()):

@@ -98,7 +98,10 @@ fn harden(
     //    too), then everything inherited from the zygote closed.
     fds::arrange(fds).map_err(step("arranging fds"))?;
     fds::enter_workspace().map_err(step("entering the workspace"))?;
-    // 3. Resource limits, before any user-controlled allocation.
+    // 3. Resource limits, before any user-controlled allocation; the allocator's
+    //    emergency reserve just before them, so the job's memory budget does not pay for
+    //    it. A kernel that refuses it leaves the worker without one, as it was before.
+    let _ = crate::reserve::arm();
     if sandbox.applies_rlimits() {
         rlimits::apply(limits).map_err(step("setting rlimits"))?;
     }

@@ -18,6 +18,17 @@ pub const HEADER_LEN: usize = 4;
 /// outputs; 64 MiB bounds both with room to spare.
 pub const MAX_FRAME_LEN: usize = 64 << 20;
 
+/// How deep a frame may nest arrays and objects (the frame's own object is level 1): the
+/// limit serde_json keeps while it parses, so a deeper frame is [`FrameError::Malformed`]
+/// without a level more of recursion. Named here so the protocol is held to it: the
+/// deepest frame an honest side sends is a tool call (its object, its arguments object,
+/// then an argument up to [`MAX_TOOL_JSON_DEPTH`]) or its answer, well inside it.
+///
+/// [`MAX_TOOL_JSON_DEPTH`]: crate::jsondepth::MAX_TOOL_JSON_DEPTH
+pub const MAX_FRAME_DEPTH: usize = 127;
+
+const _: () = assert!(crate::jsondepth::MAX_TOOL_JSON_DEPTH + 2 <= MAX_FRAME_DEPTH);
+
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
     #[error("frame of {len} bytes exceeds the maximum of {max} bytes")]
@@ -88,6 +99,15 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(
     r: &mut R,
     max: usize,
 ) -> Result<Option<T>, FrameError> {
+    match read_body(r, max)? {
+        Some(body) => Ok(Some(serde_json::from_slice(&body)?)),
+        None => Ok(None),
+    }
+}
+
+/// Reads one frame's body, not decoded (for a reader that decodes some frames its own
+/// way). `Ok(None)` means the stream ended cleanly between frames.
+pub fn read_body<R: Read>(r: &mut R, max: usize) -> Result<Option<Vec<u8>>, FrameError> {
     let mut header = [0u8; HEADER_LEN];
     let got = read_full(r, &mut header)?;
     if got == 0 {
@@ -105,7 +125,7 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(
     if got < len {
         return Err(FrameError::Truncated { got, expected: len });
     }
-    Ok(Some(serde_json::from_slice(&body)?))
+    Ok(Some(body))
 }
 
 /// Reads until `buf` is full or the stream ends; returns how many bytes were read.
@@ -339,6 +359,42 @@ mod tests {
         assert!(matches!(err, FrameError::Malformed(_)), "{err}");
         let err = decode_exact::<Msg>(&wire, MAX_FRAME_LEN).unwrap_err();
         assert!(matches!(err, FrameError::Malformed(_)), "{err}");
+    }
+
+    /// A frame `levels` deep: a tool call whose argument nests the rest.
+    fn deep_call(levels: usize) -> Vec<u8> {
+        let argument = "[".repeat(levels - 2) + &"]".repeat(levels - 2);
+        let body =
+            format!(r#"{{"type":"tool_call","id":1,"name":"t","arguments":{{"x":{argument}}}}}"#);
+        let mut wire = (body.len() as u32).to_le_bytes().to_vec();
+        wire.extend_from_slice(body.as_bytes());
+        wire
+    }
+
+    /// Frames up to the depth limit decode, at either end; deeper ones are malformed, and a
+    /// hostile frame a million levels deep is refused as quickly, without using the stack.
+    #[test]
+    fn frames_decode_up_to_their_depth_limit_and_no_deeper() {
+        use crate::protocol::WorkerMessage;
+        let deepest = deep_call(MAX_FRAME_DEPTH);
+        let mut dec = FrameDecoder::new(MAX_FRAME_LEN);
+        dec.push(&deepest);
+        assert!(matches!(
+            dec.next_frame::<WorkerMessage>(),
+            Ok(Some(WorkerMessage::ToolCall(_)))
+        ));
+        for levels in [MAX_FRAME_DEPTH + 1, 1_000_000] {
+            let wire = deep_call(levels);
+            let mut dec = FrameDecoder::new(MAX_FRAME_LEN);
+            dec.push(&wire);
+            let err = dec.next_frame::<WorkerMessage>().unwrap_err();
+            assert!(matches!(err, FrameError::Malformed(_)), "{err}");
+            assert!(err.to_string().contains("recursion limit"), "{err}");
+            // Nothing is left of it in the decoder.
+            dec.finish().unwrap();
+            let err = read_frame::<_, WorkerMessage>(&mut &wire[..], MAX_FRAME_LEN).unwrap_err();
+            assert!(matches!(err, FrameError::Malformed(_)), "{err}");
+        }
     }
 
     #[test]

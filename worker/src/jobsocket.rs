@@ -9,8 +9,10 @@
 //! Reads are demultiplexed, leader/follower: one thread at a time reads a frame from the
 //! socket, with no lock held; it files what it read and wakes the others:
 //!
-//! - a `ToolResult` goes to the call waiting for its id; an answer for an id nobody waits
-//!   for any more (its job ended, the call was answered locally) is discarded;
+//! - a `ToolResult` goes to the call waiting for its id, as its text ([`Answer`], never
+//!   parsed here: the reader may be a thread of user code with a small stack); an answer
+//!   for an id nobody waits for any more (its job ended, the call was answered locally) is
+//!   discarded;
 //! - any other request is kept, in order, for the job loop ([`JobSocket::next_request`]);
 //! - the end of the stream, or a frame that is no request, ends every wait.
 //!
@@ -31,6 +33,11 @@ use snakecage_worker::protocol::{JobRequest, ToolOutcome, WorkerMessage};
 
 use crate::sandbox::fds;
 
+mod answer;
+
+pub use self::answer::Answer;
+use self::answer::Frame;
+
 /// The process's job socket.
 pub static JOB: JobSocket = JobSocket::new(fds::JOB_FD);
 
@@ -47,7 +54,7 @@ struct Shared {
     /// A thread is reading a frame (the leader); the others wait.
     reading: bool,
     /// Calls waiting for their answer, by id: `None` until it comes.
-    calls: BTreeMap<u64, Option<ToolOutcome>>,
+    calls: BTreeMap<u64, Option<Answer>>,
     /// Requests for the job loop, read by whichever thread was reading.
     requests: VecDeque<JobRequest>,
     /// The stream ended (`None` inside: cleanly, between frames) or broke.
@@ -137,6 +144,7 @@ impl JobSocket {
     /// Answers every call still waiting with `outcome` (the job ended), and wakes them. A
     /// late answer from the supervisor then finds nobody and is discarded.
     pub fn answer_all_locally(&self, outcome: &ToolOutcome) {
+        let outcome = Answer::local(outcome);
         let mut shared = lock(&self.shared);
         let mut answered = false;
         for answer in shared.calls.values_mut().filter(|a| a.is_none()) {
@@ -161,15 +169,15 @@ impl JobSocket {
     /// Waits for the answer to call `id` (registered with [`JobSocket::expect`]), reading
     /// the socket when no other thread is. Blocks without any lock held in between: call
     /// it with the GIL released.
-    pub fn wait_answer(&self, id: u64) -> Result<ToolOutcome, Ended> {
+    pub fn wait_answer(&self, id: u64) -> Result<Answer, Ended> {
         self.wait(|shared| match shared.calls.get(&id) {
             Some(Some(_)) => shared.calls.remove(&id).flatten(),
             Some(None) => None,
             // Not registered (cannot happen): nothing will ever answer it.
-            None => Some(ToolOutcome::error(
+            None => Some(Answer::local(&ToolOutcome::error(
                 snakecage_worker::protocol::ToolErrorKind::Cancelled,
                 "the call was not registered",
-            )),
+            ))),
         })
         .inspect_err(|_| {
             lock(&self.shared).calls.remove(&id);
@@ -212,13 +220,13 @@ impl JobSocket {
             shared = lock(&self.shared);
             shared.reading = false;
             match read {
-                Ok(Some(JobRequest::ToolResult(answer))) => {
-                    if let Some(slot @ None) = shared.calls.get_mut(&answer.id) {
-                        *slot = Some(answer.outcome);
+                Ok(Some(Frame::Answer { id, answer })) => {
+                    if let Some(slot @ None) = shared.calls.get_mut(&id) {
+                        *slot = Some(answer);
                     }
                     // else: nobody waits for it any more (or it was answered locally).
                 }
-                Ok(Some(request)) => shared.requests.push_back(request),
+                Ok(Some(Frame::Request(request))) => shared.requests.push_back(request),
                 Ok(None) => shared.end = Some(None),
                 Err(e) => shared.end = Some(Some(e.to_string())),
             }
@@ -228,12 +236,14 @@ impl JobSocket {
         }
     }
 
-    fn read_one(&self) -> Result<Option<JobRequest>, FrameError> {
+    fn read_one(&self) -> Result<Option<Frame>, FrameError> {
         // SAFETY: `fd` is the job socket, open for the life of the process; ManuallyDrop
         // keeps this File from closing it. Only the leader reads, so no two reads
         // interleave.
         let mut sock = ManuallyDrop::new(unsafe { File::from_raw_fd(self.fd) });
-        frame::read_frame::<_, JobRequest>(&mut *sock, MAX_FRAME_LEN)
+        frame::read_body(&mut *sock, MAX_FRAME_LEN)?
+            .map(answer::classify)
+            .transpose()
     }
 }
 
@@ -263,8 +273,8 @@ pub(crate) mod tests {
         frame::write_frame(sup, &msg).unwrap();
     }
 
-    fn ok(outcome: ToolOutcome) -> serde_json::Value {
-        match outcome {
+    fn ok(answer: Answer) -> serde_json::Value {
+        match answer.outcome() {
             ToolOutcome::Ok { result } => result,
             other => panic!("not ok: {other:?}"),
         }
@@ -322,7 +332,7 @@ pub(crate) mod tests {
         // own wait is over); the next job goes to the job loop.
         answer(&mut sup, 7, serde_json::json!("late"));
         assert!(matches!(
-            caller.join().unwrap(),
+            caller.join().unwrap().map(|a| a.outcome()),
             Ok(ToolOutcome::Error {
                 kind: ToolErrorKind::Cancelled,
                 ..
@@ -354,7 +364,7 @@ pub(crate) mod tests {
             Ok(Some(JobRequest::Inspect))
         ));
         assert!(matches!(
-            stale.join().unwrap(),
+            stale.join().unwrap().map(|a| a.outcome()),
             Ok(ToolOutcome::Error { .. })
         ));
     }

@@ -5,6 +5,8 @@
 //! - [`fdpass`]: sending and receiving one record with file descriptors (SCM_RIGHTS) on a
 //!   SOCK_SEQPACKET socket.
 //! - [`toolspec`]: a host tool as user code sees it, and the one search over tools.
+//! - [`jsondepth`]: how deep JSON nests, and the one limit on a tool call's arguments and
+//!   result.
 //! - [`allowlist`]: the standard-library import allowlist (`python-stdlib-allowlist`),
 //!   embedded and parsed in this one place.
 //! - [`capability`]: whether this process may raise another out of `SCHED_IDLE`.
@@ -15,5 +17,6 @@ pub mod allowlist;
 pub mod capability;
 pub mod fdpass;
 pub mod frame;
+pub mod jsondepth;
 pub mod protocol;
 pub mod toolspec;

@@ -11,8 +11,10 @@ mod interpreter;
 mod jobsocket;
 mod packages;
 mod priority;
+mod reserve;
 mod sandbox;
 mod snapshot;
+mod stack;
 mod tools;
 mod zygote;
 
@@ -20,6 +22,10 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::process::ExitCode;
 
 use snakecage_worker::protocol::ZygoteConfig;
+
+/// The system allocator, with each worker's emergency reserve (see [`reserve`]).
+#[global_allocator]
+static ALLOCATOR: reserve::WithReserve = reserve::WithReserve;
 
 fn main() -> ExitCode {
     match run() {

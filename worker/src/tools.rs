@@ -34,15 +34,18 @@ mod cancel;
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError};
 use pyo3::prelude::*;
+use serde::Serialize;
 use serde_json::Value;
+use serde_json::value::RawValue;
 use snakecage_worker::frame;
-use snakecage_worker::protocol::{ToolCall, ToolErrorKind, ToolOutcome, WorkerMessage};
+use snakecage_worker::jsondepth::{self, MAX_TOOL_JSON_DEPTH};
+use snakecage_worker::protocol::{ToolErrorKind, ToolOutcome};
 use snakecage_worker::toolspec::{self, ToolSpec};
 
 use self::cancel::{Cancellable, Progress};
-use crate::jobsocket::{JOB, JobSocket};
+use crate::jobsocket::{Answer, JOB, JobSocket};
 
 /// The most schema violations one exception lists.
 const MAX_REPORTED_VIOLATIONS: usize = 5;
@@ -83,7 +86,25 @@ static TOOLS: Tools = Tools::new(&JOB);
 struct Checked {
     job: u64,
     name: String,
-    arguments: Value,
+    /// As user code's JSON had them: sent as they are, never serialised from a value
+    /// (which recursed on the stack of the thread sending).
+    arguments: Box<RawValue>,
+}
+
+/// A `ToolCall` frame as the worker writes it: the arguments' JSON as it is (the
+/// supervisor reads it as a `WorkerMessage::ToolCall`).
+#[derive(Serialize)]
+#[serde(tag = "type", rename = "tool_call")]
+struct CallFrame<'a> {
+    id: u64,
+    name: &'a str,
+    arguments: &'a RawValue,
+}
+
+/// The stack that checking arguments `depth` levels deep may take (parsing, validating and
+/// dropping recurse per level; a debug build takes the most), generously.
+fn check_stack_bytes(depth: usize) -> usize {
+    (64 + 4 * depth) * 1024
 }
 
 /// Offers `tools` to the job about to run (each job of a session brings its own), with at
@@ -104,6 +125,7 @@ pub fn native_module(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     module.add_function(wrap_pyfunction!(search, &module)?)?;
     module.add_function(wrap_pyfunction!(call, &module)?)?;
     module.add_function(wrap_pyfunction!(max_concurrent_calls, &module)?)?;
+    module.add("MAX_JSON_DEPTH", MAX_TOOL_JSON_DEPTH)?;
     cancel::add_to(&module)?;
     Ok(module)
 }
@@ -140,21 +162,25 @@ fn max_concurrent_calls() -> usize {
 /// for a slot and for the answer runs with the GIL released.
 #[pyfunction]
 fn call(py: Python<'_>, name: &str, arguments: &str) -> PyResult<String> {
-    let outcome = match TOOLS.check(name, arguments) {
+    memory_for_a_call()?;
+    let answer = match TOOLS.check(name, arguments) {
         Ok(checked) => py
             .detach(|| TOOLS.send(checked, None))
             .map_err(channel_broke)?,
-        Err(refused) => refused,
+        Err(refused) => Answer::local(&refused),
     };
-    to_json(&outcome)
+    Ok(answer.into_json())
+}
+
+/// `MemoryError` unless the allocator's reserve is there (mapped again if a failed
+/// allocation spent it): a call runs Rust, whose allocations abort the worker when they
+/// fail, so none starts in a job whose memory is used up (see [`crate::reserve`]).
+fn memory_for_a_call() -> PyResult<()> {
+    crate::reserve::ensure().map_err(|e| PyMemoryError::new_err(e.to_string()))
 }
 
 fn channel_broke(what: String) -> PyErr {
     PyRuntimeError::new_err(format!("the tool channel broke: {what}"))
-}
-
-fn to_json(outcome: &ToolOutcome) -> PyResult<String> {
-    serde_json::to_string(outcome).map_err(|e| PyRuntimeError::new_err(e.to_string()))
 }
 
 /// What a call still in flight, or waiting for a slot, gets when its job ends.
@@ -217,8 +243,26 @@ impl Tools {
         self.socket.answer_all_locally(&run_ended());
     }
 
+    /// Checks a call on a stack that can hold the work: this thread's, or a helper's when
+    /// user code gave this thread a small one ([`crate::stack`]).
     fn check(&self, name: &str, arguments: &str) -> Result<Checked, ToolOutcome> {
-        let arguments: Value = serde_json::from_str(arguments).map_err(|e| {
+        let depth = too_deep(name, arguments)?;
+        crate::stack::with_room(check_stack_bytes(depth), || {
+            self.check_here(name, arguments)
+        })
+        .unwrap_or_else(|e| {
+            Err(ToolOutcome::error(
+                ToolErrorKind::Limit,
+                format!(
+                    "tool '{name}' was not called: this thread's stack is too small to check \
+                     its arguments, and no thread with a larger one could be started ({e})"
+                ),
+            ))
+        })
+    }
+
+    fn check_here(&self, name: &str, text: &str) -> Result<Checked, ToolOutcome> {
+        let arguments: Value = serde_json::from_str(text).map_err(|e| {
             ToolOutcome::error(
                 ToolErrorKind::InvalidArguments,
                 format!("the arguments are not JSON: {e}"),
@@ -244,6 +288,13 @@ impl Tools {
                 ));
             }
         }
+        // JSON, parsed just above: its text is taken as it is (skimmed, without recursion).
+        let arguments = RawValue::from_string(text.to_owned()).map_err(|e| {
+            ToolOutcome::error(
+                ToolErrorKind::InvalidArguments,
+                format!("the arguments are not JSON: {e}"),
+            )
+        })?;
         Ok(Checked {
             job: state.job,
             name: name.to_owned(),
@@ -254,11 +305,7 @@ impl Tools {
     /// Sends a checked call and waits for its answer: first for a slot, then for the
     /// answer. Blocks: call it with the GIL released. `Err`: the job socket broke. A call
     /// `cancellable` stops waiting for a slot when cancelled, and is then never sent.
-    fn send(
-        &self,
-        call: Checked,
-        cancellable: Option<&Cancellable>,
-    ) -> Result<ToolOutcome, String> {
+    fn send(&self, call: Checked, cancellable: Option<&Cancellable>) -> Result<Answer, String> {
         let job = call.job;
         let cancelled = || cancellable.is_some_and(Cancellable::is_cancelled);
         let id = {
@@ -272,10 +319,10 @@ impl Tools {
             }
             state.waiting_for_slot -= 1;
             if state.job != job {
-                return Ok(run_ended());
+                return Ok(Answer::local(&run_ended()));
             }
             if cancelled() {
-                return Ok(cancel::stopped_waiting());
+                return Ok(Answer::local(&cancel::stopped_waiting()));
             }
             state.in_flight += 1;
             state.next_id += 1;
@@ -296,26 +343,26 @@ impl Tools {
         id: u64,
         call: Checked,
         cancellable: Option<&Cancellable>,
-    ) -> Result<ToolOutcome, String> {
-        let message = WorkerMessage::ToolCall(ToolCall {
+    ) -> Result<Answer, String> {
+        let message = CallFrame {
             id,
-            name: call.name,
-            arguments: call.arguments,
-        });
+            name: &call.name,
+            arguments: &call.arguments,
+        };
         let bytes = frame::encode(&message).map_err(|e| e.to_string())?;
         {
             let mut writer = self.socket.writer();
             // Still this job's, under the lock `withdraw` takes: nothing of a job that has
             // ended goes out.
             if self.state().job != call.job {
-                return Ok(run_ended());
+                return Ok(Answer::local(&run_ended()));
             }
             // Under the write lock, which a cancel takes too: either it finds the call
             // sent, or the call finds it cancelled and is not sent.
             if let Some(cancellable) = cancellable {
                 let mut progress = cancellable.progress();
                 if *progress == Progress::Cancelled {
-                    return Ok(cancel::stopped_waiting());
+                    return Ok(Answer::local(&cancel::stopped_waiting()));
                 }
                 *progress = Progress::Sent { job: call.job, id };
             }
@@ -327,6 +374,31 @@ impl Tools {
         }
         self.socket.wait_answer(id).map_err(|e| e.to_string())
     }
+}
+
+/// Refuses `arguments` (JSON text) nesting an argument deeper than a tool call may: measured
+/// before it is parsed, so arguments deeper than the parser goes are measured too. `Ok`:
+/// how deep the arguments nest, their object included.
+fn too_deep(name: &str, arguments: &str) -> Result<usize, ToolOutcome> {
+    let text = arguments.as_bytes();
+    let measured = jsondepth::text_depth(text);
+    let (what, depth) = match (&measured.deepest_member, measured.member_name(text)) {
+        (Some((_, depth)), Some(argument)) => {
+            (format!("argument '{argument}' of tool '{name}'"), *depth)
+        }
+        // Not an object of keyword arguments (the Python half sends nothing else).
+        _ => (format!("the arguments of tool '{name}'"), measured.depth),
+    };
+    if depth <= MAX_TOOL_JSON_DEPTH {
+        return Ok(measured.depth);
+    }
+    Err(ToolOutcome::error(
+        ToolErrorKind::Limit,
+        format!(
+            "{}; flatten it, or pass it as a JSON string",
+            jsondepth::too_deep(&what, depth)
+        ),
+    ))
 }
 
 /// One schema violation, located: `city: 3 is not of type "string"`.

@@ -66,7 +66,9 @@ class FakeNative:
     def start_thread(self, target, name):
         if self.threads_fail:
             raise RuntimeError("can't start new thread")
-        threading.Thread(target=target, name=name, daemon=True).start()
+        started = threading.Event()
+        threading.Thread(target=target, args=(started.set,), name=name, daemon=True).start()
+        started.wait()
 
 
 class FakeTicket:
@@ -97,6 +99,7 @@ def tools(monkeypatch):
     fake = types.ModuleType("_snakecage_tools")
     for attr in ("catalog", "search", "call", "max_concurrent_calls", "prepare", "start_thread"):
         setattr(fake, attr, getattr(native, attr))
+    fake.MAX_JSON_DEPTH = 64
     monkeypatch.setitem(sys.modules, "_snakecage_tools", fake)
     module = types.ModuleType("snakecage.tools")
     exec(compile(TOOLS_PATH.read_text(encoding="utf-8"), "snakecage/tools.py", "exec"), module.__dict__)
@@ -152,6 +155,20 @@ def test_unknown_attributes_and_non_json_arguments_raise_before_sending(tools):
     with pytest.raises(tools.ToolArgumentsError):
         tools.get_weather(x=float("nan"))
     assert tools.native.sent == []
+
+
+def test_arguments_too_deep_to_encode_raise_a_limit_error_before_sending(tools):
+    deep = 0
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(tools.ToolLimitError) as info:
+        tools.get_weather(city=deep)
+    assert info.value.kind == "limit" and info.value.tool == "get_weather"
+    assert "nested too deep to be encoded, deeper than the 64 levels" in info.value.message
+    with pytest.raises(tools.ToolLimitError, match="the 64 levels"):
+        asyncio.run(tools.aio.get_weather(city=deep))
+    assert tools.native.sent == []
+    assert tools.MAX_JSON_DEPTH == 64
 
 
 def test_acall_and_aio_run_calls_together_on_the_pool_sized_to_the_cap(tools):
@@ -211,6 +228,7 @@ def test_loading_the_module_imports_neither_asyncio_nor_concurrent_futures():
 import sys, types, json
 fake = types.ModuleType("_snakecage_tools")
 fake.catalog = lambda: "[]"
+fake.MAX_JSON_DEPTH = 64
 sys.modules["_snakecage_tools"] = fake
 module = types.ModuleType("snakecage.tools")
 exec(compile(open({str(TOOLS_PATH)!r}, encoding="utf-8").read(), "tools.py", "exec"), module.__dict__)

@@ -19,17 +19,24 @@ use pyo3::prelude::*;
 use pyo3::types::PyString;
 use snakecage_worker::protocol::{ToolErrorKind, ToolOutcome, WorkerMessage};
 
-use super::{Checked, TOOLS, Tools, channel_broke, to_json};
+use super::{Checked, TOOLS, Tools, channel_broke, memory_for_a_call};
+use crate::jobsocket::Answer;
 
 /// The stack of each thread of the pool `tools.acall` runs calls on. Such a thread only
 /// waits for a slot, writes a frame and reads frames (the checks, and the JSON of the
 /// arguments and of the answer in Python, happen on the event loop's thread). Measured
 /// (2026-11-26): reading an answer nested as deep as the job socket's codec lets a call
-/// be (125 levels) takes between 192 and 256 KiB of stack in a debug build, less in a
-/// release build; 512 KiB leaves twice that. CPython's default, 8 MiB, counts against
+/// be (125 levels) took between 192 and 256 KiB of stack in a debug build; answers are
+/// now read as text, without recursion (`jobsocket::answer`), so their depth costs no
+/// stack here, and 512 KiB is room to spare. CPython's default, 8 MiB, counts against
 /// the job's RLIMIT_DATA like the heap: only ~30 such threads started under the default
 /// 256 MB limit. 64 (`tools.max_concurrent_calls` at most) take 32 MiB.
 pub const POOL_THREAD_STACK_BYTES: usize = 512 * 1024;
+
+/// What a thread's start maps besides its stack: Rust's signal stack (a few pages),
+/// CPython's thread state and its first frame chunk (16 KiB), an arena of glibc's malloc
+/// for the thread (132 KiB), with room to spare.
+const THREAD_START_BYTES: usize = 256 * 1024;
 
 /// Where a cancellable call stands.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -106,16 +113,17 @@ impl Ticket {
     /// Waits for a slot, sends the call and waits for its answer, with the GIL released;
     /// returns the JSON of the outcome, like `call`. A ticket is made once.
     fn wait(&self, py: Python<'_>) -> PyResult<String> {
+        memory_for_a_call()?;
         let call = self
             .call
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .take()
             .ok_or_else(|| PyRuntimeError::new_err("this call was made already"))?;
-        let outcome = py
+        let answer = py
             .detach(|| self.tools.send(call, Some(&self.cancellable)))
             .map_err(channel_broke)?;
-        to_json(&outcome)
+        Ok(answer.into_json())
     }
 
     /// Stops waiting for the call; harmless when it was answered already.
@@ -129,6 +137,7 @@ impl Ticket {
 /// schema), unsent.
 #[pyfunction]
 fn prepare(py: Python<'_>, name: &str, arguments: &str) -> PyResult<Py<PyAny>> {
+    memory_for_a_call()?;
     match TOOLS.check(name, arguments) {
         Ok(checked) => Ok(Py::new(
             py,
@@ -139,33 +148,85 @@ fn prepare(py: Python<'_>, name: &str, arguments: &str) -> PyResult<Py<PyAny>> {
             },
         )?
         .into_any()),
-        Err(refused) => Ok(PyString::new(py, &to_json(&refused)?).into_any().unbind()),
+        Err(refused) => Ok(PyString::new(py, &Answer::local(&refused).into_json())
+            .into_any()
+            .unbind()),
     }
 }
 
 /// Starts a thread named `name` with a stack of [`POOL_THREAD_STACK_BYTES`] that runs
-/// `target()`. Not `threading`: its stack size is the process's, read by every thread
-/// started meanwhile; this one is this thread's alone. A thread that cannot start (the
-/// job's memory limit) raises `RuntimeError`, and nothing has run.
+/// `target(started)`, and returns once it runs: `target` calls `started()` first thing.
+/// Not `threading`: its stack size is the process's, read by every thread started
+/// meanwhile; this one is this thread's alone. A thread that cannot start (the job's
+/// memory limit), that there is no room to start, or that cannot run Python once started,
+/// raises `RuntimeError`, and nothing has run.
+///
+/// A start maps memory outside the allocator (the stack, Rust's signal stack, CPython's
+/// thread state and its first frames), and the two in the middle abort the worker when
+/// they cannot: so a thread is started only with room for all of it, and the next one not
+/// before this one has taken its room (starts measured together would each find the same
+/// room free).
 #[pyfunction]
-fn start_thread(target: Py<PyAny>, name: String) -> PyResult<()> {
+fn start_thread(py: Python<'_>, target: Py<PyAny>, name: String) -> PyResult<()> {
+    let cannot = |why: &dyn std::fmt::Display| {
+        PyRuntimeError::new_err(format!("can't start new thread: {why}"))
+    };
+    crate::reserve::room_for(POOL_THREAD_STACK_BYTES + THREAD_START_BYTES)
+        .map_err(|e| cannot(&e))?;
+    let (started, running) = std::sync::mpsc::sync_channel(1);
+    let started = Started(Mutex::new(Some(started)));
     std::thread::Builder::new()
         .name(name)
         .stack_size(POOL_THREAD_STACK_BYTES)
         .spawn(move || {
             Python::attach(move |py| {
-                if let Err(e) = target.call0(py) {
-                    e.write_unraisable(py, None);
+                let started = match Py::new(py, started) {
+                    Ok(started) => started,
+                    Err(_) => return, // no memory for it: told by `started` dropped
+                };
+                if let Err(e) = target.call1(py, (started.clone_ref(py),)) {
+                    // One that never ran (no memory for its first frame) was refused to
+                    // its caller already.
+                    if started.get().was_told() {
+                        e.write_unraisable(py, None);
+                    }
                 }
                 drop(target);
             });
         })
-        .map(drop)
-        .map_err(|e| PyRuntimeError::new_err(format!("can't start new thread: {e}")))
+        .map_err(|e| cannot(&e))?;
+    py.detach(move || running.recv())
+        .map_err(|_| cannot(&"the run's memory is used up (its memory limit)"))
+}
+
+/// What a thread of the pool calls once it runs; dropped uncalled, its start failed.
+#[pyclass(module = "_snakecage_tools", frozen)]
+struct Started(Mutex<Option<std::sync::mpsc::SyncSender<()>>>);
+
+impl Started {
+    fn sender(&self) -> MutexGuard<'_, Option<std::sync::mpsc::SyncSender<()>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn was_told(&self) -> bool {
+        self.sender().is_none()
+    }
+}
+
+#[pymethods]
+impl Started {
+    fn __call__(&self) {
+        if let Some(started) = self.sender().take() {
+            let _ = started.send(());
+        }
+    }
 }
 
 pub(super) fn add_to(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Ticket>()?;
+    module.add_class::<Started>()?;
     module.add_function(wrap_pyfunction!(prepare, module)?)?;
     module.add_function(wrap_pyfunction!(start_thread, module)?)?;
     Ok(())
@@ -182,7 +243,7 @@ mod tests {
     fn cancellable_call(
         tools: &'static Tools,
         city: &str,
-    ) -> (Arc<Cancellable>, std::thread::JoinHandle<ToolOutcome>) {
+    ) -> (Arc<Cancellable>, std::thread::JoinHandle<Answer>) {
         let arguments = serde_json::json!({ "city": city }).to_string();
         let cancellable = Arc::new(Cancellable::default());
         let mine = cancellable.clone();

@@ -2,6 +2,7 @@
 //! and the end of a job.
 
 use super::*;
+use snakecage_worker::protocol::{ToolCall, WorkerMessage};
 use std::os::unix::net::UnixStream;
 
 #[test]
@@ -32,7 +33,7 @@ pub(super) fn tools() -> (&'static Tools, UnixStream) {
     (Box::leak(Box::new(Tools::new(socket))), supervisor)
 }
 
-fn call(tools: &'static Tools, city: &str) -> std::thread::JoinHandle<ToolOutcome> {
+fn call(tools: &'static Tools, city: &str) -> std::thread::JoinHandle<Answer> {
     let arguments = serde_json::json!({ "city": city }).to_string();
     std::thread::spawn(move || {
         let checked = tools.check("weather", &arguments).unwrap();
@@ -95,6 +96,51 @@ fn unknown_tools_and_bad_arguments_are_refused_before_sending() {
     assert!(message.contains("this run has no tools"), "{message}");
     // A call checked before the end is not sent after it.
     assert_eq!(tools.send(first, None).unwrap(), run_ended());
+}
+
+/// Arguments nested up to the limit go out; one level more is refused unsent, naming the
+/// argument, its depth and the limit, however deep it is (deeper than serde_json parses
+/// too).
+#[test]
+fn arguments_nested_past_the_depth_limit_are_refused_before_sending() {
+    let (tools, mut supervisor) = tools();
+    let any = ToolSpec {
+        name: "echo".into(),
+        description: "d".into(),
+        parameters: serde_json::json!({"type": "object"}),
+    };
+    tools.offer(&[any], 1);
+    let nested = |levels: usize| format!("{}0{}", "[".repeat(levels), "]".repeat(levels));
+    for levels in [MAX_TOOL_JSON_DEPTH + 1, 126, 100_000] {
+        let arguments = format!(r#"{{"flat": 1, "tief\"": {}}}"#, nested(levels));
+        let Err(ToolOutcome::Error { kind, message, .. }) = tools.check("echo", &arguments) else {
+            panic!("{levels} levels went through")
+        };
+        assert_eq!(kind, ToolErrorKind::Limit);
+        assert!(
+            message.starts_with(&format!(
+                "argument 'tief\"' of tool 'echo' is nested {levels} levels deep, deeper than \
+                 the 64 levels"
+            )),
+            "{message}"
+        );
+    }
+    let deepest = format!(r#"{{"v": {}}}"#, nested(MAX_TOOL_JSON_DEPTH));
+    let checked = tools.check("echo", &deepest).unwrap();
+    let sender = std::thread::spawn(move || tools.send(checked, None).unwrap());
+    let call = sent_call(&mut supervisor);
+    assert_eq!(
+        jsondepth::value_depth(&call.arguments["v"]),
+        MAX_TOOL_JSON_DEPTH
+    );
+    // The answer as deep as the argument is read back.
+    crate::jobsocket::tests::answer(&mut supervisor, call.id, call.arguments.clone());
+    assert_eq!(
+        sender.join().unwrap(),
+        ToolOutcome::Ok {
+            result: call.arguments
+        }
+    );
 }
 
 #[test]
