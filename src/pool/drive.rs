@@ -90,6 +90,12 @@ async fn wait(
         .background
         .map(|patience| tokio::time::Instant::now() + patience);
     loop {
+        // One unit of the task's cooperative budget per message: a worker that writes
+        // frames faster than they are handled (a flood of cancels, on a slow or loaded
+        // host) keeps the socket readable, and without a yield the runtime would never
+        // fire the deadline's timer, so the run would outlive its deadline for as long as
+        // the flood lasts.
+        tokio::task::consume_budget().await;
         // Biased, in this order: the deadline and interrupts first, so output that never
         // stops cannot starve them; then the result; stdout before stderr, so two writes
         // that become readable together are passed on in the order a program made them.
