@@ -78,15 +78,15 @@ async fn listed_version(s: &Server, name: &str) -> Option<String> {
         .map(|p| p["version"].as_str().unwrap_or_default().to_owned())
 }
 
-/// The `site-packages` directory of the environment at `env`.
+/// The `site-packages` directory of the environment at `env`, found as the service finds
+/// a venv's.
 fn site_packages(env: &Path) -> PathBuf {
-    let lib = env.join("lib");
-    let python = std::fs::read_dir(&lib)
-        .unwrap()
-        .filter_map(Result::ok)
-        .find(|e| e.file_name().to_string_lossy().starts_with("python3"))
-        .unwrap_or_else(|| panic!("no python3.* in {}", lib.display()));
-    python.path().join("site-packages")
+    let python = snakecage::config::PythonConfig {
+        venv: Some(env.to_path_buf()),
+        ..Default::default()
+    };
+    let mut layout = python.layout().unwrap();
+    layout.site_packages.remove(0)
 }
 
 /// `package/__init__.py` has bytecode in `__pycache__` that CPython accepts for it: a
