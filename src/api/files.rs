@@ -82,13 +82,21 @@ pub async fn upload(
         {
             Ok(meta) => stored = Some(meta),
             Err(e) => {
-                if !matches!(e, StoreError::Source(_)) {
-                    // Refused mid-upload (too large, quota, no space): read what the client
-                    // still sends (the body limit bounds it), so it receives this answer
-                    // instead of a connection reset while it writes.
-                    let _ = tokio::io::copy(&mut body, &mut tokio::io::sink()).await;
+                if matches!(e, StoreError::Source(_)) {
+                    return Err(e.into());
                 }
-                return Err(e.into());
+                // Refused mid-upload (too large, quota, no space): read what the client
+                // still sends (the body limit bounds it), so it receives this answer
+                // instead of a connection reset while it writes. What it sent in all
+                // then tells a file larger than a whole quota from one that would fit
+                // once others are deleted.
+                let read = e.upload_read();
+                let rest = tokio::io::copy(&mut body, &mut tokio::io::sink()).await;
+                return Err(match (read, rest) {
+                    (Some(read), Ok(rest)) => e.with_whole_size(read + rest),
+                    _ => e,
+                }
+                .into());
             }
         }
     }

@@ -137,6 +137,56 @@ impl StoreError {
             _ => false,
         }
     }
+
+    /// How much of a file a quota's refusal had read, when that was only part of it.
+    pub fn upload_read(&self) -> Option<u64> {
+        match self {
+            StoreError::QuotaExceeded {
+                upload: UploadSize::AtLeast(n),
+                ..
+            }
+            | StoreError::OwnerQuotaExceeded {
+                upload: UploadSize::AtLeast(n),
+                ..
+            } => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// A quota's refusal with the file's whole size, once it is known (`whole`: the bytes
+    /// the store had read when it refused, plus the rest of the body, or the size of a file
+    /// on disk). The refusal said only "at least"; with the whole size, a file larger than
+    /// the whole quota is told so instead of being told to delete others and retry.
+    #[must_use]
+    pub fn with_whole_size(self, whole: u64) -> Self {
+        let whole_of = |upload: UploadSize| match upload {
+            UploadSize::AtLeast(n) if whole >= n => UploadSize::Whole(whole),
+            other => other,
+        };
+        match self {
+            StoreError::QuotaExceeded {
+                quota_bytes,
+                stored_bytes,
+                upload,
+            } => StoreError::QuotaExceeded {
+                quota_bytes,
+                stored_bytes,
+                upload: whole_of(upload),
+            },
+            StoreError::OwnerQuotaExceeded {
+                owner,
+                quota_bytes,
+                stored_bytes,
+                upload,
+            } => StoreError::OwnerQuotaExceeded {
+                owner,
+                quota_bytes,
+                stored_bytes,
+                upload: whole_of(upload),
+            },
+            other => other,
+        }
+    }
 }
 
 /// How much of an upload the store had read when a quota refused it: all of it, or the

@@ -414,11 +414,13 @@ async fn per_key_limits_answer_429_and_leave_other_keys_alone() {
     // quota is used up (nothing is stored yet), and is too large (413): no wait makes room
     // for it, so there is no Retry-After. One that does not fit beside what is stored says
     // both numbers, and is a limit to retry after deleting (429). The store reads the
-    // upload as it streams: it knows a lower bound.
+    // upload as it streams, refuses it once what it read passes the quota, and reads the
+    // rest of the body before it answers: it knows the whole size.
     crate::files::assert_larger_than_the_whole_quota(
         alice
             .upload_with_headers("huge.bin", vec![1u8; 2 << 20])
             .await,
+        "2 MB",
         "API key 'alice'",
         "max_stored_mb",
     );
@@ -434,9 +436,19 @@ async fn per_key_limits_answer_429_and_leave_other_keys_alone() {
     assert!(
         detail.starts_with(
             "This file would take API key 'alice' past its quota of 1 MB \
-             (max_stored_mb): 700 KB is stored and the file is at least "
-        ) && detail.ends_with("KB; delete files you no longer need and retry"),
+             (max_stored_mb): 700 KB is stored and the file is 700 KB; delete files you no \
+             longer need and retry"
+        ),
         "{detail}"
+    );
+    // Larger than the whole quota with 700 KB stored: refused part-way, still 413.
+    crate::files::assert_larger_than_the_whole_quota(
+        alice
+            .upload_with_headers("énorme.bin", vec![1u8; 2 << 20])
+            .await,
+        "2 MB",
+        "API key 'alice'",
+        "max_stored_mb",
     );
     let (status, body) = bob.upload("b.bin", vec![1u8; 700 << 10]).await;
     assert_eq!(status, 201, "{body}");

@@ -18,24 +18,27 @@ pub async fn try_upload(s: &Server, name: &str, bytes: Vec<u8>) -> (u16, Value) 
     (status, body)
 }
 
-/// The refusal of a file larger than a whole quota of 1 MB (`whose`, set by `setting`,
-/// as the detail names them), refused as it streamed in: 413 without `Retry-After` (no
-/// deletion and no wait makes room for it), and a detail that says so.
+/// The refusal of a file of `size` (as the detail writes it) larger than a whole quota of
+/// 1 MB (`whose`, set by `setting`, as the detail names them), refused as it streamed in,
+/// whatever else is stored: 413 without `Retry-After` (no deletion and no wait makes room
+/// for it), and a detail that says so with the file's whole size (the rest of the body is
+/// read before the answer).
 pub fn assert_larger_than_the_whole_quota(
     (status, headers, body): (u16, reqwest::header::HeaderMap, Value),
+    size: &str,
     whose: &str,
     setting: &str,
 ) {
     assert_eq!(status, 413, "{body}");
     assert_eq!(body["code"], "payload_too_large", "{body}");
     assert!(headers.get("retry-after").is_none(), "{headers:?}");
-    let detail = body["detail"].as_str().unwrap();
-    assert!(
-        detail.starts_with(&format!(
-            "This file would take {whose} past its quota of 1 MB ({setting}): the file is \
-             larger than the whole quota; upload a smaller file"
-        )),
-        "{detail}"
+    assert_eq!(
+        body["detail"],
+        format!(
+            "This file would take {whose} past its quota of 1 MB ({setting}): the file \
+             ({size}) is larger than the whole quota; upload a smaller file"
+        ),
+        "{body}"
     );
 }
 
@@ -597,7 +600,8 @@ async fn files_expire_after_their_ttl_and_a_full_store_answers_507() {
     assert!(
         detail.starts_with(
             "This file would take file storage past its quota of 1 MB \
-             (files.quota_mb): 600 KB is stored and the file is at least "
+             (files.quota_mb): 600 KB is stored and the file is 600 KB; delete files you no \
+             longer need and retry"
         ),
         "{detail}"
     );
@@ -632,6 +636,7 @@ async fn a_file_larger_than_the_whole_store_quota_is_413_one_that_does_not_fit_5
     let s = Server::start_with(Options::default().env("SNAKECAGE_FILES__QUOTA_MB", 1)).await;
     assert_larger_than_the_whole_quota(
         try_upload_with_headers(&s, "huge.bin", vec![0; 2 << 20]).await,
+        "2 MB",
         "file storage",
         "files.quota_mb",
     );
@@ -640,13 +645,31 @@ async fn a_file_larger_than_the_whole_store_quota_is_413_one_that_does_not_fit_5
     assert_eq!(status, 507, "{body}");
     assert_eq!(body["code"], "insufficient_storage", "{body}");
     assert!(headers.get("retry-after").is_none(), "{headers:?}");
-    assert!(
-        body["detail"]
-            .as_str()
-            .unwrap()
-            .ends_with("KB; delete files you no longer need and retry"),
+    assert_eq!(
+        body["detail"],
+        "This file would take file storage past its quota of 1 MB (files.quota_mb): 600 KB \
+         is stored and the file is 600 KB; delete files you no longer need and retry",
         "{body}"
     );
+    // With files stored, the store refuses a larger file as soon as what it read passes
+    // what is left (~400 KB here); the rest of the body tells that no deletion makes room.
+    assert_larger_than_the_whole_quota(
+        try_upload_with_headers(&s, "ünïcode-huge.bin", vec![0; 2 << 20]).await,
+        "2 MB",
+        "file storage",
+        "files.quota_mb",
+    );
+    // The same for a file a run writes: its size on disk is whole.
+    let r = s.run("open('grand.bin', 'wb').write(bytes(3 << 20))\nopen('petit.bin', 'wb').write(bytes(500 << 10))").await;
+    assert_eq!(
+        r["skipped_files"],
+        json!([
+            {"path": "grand.bin", "reason": "larger (3 MB) than the whole quota of file storage, 1 MB"},
+            {"path": "petit.bin", "reason": "it would take file storage past its quota of 1 MB (600 KB stored)"},
+        ]),
+        "{r}"
+    );
+    assert_eq!(list(&s).await.len(), 1, "nothing stored but a.bin");
 }
 
 /// A tmp cleaner removes the store's directory under the running service: the store

@@ -15,7 +15,7 @@ use nix::fcntl::OFlag;
 use super::MAX_PATH_BYTES;
 use super::beneath::{MAX_DEPTH, Root, list, open_dir_at};
 use super::stage::{Fingerprint, Staged, odd_key};
-use crate::files::{FileMeta, FileOwner, FileStore, StoreError, size_text};
+use crate::files::{FileMeta, FileOwner, FileStore, StoreError, UploadSize, size_text};
 
 /// One entry of an execute response's `files`.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -151,7 +151,7 @@ pub async fn collect(
 /// returns the bytes stored.
 fn record(
     out: &mut Collected,
-    (path, _, stored): (String, u64, Option<Result<FileMeta, StoreError>>),
+    (path, len, stored): (String, u64, Option<Result<FileMeta, StoreError>>),
 ) -> u64 {
     match stored {
         None => {
@@ -176,10 +176,29 @@ fn record(
             size
         }
         Some(Err(e)) => {
-            let reason = skip_reason(&path, &e);
+            // The worker is gone: the file's size on disk is its whole size.
+            let reason = skip_reason(&path, &e.with_whole_size(len));
             out.skipped.push(SkippedFile { path, reason });
             0
         }
+    }
+}
+
+/// Why a quota refused a file: larger than the whole quota (no deletion makes room), or
+/// past what is left of it.
+fn quota_reason(whose: &str, quota_bytes: u64, stored_bytes: u64, upload: UploadSize) -> String {
+    if upload.larger_than(quota_bytes) {
+        format!(
+            "larger ({}) than the whole quota of {whose}, {}",
+            size_text(upload.bytes()),
+            size_text(quota_bytes)
+        )
+    } else {
+        format!(
+            "it would take {whose} past its quota of {} ({} stored)",
+            size_text(quota_bytes),
+            size_text(stored_bytes)
+        )
     }
 }
 
@@ -198,21 +217,14 @@ fn skip_reason(path: &str, e: &StoreError) -> String {
         StoreError::QuotaExceeded {
             quota_bytes,
             stored_bytes,
-            ..
-        } => format!(
-            "it would take file storage past its quota of {} ({} stored)",
-            size_text(*quota_bytes),
-            size_text(*stored_bytes)
-        ),
+            upload,
+        } => quota_reason("file storage", *quota_bytes, *stored_bytes, *upload),
         StoreError::OwnerQuotaExceeded {
             quota_bytes,
             stored_bytes,
+            upload,
             ..
-        } => format!(
-            "it would take the API key past its quota of {} ({} stored)",
-            size_text(*quota_bytes),
-            size_text(*stored_bytes)
-        ),
+        } => quota_reason("the API key", *quota_bytes, *stored_bytes, *upload),
         e if e.is_out_of_space() => {
             tracing::warn!(path, error = %e, "the file store has no space left");
             "the file store has no space left (full or read-only)".into()
