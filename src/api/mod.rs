@@ -176,8 +176,8 @@ pub fn router(state: SharedState) -> Router {
         .route_service(
             "/mcp",
             tower::ServiceBuilder::new()
-                .layer(require_key)
                 .layer(middleware::from_fn(mcp::http::json_errors))
+                .layer(require_key)
                 .layer(middleware::from_fn_with_state(mcp.guard, mcp::http::guard))
                 .service(mcp.service),
         )

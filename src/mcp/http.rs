@@ -61,14 +61,16 @@ pub fn error_response(status: StatusCode, detail: &str, rpc_code: i64) -> Respon
         .unwrap_or_else(|_| Response::new(Body::empty()))
 }
 
-/// Middleware around rmcp's service: its plain-text errors (a 405 for `GET`, a 406 for a
-/// missing `Accept`, a 415, a 400 for a bad protocol version header) get the body of
-/// [`error_response`]. JSON answers (JSON-RPC errors included) and streams pass unchanged.
+/// Middleware around rmcp's service and the key check in front of it: rmcp's plain-text
+/// errors (a 405 for `GET`, a 406 for a missing `Accept`, a 415, a 400 for a bad protocol
+/// version header) get the body of [`error_response`]; the service's own JSON errors (the
+/// key check's 401) get its JSON-RPC part added, so an MCP client shows their `detail`
+/// instead of a bare "error response". JSON-RPC answers and streams pass unchanged.
 pub async fn json_errors(request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let (parts, text) = match plain_error(next.run(request).await).await {
         Ok(plain) => plain,
-        Err(response) => return response,
+        Err(response) => return with_rpc_error(response).await,
     };
     let status = parts.status;
     let detail = match status {
@@ -87,6 +89,48 @@ pub async fn json_errors(request: Request, next: Next) -> Response {
         }
     }
     response
+}
+
+/// A service error body (`{"detail", "code"}`, no `jsonrpc`) with the JSON-RPC error of
+/// [`error_response`] added to the same object; any other response as it was.
+async fn with_rpc_error(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || !is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    // The service's error bodies are a line or two; anything longer is not one of them.
+    let bytes = match axum::body::to_bytes(body, 64 << 10).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            return error_response(status, "the error body could not be read", INTERNAL_ERROR);
+        }
+    };
+    let mut object = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(object)) if !object.contains_key("jsonrpc") => object,
+        _ => return Response::from_parts(parts, Body::from(bytes)),
+    };
+    let Some(detail) = object
+        .get("detail")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+    else {
+        return Response::from_parts(parts, Body::from(bytes));
+    };
+    let rpc_code = if status.is_server_error() {
+        INTERNAL_ERROR
+    } else {
+        INVALID_REQUEST
+    };
+    object.insert("jsonrpc".into(), "2.0".into());
+    object.insert("id".into(), Value::Null);
+    object.insert("error".into(), json!({"code": rpc_code, "message": detail}));
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(Value::Object(object).to_string()))
 }
 
 /// Middleware in front of rmcp's service (see the module's documentation).

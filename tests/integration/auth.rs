@@ -323,11 +323,25 @@ async fn missing_and_bad_keys_get_401_with_a_bearer_challenge_and_probes_stay_op
         .unwrap();
     assert_eq!(resp.status(), 401);
     assert_eq!(resp.headers()["www-authenticate"], "Bearer");
+    // The service's error, and a JSON-RPC error in the same object (what MCP clients show).
+    let body: serde_json::Value = resp.json().await.unwrap();
+    let detail = body["detail"].as_str().unwrap().to_owned();
+    assert_eq!(body["code"], "unauthorized", "{body}");
+    assert_eq!(body["jsonrpc"], "2.0", "{body}");
+    assert_eq!(body["id"], serde_json::Value::Null, "{body}");
+    assert_eq!(
+        body["error"],
+        json!({"code": -32600, "message": detail}),
+        "{body}"
+    );
+    // The official SDK's client fails, and says why in the service's words.
     let base = server.base.clone();
     let out = tokio::task::spawn_blocking(move || mcp_client_output(&base, "stateless", &[]))
         .await
         .unwrap();
     assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&detail), "{detail:?} not in:\n{stderr}");
 }
 
 #[tokio::test]
