@@ -3,6 +3,7 @@
 pub mod admin;
 mod agents;
 mod code_field;
+mod content_encoding;
 pub(crate) mod error_bodies;
 mod execute;
 mod files;
@@ -160,6 +161,7 @@ pub fn router(state: SharedState) -> Router {
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state.clone())
         .layer(forward)
+        .layer(middleware::from_fn(content_encoding::refuse_encoded_bodies))
         .layer(require_key.clone());
     // MCP tool calls are carried out through the routes above (and counted there), with the
     // caller's `Authorization` header: the same key, the same tenant, the same scoping.
@@ -178,6 +180,7 @@ pub fn router(state: SharedState) -> Router {
             tower::ServiceBuilder::new()
                 .layer(middleware::from_fn(mcp::http::json_errors))
                 .layer(require_key)
+                .layer(middleware::from_fn(content_encoding::refuse_encoded_bodies))
                 .layer(middleware::from_fn_with_state(mcp.guard, mcp::http::guard))
                 .service(mcp.service),
         )

@@ -457,6 +457,47 @@ async fn a_body_of_the_wrong_shape_is_refused_naming_what_to_fix() {
     assert!(!detail(&r).contains("boundary"), "{r}");
     let r = expect(c.post(url("/v1/files")), 415, "unsupported_media_type").await;
     assert!(detail(&r).contains("no Content-Type"), "{r}");
+
+    // A compressed body (`{"code": "print(1)"}` gzipped) is refused as compressed (415 naming the coding, and what is
+    // accepted), not parsed as if plain: JSON, an upload, an MCP message.
+    let gzip_of_json = [
+        0x1f, 0x8b, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x03, 0xab, 0x56, 0x4a, 0xce, 0x4f,
+        0x49, 0x55, 0xb2, 0x52, 0x50, 0x2a, 0x28, 0xca, 0xcc, 0x2b, 0xd1, 0x30, 0xd4, 0x54, 0xaa,
+        0x05, 0x00, 0xc0, 0xda, 0x65, 0xf8, 0x14, 0x00, 0x00, 0x00,
+    ];
+    for (path, content_type, coding) in [
+        ("/v1/execute", "application/json", "gzip"),
+        ("/v1/execute", "application/json", "identity, br"),
+        ("/v1/files", "multipart/form-data; boundary=x", "gzip"),
+        ("/mcp", "application/json", "deflate"),
+    ] {
+        let req = c
+            .post(url(path))
+            .header("content-type", content_type)
+            .header("accept", "application/json, text/event-stream")
+            .header("content-encoding", coding)
+            .body(gzip_of_json.to_vec());
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), 415, "{path} {coding}");
+        assert_eq!(resp.headers()["accept-encoding"], "identity", "{path}");
+        let r: Value = resp.json().await.unwrap();
+        assert_eq!(r["code"], "unsupported_media_type", "{path}: {r}");
+        let named = coding.trim_start_matches("identity, ");
+        assert!(
+            detail(&r).contains(&format!("Content-Encoding \"{named}\""))
+                && detail(&r).contains("without compression"),
+            "{path}: {r}"
+        );
+    }
+    // `identity` is no coding at all.
+    let resp = c
+        .post(url("/v1/execute"))
+        .header("content-encoding", "identity")
+        .json(&json!({"code": "print('ünï')"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
 }
 
 #[tokio::test]
