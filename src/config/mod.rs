@@ -10,6 +10,7 @@
 //! - [`s3`]: the file store backend (`files.backend`) and the object store (`[s3]`).
 //! - [`cluster`]: this replica's id and its peers (`[cluster]`).
 //! - [`reload`]: which keys a running service can take without a restart.
+//! - [`shadowed`]: the file's settings that a variable or a flag overrides.
 //! - [`explain`]: what a `--config` path or a `listen` address that cannot work is.
 //! - [`minimums`]: the least value of each numeric key the service can work with.
 //! - [`tools`]: Code Mode: tool call limits and the operator's tools (`[tools]`).
@@ -25,6 +26,7 @@ mod python;
 mod reload;
 mod s3;
 mod sections;
+mod shadowed;
 mod tiers;
 mod tools;
 
@@ -43,6 +45,7 @@ pub use self::python::{PythonConfig, PythonLayout};
 pub use self::reload::{RELOADABLE, same_settings, unreloadable_changes};
 pub use self::s3::{FilesBackend, S3Config};
 pub use self::sections::*;
+pub use self::shadowed::shadowed_settings;
 pub use self::tiers::{TierProfile, TiersConfig};
 pub use self::tools::{HttpToolConfig, McpServerConfig, ToolsConfig, needs_tls};
 
@@ -131,6 +134,11 @@ pub struct Overrides {
     pub allow_unauthenticated: bool,
 }
 
+/// The prefix of the environment variables that set configuration keys.
+const ENV_PREFIX: &str = "SNAKECAGE_";
+/// `SNAKECAGE_*` variables that are not configuration keys (flags' and clients' own).
+const ENV_IGNORED: &[&str] = &["config", "allow_unauthenticated", "api_key"];
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("configuration: {}", explain::load_error_text(.0))]
@@ -147,11 +155,7 @@ impl Config {
             check_config_file(file)?;
             fig = fig.merge(Toml::file(file));
         }
-        fig = fig.merge(Env::prefixed("SNAKECAGE_").split("__").ignore(&[
-            "config",
-            "allow_unauthenticated",
-            "api_key",
-        ]));
+        fig = fig.merge(Env::prefixed(ENV_PREFIX).split("__").ignore(ENV_IGNORED));
         if let Some(listen) = overrides.listen {
             fig = fig.merge(Serialized::default("listen", listen));
         }

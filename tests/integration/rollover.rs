@@ -327,3 +327,53 @@ async fn without_keys_the_admin_routes_answer_on_loopback_only() {
     );
     assert_eq!(generation(&s).await, 1);
 }
+
+/// A reload re-reads the file, the environment and the flags: an edit of a setting that a
+/// flag or a variable overrides is not applied, and the answer says which source wins,
+/// with both values, instead of only "nothing changed".
+#[tokio::test]
+async fn a_reload_names_the_files_settings_a_flag_or_a_variable_overrides() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("réglages.toml");
+    write_config(&config, &["numpy"], "");
+    let s = start(
+        &config,
+        Options::default()
+            .arg("--pool-size")
+            .arg("2")
+            .env("SNAKECAGE_LIMITS__MEMORY_LIMIT_MB", 300),
+    )
+    .await;
+
+    let (status, body) = reload(&s, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.get("overridden").is_none(), "{body}");
+
+    write_config(
+        &config,
+        &["numpy"],
+        "\n[pool]\nsize = 3\n\n[limits]\nmemory_limit_mb = 400\n",
+    );
+    let (status, body) = reload(&s, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["rolled_over"], false, "{body}");
+    let file = config.display();
+    assert_eq!(
+        body["overridden"],
+        json!([
+            format!(
+                "limits.memory_limit_mb = 400 in {file} is overridden by SNAKECAGE_LIMITS__MEMORY_LIMIT_MB (300)"
+            ),
+            format!("pool.size = 3 in {file} is overridden by --pool-size (2)"),
+        ]),
+        "{body}"
+    );
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("nothing changed: ")
+            && message.contains("Not applied: limits.memory_limit_mb = 400")
+            && message.contains("change them and restart"),
+        "{message}"
+    );
+    assert_eq!(generation(&s).await, 1);
+}

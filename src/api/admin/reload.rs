@@ -42,6 +42,10 @@ pub struct ReloadAnswer {
     /// Where the keys were re-read from, and the key names added, removed and changed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keys: Option<KeysChange>,
+    /// The file's settings that an environment variable or a flag overrides: an edit of
+    /// them in the file is not applied.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub overridden: Vec<String>,
 }
 
 pub async fn reload(
@@ -73,6 +77,10 @@ pub(crate) async fn reload_service(
         .config()
         .reload()
         .map_err(|e| ApiError::Validation(format!("{e}; nothing changed")))?;
+    let overridden = crate::config::shadowed_settings(&config);
+    for setting in &overridden {
+        tracing::warn!(by, setting = %setting, "reload: a setting of the file is overridden");
+    }
     // The operator's package changes live in the managed environment, not in the file:
     // the reloaded configuration runs on it too.
     state.envs.overlay(&mut config);
@@ -118,12 +126,20 @@ pub(crate) async fn reload_service(
         change
     });
     drop(slot);
+    let not_applied = (!overridden.is_empty()).then(|| {
+        format!(
+            "Not applied: {} (the environment and flags win over the file; change them and \
+             restart)",
+            overridden.join("; ")
+        )
+    });
     Ok(match outcome {
         Outcome::RolledOver(generation) => ReloadAnswer {
             generation,
             rolled_over: true,
-            message: None,
+            message: not_applied,
             keys,
+            overridden,
         },
         Outcome::Unchanged(generation) => {
             let unchanged = format!(
@@ -139,11 +155,16 @@ pub(crate) async fn reload_service(
                 ),
                 _ => format!("nothing changed: {unchanged}"),
             };
+            let message = match not_applied {
+                Some(not_applied) => format!("{message}. {not_applied}"),
+                None => message,
+            };
             ReloadAnswer {
                 message: Some(message),
                 generation,
                 rolled_over: false,
                 keys,
+                overridden,
             }
         }
     })
