@@ -242,6 +242,20 @@ pub async fn require_key(
     if !keys.enabled() {
         return next.run(request).await;
     }
+    // One key per request: which of two a proxy in front, a replica this one forwards to,
+    // or this check would read is not for the client to leave open.
+    let headers = request
+        .headers()
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .count();
+    if headers > 1 {
+        return ApiError::BadRequest(format!(
+            "the request has {headers} Authorization headers; send one, `Authorization: \
+             Bearer <key>`"
+        ))
+        .into_response();
+    }
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)

@@ -306,6 +306,39 @@ async fn missing_and_bad_keys_get_401_with_a_bearer_challenge_and_probes_stay_op
         .await
         .unwrap();
     assert_eq!(resp.status(), 401);
+    // Two Authorization headers, a valid key in either place: which one counts is not
+    // left to the reader (a proxy in front may read the other), so neither does.
+    for pair in [
+        [
+            format!("Bearer {}", alice.key),
+            "Bearer sc_not_a_key".to_owned(),
+        ],
+        [
+            "Bearer sc_not_a_key".to_owned(),
+            format!("Bearer {}", alice.key),
+        ],
+        [
+            format!("Bearer {}", alice.key),
+            format!("Bearer {}", alice.key),
+        ],
+    ] {
+        let resp = anonymous
+            .post(format!("{}/v1/execute", server.base))
+            .header(AUTHORIZATION, &pair[0])
+            .header(AUTHORIZATION, &pair[1])
+            .json(&json!({"code": "print('ünï')"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400);
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["code"], "bad_request", "{body}");
+        assert_eq!(
+            body["detail"],
+            "the request has 2 Authorization headers; send one, `Authorization: Bearer <key>`",
+            "{body}"
+        );
+    }
     for path in ["/health", "/ready", "/metrics"] {
         let (status, _, _) = server.get(path).await;
         assert_eq!(status, 200, "{path}");
