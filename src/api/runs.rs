@@ -107,7 +107,7 @@ pub async fn answer_tool_call(
     })?;
     let answer = match (body.result, body.error) {
         (Some(result), None) => CallerAnswer::Result(result),
-        (None, Some(error)) => CallerAnswer::Error(error),
+        (None, Some(error)) => CallerAnswer::Error(error_message(error)?),
         _ => {
             return Err(ApiError::Validation(
                 "give exactly one of `result` (the tool's JSON result) and `error` (a message, or {\"message\", \"data\"})".into(),
@@ -121,6 +121,28 @@ pub async fn answer_tool_call(
         Err(e @ AnswerError::NotPending { .. }) => Err(ApiError::ToolCallNotWaiting(e.to_string())),
         Err(e @ AnswerError::Cancelled { .. }) => Err(ApiError::ToolCallCancelled(e.to_string())),
     }
+}
+
+/// An answer's `error` as the program will get it: a message, or an object with a
+/// `message` string (and any `data`). Anything else (`42`, `true`, a list, an object
+/// without a message) is refused rather than turned into a message no one wrote.
+fn error_message(error: Value) -> Result<Value, ApiError> {
+    let holds_a_message = match &error {
+        Value::String(_) => true,
+        Value::Object(o) => o.get("message").is_some_and(Value::is_string),
+        _ => false,
+    };
+    if holds_a_message {
+        return Ok(error);
+    }
+    let what = match &error {
+        Value::Object(_) => "an object without a `message` string".to_owned(),
+        other => format!("`{other}`"),
+    };
+    Err(ApiError::Validation(format!(
+        "`error` is {what}: give a message (\"no such order\") or {{\"message\": \"...\", \
+         \"data\": ...}}"
+    )))
 }
 
 /// Refuses an answer whose result, or error `data`, nests deeper than a tool's result may

@@ -226,7 +226,7 @@ print(tools.lookup_order(id=8)['amount'])\n";
 }
 
 /// A tool may answer `null`; an `error` of `null` beside a result is no error, and alone it
-/// is no answer.
+/// is no answer; an `error` must hold a message.
 #[tokio::test]
 async fn a_caller_may_answer_null() {
     let (s, _dir) = server_with_tools("").await;
@@ -249,6 +249,26 @@ print(repr(tools.lookup_order(id=1)), repr(tools.lookup_order(id=2)))\n";
                     assert_eq!(status, 422, "{body}");
                     assert!(
                         body["detail"].as_str().unwrap().contains("exactly one of"),
+                        "{body}"
+                    );
+                }
+                // An error that holds no message is refused, not made one; the call waits.
+                for (error, what) in [
+                    (json!(42), "`42`"),
+                    (json!(["nö"]), "`[\"nö\"]`"),
+                    (json!({"data": 1}), "an object without a `message` string"),
+                    (
+                        json!({"message": 7}),
+                        "an object without a `message` string",
+                    ),
+                ] {
+                    let (status, body) = run.answer(call, &json!({ "error": error })).await;
+                    assert_eq!(status, 422, "{body}");
+                    assert!(
+                        body["detail"]
+                            .as_str()
+                            .unwrap()
+                            .starts_with(&format!("`error` is {what}: give a message")),
                         "{body}"
                     );
                 }
