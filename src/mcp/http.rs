@@ -25,6 +25,19 @@ const MAX_DRAIN: usize = 64 << 20;
 const INVALID_REQUEST: i64 = -32600;
 const PARSE_ERROR: i64 = -32700;
 const INTERNAL_ERROR: i64 = -32603;
+const INVALID_PARAMS: i64 = -32602;
+
+/// What kind of JSON value `value` is, in words.
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
 
 /// What [`guard`] needs: the configuration it enforces and the calls in flight.
 pub struct Guard {
@@ -47,11 +60,16 @@ impl Guard {
 /// object a JSON-RPC error (`id` null: the request was not read), which is what MCP clients
 /// surface to their user when a POST fails.
 pub fn error_response(status: StatusCode, detail: &str, rpc_code: i64) -> Response {
+    error_response_to(status, detail, rpc_code, Value::Null)
+}
+
+/// [`error_response`] answering the request `id` (one whose `id` could be read).
+fn error_response_to(status: StatusCode, detail: &str, rpc_code: i64, id: Value) -> Response {
     let body = json!({
         "detail": detail,
         "code": ErrorCode::for_status(status),
         "jsonrpc": "2.0",
-        "id": null,
+        "id": id,
         "error": {"code": rpc_code, "message": detail},
     });
     Response::builder()
@@ -139,8 +157,18 @@ pub async fn guard(State(guard): State<Arc<Guard>>, request: Request, next: Next
         return refusal;
     }
     // Nothing to close: `/mcp` keeps no session. The client's token names nothing stored.
-    if request.method() == Method::DELETE && request.headers().contains_key(SESSION_HEADER) {
-        return Response::new(Body::empty());
+    if request.method() == Method::DELETE {
+        if request.headers().contains_key(SESSION_HEADER) {
+            return Response::new(Body::empty());
+        }
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            &format!(
+                "DELETE /mcp ends the session its {SESSION_HEADER} header names, and this \
+                 request has none; MCP requests are POSTs"
+            ),
+            INVALID_REQUEST,
+        );
     }
     let json_post = request.method() == Method::POST
         && request
@@ -215,6 +243,28 @@ fn not_a_message(message: &Value) -> Option<Response> {
     } else {
         // rmcp's error says no more than "unrecognized JSON-RPC message", whatever is wrong.
         serde_json::from_value::<rmcp::model::ClientJsonRpcMessage>(message.clone()).err()?;
+        // A request whose `id` and `method` read well but whose `params` are not an object
+        // is answered as JSON-RPC says: invalid params, to that id.
+        let id = message
+            .get("id")
+            .filter(|id| id.is_string() || id.is_i64() || id.is_u64());
+        let method = message.get("method").and_then(Value::as_str);
+        let params = message.get("params");
+        if let (Some(id), Some(method), Some(params)) = (id, method, params)
+            && message.get("jsonrpc").and_then(Value::as_str) == Some("2.0")
+            && !params.is_object()
+        {
+            return Some(error_response_to(
+                StatusCode::BAD_REQUEST,
+                &format!(
+                    "the `params` of {method:?} are {}, not an object: send them as a JSON \
+                     object (for tools/call: {{\"name\": ..., \"arguments\": {{...}}}})",
+                    json_kind(params)
+                ),
+                INVALID_PARAMS,
+                id.clone(),
+            ));
+        }
         "the request body is JSON but not a JSON-RPC 2.0 request, notification or response: \
          send one object with \"jsonrpc\": \"2.0\", a `method` (one MCP defines) and its \
          `params`, and an `id` for a request"

@@ -301,6 +301,24 @@ async fn mcp_protocol_errors_say_what_is_wrong() {
             "{body}: {answer}"
         );
     }
+    // A request whose params are not an object: invalid params (-32602), to its own id.
+    for (id, params, kind) in [
+        (json!(9), json!("x"), "a string"),
+        (json!("dix-é"), json!([1, 2]), "an array"),
+    ] {
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
+        let (status, _, answer) = rpc(&s.base, body.to_string(), &[]).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert_eq!(check_error_body(status, &answer), "bad_request");
+        assert_eq!(answer["id"], id, "{answer}");
+        assert_eq!(answer["error"]["code"], -32602, "{answer}");
+        assert!(
+            answer["detail"].as_str().unwrap().starts_with(&format!(
+                "the `params` of \"tools/call\" are {kind}, not an object"
+            )),
+            "{answer}"
+        );
+    }
 
     // A Host that is not allowed: 403 naming the setting to change.
     let (status, headers, body) = rpc(
@@ -350,6 +368,28 @@ async fn mcp_protocol_errors_say_what_is_wrong() {
         body["detail"].as_str().unwrap().contains("use POST"),
         "{body}"
     );
+
+    // DELETE ends a session, named by its header: 200 with one (there is nothing to
+    // close), 400 saying what is missing without.
+    for (session, status) in [(Some("mcp_client-1"), 200), (None, 400)] {
+        let mut request = s.client.delete(format!("{}/mcp", s.base));
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), status, "{session:?}");
+        if status == 400 {
+            let body: Value = response.json().await.unwrap();
+            assert_eq!(check_error_body(400, &body), "bad_request");
+            assert!(
+                body["detail"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("DELETE /mcp ends the session its mcp-session-id header names"),
+                "{body}"
+            );
+        }
+    }
 
     // Only /mcp itself is the endpoint: a path below it is no route, and no call runs.
     let response = s
