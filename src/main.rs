@@ -79,6 +79,11 @@ async fn main() -> ExitCode {
     };
     match server::serve_with(listener, config, shutdown, Some(hangups)).await {
         Ok(()) => ExitCode::SUCCESS,
+        // Found only once starting (a venv that is not one): as those found before.
+        Err(e @ server::ServeError::Config(_)) => {
+            eprintln!("snakecage: {e}");
+            ExitCode::from(2)
+        }
         Err(e) => {
             tracing::error!(error = %e, "snakecage failed");
             ExitCode::FAILURE

@@ -64,7 +64,7 @@ fn one_error_text(error: &figment::Error) -> String {
                 one_of(expected)
             )
         }
-        kind => kind.to_string(),
+        kind => in_words(&kind.to_string()),
     };
     let from_env = error
         .metadata
@@ -72,8 +72,7 @@ fn one_error_text(error: &figment::Error) -> String {
         .is_some_and(|md| md.name.ends_with("environment variable(s)"));
     if !error.path.is_empty() {
         if from_env {
-            let var = error.path.join("__").to_ascii_uppercase();
-            text.push_str(&format!(" in environment variable SNAKECAGE_{var}"));
+            text.push_str(&format!(" in {}", variables_of(&error.path)));
             return text;
         }
         text.push_str(&format!(" for key {:?}", error.path.join(".")));
@@ -85,6 +84,53 @@ fn one_error_text(error: &figment::Error) -> String {
         }
     }
     text
+}
+
+/// The environment variables set for the key at `path` or below it, as set: an unknown
+/// section (`SNAKECAGE_POOLS__SIZE`) is reported by figment at the section, whose own
+/// name no one set.
+fn variables_of(path: &[String]) -> String {
+    let key = format!("{}{}", super::ENV_PREFIX, path.join("__")).to_ascii_uppercase();
+    let mut set: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .filter(|name| {
+            let upper = name.to_ascii_uppercase();
+            upper == key
+                || upper
+                    .strip_prefix(&key)
+                    .is_some_and(|rest| rest.starts_with("__"))
+        })
+        .collect();
+    set.sort();
+    match set.as_slice() {
+        [] => format!("environment variable {key}"),
+        [one] => format!("environment variable {one}"),
+        many => format!("environment variables {}", many.join(", ")),
+    }
+}
+
+/// A parser's message with Rust's type names (`expected usize`) in words.
+fn in_words(text: &str) -> String {
+    const TYPES: [(&str, &str); 11] = [
+        ("usize", "a whole number, 0 or more"),
+        ("u64", "a whole number, 0 or more"),
+        ("u32", "a whole number, 0 or more"),
+        ("u16", "a whole number from 0 to 65535"),
+        ("u8", "a whole number from 0 to 255"),
+        ("isize", "a whole number"),
+        ("i64", "a whole number"),
+        ("i32", "a whole number"),
+        ("f64", "a number"),
+        ("f32", "a number"),
+        ("bool", "true or false"),
+    ];
+    for (name, words) in TYPES {
+        let rust = format!("expected {name}");
+        if let Some(head) = text.strip_suffix(&rust) {
+            return format!("{head}expected {words}");
+        }
+    }
+    text.to_owned()
 }
 
 /// `` `a` ``, `` `a` or `b` ``, `` one of `a`, `b`, `c` ``.
@@ -104,7 +150,18 @@ pub const LISTEN_HINT: &str = "give an IP address and port, e.g. 127.0.0.1:8000 
 
 /// `--listen`: a socket address, or an error that says what to give.
 pub(super) fn parse_listen(value: &str) -> Result<SocketAddr, String> {
-    value.parse().map_err(|e| format!("{e}: {LISTEN_HINT}"))
+    value.parse().map_err(|e| {
+        // std says "invalid socket address syntax" for a port out of range too.
+        let port = value
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u64>().ok());
+        match port {
+            Some(port) if port > u64::from(u16::MAX) => {
+                format!("the port {port} is out of range (0 to 65535): {LISTEN_HINT}")
+            }
+            _ => format!("{e}: {LISTEN_HINT}"),
+        }
+    })
 }
 
 #[cfg(test)]

@@ -13,13 +13,15 @@ use crate::harness::repo_root;
 fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
     let state = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_snakecage"));
-    // `--listen` would override the address a test gives in the environment.
-    if !env.iter().any(|(key, _)| *key == "SNAKECAGE_LISTEN") {
+    // `--listen` would override the address a test gives in the environment; a flag the
+    // test gives is its own.
+    if !env.iter().any(|(key, _)| *key == "SNAKECAGE_LISTEN") && !args.contains(&"--listen") {
         cmd.args(["--listen", "127.0.0.1:0"]);
     }
+    if !args.contains(&"--venv") {
+        cmd.arg("--venv").arg(repo_root().join(".venv"));
+    }
     let mut child = cmd
-        .arg("--venv")
-        .arg(repo_root().join(".venv"))
         .args(args)
         .env("SNAKECAGE_WORKER__STATE_DIR", state.path())
         .env("SNAKECAGE_WORKSPACE__DIR", state.path())
@@ -146,5 +148,49 @@ fn a_misspelt_key_and_a_bad_value_are_named_as_the_user_wrote_them() {
         stderr,
         "snakecage: configuration: unknown variant: found `xml`, expected `human` or `json` in \
          environment variable SNAKECAGE_LOG__FORMAT\n"
+    );
+}
+
+/// Values of the wrong type say what to give in words, not in Rust's type names; a key of
+/// an unknown section names the variable that was set; a port out of range says so; a
+/// venv that is not one is refused like every other configuration (exit code 2, one line).
+#[test]
+fn wrong_types_unknown_sections_ports_and_venvs_are_named_as_the_user_gave_them() {
+    let stderr = refused(&[], &[("SNAKECAGE_POOL__SIZE", "abc")]);
+    assert_eq!(
+        stderr,
+        "snakecage: configuration: invalid type: found string \"abc\", expected a whole \
+         number, 0 or more in environment variable SNAKECAGE_POOL__SIZE\n"
+    );
+    let stderr = refused(&[], &[("SNAKECAGE_LIMITS__MEMORY_LIMIT_MB", "-5")]);
+    assert!(
+        stderr.ends_with(
+            "expected a whole number, 0 or more in environment variable \
+             SNAKECAGE_LIMITS__MEMORY_LIMIT_MB\n"
+        ),
+        "{stderr}"
+    );
+    let stderr = refused(&[], &[("SNAKECAGE_POOLS__SIZE", "3")]);
+    assert!(
+        stderr.starts_with("snakecage: configuration: unknown field: found `pools`")
+            && stderr.ends_with(" in environment variable SNAKECAGE_POOLS__SIZE\n"),
+        "{stderr}"
+    );
+    let stderr = refused(&["--listen", "127.0.0.1:99999"], &[]);
+    assert!(
+        stderr.contains("the port 99999 is out of range (0 to 65535): give an IP address"),
+        "{stderr}"
+    );
+    let missing = tempfile::tempdir().unwrap().path().join("pas-de-venv");
+    let stderr = refused(&["--venv", missing.to_str().unwrap()], &[]);
+    assert_eq!(
+        stderr,
+        format!(
+            "snakecage: configuration: python.venv {}: cannot read {}/pyvenv.cfg: No such file \
+             or directory (os error 2) (create it with the README's first command, or set \
+             python.venv)\n",
+            missing.display(),
+            missing.display()
+        )
     );
 }
