@@ -8,9 +8,20 @@ use axum::http::{HeaderMap, header};
 use percent_encoding::percent_decode_str;
 
 /// The name `headers` (a part's) give the file: its `filename*` when it can be read, else
-/// `plain` (the crate's `filename`). `Ok(None)` when neither is given; `Err` saying what is
-/// wrong with a `filename*` that cannot be read when no `filename` stands in for it.
+/// `plain` (the crate's `filename`), without the client's directories (a browser or a
+/// client on Windows sends `C:\Users\x\data.csv`: `\` separates them there, not on the
+/// host, where a file a program writes may have one in its name). `Ok(None)` when neither
+/// is given; `Err` saying what is wrong with a `filename*` that cannot be read when no
+/// `filename` stands in for it.
 pub fn part_filename(headers: &HeaderMap, plain: Option<&str>) -> Result<Option<String>, String> {
+    let last_component = |name: String| match name.rsplit_once(['/', '\\']) {
+        Some((_, base)) => base.to_owned(),
+        None => name,
+    };
+    given_filename(headers, plain).map(|name| name.map(last_component))
+}
+
+fn given_filename(headers: &HeaderMap, plain: Option<&str>) -> Result<Option<String>, String> {
     let extended = headers
         .get(header::CONTENT_DISPOSITION)
         .and_then(|value| parameter(value.as_bytes(), "filename*"));
@@ -111,6 +122,16 @@ mod tests {
         assert_eq!(name_of(latin1, None), Ok(Some("£ rates.txt".into())));
         let quoted = "form-data; name=\"file\"; filename*=\"UTF-8''r%C3%A9sum%C3%A9.pdf\"";
         assert_eq!(name_of(quoted, None), Ok(Some("résumé.pdf".into())));
+    }
+
+    #[test]
+    fn a_clients_directories_are_dropped_whichever_separator_it_uses() {
+        assert_eq!(
+            name_of("form-data; name=\"file\"", Some("C:\\Users\\é\\d.xlsx")),
+            Ok(Some("d.xlsx".into()))
+        );
+        let star = "form-data; name=\"file\"; filename*=UTF-8''dir%2F%C3%A9t%C3%A9.csv";
+        assert_eq!(name_of(star, None), Ok(Some("été.csv".into())));
     }
 
     #[test]

@@ -17,8 +17,9 @@ pub const MAX_NAME_BYTES: usize = 255;
 /// The longest extension a name cut to [`MAX_NAME_BYTES`] keeps, in bytes with its dot.
 const MAX_EXTENSION_BYTES: usize = 32;
 
-/// A name safe to store and to put in a header: the last path component (clients send
-/// `C:\Users\x\data.csv` too), control characters dropped, at most [`MAX_NAME_BYTES`]
+/// A name safe to store and to put in a header: the last path component (after the last
+/// `/`: an upload's client path was cut where its own separators are, and a `\` is part
+/// of a name a program gives its file on this host), control characters dropped, at most [`MAX_NAME_BYTES`]
 /// bytes: a longer name loses the end of its stem, never its extension (the type the
 /// listing reports comes from it) and never half a character.
 pub fn clean_filename(raw: &str) -> String {
@@ -29,7 +30,7 @@ pub fn clean_filename(raw: &str) -> String {
 /// store percent-encodes them in an object key). `bytes` must add up over the parts of a
 /// name, as a per-byte encoding does.
 pub fn clean_filename_within(raw: &str, bytes: impl Fn(&str) -> usize) -> String {
-    let base = raw.rsplit(['/', '\\']).next().unwrap_or_default();
+    let base = raw.rsplit('/').next().unwrap_or_default();
     let name: String = base.chars().filter(|c| !c.is_control()).collect();
     let name = shorten(name, MAX_NAME_BYTES, bytes);
     match name.trim() {
@@ -83,7 +84,7 @@ mod tests {
     fn filenames_are_reduced_to_a_safe_last_component() {
         assert_eq!(clean_filename("data.csv"), "data.csv");
         assert_eq!(clean_filename("../../etc/passwd"), "passwd");
-        assert_eq!(clean_filename("C:\\Users\\x\\d.xlsx"), "d.xlsx");
+        assert_eq!(clean_filename("back\\slash.txt"), "back\\slash.txt");
         assert_eq!(clean_filename("a\nb\r.txt"), "ab.txt");
         assert_eq!(clean_filename(".."), "file");
         assert_eq!(clean_filename(""), "file");

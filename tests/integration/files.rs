@@ -335,6 +335,34 @@ async fn new_files_and_nested_directories_all_come_back() {
     assert_eq!(listed.len(), 3, "{listed:?}");
 }
 
+/// A `\\` in the name of a file a program writes is part of the name on this host (only
+/// an upload's client path may be a Windows one): stored, listed and downloaded as named,
+/// not cut to what follows it.
+#[tokio::test]
+async fn a_backslash_in_a_written_files_name_stays_in_its_name() {
+    let s = Server::start().await;
+    let r = s
+        .run("open('back\\\\slash é.txt', 'w').write('x')\nopen('dir\\\\a.txt', 'w').write('y')")
+        .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    let written = output(&r, "back\\slash é.txt");
+    let mut listed: Vec<String> = list(&s)
+        .await
+        .iter()
+        .map(|f| f["filename"].as_str().unwrap().to_owned())
+        .collect();
+    listed.sort();
+    assert_eq!(listed, ["back\\slash é.txt", "dir\\a.txt"]);
+    let response = download(&s, &id(written)).await;
+    assert_eq!(
+        response.headers()["content-disposition"],
+        "attachment; filename=\"back_slash _.txt\"; filename*=UTF-8''back%5Cslash%20%C3%A9.txt"
+    );
+    // An upload's client path is cut at either separator.
+    let up = upload(&s, "C:\\Users\\zoë\\data.csv", b"a,b\n".to_vec()).await;
+    assert_eq!(up["filename"], "data.csv", "{up}");
+}
+
 #[tokio::test]
 async fn a_matplotlib_savefig_returns_a_valid_png() {
     let s = Server::start().await;
