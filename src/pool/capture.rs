@@ -91,13 +91,28 @@ impl Capture {
             Stream::Stdout => &mut self.stdout,
             Stream::Stderr => &mut self.stderr,
         };
+        let was_truncated = out.truncated();
         let kept = out.push(bytes);
-        if let (Some(tx), false) = (&self.chunks, kept.is_empty()) {
-            // A gone listener (client disconnected) is the caller's business, not ours.
+        // The listener reads the cut where the result has it: its chunks add up to the
+        // result's text, the mark included.
+        let cut = !was_truncated && out.truncated();
+        let Some(tx) = &self.chunks else {
+            return;
+        };
+        // A gone listener (client disconnected) is the caller's business, not ours.
+        if !kept.is_empty() {
             let _ = tx
                 .send(OutputChunk {
                     stream,
                     data: kept.to_vec(),
+                })
+                .await;
+        }
+        if cut {
+            let _ = tx
+                .send(OutputChunk {
+                    stream,
+                    data: TRUNCATION_SUFFIX.as_bytes().to_vec(),
                 })
                 .await;
         }

@@ -212,3 +212,31 @@ async fn an_oversized_bundle_is_replaced_by_a_note() {
     assert!(note.starts_with("[output omitted"), "{note}");
     assert!(note.contains("4096 bytes"), "{note}");
 }
+
+/// Output past `limits.max_output_bytes` is cut where the result cuts it: a stream's
+/// `output` events add up to the result's text, the truncation mark included, so a client
+/// that shows only the events sees the cut.
+#[tokio::test]
+async fn streamed_output_past_the_limit_ends_with_the_same_mark_as_the_result() {
+    let s = Server::start_with(
+        crate::harness::Options::default().env("SNAKECAGE_LIMITS__MAX_OUTPUT_BYTES", 4096),
+    )
+    .await;
+    let code = "import sys\nfor i in range(40):\n    print('ü' * 300, flush=True)\n    \
+                print('é', i, file=sys.stderr, flush=True)\nprint('END')";
+    let events = stream(&s, "/v1/execute/stream", json!({ "code": code })).await;
+    let result = &events.last().unwrap().data;
+    assert_eq!(result["stdout_truncated"], true, "{result}");
+    assert_eq!(result["stderr_truncated"], false, "{result}");
+    for name in ["stdout", "stderr"] {
+        let streamed: String = events
+            .iter()
+            .filter(|e| e.event == "output" && e.data["stream"] == name)
+            .map(|e| e.data["data"].as_str().unwrap())
+            .collect();
+        assert_eq!(streamed, result[name].as_str().unwrap(), "{name}");
+    }
+    let stdout = result["stdout"].as_str().unwrap();
+    assert!(stdout.ends_with("ü\n...[truncated]"), "{stdout}");
+    assert_eq!(stdout.matches("[truncated]").count(), 1, "{stdout}");
+}
