@@ -18,7 +18,6 @@ use super::session_run::{CONTROL_TIMEOUT, ensure_worker, lose};
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::files::workspace::{self};
-use crate::pool::session::Listed;
 use crate::sessions::SessionInfo;
 
 #[derive(Debug, Deserialize)]
@@ -50,7 +49,8 @@ pub struct CreatedSession {
 pub struct SessionDetail {
     #[serde(flatten)]
     pub info: SessionInfo,
-    /// `null` while a run is in progress (`status: busy`): its worker is running it.
+    /// `null` while a run is in progress (`status: busy`): its worker is running it; and
+    /// while a replay session waits for its next run to rebuild it (`replay_pending`).
     pub variables: Option<Vec<Variable>>,
     /// How many user globals there are: more than `variables` lists when past the runner's
     /// bound (500). `null` with `variables`.
@@ -136,25 +136,29 @@ pub async fn get(
         }));
     };
     let grace = state.sessions.settings().interrupt_grace;
-    // A replay session whose worker was lost has no variables until its next run
-    // rebuilds it (`status: replay_pending`); listing them is no reason to replay.
+    // A replay session whose worker was lost has no variables to list until its next run
+    // rebuilds it (`status: replay_pending`), which will restore them: they are unknown
+    // (null), not none, and listing them is no reason to replay.
     let pending = guard.lost.is_some();
     let held = &mut *guard;
     let listed = match held.worker.as_mut() {
-        None if pending => Ok(Listed::default()),
+        None if pending => None,
         None => return Err(super::session_run::gone(&id)),
-        Some(worker) => worker.variables(CONTROL_TIMEOUT, grace).await,
-    };
-    let listed = match listed {
-        Ok(listed) => listed,
-        Err(e) if held.mark_lost(e.to_string()) => Listed::default(),
-        Err(e) => return Err(lose(&state, &session, held, e.to_string())),
+        Some(worker) => match worker.variables(CONTROL_TIMEOUT, grace).await {
+            Ok(listed) => Some(listed),
+            Err(e) if held.mark_lost(e.to_string()) => None,
+            Err(e) => return Err(lose(&state, &session, held, e.to_string())),
+        },
     };
     drop(guard);
+    let (variables, variables_total) = match listed {
+        Some(listed) => (Some(listed.variables), Some(listed.total)),
+        None => (None, None),
+    };
     Ok(Json(SessionDetail {
         info: session.info(),
-        variables: Some(listed.variables),
-        variables_total: Some(listed.total),
+        variables,
+        variables_total,
     }))
 }
 

@@ -130,12 +130,16 @@ async fn a_worker_lost_mid_run_is_rebuilt_before_the_next_run() {
     let (status, info) = s.get_json(&format!("/v1/sessions/{id}")).await;
     assert_eq!(status, 200, "{info}");
     assert_eq!(info["status"], "replay_pending", "{info}");
+    // Its variables are unknown until the replay restores them, not none.
+    assert_eq!(info["variables"], Value::Null, "{info}");
+    assert_eq!(info["variables_total"], Value::Null, "{info}");
 
     let r = run(&s, &id, "print(x)").await;
     assert_eq!(r["stdout"], "ünïcode\n", "{r}");
     assert_eq!(r["replayed"], 1, "{r}");
     let (_, info) = s.get_json(&format!("/v1/sessions/{id}")).await;
     assert_eq!(info["status"], "idle", "{info}");
+    assert_eq!(info["variables"][0]["name"], "x", "{info}");
 }
 
 #[tokio::test]
