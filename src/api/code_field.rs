@@ -53,23 +53,12 @@ impl<'de> Visitor<'de> for CodeVisitor {
                         "`code` is an array, so each element must be a string (one line of \
                          code), but element {} is {}",
                         lines.len(),
-                        kind(&other)
+                        super::json::json_kind(&other)
                     )));
                 }
             }
         }
         Ok(Some(lines.join("\n")))
-    }
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

@@ -142,3 +142,16 @@ pub fn body_too_large(state: &SharedState) -> ApiError {
          with POST /v1/files and stage it into the run with `files`"
     ))
 }
+
+/// What kind of JSON value `value` is, in words for a `detail`: `a string`, `an array`.
+pub(crate) fn json_kind(value: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}

@@ -20,6 +20,8 @@ mod stream;
 mod upload_name;
 mod whole_number;
 
+pub(crate) use json::json_kind;
+
 use std::sync::Arc;
 
 use axum::Router;

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use super::calls::{Client, InFlight, SESSION_HEADER};
 use crate::api::error_bodies::plain_error;
+use crate::api::json_kind;
 use crate::error::ErrorCode;
 
 /// How much of a body over the limit is read (and dropped) so its sender sees the 413.
@@ -26,18 +27,6 @@ const INVALID_REQUEST: i64 = -32600;
 const PARSE_ERROR: i64 = -32700;
 const INTERNAL_ERROR: i64 = -32603;
 const INVALID_PARAMS: i64 = -32602;
-
-/// What kind of JSON value `value` is, in words.
-fn json_kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
 
 /// What [`guard`] needs: the configuration it enforces and the calls in flight.
 pub struct Guard {

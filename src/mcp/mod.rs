@@ -224,14 +224,7 @@ fn malformed_request(method: &str, params: Option<&Value>) -> McpError {
 
 /// What is wrong with the params of a `tools/call` rmcp could not read.
 fn tools_call_problem(params: Option<&Value>) -> String {
-    let kind = |v: &Value| match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    };
+    let kind = crate::api::json_kind;
     let Some(Value::Object(params)) = params else {
         return format!(
             "tools/call: params must be an object {{\"name\": <tool>, \"arguments\": {{...}}}}, \
