@@ -1,5 +1,6 @@
 //! Rich results an agent can read without the data: NumPy arrays with their shape and dtype,
-//! long DataFrames cut to a table plus a one-line summary.
+//! long DataFrames cut to a table plus a one-line summary; and what a run keeps of them when
+//! there are too many, too little time or no memory left to report them.
 
 use serde_json::json;
 
@@ -117,4 +118,34 @@ async fn a_figure_too_large_for_the_memory_limit_says_it_was_not_rendered() {
         ),
         "{r}"
     );
+}
+
+/// Rich outputs there is no memory left to report (the program used up its limit after
+/// displaying 40 MB of them) are dropped for a note; the run keeps its output and exit
+/// code, and its verdict says why. The worker used to abort ("memory allocation of … bytes
+/// failed", SIGABRT) and the run ended `killed`.
+#[tokio::test]
+async fn results_there_is_no_memory_to_report_are_dropped_for_a_note() {
+    let s = Server::start().await;
+    let r = s
+        .run_with(json!({
+            "code": "class Big:\n\
+                     \x20   def __repr__(self): return 'Big()'\n\
+                     \x20   def _repr_html_(self): return '<p>' + 'x' * 1_000_000 + '</p>'\n\
+                     for i in range(40):\n    display(Big())\n\
+                     blocks = []\n\
+                     try:\n    while True: blocks.append(bytearray(1 << 20))\n\
+                     except MemoryError:\n    pass\n\
+                     blocks.pop()\n\
+                     print('filled')",
+            "timeout_ms": 30000,
+        }))
+        .await;
+    assert_eq!(r["verdict"], "memory_limit", "{r}");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout"], format!("{}filled\n", "Big()\n".repeat(40)));
+    let note =
+        "[results dropped: out of memory (the run's memory limit) while reporting 40 outputs]";
+    assert_eq!(r["results"], json!([{ "text/plain": note }]));
+    assert_eq!(r["stderr"], format!("snakecage: {note}\n"));
 }
