@@ -4,7 +4,7 @@
 
 use serde_json::json;
 
-use crate::harness::Server;
+use crate::harness::{Options, Server};
 
 #[tokio::test]
 async fn arrays_and_long_dataframes_come_back_summarised() {
@@ -117,6 +117,68 @@ async fn a_figure_too_large_for_the_memory_limit_says_it_was_not_rendered() {
             "snakecage: <Figure size 4000x4000 with 1 Axes> [figure not rendered: MemoryError"
         ),
         "{r}"
+    );
+}
+
+/// A run that leaves 120 figures open (as a stranger met it: 200 of them ended the worker
+/// out of memory, every result lost) draws the fifty it can keep, closes the rest undrawn,
+/// and says so; its memory limit is not near.
+#[tokio::test]
+async fn figures_left_open_past_the_fifty_kept_are_not_drawn() {
+    let s =
+        Server::start_with(Options::default().env("SNAKECAGE_LIMITS__MEMORY_LIMIT_MB", 160)).await;
+    let r = s
+        .run_with(json!({
+            "code": "import matplotlib.pyplot as plt\n\
+                     plt.rcParams['figure.max_open_warning'] = 0\n\
+                     for i in range(120):\n    plt.figure(); plt.plot([1, i])\n\
+                     print('made 120')",
+            "timeout_ms": 60000,
+        }))
+        .await;
+    assert_eq!(r["verdict"], "ok", "{}", r["stderr"]);
+    assert_eq!(r["stdout"], "made 120\n");
+    let results = r["results"].as_array().unwrap();
+    assert_eq!(results.len(), 51, "{}", r["stderr"]);
+    assert!(
+        results[..50].iter().all(|b| b["image/png"].is_string()),
+        "{}",
+        r["stderr"]
+    );
+    assert_eq!(
+        results[50],
+        json!({"text/plain": "[70 more outputs omitted: a run keeps at most 50]"})
+    );
+    assert_eq!(r["stderr"], "");
+}
+
+/// Figures are drawn after the program ends only while the run's time limit allows: one
+/// that would take a minute is cut short, and the run reports before its deadline with
+/// its output, the figure drawn before it, and a note (on stderr too), where it used to
+/// be killed at the deadline with no results at all.
+#[tokio::test]
+async fn drawing_figures_left_open_stops_short_of_the_time_limit() {
+    let s = Server::start().await;
+    let r = s
+        .run_with(json!({
+            "code": "import matplotlib.pyplot as plt, time\n\
+                     plt.figure(); plt.plot([1, 2])\n\
+                     plt.figure().savefig = lambda *args, **kwargs: time.sleep(60)\n\
+                     print('made 2')",
+            "timeout_ms": 10000,
+        }))
+        .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    assert_eq!(r["timed_out"], false, "{r}");
+    assert_eq!(r["stdout"], "made 2\n");
+    let results = r["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "{r}");
+    assert!(results[0]["image/png"].is_string(), "{r}");
+    let note = "[1 figure left open not rendered: too close to the run's time limit]";
+    assert_eq!(results[1], json!({ "text/plain": note }));
+    assert_eq!(
+        r["stderr"],
+        format!("snakecage: rendering the figures left open was cut short: {note}\n")
     );
 }
 
