@@ -130,6 +130,8 @@ class Collector:
             managers = pyplot._pylab_helpers.Gcf.get_all_fig_managers()
         except Exception:
             return
+        if not managers:
+            return  # most jobs: no timer to set up
         try:
             with Alarm() as alarm:
                 while managers:
