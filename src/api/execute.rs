@@ -428,6 +428,7 @@ pub fn job(req: ExecuteRequest, inputs: &[StageInput]) -> Result<Job, ApiError> 
         entrypoint,
         args: req.args,
         max_bundle_bytes: 0,
+        timeout_ms: 0,
         tools: Vec::new(),
         max_concurrent_tool_calls: 1,
     })

@@ -31,6 +31,7 @@ pub(super) async fn probe(mut worker: Worker, imports: &[String]) -> Result<(), 
         entrypoint: None,
         args: Vec::new(),
         max_bundle_bytes: 0,
+        timeout_ms: 0,
         tools: Vec::new(),
         max_concurrent_tool_calls: 1,
     };

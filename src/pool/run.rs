@@ -157,7 +157,7 @@ pub(super) const EXIT_STATUS_WAIT: Duration = Duration::from_secs(2);
 /// died without reporting, its exit awaited), so it must not be given another job.
 pub async fn run(
     worker: &mut Worker,
-    job: Job,
+    mut job: Job,
     limits: &RunLimits,
     chunks: Option<mpsc::Sender<OutputChunk>>,
 ) -> Result<RunOutcome, RunError> {
@@ -165,6 +165,7 @@ pub async fn run(
     if limits.background.is_none() {
         worker.foreground();
     }
+    job.timeout_ms = timeout_ms(limits);
     let tool_cap = job.tool_call_cap();
     worker
         .channel
@@ -299,12 +300,13 @@ pub struct SessionRun {
 /// `interrupt.grace` later is killed, as is one that breaks the protocol.
 pub async fn run_in_session(
     worker: &mut Worker,
-    job: Job,
+    mut job: Job,
     limits: &RunLimits,
     chunks: Option<mpsc::Sender<OutputChunk>>,
     interrupt: Interrupt<'_>,
 ) -> Result<SessionRun, RunError> {
     let started = Instant::now();
+    job.timeout_ms = timeout_ms(limits);
     let tool_cap = job.tool_call_cap();
     worker
         .channel
@@ -417,6 +419,14 @@ pub async fn run_in_session(
         },
         lost,
     })
+}
+
+/// The run's time limit as its job carries it, so the worker can end its own work
+/// (drawing the figures left open) before the deadline; at least 1 ms (0 would mean none).
+fn timeout_ms(limits: &RunLimits) -> u64 {
+    u64::try_from(limits.timeout.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 /// Precedence: a timeout or a memory error explains everything after it; a death without

@@ -41,7 +41,8 @@ pub struct ReplayLimits {
 enum Entry {
     Stage(Vec<StageInput>),
     Run {
-        job: Job,
+        /// Boxed: a job is the largest thing an entry holds, by far.
+        job: Box<Job>,
         limits: RunLimits,
         /// The run's tool calls and their answers; `None`: the run had no tools.
         calls: Option<Vec<RecordedCall>>,
@@ -115,7 +116,7 @@ impl Journal {
         // A replay runs without the original run's tools and cancel token: they belonged
         // to that request. Its calls are answered from `calls` instead.
         let entry = Entry::Run {
-            job: job.clone(),
+            job: Box::new(job.clone()),
             limits: RunLimits {
                 tools: None,
                 cancel: None,
@@ -230,7 +231,7 @@ pub async fn rebuild(
                 let now = replayer.as_ref().map_or(&never, |r| r.stop());
                 let interrupt = Interrupt { grace, now };
                 let ran = worker
-                    .run(job.clone(), &limits, None, interrupt)
+                    .run((**job).clone(), &limits, None, interrupt)
                     .await
                     .map_err(|e| failed(format!("replaying run {done} of {total} failed: {e}")))?;
                 if let Some(why) = replayer
@@ -284,6 +285,7 @@ mod tests {
             entrypoint: None,
             args: Vec::new(),
             max_bundle_bytes: 0,
+            timeout_ms: 0,
             tools: Vec::new(),
             max_concurrent_tool_calls: 1,
         }

@@ -1,9 +1,10 @@
 //! Rich results an agent can read without the data: NumPy arrays with their shape and dtype,
-//! long DataFrames cut to a table plus a one-line summary.
+//! long DataFrames cut to a table plus a one-line summary; and what a run keeps of them when
+//! there are too many, too little time or no memory left to report them.
 
 use serde_json::json;
 
-use crate::harness::Server;
+use crate::harness::{Options, Server};
 
 #[tokio::test]
 async fn arrays_and_long_dataframes_come_back_summarised() {
@@ -117,4 +118,102 @@ async fn a_figure_too_large_for_the_memory_limit_says_it_was_not_rendered() {
         ),
         "{r}"
     );
+}
+
+/// A run that leaves 120 figures open (as a stranger met it: 200 of them ended the worker
+/// out of memory, every result lost) draws the fifty it can keep, closes the rest undrawn,
+/// and says so, within a memory limit that drawing them all would exceed.
+#[tokio::test]
+async fn figures_left_open_past_the_fifty_kept_are_not_drawn() {
+    // Drawing fifty figures takes seconds, many more on a loaded machine: a time limit far
+    // past that, so that the cap, never the limit, is what leaves the other seventy undrawn.
+    let s = Server::start_with(
+        Options::default()
+            .env("SNAKECAGE_LIMITS__MEMORY_LIMIT_MB", 160)
+            .env("SNAKECAGE_LIMITS__MAX_TIMEOUT_MS", 600_000),
+    )
+    .await;
+    let r = s
+        .run_with(json!({
+            "code": "import matplotlib.pyplot as plt\n\
+                     plt.rcParams['figure.max_open_warning'] = 0\n\
+                     for i in range(120):\n    plt.figure(); plt.plot([1, i])\n\
+                     print('made 120')",
+            "timeout_ms": 600_000,
+        }))
+        .await;
+    assert_eq!(r["verdict"], "ok", "{}", r["stderr"]);
+    assert_eq!(r["stdout"], "made 120\n");
+    let results = r["results"].as_array().unwrap();
+    assert_eq!(results.len(), 51, "{}", r["stderr"]);
+    assert!(
+        results[..50].iter().all(|b| b["image/png"].is_string()),
+        "{}",
+        r["stderr"]
+    );
+    assert_eq!(
+        results[50],
+        json!({"text/plain": "[70 more outputs omitted: a run keeps at most 50]"})
+    );
+    assert_eq!(r["stderr"], "");
+}
+
+/// Figures are drawn after the program ends only while the run's time limit allows: one
+/// that would take a minute is cut short, and the run reports before its deadline with
+/// its output, the figure drawn before it, and a note (on stderr too), where it used to
+/// be killed at the deadline with no results at all.
+#[tokio::test]
+async fn drawing_figures_left_open_stops_short_of_the_time_limit() {
+    let s = Server::start().await;
+    let r = s
+        .run_with(json!({
+            "code": "import matplotlib.pyplot as plt, time\n\
+                     plt.figure(); plt.plot([1, 2])\n\
+                     plt.figure().savefig = lambda *args, **kwargs: time.sleep(60)\n\
+                     print('made 2')",
+            "timeout_ms": 10000,
+        }))
+        .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    assert_eq!(r["timed_out"], false, "{r}");
+    assert_eq!(r["stdout"], "made 2\n");
+    let results = r["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "{r}");
+    assert!(results[0]["image/png"].is_string(), "{r}");
+    let note = "[1 figure left open not rendered: too close to the run's time limit]";
+    assert_eq!(results[1], json!({ "text/plain": note }));
+    assert_eq!(
+        r["stderr"],
+        format!("snakecage: rendering the figures left open was cut short: {note}\n")
+    );
+}
+
+/// Rich outputs there is no memory left to report (the program used up its limit after
+/// displaying 40 MB of them) are dropped for a note; the run keeps its output and exit
+/// code, and its verdict says why. The worker used to abort ("memory allocation of … bytes
+/// failed", SIGABRT) and the run ended `killed`.
+#[tokio::test]
+async fn results_there_is_no_memory_to_report_are_dropped_for_a_note() {
+    let s = Server::start().await;
+    let r = s
+        .run_with(json!({
+            "code": "class Big:\n\
+                     \x20   def __repr__(self): return 'Big()'\n\
+                     \x20   def _repr_html_(self): return '<p>' + 'x' * 1_000_000 + '</p>'\n\
+                     for i in range(40):\n    display(Big())\n\
+                     blocks = []\n\
+                     try:\n    while True: blocks.append(bytearray(1 << 20))\n\
+                     except MemoryError:\n    pass\n\
+                     blocks.pop()\n\
+                     print('filled')",
+            "timeout_ms": 30000,
+        }))
+        .await;
+    assert_eq!(r["verdict"], "memory_limit", "{r}");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout"], format!("{}filled\n", "Big()\n".repeat(40)));
+    let note =
+        "[results dropped: out of memory (the run's memory limit) while reporting 40 outputs]";
+    assert_eq!(r["results"], json!([{ "text/plain": note }]));
+    assert_eq!(r["stderr"], format!("snakecage: {note}\n"));
 }

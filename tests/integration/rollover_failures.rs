@@ -195,6 +195,7 @@ async fn a_probe_import_that_raises_fails_the_generation_with_its_traceback() {
         entrypoint: None,
         args: Vec::new(),
         max_bundle_bytes: 0,
+        timeout_ms: 0,
         tools: Vec::new(),
         max_concurrent_tool_calls: 1,
     };

@@ -4,7 +4,9 @@ Loaded by the zygote as the module ``_snakecage_display`` before the runner, whi
 imports it.  A bundle is a dict of MIME type to text (base64 for ``image/png``),
 like the ``data`` of a Jupyter ``display_data`` message.  Every bundle is bounded:
 one larger than the job's ``max_bundle_bytes`` is replaced by a note, and a job
-keeps at most ``MAX_BUNDLES`` of them.
+keeps at most ``MAX_BUNDLES`` of them.  What would not be kept is not made either:
+past the cap, ``display()`` only prints and an open figure is closed undrawn, so a
+job that leaves hundreds of figures open costs the drawing of fifty.
 
 Only the standard library is imported at module level; numpy, pandas and
 matplotlib are looked up in ``sys.modules`` when a value might be theirs.
@@ -15,7 +17,10 @@ import builtins
 import html
 import io
 import sys
+import time
 import warnings
+
+from _snakecage_alarm import Alarm, TooSlow
 
 DEFAULT_MAX_BUNDLE_BYTES = 1 << 20
 """Used when a job does not say (``max_bundle_bytes`` 0 or missing)."""
@@ -27,6 +32,12 @@ DATAFRAME_MAX_ROWS = 20
 DATAFRAME_MAX_COLS = 20
 _MARKDOWN_CELL_CHARS = 60
 
+REPORT_MARGIN = (0.1, 0.1, 1.0)
+"""``(fraction, least, most)``: the part of a job's time limit, in seconds, kept for
+reporting its result (turning the bundles into a frame, sending it, the supervisor
+reading it) once the program has ended: the figures it left open are drawn only until
+``fraction`` of the limit, at least ``least`` and at most ``most`` seconds, is left."""
+
 # --------------------------------------------------------------------------
 # Collecting a job's outputs
 
@@ -34,16 +45,22 @@ _MARKDOWN_CELL_CHARS = 60
 class Collector:
     """The bundles of one job, in the order they were produced."""
 
-    def __init__(self, max_bundle_bytes=0):
+    def __init__(self, max_bundle_bytes=0, timeout_ms=0):
         self.max_bundle_bytes = max_bundle_bytes or DEFAULT_MAX_BUNDLE_BYTES
         self.bundles = []
         self.dropped = 0
         self.shown_figures = set()
+        self.draw_until = _draw_until(timeout_ms)
+        self.not_drawn = 0
+        """Figures left open that the time limit left undrawn."""
+
+    def full(self):
+        return len(self.bundles) >= MAX_BUNDLES
 
     def add(self, bundle):
         if not bundle:
             return
-        if len(self.bundles) >= MAX_BUNDLES:
+        if self.full():
             self.dropped += 1
             return
         size = sum(len(key) + len(value) for key, value in bundle.items())
@@ -56,7 +73,13 @@ class Collector:
         self.bundles.append(bundle)
 
     def display(self, obj, echo):
-        """Add ``obj``'s bundle; with ``echo``, write its text to stdout too."""
+        """Add ``obj``'s bundle; with ``echo``, write its text to stdout too. Past
+        ``MAX_BUNDLES`` only its text is made (a figure is not drawn), and counted."""
+        if self.full():
+            self.dropped += 1
+            if echo:
+                _echo(plain_text(obj, self))
+            return
         bundle = mime_bundle(obj, self)
         if echo and "text/plain" in bundle:
             _echo(bundle["text/plain"])
@@ -74,27 +97,94 @@ class Collector:
         """Capture the figures left open (then close them all) and return the bundles."""
         try:
             self._capture_open_figures()
-        except KeyboardInterrupt:
-            _close_all_figures()  # interrupted while rendering: report what there is
+        except (KeyboardInterrupt, TooSlow):
+            # Interrupted while drawing (a session's deadline), or out of time just as a
+            # drawing ended: report what there is.
+            _close_all_figures()
+        if self.not_drawn:
+            note = "[%d %s left open not rendered: too close to the run's time limit]" % (
+                self.not_drawn,
+                _plural(self.not_drawn, "figure"),
+            )
+            print("snakecage: rendering the figures left open was cut short: %s" % note, file=sys.stderr)
+            self.bundles.append({"text/plain": note})
+            self.not_drawn = 0
         if self.dropped:
-            self.bundles.append({"text/plain": "[%d more outputs omitted]" % self.dropped})
+            note = "[%d more %s omitted: a run keeps at most %d]" % (
+                self.dropped,
+                _plural(self.dropped, "output"),
+                MAX_BUNDLES,
+            )
+            self.bundles.append({"text/plain": note})
             self.dropped = 0
         return self.bundles
 
     def _capture_open_figures(self):
+        """Draws the figures left open, in order, while there is room for their bundles
+        and time before ``draw_until``; counts the others. Each is closed once drawn, so
+        its renderer's memory is free for the next."""
         pyplot = sys.modules.get("matplotlib.pyplot")
         if pyplot is None:
             return
         try:
-            figures = [manager.canvas.figure for manager in pyplot._pylab_helpers.Gcf.get_all_fig_managers()]
+            managers = pyplot._pylab_helpers.Gcf.get_all_fig_managers()
         except Exception:
             return
+        if not managers:
+            return  # most jobs: no timer to set up
         try:
-            for figure in figures:
-                if id(figure) not in self.shown_figures:
-                    self.add(mime_bundle(figure, self))
+            with Alarm() as alarm:
+                while managers:
+                    try:
+                        figure = managers.pop(0).canvas.figure
+                    except Exception:
+                        continue
+                    if id(figure) in self.shown_figures:
+                        continue
+                    if self.full():
+                        self.dropped += 1
+                        continue
+                    left = None if self.draw_until is None else self.draw_until - time.monotonic()
+                    if left is not None and left <= 0:
+                        self.not_drawn += 1
+                        continue
+                    try:
+                        try:
+                            if left is not None:
+                                alarm.arm(left)
+                            bundle = mime_bundle(figure, self)
+                        finally:
+                            alarm.disarm()
+                    except TooSlow:
+                        alarm.disarm()  # raised before the disarm above took effect
+                        self.not_drawn += 1
+                        self.draw_until = time.monotonic()
+                        continue
+                    self.add(bundle)
+                    _close_figure(pyplot, figure)
         finally:
             _close_all_figures()
+
+
+def _plural(n, noun):
+    return noun if n == 1 else noun + "s"
+
+
+def _draw_until(timeout_ms):
+    """When drawing the figures a job left open must stop (``time.monotonic``), so the
+    result gets out before the job's time limit; ``None`` without a limit."""
+    if not timeout_ms:
+        return None
+    limit = timeout_ms / 1000
+    fraction, least, most = REPORT_MARGIN
+    return time.monotonic() + limit - min(max(limit * fraction, least), most)
+
+
+def _close_figure(pyplot, figure):
+    try:
+        pyplot.close(figure)
+    except Exception:
+        pass
 
 
 def _echo(text):
@@ -123,9 +213,11 @@ _current = None
 """The running job's Collector, or None between jobs."""
 
 
-def begin(max_bundle_bytes=0):
+def begin(max_bundle_bytes=0, timeout_ms=0):
+    """A new job's Collector; ``timeout_ms`` (0: none) is the job's time limit, counted
+    from now."""
     global _current
-    _current = Collector(max_bundle_bytes)
+    _current = Collector(max_bundle_bytes, timeout_ms)
     return _current
 
 
@@ -161,7 +253,8 @@ def _close_all_figures():
 
 def mime_bundle(obj, collector=None):
     """The MIME bundle of ``obj``: text/plain always, richer types where known."""
-    bundle = {"text/plain": _safe_repr(obj)}
+    text = plain_text(obj, collector)
+    bundle = {"text/plain": text}
     if is_instance(obj, "matplotlib.figure", "Figure"):
         png, failure = _figure_png(obj)
         if png is not None:
@@ -169,16 +262,13 @@ def mime_bundle(obj, collector=None):
         else:
             # Said where the model and the user look: the bundle, and stderr.
             note = "[figure not rendered: %s]" % failure
-            bundle["text/plain"] += "\n" + note
-            print("snakecage: %s %s" % (_safe_repr(obj), note), file=sys.stderr)
-        if collector is not None:
-            collector.shown_figures.add(id(obj))
+            bundle["text/plain"] = text + "\n" + note
+            print("snakecage: %s %s" % (text, note), file=sys.stderr)
         return bundle
     if is_instance(obj, "pandas", "DataFrame"):
-        bundle.update(_dataframe_bundle(obj))
+        bundle.update(_dataframe_rich(obj))
         return bundle
     if is_instance(obj, "numpy", "ndarray"):
-        bundle["text/plain"] = ndarray_text(obj)
         return bundle
     for method, mime in (
         ("_repr_html_", "text/html"),
@@ -192,6 +282,26 @@ def mime_bundle(obj, collector=None):
         if isinstance(value, str):
             bundle[mime] = value
     return bundle
+
+
+def plain_text(obj, collector=None):
+    """The ``text/plain`` of ``obj``'s bundle, made alone: a figure is not drawn (but
+    counts as shown)."""
+    if is_instance(obj, "matplotlib.figure", "Figure"):
+        if collector is not None:
+            collector.shown_figures.add(id(obj))
+        return _safe_repr(obj)
+    if is_instance(obj, "pandas", "DataFrame"):
+        try:
+            text = _dataframe_text(obj)
+            if text is not None:
+                return text
+        except Exception:
+            pass
+        return _safe_repr(obj)
+    if is_instance(obj, "numpy", "ndarray"):
+        return ndarray_text(obj)
+    return _safe_repr(obj)
 
 
 def is_instance(obj, module, name):
@@ -289,16 +399,11 @@ def _dataframe_text(df):
     return table + "\n\n" + dataframe_summary(df)
 
 
-def _dataframe_bundle(df):
-    """The three views of a DataFrame show the same rows and columns and, when cut, end
-    with the same summary line (pandas' own shape line is left out: it would be a second)."""
+def _dataframe_rich(df):
+    """A DataFrame's ``text/html`` and ``text/markdown``. The three views of a DataFrame
+    (with ``plain_text``'s) show the same rows and columns and, when cut, end with the same
+    summary line (pandas' own shape line is left out: it would be a second)."""
     out = {}
-    try:
-        text = _dataframe_text(df)
-        if text is not None:
-            out["text/plain"] = text
-    except Exception:
-        pass
     try:
         out["text/html"] = df.to_html(
             max_rows=DATAFRAME_MAX_ROWS, max_cols=DATAFRAME_MAX_COLS, show_dimensions=False

@@ -29,7 +29,7 @@ third-party package is known to be importable.
 This module owns the entry points and one job's life around the user code
 (its ``__main__``, stdin, argv, display hook, the threads it leaves running).
 It is loaded last; the parts it imports are loaded before it, in this order:
-``aio.py`` (asyncio in the sandbox, the loop top-level ``await`` runs on),
+``alarm.py`` (the runner's own time limits), ``aio.py`` (asyncio in the sandbox, the loop top-level ``await`` runs on),
 ``display.py`` (rich outputs), ``variables.py`` (a session's variables), ``report.py`` (how a job ends: results, exit
 status, tracebacks), ``program.py`` (reading and compiling the program) and
 ``state.py`` (interpreter state set once, per child, around a warm-up).
@@ -76,7 +76,7 @@ class Session:
         threads_before = _live_threads()
         namespace = self._module.__dict__
         namespace["__file__"] = program.filename
-        collector = _display.begin(job.get("max_bundle_bytes") or 0)
+        collector = _display.begin(job.get("max_bundle_bytes") or 0, job.get("timeout_ms") or 0)
         try:
             with _JobContext(self._module, stdin, program, collector):
                 result = _execute(program, namespace, interactive and program.data is None, self._loop)
@@ -125,8 +125,9 @@ def run(job):
 
     ``job`` is ``{"code": str, "stdin": str | None,
     "last_line_interactive": bool}``, optionally with ``"entrypoint": str``
-    (a file to run instead of ``code``), ``"args": [str]`` and
-    ``"max_bundle_bytes": int``.  Returns ``{"exit_code": int, "memory_error":
+    (a file to run instead of ``code``), ``"args": [str]``,
+    ``"max_bundle_bytes": int`` and ``"timeout_ms": int`` (the job's time limit, which
+    drawing the figures it leaves open stops short of).  Returns ``{"exit_code": int, "memory_error":
     bool, "error": None | {"type": str, "message": str}, "results": [bundle]}``
     where each bundle maps MIME types to text (see ``display.py``).
     """

@@ -9,10 +9,10 @@ theirs.
 """
 
 import reprlib
-import signal
 import time
 import types
 
+from _snakecage_alarm import Alarm, TooSlow
 from _snakecage_display import is_instance
 
 MAX_VARIABLES = 500
@@ -113,7 +113,7 @@ def variables(namespace):
     entries = []
     total = 0
     deadline = time.monotonic() + LISTING_SECONDS
-    with _Alarm() as alarm:
+    with Alarm() as alarm:
         for name, value in list(namespace.items()):
             if not isinstance(name, str):
                 continue
@@ -136,7 +136,7 @@ def _describe_in_time(name, value, alarm, deadline):
             return describe(name, value)
         finally:
             alarm.disarm()
-    except (_TooSlow, KeyboardInterrupt):
+    except (TooSlow, KeyboardInterrupt):
         # Ours, or the supervisor's interrupt of an overdue listing (a value stuck where
         # no signal handler runs): either way this value is not worth waiting for again.
         if len(_slow_types) < _SLOW_TYPES_KEPT:
@@ -148,55 +148,6 @@ def _describe_in_time(name, value, alarm, deadline):
 
 _slow_types = set()
 """Types a value of which took too long to describe: later listings skip them at once."""
-
-
-class _TooSlow(BaseException):
-    """Raised into a description that ran out of time (``BaseException``: user code that
-    catches ``Exception`` around a sleep does not swallow it)."""
-
-
-class _Alarm:
-    """A repeating ``SIGALRM`` timer that raises ``_TooSlow`` while armed.
-
-    It repeats because user code may catch one. The handler raises only while armed, so a
-    signal delivered just as a description ends is ignored; a timer or handler the job set
-    is put back when the listing ends.
-    """
-
-    def __init__(self):
-        self._armed = False
-        self._usable = False
-
-    def __enter__(self):
-        try:
-            self._handler = signal.signal(signal.SIGALRM, self._fire)
-        except ValueError:
-            return self  # not the main thread: untimed (the supervisor's interrupt bounds it)
-        self._usable = True
-        self._timer = signal.setitimer(signal.ITIMER_REAL, 0)
-        return self
-
-    def __exit__(self, *exc):
-        if not self._usable:
-            return
-        self.disarm()
-        signal.signal(signal.SIGALRM, self._handler)
-        if self._timer[0] > 0:
-            signal.setitimer(signal.ITIMER_REAL, *self._timer)
-
-    def arm(self, seconds):
-        if self._usable:
-            self._armed = True
-            signal.setitimer(signal.ITIMER_REAL, seconds, seconds)
-
-    def disarm(self):
-        if self._usable:
-            self._armed = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
-
-    def _fire(self, signum, frame):
-        if self._armed:
-            raise _TooSlow
 
 
 def _not_described(name, value, why):

@@ -14,11 +14,11 @@ use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocma
 use nix::unistd::Pid;
 use snakecage_worker::frame::{self, FrameError};
 use snakecage_worker::protocol::{
-    EXIT_HARDENING_FAILED, EXIT_PROTOCOL, JobRequest, WorkerLimits, WorkerMessage,
+    EXIT_HARDENING_FAILED, EXIT_PROTOCOL, JobRequest, JobResult, WorkerLimits, WorkerMessage,
 };
 
 use crate::hooks;
-use crate::interpreter::{InterpreterError, Runner};
+use crate::interpreter::{InterpreterError, Runner, result_frame};
 use crate::jobsocket::JOB;
 use crate::priority;
 use crate::sandbox::layers::Sandbox;
@@ -179,10 +179,7 @@ fn serve(runner: &Runner<'_>, warmed: bool) -> Result<(), ChildError> {
         return Ok(()); // the supervisor let this worker go without a job
     };
     match request {
-        JobRequest::Run(job) => {
-            let result = runner.run(&job)?;
-            JOB.send(&WorkerMessage::Result(result))?;
-        }
+        JobRequest::Run(job) => send_result(runner.run(&job)?)?,
         JobRequest::StartSession => serve_session(runner)?,
         JobRequest::Reset | JobRequest::Inspect => {
             return Err(ChildError::Protocol(
@@ -222,7 +219,10 @@ fn serve_session(runner: &Runner<'_>) -> Result<(), ChildError> {
     {
         runner.discard_pending_interrupt();
         let reply = match request {
-            JobRequest::Run(job) => WorkerMessage::Result(session.run(runner, &job)?),
+            JobRequest::Run(job) => {
+                send_result(session.run(runner, &job)?)?;
+                continue;
+            }
             JobRequest::Reset => {
                 session.reset()?;
                 WorkerMessage::ResetDone
@@ -241,6 +241,13 @@ fn serve_session(runner: &Runner<'_>) -> Result<(), ChildError> {
         };
         JOB.send(&reply)?;
     }
+    Ok(())
+}
+
+/// Sends a job's result ([`result_frame`]: its rich outputs dropped for a note when there
+/// is no room for them).
+fn send_result(result: JobResult) -> Result<(), ChildError> {
+    JOB.writer().send_encoded(&result_frame(result)?)?;
     Ok(())
 }
 

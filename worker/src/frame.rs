@@ -33,6 +33,9 @@ const _: () = assert!(crate::jsondepth::MAX_TOOL_JSON_DEPTH + 2 <= MAX_FRAME_DEP
 pub enum FrameError {
     #[error("frame of {len} bytes exceeds the maximum of {max} bytes")]
     Oversized { len: usize, max: usize },
+    /// The sender had no memory left for the frame's buffer.
+    #[error("no memory for a frame of {len} bytes")]
+    OutOfMemory { len: usize },
     #[error("stream ended inside a frame ({got} of {expected} bytes)")]
     Truncated { got: usize, expected: usize },
     #[error("record of {got} bytes does not match its length prefix of {expected}")]
@@ -44,18 +47,45 @@ pub enum FrameError {
 }
 
 /// Serialises `msg` into one frame (prefix included).
+///
+/// The body is measured first (serialised into a counter, which allocates nothing), then
+/// written into one buffer of exactly its size, asked for fallibly: an oversized frame is
+/// refused before anything is allocated, and a frame there is no memory for (a worker's
+/// result of many rich outputs at the end of a job that used up its memory limit) is
+/// [`FrameError::OutOfMemory`], which its sender can report, where a buffer grown by
+/// doubling aborted the process on the first allocation that failed.
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
-    let mut buf = vec![0u8; HEADER_LEN];
-    serde_json::to_writer(&mut buf, msg)?;
-    let len = buf.len() - HEADER_LEN;
+    let mut counter = Counter(0);
+    serde_json::to_writer(&mut counter, msg)?;
+    let len = counter.0;
     if len > MAX_FRAME_LEN {
         return Err(FrameError::Oversized {
             len,
             max: MAX_FRAME_LEN,
         });
     }
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(HEADER_LEN + len)
+        .map_err(|_| FrameError::OutOfMemory { len })?;
+    buf.extend_from_slice(&[0; HEADER_LEN]);
+    serde_json::to_writer(&mut buf, msg)?;
+    debug_assert_eq!(buf.len(), HEADER_LEN + len, "serialised twice, the same");
     buf[..HEADER_LEN].copy_from_slice(&(len as u32).to_le_bytes());
     Ok(buf)
+}
+
+/// A writer that only counts the bytes written to it.
+struct Counter(usize);
+
+impl Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Decodes one complete frame (prefix included) such as a SOCK_SEQPACKET record.
@@ -297,6 +327,30 @@ mod tests {
             ]
         );
         dec.finish().unwrap();
+    }
+
+    /// A frame of rich outputs is one buffer of exactly its size (no doubling, which needs
+    /// twice the room for a moment, and aborts the worker where that room is not there),
+    /// and one over the maximum is refused without being built.
+    #[test]
+    fn a_frame_is_one_buffer_of_its_exact_size_and_an_oversized_one_is_refused() {
+        let msg = Msg {
+            text: "iVBORw0KGgo".repeat(100_000),
+            n: 7,
+        };
+        let wire = encode(&msg).unwrap();
+        assert_eq!(wire.capacity(), wire.len());
+        assert_eq!(decode_exact::<Msg>(&wire, MAX_FRAME_LEN).unwrap(), msg);
+
+        let msg = Msg {
+            text: "x".repeat(MAX_FRAME_LEN),
+            n: 0,
+        };
+        let err = encode(&msg).unwrap_err();
+        assert!(
+            matches!(err, FrameError::Oversized { len, max: MAX_FRAME_LEN } if len > MAX_FRAME_LEN),
+            "{err}"
+        );
     }
 
     #[test]

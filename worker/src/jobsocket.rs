@@ -288,6 +288,7 @@ pub(crate) mod tests {
             entrypoint: None,
             args: Vec::new(),
             max_bundle_bytes: 0,
+            timeout_ms: 0,
             tools: Vec::new(),
             max_concurrent_tool_calls: 1,
         })

@@ -14,7 +14,9 @@
 //! allocation that fails gives it back and tries again, which then finds room. The tool path,
 //! where a failure can be reported, first makes sure the reserve is back ([`ensure`]): when
 //! it cannot be taken again, the job's memory is truly used up, and the call raises
-//! `MemoryError` before it starts anything. A thread of the pool is started only when
+//! `MemoryError` before it starts anything. The job's result, whose rich outputs may come to
+//! megabytes, is read and framed in buffers asked for through [`large`]: without room for
+//! them the outputs are dropped with a note, not the worker. A thread of the pool is started only when
 //! there is room for it ([`room_for`]): its start maps memory outside the allocator (the
 //! stack, Rust's signal stack, CPython's thread state), which no reserve could stand in
 //! for. What is left: a second Rust allocation failure before the next call restores the
@@ -23,6 +25,7 @@
 //! The normal path pays one atomic load per call, and a null test per allocation.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::TryReserveError;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
@@ -160,6 +163,17 @@ fn restore() -> Result<(), Exhausted> {
         unsafe { System.dealloc(reserve, RESERVE) };
     }
     Ok(())
+}
+
+/// A large buffer for a path that can report its failure (a job's rich outputs, read to
+/// be sent): asked for fallibly (`allocate` uses `try_reserve`) with the reserve in place,
+/// and given up if getting it spent the reserve for good, so that the small allocations
+/// after it, which abort when they fail, still have the reserve to fall back on.
+pub fn large<T>(allocate: impl FnOnce() -> Result<T, TryReserveError>) -> Result<T, Exhausted> {
+    ensure()?;
+    let buffer = allocate().map_err(|_| Exhausted)?;
+    ensure()?;
+    Ok(buffer)
 }
 
 /// Whether `bytes` more could be mapped now: mapped and unmapped at once, with the reserve

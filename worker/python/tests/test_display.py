@@ -166,7 +166,80 @@ def test_an_oversized_bundle_is_replaced_by_a_note(runner, capsys):
 def test_bundles_per_job_are_bounded(runner, capsys):
     results = runner.run(job("for i in range(80):\n    display(i)"))["results"]
     assert len(results) == 51
-    assert results[-1] == {"text/plain": "[30 more outputs omitted]"}
+    assert results[-1] == {"text/plain": "[30 more outputs omitted: a run keeps at most 50]"}
+    # Past the cap the values are still printed, as display() always does.
+    assert capsys.readouterr().out == "".join("%d\n" % i for i in range(80))
+
+
+# Each figure's savefig is its own (an instance attribute, as in the test above): it
+# records that the figure was drawn and writes a PNG signature, without drawing.
+COUNTED_FIGURES = """\
+import matplotlib.pyplot as plt
+drawn = []
+def counted(fig):
+    def savefig(buf, **kwargs):
+        drawn.append(fig.number)
+        buf.write(b"\\x89PNG\\r\\n\\x1a\\n")
+    fig.savefig = savefig
+    return fig
+"""
+
+
+def test_figures_left_open_past_the_cap_are_closed_without_being_drawn(runner, pyplot, capsys):
+    code = COUNTED_FIGURES + "for i in range(70):\n    counted(plt.figure())\n"
+    session = runner.Session()
+    result = session.run(job(code))
+    assert result["exit_code"] == 0, result
+    # The first fifty were drawn, each once; the other twenty never.
+    drawn = session.run(job("drawn", interactive=True))["results"][0]["text/plain"]
+    assert drawn == repr(list(range(1, 51)))
+    results = result["results"]
+    assert len(results) == 51, results[-1]
+    assert all(sorted(b) == ["image/png", "text/plain"] for b in results[:50])
+    assert results[50] == {"text/plain": "[20 more outputs omitted: a run keeps at most 50]"}
+    assert pyplot.get_fignums() == []
+
+
+def test_figures_displayed_past_the_cap_are_printed_not_drawn(runner, pyplot, capsys):
+    code = COUNTED_FIGURES + "for i in range(60):\n    display(counted(plt.figure()))\n"
+    session = runner.Session()
+    result = session.run(job(code))
+    assert result["exit_code"] == 0, result
+    drawn = session.run(job("drawn", interactive=True))["results"][0]["text/plain"]
+    assert drawn == repr(list(range(1, 51)))
+    results = result["results"]
+    assert len(results) == 51
+    assert results[50] == {"text/plain": "[10 more outputs omitted: a run keeps at most 50]"}
+    # Every one is echoed as display() echoes a figure, and none is captured again at the end.
+    out = capsys.readouterr().out
+    assert out.count("<Figure size 640x480 with 0 Axes>\n") == 60, out
+    assert pyplot.get_fignums() == []
+
+
+def test_figures_left_open_are_drawn_only_while_the_time_limit_allows(runner, pyplot, capsys):
+    # The first figure draws at once; the next four would take a minute each. The job's
+    # limit (3 s) leaves them undrawn: the one being drawn is interrupted, the rest skipped.
+    code = (
+        COUNTED_FIGURES
+        + "import time\n"
+        + "counted(plt.figure())\n"
+        + "for i in range(4):\n"
+        + "    plt.figure().savefig = lambda buf, **kwargs: time.sleep(60)\n"
+    )
+    result = runner.run(dict(job(code), timeout_ms=3000))
+    assert result["exit_code"] == 0, result
+    *images, note = result["results"]
+    # On a stalled machine even the first may be out of time; the four never draw.
+    assert len(images) <= 1 and all("image/png" in b for b in images), result
+    undrawn = 5 - len(images)
+    expected = "[%d figures left open not rendered: too close to the run's time limit]" % undrawn
+    assert note == {"text/plain": expected}
+    err = capsys.readouterr().err
+    assert "snakecage: rendering the figures left open was cut short: " + expected in err, err
+    assert pyplot.get_fignums() == []
+    # The job's alarm is gone with it.
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL
 
 
 def test_a_failing_job_still_reports_what_it_displayed(runner, capsys):

@@ -1,7 +1,7 @@
 //! CPython inside the zygote: isolated PyConfig start-up with `site` off (`start`), the
 //! runner modules (`worker/python/`), preloads, the warm-up job and `gc.freeze()`
 //! (`prepare`); then the calls a worker makes into the runner, for one job or a session
-//! (`runner`), and what they return (`results`).
+//! (`runner`), and what they return, framed to be sent (`results`).
 
 mod prepare;
 mod results;
@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 
 pub use prepare::{Prepared, prepare};
+pub use results::result_frame;
 pub use runner::Runner;
 pub use start::{initialize, python_home, python_version};
 

@@ -17,7 +17,8 @@ const TOOLS_SOURCE: &str = include_str!("../../python/tools.py");
 /// imports only those before it. `(name, source)`: executed as the module
 /// `_snakecage_<name>`, its code objects named `snakecage/<name>.py`. Executing a code
 /// module registers it in `sys.modules`, where the next ones import it.
-const RUNNER_MODULES: [(&str, &str); 7] = [
+const RUNNER_MODULES: [(&str, &str); 8] = [
+    ("alarm", include_str!("../../python/alarm.py")),
     ("aio", include_str!("../../python/aio.py")),
     ("display", include_str!("../../python/display.py")),
     ("variables", include_str!("../../python/variables.py")),
@@ -142,6 +143,7 @@ impl<'py> Runner<'py> {
             arg.set_item("entrypoint", job.entrypoint.as_deref())?;
             arg.set_item("args", &job.args)?;
             arg.set_item("max_bundle_bytes", job.max_bundle_bytes)?;
+            arg.set_item("timeout_ms", job.timeout_ms)?;
             let out = target.call_method1("run", (arg,))?;
             job_result(out.cast::<PyDict>()?)
         })();

@@ -55,6 +55,11 @@ pub struct Job {
     /// a bigger one is replaced by a note. 0: the runner's default.
     #[serde(default)]
     pub max_bundle_bytes: u64,
+    /// The job's time limit, set by the run that sends it: the runner's own work after the
+    /// program (drawing the figures it left open) stops short of it, so the result gets
+    /// out before the deadline kills the worker. 0: none.
+    #[serde(default)]
+    pub timeout_ms: u64,
     /// The tools `snakecage.tools` offers this job (Code Mode); empty: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<crate::toolspec::ToolSpec>,
@@ -130,7 +135,8 @@ pub struct Variable {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct JobResult {
     pub exit_code: i32,
-    /// An uncaught `MemoryError`: the job hit its memory limit.
+    /// The job hit its memory limit: an uncaught `MemoryError`, or no memory left to
+    /// report its rich outputs (dropped for a note).
     pub memory_error: bool,
     pub error: Option<ErrorInfo>,
     /// Rich outputs in the order produced: `display()` calls, the last expression's value,
