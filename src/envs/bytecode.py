@@ -1,7 +1,8 @@
 """Bytecode for every module of a new environment, reusing what the previous one compiled.
 
-Run by the new environment's own interpreter, isolated, at the lowest CPU priority:
-``python -I -c <this file> NEW_SITE [OLD_SITE]``. Prints one JSON object:
+Run by the new environment's own interpreter, isolated and without ``site`` (no ``.pth``
+file of an installed distribution runs on the host), at the lowest CPU priority:
+``python -I -S -c <this file> NEW_SITE [OLD_SITE]``. Prints one JSON object:
 ``{"reused": n, "compiled": n, "unparsable": n}``.
 
 Workers cannot write bytecode (the environment is read-only to them), so every ``.py`` of

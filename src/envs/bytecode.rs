@@ -55,7 +55,8 @@ pub async fn compile(
     timeout: Duration,
 ) -> Result<Bytecode, BytecodeError> {
     let mut cmd = background::command(python);
-    cmd.args(["-I", "-c", BYTECODE_PY]).arg(site);
+    // `-S`: no `site`, so no `.pth` file of the new environment runs here, on the host.
+    cmd.args(["-I", "-S", "-c", BYTECODE_PY]).arg(site);
     if let Some(previous) = previous {
         cmd.arg(previous);
     }

@@ -317,6 +317,47 @@ async fn a_directory_the_compiler_cannot_write_fails_the_change() {
     assert!(err.to_string().contains("__pycache__"), "{err}");
 }
 
+#[tokio::test]
+async fn no_pth_file_of_the_new_environment_runs_while_compiling() {
+    let dir = tempfile::tempdir().unwrap();
+    let venv = dir.path().join("venv");
+    let out = Command::new(repo_root().join(".venv-tools/bin/uv"))
+        .args(["venv", "--quiet", "--no-config", "--python"])
+        .arg(python())
+        .arg(&venv)
+        .env("UV_PYTHON_DOWNLOADS", "never")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let site = snakecage::envs::dists::site_packages(&venv).unwrap();
+    let marker = dir.path().join("ran");
+    // A `.pth` line that starts with `import` runs whenever `site` processes the directory.
+    write(
+        &site.join("evil.pth"),
+        &format!(
+            "import pathlib; pathlib.Path({:?}).touch()\n",
+            marker.display().to_string()
+        ),
+    );
+    write(&site.join("module.py"), "VALUE = 1\n");
+    let ran = Command::new(venv.join("bin/python"))
+        .args(["-c", "pass"])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ran && marker.exists(), "the .pth file does not run at all");
+    std::fs::remove_file(&marker).unwrap();
+    let made = bytecode::compile(&venv.join("bin/python"), &site, None, TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(made.compiled, 1);
+    assert!(!marker.exists(), "a .pth file ran on the host");
+}
+
 fn built(prepare: Prepare) -> Prepared {
     match prepare {
         Prepare::Built(prepared) => *prepared,
