@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::envs::EnvError;
+use crate::envs::bytecode::BytecodeError;
 use crate::envs::spec::SpecError;
 use crate::envs::uv::UvError;
 use crate::files::workspace::StageError;
@@ -298,6 +299,13 @@ impl From<EnvError> for ApiError {
                     "the install {e} (packages.install_timeout_seconds); nothing changed"
                 )),
                 e @ UvError::Spawn { .. } => ApiError::Internal(e.to_string()),
+            },
+            EnvError::Bytecode(e) => match e {
+                e @ BytecodeError::Failed(_) => ApiError::InstallFailed(e.to_string()),
+                e @ BytecodeError::TimedOut(_) => ApiError::Unavailable(format!(
+                    "{e} (packages.install_timeout_seconds); nothing changed"
+                )),
+                e @ BytecodeError::Spawn { .. } => ApiError::Internal(e.to_string()),
             },
             other => ApiError::Internal(other.to_string()),
         }

@@ -32,7 +32,8 @@ pub struct PackagesConfig {
     /// runs the package's own build code on the host, as the service's user, before any
     /// sandbox; only wheels are installed.
     pub build_from_source: bool,
-    /// The longest one install may take before it is killed.
+    /// The longest one install, and then the compilation of its bytecode, may each take
+    /// before it is killed.
     pub install_timeout_seconds: u64,
 }
 

@@ -12,6 +12,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::{ENV_PREFIX, remove_env_dir};
 
@@ -75,6 +76,26 @@ pub fn remove_unused(envs_dir: &Path, sweep: Sweep<'_>) -> Swept {
         swept.removed.push(dir);
     }
     swept
+}
+
+/// Sweeps old generations after a switch: the old zygotes retire when their last job or
+/// session ends, so a generation still in use is looked at again a little later (for ten
+/// minutes; after that, at the next switch or start).
+pub(super) async fn sweep_after_switch(envs_dir: PathBuf, current: PathBuf) {
+    const INTERVAL: Duration = Duration::from_secs(30);
+    const SWEEPS: usize = 20;
+    for _ in 0..SWEEPS {
+        let (dir, cur) = (envs_dir.clone(), current.clone());
+        let swept = tokio::task::spawn_blocking(move || {
+            remove_unused(&dir, Sweep::Running { current: &cur })
+        })
+        .await
+        .unwrap_or_default();
+        if swept.in_use.is_empty() {
+            return;
+        }
+        tokio::time::sleep(INTERVAL).await;
+    }
 }
 
 /// Which of `dirs` a process's memory maps or mounts name.

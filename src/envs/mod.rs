@@ -1,7 +1,8 @@
 //! Operator package management: environment generations on disk. A change (add, remove,
 //! sync) never touches the environment a running zygote uses: it builds a NEW environment
 //! directory with `uv` (a fresh venv on the base venv's interpreter, the base venv's exact
-//! pins plus the operator's requested set, hard-linked from uv's cache), reads the added
+//! pins plus the operator's requested set, hard-linked from uv's cache), gives it bytecode
+//! (the serving environment's, for the files the two share), reads the added
 //! distributions' import names, and hands the next configuration to the rollover. Only
 //! after the switch is the manifest rewritten; on any failure the new directory is deleted
 //! and nothing else has changed.
@@ -18,12 +19,17 @@
 //! - [`plan`]: what a change means: the requested set, the installer's requirements and
 //!   constraints.
 //! - [`uv`]: running the installer (argument vectors, deadline, errors sorted).
+//! - [`bytecode`]: the new environment's bytecode, reused from the serving one where its
+//!   sources are the same files, compiled where not.
+//! - `background`: how the installer and the compiler run (niceness, deadline, output).
 //! - [`dists`]: installed distributions and their import names, read from the files.
 //! - [`manifest`]: the managed state that survives a restart.
 //! - `listing`: what `GET /v1/admin/packages` reports of the serving environment.
 //! - [`gc`]: deleting environment directories no process uses any more.
 //! - `unchanged`: what a change that changes nothing finds, and why it says so.
 
+mod background;
+pub mod bytecode;
 pub mod dists;
 pub mod gc;
 mod listing;
@@ -40,6 +46,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::OwnedMutexGuard;
 
+use self::bytecode::{Bytecode, BytecodeError};
 use self::dists::Dist;
 pub use self::listing::{ListedDist, Listing};
 use self::manifest::{Manifest, ManifestError};
@@ -66,6 +73,8 @@ pub enum EnvError {
     NoBaseVenv,
     #[error(transparent)]
     Uv(#[from] UvError),
+    #[error(transparent)]
+    Bytecode(#[from] BytecodeError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -122,7 +131,9 @@ pub struct Prepared {
     pub reason: String,
     /// The requested distributions whose import names were read, with their versions.
     pub changed: Vec<ListedDist>,
+    /// The installer's and the compiler's time.
     pub install_time: Duration,
+    pub bytecode: Bytecode,
     manifest: Manifest,
     committed: bool,
 }
@@ -271,10 +282,7 @@ impl ChangeGuard {
         let base = m.base.lock().unwrap().clone();
         let base_venv = base.venv.clone().ok_or(EnvError::NoBaseVenv)?;
         let read = |venv: &Path| -> Result<Vec<Dist>, EnvError> {
-            let site = dists::site_packages(venv).ok_or_else(|| EnvError::Io {
-                path: venv.join("lib"),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no site-packages"),
-            })?;
+            let site = site_packages(venv)?;
             dists::installed(&site).map_err(io(&site))
         };
         let base_dists = read(&base_venv)?;
@@ -303,6 +311,7 @@ impl ChangeGuard {
             reason: change.describe(),
             changed: Vec::new(),
             install_time: Duration::ZERO,
+            bytecode: Bytecode::default(),
             manifest: old.clone(),
             committed: false,
         };
@@ -373,6 +382,16 @@ impl ChangeGuard {
                 manifest: (manifest != old).then_some(manifest),
             }));
         }
+        // Only for an environment that will serve: the one above is deleted uncompiled.
+        let serving_site = live.python.venv.as_deref().and_then(dists::site_packages);
+        prepared.bytecode = bytecode::compile(
+            &dir.join("bin").join("python"),
+            &site_packages(&dir)?,
+            serving_site.as_deref(),
+            m.uv.timeout,
+        )
+        .await?;
+        prepared.install_time = started.elapsed();
         Ok(Prepare::Built(Box::new(prepared)))
     }
 
@@ -432,29 +451,20 @@ impl ChangeGuard {
         prepared.manifest.save(&m.envs_dir)?;
         prepared.committed = true;
         *m.manifest.lock().unwrap() = prepared.manifest.clone();
-        tokio::spawn(sweep_after_switch(m.envs_dir.clone(), prepared.dir.clone()));
+        tokio::spawn(gc::sweep_after_switch(
+            m.envs_dir.clone(),
+            prepared.dir.clone(),
+        ));
         Ok(())
     }
 }
 
-/// Sweeps old generations after a switch: the old zygotes retire when their last job or
-/// session ends, so a generation still in use is looked at again a little later (for ten
-/// minutes; after that, at the next switch or start).
-async fn sweep_after_switch(envs_dir: PathBuf, current: PathBuf) {
-    const INTERVAL: Duration = Duration::from_secs(30);
-    const SWEEPS: usize = 20;
-    for _ in 0..SWEEPS {
-        let (dir, cur) = (envs_dir.clone(), current.clone());
-        let swept = tokio::task::spawn_blocking(move || {
-            gc::remove_unused(&dir, gc::Sweep::Running { current: &cur })
-        })
-        .await
-        .unwrap_or_default();
-        if swept.in_use.is_empty() {
-            return;
-        }
-        tokio::time::sleep(INTERVAL).await;
-    }
+/// The site-packages directory of the venv at `venv`, which must have one.
+fn site_packages(venv: &Path) -> Result<PathBuf, EnvError> {
+    dists::site_packages(venv).ok_or_else(|| EnvError::Io {
+        path: venv.join("lib"),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no site-packages"),
+    })
 }
 
 /// Why the requested `name` is not in the environment uv built: its marker excludes the

@@ -1,16 +1,13 @@
-//! The installer: `uv` run with argument vectors (never a shell), the configured index
-//! only, its cache inside the environments directory, a deadline; its failures sorted
-//! into "does not resolve" and "index unreachable", each with uv's own words.
+//! The installer: `uv` run as a [`background`] process, the configured index only, its
+//! cache inside the environments directory; its failures sorted into "does not resolve"
+//! and "index unreachable", each with uv's own words.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::process::Command;
 
-/// The most of uv's stderr passed on (its messages are a few lines; a resolver
-/// explanation may be a few dozen).
-const MAX_STDERR: usize = 16 << 10;
+use super::background::{self, RunError};
 
 /// How uv is run: which binary, which index, which cache.
 #[derive(Debug, Clone)]
@@ -94,37 +91,19 @@ impl Uv {
         if self.only_binary {
             cmd.args(["--only-binary", ":all:"]);
         }
-        // Workers cannot write bytecode (the environment is read-only to them): without it
-        // every import that is not preloaded would compile its modules from source in every
-        // worker, 2.5-3x slower (`from scipy import stats` past the default 2 s timeout).
-        cmd.arg("--compile-bytecode");
+        // No `--compile-bytecode`: uv would compile the whole environment; the bytecode
+        // step after it compiles only what the previous environment has none for.
         // `--` ends the options: no requirement can be read as one.
         cmd.arg("--").args(&request.requirements);
         self.run(cmd).await
     }
 
     fn command(&self) -> Command {
-        let mut cmd = Command::new(&self.binary);
-        cmd.env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("UV_CACHE_DIR", &self.cache_dir)
+        let mut cmd = background::command(&self.binary);
+        cmd.env("UV_CACHE_DIR", &self.cache_dir)
             .env("UV_NO_PROGRESS", "1")
             .env("NO_COLOR", "1")
-            .env("UV_PYTHON_DOWNLOADS", "never")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        // An install is background work beside live requests: compiling a whole
-        // environment's bytecode keeps every CPU busy for seconds. uv and the compilers
-        // it starts inherit the lowest niceness.
-        // SAFETY: between fork and exec only `setpriority`, a plain system call, runs.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::setpriority(libc::PRIO_PROCESS, 0, 19);
-                Ok(())
-            });
-        }
+            .env("UV_PYTHON_DOWNLOADS", "never");
         // Only what reaching the index needs passes through (proxies, the machine's CA
         // certificates): no `UV_*` or `PIP_*` setting of the service's environment may add
         // an index or change what is installed.
@@ -136,24 +115,21 @@ impl Uv {
         cmd
     }
 
-    async fn run(&self, mut cmd: Command) -> Result<String, UvError> {
+    async fn run(&self, cmd: Command) -> Result<String, UvError> {
         self.check()?;
-        let child = cmd.spawn().map_err(|source| UvError::Spawn {
-            program: self.binary.clone(),
-            source,
-        })?;
-        let output = tokio::time::timeout(self.timeout, child.wait_with_output())
+        let finished = background::run(cmd, self.timeout)
             .await
-            .map_err(|_| UvError::TimedOut(self.timeout))?
-            .map_err(|source| UvError::Spawn {
-                program: self.binary.clone(),
-                source,
+            .map_err(|e| match e {
+                RunError::TimedOut => UvError::TimedOut(self.timeout),
+                RunError::Spawn(source) => UvError::Spawn {
+                    program: self.binary.clone(),
+                    source,
+                },
             })?;
-        let stderr = bounded(&output.stderr);
-        if output.status.success() {
-            return Ok(stderr);
+        if finished.success {
+            return Ok(finished.stderr);
         }
-        Err(classify(stderr))
+        Err(classify(finished.stderr))
     }
 }
 
@@ -187,11 +163,6 @@ pub fn classify(stderr: String) -> UvError {
     } else {
         UvError::Failed(stderr)
     }
-}
-
-fn bounded(bytes: &[u8]) -> String {
-    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(MAX_STDERR)]);
-    text.trim().to_owned()
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ mod mcp;
 mod observability;
 mod overload;
 mod packages;
+mod packages_bytecode;
 mod packages_cli;
 mod packages_env;
 mod packages_order;

@@ -189,6 +189,7 @@ async fn apply(state: &SharedState, change: Change) -> Result<Json<Value>, ApiEr
     };
     let rollover_ms = started.elapsed().as_millis() as u64;
     let install_ms = prepared.install_time.as_millis() as u64;
+    let bytecode = prepared.bytecode;
     let environment = prepared.dir.clone();
     let changed = prepared.changed.clone();
     guard.commit(prepared)?;
@@ -202,6 +203,8 @@ async fn apply(state: &SharedState, change: Change) -> Result<Json<Value>, ApiEr
         change = %change.describe(),
         environment = %environment.display(),
         install_ms,
+        pycs_reused = bytecode.reused,
+        pycs_compiled = bytecode.compiled,
         rollover_ms,
         "package change done: workers use the new environment"
     );
@@ -213,6 +216,7 @@ async fn apply(state: &SharedState, change: Change) -> Result<Json<Value>, ApiEr
         "removed": removed,
         "requested": after.requested.values().collect::<Vec<_>>(),
         "install_ms": install_ms,
+        "bytecode": bytecode,
         "rollover_ms": rollover_ms,
     })))
 }
