@@ -177,15 +177,16 @@ impl Server {
                 log_writer.lock().unwrap().push(line);
             }
         });
-        let addr = tokio::task::spawn_blocking(move || addr_rx.recv_timeout(START_BOUND))
+        let listening = tokio::task::spawn_blocking(move || addr_rx.recv_timeout(START_BOUND))
             .await
-            .unwrap()
-            .unwrap_or_else(|_| {
-                panic!(
-                    "snakecage did not start; log:\n{}",
-                    log.lock().unwrap().join("\n")
-                )
-            });
+            .unwrap();
+        let Ok(addr) = listening else {
+            // Not left running (with its zygotes) to load the machine further.
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = log.lock().unwrap().join("\n");
+            panic!("snakecage did not start; log:\n{log}");
+        };
         let server = Self {
             wrapped: !options.wrapper.is_empty(),
             child,
