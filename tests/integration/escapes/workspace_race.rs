@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use serde_json::{Value, json};
 
 use crate::files::upload;
-use crate::harness::{Options, Server};
+use crate::harness::{Options, Server, process_exists};
 use crate::reliability::eventually;
 
 /// A thread of the session that swaps `d0`…`d7` between a directory holding `secret.txt`
@@ -209,6 +209,11 @@ print(os.getcwd())";
     // The removal runs off the request; once it is done, the service is still there, and
     // so is its pool.
     eventually(300, "the session's workspace is removed", async || {
+        assert!(
+            process_exists(s.pid()),
+            "the service died removing the workspace:\n{}",
+            s.log()
+        );
         !workspace.exists()
     })
     .await;
