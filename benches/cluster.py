@@ -94,7 +94,10 @@ def start_weed(procs):
     args = [os.path.join(ROOT, ".venv-cluster/bin/weed"), "server", f"-dir={data}",
             "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-filer", "-s3", f"-s3.port={s3}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-metricsPort=0",
-            f"-s3.config={iam}", "-master.volumeSizeLimitMB=64", "-volume.max=16"]
+            f"-s3.config={iam}", "-master.volumeSizeLimitMB=64", "-volume.max=16",
+            # Its default, 1 % of the disk's size kept free, refuses writes on a large disk
+            # with gigabytes free; the benchmark stores a few megabytes.
+            "-volume.minFreeSpace=512MiB"]
     args += [f"-{k}={v}" for k, v in ports.items()]
     procs.start(args, name="weed")
     return f"http://127.0.0.1:{s3}"

@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use serde_json::{Value, json};
@@ -396,7 +395,7 @@ async fn mcp_tool_calls_are_made_as_the_caller_and_scoped_like_the_api() {
 
 #[tokio::test]
 async fn per_key_limits_answer_429_and_leave_other_keys_alone() {
-    let (_server, alice, bob, _dir) = two_tenants(&[
+    let (server, alice, bob, _dir) = two_tenants(&[
         "--max-concurrent",
         "1",
         "--max-sessions",
@@ -412,7 +411,9 @@ async fn per_key_limits_answer_429_and_leave_other_keys_alone() {
         json!({"code": "import time; time.sleep(1.5); print('done')", "timeout_ms": 10000}),
     );
     let second = async {
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        server
+            .wait_for_pool("alice's slow run", |p| p["busy"] == 1)
+            .await;
         let resp = alice
             .client
             .post(format!("{}/v1/execute", alice.base))

@@ -17,6 +17,14 @@ pub const ACCESS_KEY: &str = "snakecage-test";
 pub const SECRET_KEY: &str = "snakecage-test-secret";
 pub const BUCKET: &str = "snakecage";
 
+/// The free space SeaweedFS's volume server keeps on its data directory's disk
+/// (`-volume.minFreeSpace`): below it every volume turns read-only and no write succeeds.
+/// Its default, 1 % of the filesystem's size measured against the space left to
+/// unprivileged users, asks 2.5 GB of a 250 GB disk and 10 GB of a 1 TB one, however little
+/// is stored; the tests store a few megabytes.
+const MIN_FREE: &str = "512MiB";
+const MIN_FREE_BYTES: u64 = 512 << 20;
+
 /// A port nothing listens on right now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -64,6 +72,14 @@ impl Seaweed {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         std::fs::create_dir(&data).unwrap();
+        let free = free_bytes(&data);
+        assert!(
+            free >= MIN_FREE_BYTES,
+            "SeaweedFS needs {MIN_FREE} free on the disk of {} (below that it makes every \
+             volume read-only); {} MiB are free to unprivileged users",
+            data.display(),
+            free >> 20
+        );
         let iam = dir.path().join("s3.json");
         let identities = serde_json::json!({"identities": [{
             "name": "snakecage",
@@ -92,6 +108,7 @@ impl Seaweed {
         args.extend(["-s3.port.iceberg=0", "-s3.port.lance=0", "-metricsPort=0"].map(String::from));
         args.push(format!("-s3.config={}", iam.display()));
         args.extend(["-master.volumeSizeLimitMB=64", "-volume.max=16"].map(String::from));
+        args.push(format!("-volume.minFreeSpace={MIN_FREE}"));
         Self {
             child: run_weed(&weed, &args, dir.path()),
             endpoint: format!("http://127.0.0.1:{s3}"),
@@ -114,7 +131,7 @@ impl Seaweed {
     /// Writes one object until it works (the S3 gateway creates the bucket on an admin's
     /// first upload), then removes it: the store is up and the bucket exists. `Err` with
     /// its log if `weed` exited meanwhile; a `weed` still running but not serving within
-    /// 60 s fails the test.
+    /// 180 s (starting its four servers takes seconds on a busy machine) fails the test.
     async fn create_bucket(&mut self) -> Result<(), String> {
         let store = Arc::new(
             AmazonS3Builder::new()
@@ -129,7 +146,7 @@ impl Seaweed {
                 .unwrap(),
         );
         let key = object_store::path::Path::from("bootstrap");
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(180);
         loop {
             match store.put(&key, b"x".to_vec().into()).await {
                 Ok(_) => break,
@@ -180,6 +197,12 @@ impl Seaweed {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Bytes free to unprivileged users on the filesystem of `path`, as SeaweedFS counts them.
+fn free_bytes(path: &std::path::Path) -> u64 {
+    let stat = nix::sys::statvfs::statvfs(path).unwrap();
+    stat.blocks_available() * stat.fragment_size()
 }
 
 /// `weed ARGS`, logging to `dir/weed.log` (appended to across restarts).

@@ -304,7 +304,7 @@ async fn a_full_queue_answers_429_with_retry_after() {
     .await;
     let sleeper = json!({"code": "import time\ntime.sleep(1.5)", "timeout_ms": 5000});
     let mut tasks = Vec::new();
-    for _ in 0..4 {
+    for i in 0..4 {
         let client = s.client.clone();
         let url = format!("{}/v1/execute", s.base);
         let body = sleeper.clone();
@@ -320,7 +320,19 @@ async fn a_full_queue_answers_429_with_retry_after() {
                 resp.json::<serde_json::Value>().await.unwrap(),
             )
         }));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The first takes the one worker, the second the one place in the queue; the
+        // others find it full.
+        match i {
+            0 => {
+                s.wait_for_pool("the first running", |p| p["busy"] == 1)
+                    .await
+            }
+            1 => {
+                s.wait_for_pool("the second queued", |p| p["queue_depth"] == 1)
+                    .await
+            }
+            _ => {}
+        }
     }
     let mut statuses = Vec::new();
     for t in tasks {

@@ -116,9 +116,11 @@ fn sleeper(s: &Server, secs: f64) -> tokio::task::JoinHandle<u16> {
 /// Both workers busy and the one queue slot taken: the next requests get 429.
 async fn overload(s: &Server) {
     let busy = [sleeper(s, 1.5), sleeper(s, 1.5)];
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    s.wait_for_pool("both sleepers running", |p| p["busy"] == 2)
+        .await;
     let queued = sleeper(s, 0.1);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.wait_for_pool("a request in the queue", |p| p["queue_depth"] == 1)
+        .await;
     let mut shed = 0;
     for _ in 0..3 {
         let (status, body) = s.post("/v1/execute", &json!({"code": "print(1)"})).await;

@@ -19,6 +19,12 @@ pub struct Server {
     log: Arc<Mutex<Vec<String>>>,
 }
 
+/// How long a test server may take to listen, and then to have its first workers: a
+/// bound for a start that failed, not a speed. On a loaded machine the zygotes' preloads
+/// (numpy, pandas, matplotlib building its font cache in the fresh state dir) and the
+/// workers, forked at background priority, take minutes rather than seconds.
+const START_BOUND: Duration = Duration::from_secs(300);
+
 /// Settings for one test server; the defaults keep it small.
 pub struct Options {
     pub env: Vec<(String, String)>,
@@ -171,16 +177,16 @@ impl Server {
                 log_writer.lock().unwrap().push(line);
             }
         });
-        let addr =
-            tokio::task::spawn_blocking(move || addr_rx.recv_timeout(Duration::from_secs(60)))
-                .await
-                .unwrap()
-                .unwrap_or_else(|_| {
-                    panic!(
-                        "snakecage did not start; log:\n{}",
-                        log.lock().unwrap().join("\n")
-                    )
-                });
+        let listening = tokio::task::spawn_blocking(move || addr_rx.recv_timeout(START_BOUND))
+            .await
+            .unwrap();
+        let Ok(addr) = listening else {
+            // Not left running (with its zygotes) to load the machine further.
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = log.lock().unwrap().join("\n");
+            panic!("snakecage did not start; log:\n{log}");
+        };
         let server = Self {
             wrapped: !options.wrapper.is_empty(),
             child,
@@ -199,7 +205,7 @@ impl Server {
 
     /// Waits until every tier that keeps idle workers has had one ready.
     pub async fn wait_for_every_tier(&self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + START_BOUND;
         loop {
             let health = self.health().await;
             let tiers = health["pool"]["tiers"]
@@ -253,7 +259,7 @@ impl Server {
 
     /// Waits until at least `n` idle workers are ready.
     pub async fn wait_for_idle(&self, n: u64) {
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + START_BOUND;
         loop {
             let health = self.health().await;
             if health["pool"]["idle"].as_u64().unwrap_or(0) >= n {
@@ -262,6 +268,25 @@ impl Server {
             assert!(
                 Instant::now() < deadline,
                 "pool never reached {n} idle workers: {health}\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until the pool `/health` reports satisfies `reached` (say, a request sent on
+    /// another task holds its worker, or its place in the queue): what a test must know
+    /// before it counts on that, however long a busy machine takes to get there.
+    pub async fn wait_for_pool(&self, what: &str, reached: impl Fn(&Value) -> bool) {
+        let deadline = Instant::now() + START_BOUND;
+        loop {
+            let health = self.health().await;
+            if reached(&health["pool"]) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the pool never had {what}: {health}\n{}",
                 self.log()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -366,13 +391,13 @@ impl Server {
         self.terminate()
     }
 
-    /// Stops the service, which must exit cleanly, and waits up to 5 s for every process
-    /// of `below` (its [`descendants_of`], taken while it ran) to be gone: none may be
-    /// left behind.
+    /// Stops the service, which must exit cleanly, and waits up to 60 s (a busy machine
+    /// reaps slowly) for every process of `below` (its [`descendants_of`], taken while it
+    /// ran) to be gone: none may be left behind.
     pub fn stop_leaving_no_process(self, below: Vec<u32>) {
         let status = self.stop();
         assert!(status.success(), "{status:?}");
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + Duration::from_secs(60);
         while below.iter().any(|&p| process_exists(p)) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -162,11 +162,17 @@ async fn an_mcp_call_its_client_cancels_stops_its_run_and_the_client_goes_on() {
 #[tokio::test]
 async fn mcp_reads_requests_up_to_the_limit_and_refuses_larger_ones_with_json_it_explains() {
     let s = Server::start().await;
-    // Over rmcp's own 4 MiB default, within limits.max_request_bytes (10 MiB).
+    // Over rmcp's own 4 MiB default, within limits.max_request_bytes (10 MiB). Six
+    // megabytes of source to hand over, decode and compile: seconds of wall-clock time on a
+    // busy machine, past the default 2 s timeout, so the run gets the largest one.
     let code = format!("s = '{}'\nprint(len(s))", "é".repeat(3 << 20));
     let (status, _, answer) = rpc(
         &s.base,
-        call(json!(1), "run_python", json!({"code": code})),
+        call(
+            json!(1),
+            "run_python",
+            json!({"code": code, "timeout_ms": 60000}),
+        ),
         &[],
     )
     .await;

@@ -30,7 +30,8 @@ async fn a_request_that_waits_past_the_queue_timeout_gets_503_and_is_counted_as_
         let (client, url) = (s.client.clone(), format!("{}/v1/execute", s.base));
         tokio::spawn(async move { client.post(url).json(&sleeper(2.0)).send().await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.wait_for_pool("the sleeper running", |p| p["busy"] == 1)
+        .await;
     let started = Instant::now();
     let (status, body) = s.post("/v1/execute", &json!({"code": "print(1)"})).await;
     let waited = started.elapsed();
@@ -78,7 +79,8 @@ async fn a_stream_refused_by_a_full_queue_gets_429_before_any_event() {
         async move { client.post(url).json(&body).send().await.unwrap() }
     };
     let busy = tokio::spawn(post("/v1/execute", sleeper(1.5)));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.wait_for_pool("the sleeper running", |p| p["busy"] == 1)
+        .await;
     // Waits in the queue's one place: its stream starts, its result comes later.
     let queued = post("/v1/execute/stream", json!({"code": "print('später')"})).await;
     assert_eq!(queued.status(), 200);
