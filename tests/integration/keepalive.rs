@@ -2,7 +2,8 @@
 //! rest of a body of known, moderate length is drained and the next request on the same
 //! connection is answered; otherwise the refusal says `connection: close`. Found by a
 //! stranger: after a 413, Python's `http.client` failed its next request with
-//! `BrokenPipeError`, the connection closed without a word.
+//! `BrokenPipeError`, the connection closed without a word. Over HTTP/2 a refusal resets its
+//! own stream only.
 
 use std::time::Duration;
 
@@ -250,4 +251,74 @@ async fn a_body_declared_over_the_limit_is_refused_before_any_of_it_is_sent() {
             .contains("over 10485760 bytes (limits.max_request_bytes)"),
         "{body}"
     );
+}
+
+/// A request's body over HTTP/2, as these tests send it.
+type H2Body = http_body_util::combinators::BoxBody<hyper::body::Bytes, std::convert::Infallible>;
+
+/// The answer to `request` on `sender`'s connection: its status, headers and body.
+async fn h2_exchange(
+    sender: &mut hyper::client::conn::http2::SendRequest<H2Body>,
+    request: hyper::Request<H2Body>,
+) -> (u16, hyper::HeaderMap, Vec<u8>) {
+    use http_body_util::BodyExt;
+    sender.ready().await.expect("the connection serves");
+    let response = tokio::time::timeout(Duration::from_secs(60), sender.send_request(request))
+        .await
+        .expect("an answer in time")
+        .expect("an answer");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, headers, body.to_vec())
+}
+
+/// Over HTTP/2 (h2c, prior knowledge) a body refused unread resets its own stream, not the
+/// connection: the answer says nothing of closing (a `Connection` header is malformed in
+/// HTTP/2), and the same connection serves the next request.
+#[tokio::test]
+async fn over_http2_a_refused_body_leaves_the_connection_serving() {
+    use futures_util::StreamExt;
+    use http_body_util::{BodyExt, Empty, StreamBody};
+    use hyper::body::{Bytes, Frame};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let s = Server::start().await;
+    let tcp = TcpStream::connect(s.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    let connection = tokio::spawn(connection);
+
+    // 200 MiB promised, a few bytes sent, the rest never: refused by its length at once.
+    // Over HTTP/1 this refusal would close the connection.
+    let start = futures_util::stream::once(async { Ok(Frame::data(Bytes::from("{\"code\": \""))) });
+    let body = StreamBody::new(start.chain(futures_util::stream::pending()));
+    let request = hyper::Request::post(format!("{}/v1/execute", s.base))
+        .header("content-type", "application/json")
+        .header("content-length", 200 << 20)
+        .body(BodyExt::boxed(body))
+        .unwrap();
+    let (status, headers, body) = h2_exchange(&mut sender, request).await;
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(headers.get("connection"), None, "{headers:?}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("limits.max_request_bytes"),
+        "{body}"
+    );
+
+    // The same connection, the next request.
+    let request = hyper::Request::get(format!("{}/health", s.base))
+        .body(BodyExt::boxed(Empty::new()))
+        .unwrap();
+    let (status, _, body) = h2_exchange(&mut sender, request).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert!(!connection.is_finished(), "the connection was closed");
 }
