@@ -308,3 +308,73 @@ impl Ending {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use snakecage_worker::protocol::ToolCall;
+
+    use super::*;
+    use crate::pool::cancel_cause;
+    use crate::pool::toolcalls::{RunTools, ToolFuture, ToolHost};
+
+    /// A tool that never answers, and notes the cause it was cancelled for.
+    struct Told(Arc<Mutex<Vec<Option<CancelCause>>>>);
+
+    /// Held by a call's future: its drop is the call's cancel.
+    struct Noting(Arc<Mutex<Vec<Option<CancelCause>>>>);
+
+    impl Drop for Noting {
+        fn drop(&mut self) {
+            self.0.lock().unwrap().push(cancel_cause::current());
+        }
+    }
+
+    impl ToolHost for Told {
+        fn call(&self, _call: ToolCall) -> ToolFuture {
+            let noting = Noting(self.0.clone());
+            Box::pin(async move {
+                let _noting = noting;
+                std::future::pending().await
+            })
+        }
+    }
+
+    /// The cause a call left pending by `ending` is cancelled for, once the worker's end
+    /// is known to be `exit_signal`.
+    fn cause_of(ending: &Ending, exit_signal: Option<i32>) -> Option<CancelCause> {
+        let told = Arc::default();
+        let mut calls = Pending {
+            calls: InFlight::new(1),
+            cause: ending.cancel_cause(),
+        };
+        let tools = RunTools(Arc::new(Told(Arc::clone(&told))));
+        let call = ToolCall {
+            id: 1,
+            name: "t".into(),
+            arguments: serde_json::json!({}),
+        };
+        calls.calls.start(Some(&tools), call);
+        calls.cancel(exit_signal);
+        let told = told.lock().unwrap();
+        assert_eq!(told.len(), 1, "cancelled once");
+        told[0]
+    }
+
+    #[test]
+    fn a_worker_killed_by_its_cpu_time_cancels_its_calls_for_that() {
+        use CancelCause::*;
+        assert_eq!(
+            cause_of(&Ending::Died, Some(libc::SIGXCPU)),
+            Some(CpuTimeLimit)
+        );
+        assert_eq!(
+            cause_of(&Ending::Died, Some(libc::SIGKILL)),
+            Some(WorkerLost)
+        );
+        assert_eq!(cause_of(&Ending::Died, None), Some(WorkerLost));
+        assert_eq!(cause_of(&Ending::Deadline, None), Some(RunTimeout));
+        assert_eq!(cause_of(&Ending::Cancelled, None), Some(RunCancelled));
+    }
+}
