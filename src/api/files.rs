@@ -5,15 +5,15 @@
 use std::io;
 
 use axum::Json;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::multipart::MultipartRejection;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Multipart, Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use futures_util::TryStreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::io::{ReaderStream, StreamReader};
 
 use super::SharedState;
@@ -53,66 +53,55 @@ pub async fn upload(
             ),
         })
     })?;
-    // One file per upload (the answer names one file_id): a second `file` part is noticed
-    // only once the first is stored, which is then deleted. The rest of the body is read
-    // (other fields are skipped), so the refusal reaches a client still sending.
-    let mut stored: Option<FileMeta> = None;
-    let mut file_parts = 0usize;
-    loop {
-        let field = match multipart.next_field().await {
-            Ok(Some(field)) => field,
-            Ok(None) => break,
-            Err(e) => return Err(unstore(&state, &caller, stored, bad_multipart(e)).await),
-        };
-        if field.name() != Some(FILE_FIELD) {
-            continue; // other fields are skipped (and drained) by the next next_field
-        }
-        file_parts += 1;
-        if stored.is_some() {
-            continue; // not stored: drained by the next next_field
-        }
-        let filename = part_filename(field.headers(), field.file_name())
-            .map_err(ApiError::BadRequest)?
-            .unwrap_or_else(|| "file".to_owned());
-        let mut body = StreamReader::new(field.map_err(io::Error::other));
-        match state
+    // One file per upload (the answer names one file_id). The first `file` part streams
+    // to the store, which sees the end of it only once the whole body has been read: a
+    // second `file` part (or a body cut off) fails it before it is committed, so the file
+    // is never listed, never counted against a quota, and nothing is left to delete.
+    let (named, name) = oneshot::channel();
+    let (chunks, received) = mpsc::channel(1);
+    let reading = read_parts(&mut multipart, named, chunks);
+    let storing = async {
+        // No name: no `file` part (or one refused before its bytes), nothing to store.
+        let filename = name
+            .await
+            .map_err(|_| StoreError::Source(io::Error::other("no file part")))?;
+        let received = futures_util::stream::unfold(received, |mut received| async {
+            received.recv().await.map(|chunk| (chunk, received))
+        });
+        let mut body = StreamReader::new(Box::pin(received));
+        state
             .store
             .put(caller.file_owner(), &filename, &mut body)
             .await
-        {
-            Ok(meta) => stored = Some(meta),
-            Err(e) => {
-                if matches!(e, StoreError::Source(_)) {
-                    return Err(e.into());
-                }
-                // Refused mid-upload (too large, quota, no space): read what the client
-                // still sends (the body limit bounds it), so it receives this answer
-                // instead of a connection reset while it writes. What it sent in all
-                // then tells a file larger than a whole quota from one that would fit
-                // once others are deleted.
-                let read = e.upload_read();
-                let rest = tokio::io::copy(&mut body, &mut tokio::io::sink()).await;
-                return Err(match (read, rest) {
-                    (Some(read), Ok(rest)) => e.with_whole_size(read + rest),
-                    _ => e,
-                }
-                .into());
-            }
+    };
+    let (read, stored) = tokio::join!(reading, storing);
+    // The store's refusal (too large, quota, no space) first: the rest of the body was read
+    // all the same, so the client receives it instead of a reset while it writes. What
+    // the file part held in all then tells a file larger than a whole quota from one that
+    // would fit once others are deleted.
+    let stored = match (stored, &read) {
+        (Err(e), Ok((_, file_bytes))) if !matches!(e, StoreError::Source(_)) => {
+            return Err(e.with_whole_size(*file_bytes).into());
+        }
+        (Err(e), _) if !matches!(e, StoreError::Source(_)) => return Err(e.into()),
+        (stored, _) => stored,
+    };
+    match read?.0 {
+        0 => {
+            return Err(ApiError::Validation(format!(
+                "the multipart body has no `{FILE_FIELD}` field: send the file as `{FILE_FIELD}`"
+            )));
+        }
+        1 => {}
+        n => {
+            return Err(ApiError::BadRequest(format!(
+                "the multipart body has {n} `{FILE_FIELD}` parts, and an upload stores one \
+                 file (its answer names one file_id): send each file in a request of its \
+                 own; none of these was stored"
+            )));
         }
     }
-    let Some(meta) = stored else {
-        return Err(ApiError::Validation(format!(
-            "the multipart body has no `{FILE_FIELD}` field: send the file as `{FILE_FIELD}`"
-        )));
-    };
-    if file_parts > 1 {
-        let refusal = ApiError::BadRequest(format!(
-            "the multipart body has {file_parts} `{FILE_FIELD}` parts, and an upload stores \
-             one file (its answer names one file_id): send each file in a request of its \
-             own; none of these was stored"
-        ));
-        return Err(unstore(&state, &caller, Some(meta), refusal).await);
-    }
+    let meta = stored?;
     tracing::info!(file_id = %meta.file_id, size = meta.size_bytes, "file uploaded");
     Ok((
         StatusCode::CREATED,
@@ -124,22 +113,57 @@ pub async fn upload(
     ))
 }
 
-/// Deletes the file an upload refused after storing it (`stored`), and answers `refusal`;
-/// the store's error instead when the file could not be deleted.
-async fn unstore(
-    state: &SharedState,
-    caller: &Caller,
-    stored: Option<FileMeta>,
-    refusal: ApiError,
-) -> ApiError {
-    let Some(meta) = stored else {
-        return refusal;
-    };
-    match state.store.delete(&meta.file_id, caller.owner()).await {
-        Ok(()) => refusal,
-        Err(e) => {
-            tracing::error!(file_id = %meta.file_id, error = %e, "deleting a refused upload failed");
-            e.into()
+/// Reads a multipart upload to its end and says how many `file` parts it has, and how
+/// many bytes the first one held. The first one's name goes to `named`, then its bytes to
+/// `chunks`, which ends cleanly (the file is whole) only if the body ends well formed with
+/// no other `file` part; otherwise it ends with an error, so the store keeps nothing.
+/// Other fields are skipped. Once the store has stopped taking the file (it refused it),
+/// the rest is read and dropped (and counted).
+async fn read_parts(
+    multipart: &mut Multipart,
+    named: oneshot::Sender<String>,
+    chunks: mpsc::Sender<io::Result<Bytes>>,
+) -> Result<(usize, u64), ApiError> {
+    let spoil = |why: &str| io::Error::other(format!("the upload was refused: {why}"));
+    let mut named = Some(named);
+    let mut file_parts = 0usize;
+    let mut file_bytes = 0u64;
+    loop {
+        let mut field = match multipart.next_field().await {
+            Ok(Some(field)) => field,
+            Ok(None) => return Ok((file_parts, file_bytes)),
+            Err(e) => {
+                let _ = chunks.send(Err(spoil("malformed multipart body"))).await;
+                return Err(bad_multipart(e));
+            }
+        };
+        if field.name() != Some(FILE_FIELD) {
+            continue; // other fields are skipped (and drained) by the next next_field
+        }
+        file_parts += 1;
+        if file_parts == 2 {
+            let _ = chunks.send(Err(spoil("a second `file` part"))).await;
+        }
+        let Some(named) = named.take() else {
+            continue; // not stored: drained by the next next_field
+        };
+        let filename = part_filename(field.headers(), field.file_name())
+            .map_err(ApiError::BadRequest)?
+            .unwrap_or_else(|| "file".to_owned());
+        let _ = named.send(filename);
+        loop {
+            match field.chunk().await {
+                // A send that fails: the store gave up on the file; read on regardless.
+                Ok(Some(chunk)) => {
+                    file_bytes += chunk.len() as u64;
+                    drop(chunks.send(Ok(chunk)).await);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let _ = chunks.send(Err(spoil("malformed multipart body"))).await;
+                    return Err(bad_multipart(e));
+                }
+            }
         }
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod admin;
 mod agents;
+mod body_limit;
 mod code_field;
 mod content_encoding;
 pub(crate) mod error_bodies;
@@ -117,7 +118,7 @@ pub fn router(state: SharedState) -> Router {
     let require_key = middleware::from_fn_with_state(state.keys.clone(), auth::require_key);
     // Inside the key check: a call is authenticated here before it is forwarded.
     let forward = middleware::from_fn_with_state(state.clone(), cluster::forward::middleware);
-    let api = Router::new()
+    let json_routes = Router::new()
         .route("/", get(status::page))
         .route("/health", get(health::health))
         .route("/ready", get(health::ready))
@@ -127,10 +128,6 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/tools", get(agents::tools))
         .route("/v1/tools/catalog", get(runs::catalog))
         .route("/v1/runs/{run_id}", axum::routing::delete(runs::cancel_run))
-        .route(
-            "/v1/runs/{run_id}/tool_calls/{call_id}",
-            post(runs::answer_tool_call).layer(DefaultBodyLimit::max(answer_limit)),
-        )
         .route("/v1/execute", post(execute::execute))
         .route("/v1/execute/stream", post(execute::execute_stream))
         .route("/v1/sessions", post(sessions::create).get(sessions::list))
@@ -149,18 +146,32 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/sessions/{session_id}/reset", post(sessions::reset))
         .route("/v1/sessions/{session_id}/bash", post(sessions::bash))
         .route(
-            "/v1/files",
-            post(files::upload)
-                .layer(DefaultBodyLimit::max(upload_limit))
-                .get(files::list),
-        )
-        .route(
             "/v1/files/{file_id}",
             get(files::download).delete(files::delete),
         )
         .nest("/v1/admin", admin::routes())
-        .fallback(health::not_found)
-        .layer(DefaultBodyLimit::max(body_limit))
+        .fallback(health::not_found);
+    let answers = Router::new().route(
+        "/v1/runs/{run_id}/tool_calls/{call_id}",
+        post(runs::answer_tool_call),
+    );
+    // Not refused by its `Content-Length`: an upload over the maximum file size is larger
+    // than `server::unread_body` drains, so a refusal before it is read would close the
+    // connection under a client still sending it (most do not wait for `100 Continue`),
+    // which would see a reset instead of the 413. The store reads it up to the maximum.
+    let uploads = Router::new()
+        .route("/v1/files", post(files::upload).get(files::list))
+        .layer(DefaultBodyLimit::max(upload_limit));
+    // Each group bounded on its own, then merged: a layer on the merged router would
+    // bound every route by one limit.
+    let api = body_limit::bounded(json_routes, &state, body_limit, json::body_too_large)
+        .merge(body_limit::bounded(
+            answers,
+            &state,
+            answer_limit,
+            runs::answer_too_large,
+        ))
+        .merge(uploads)
         .with_state(state.clone())
         .layer(forward)
         .layer(middleware::from_fn(content_encoding::refuse_encoded_bodies))

@@ -97,12 +97,7 @@ pub async fn answer_tool_call(
     body: Result<super::json::ApiJson<AnswerBody>, ApiError>,
 ) -> Result<StatusCode, ApiError> {
     let super::json::ApiJson(body) = body.map_err(|e| match e {
-        // Not the general advice (upload large data as a file): a result has its own cap.
-        ApiError::PayloadTooLarge(_) => ApiError::PayloadTooLarge(format!(
-            "the answer is larger than a tool's result may be (tools.max_result_bytes: {} \
-             bytes); answer with an error instead",
-            state.config().tools.max_result_bytes
-        )),
+        ApiError::PayloadTooLarge(_) => answer_too_large(&state),
         e => e,
     })?;
     let answer = match (body.result, body.error) {
@@ -143,6 +138,16 @@ fn error_message(error: Value) -> Result<Value, ApiError> {
         "`error` is {what}: give a message (\"no such order\") or {{\"message\": \"...\", \
          \"data\": ...}}"
     )))
+}
+
+/// An answer over its body limit. Not the general advice (upload large data as a file): a
+/// result has its own cap.
+pub fn answer_too_large(state: &SharedState) -> ApiError {
+    ApiError::PayloadTooLarge(format!(
+        "the answer is larger than a tool's result may be (tools.max_result_bytes: {} \
+         bytes); answer with an error instead",
+        state.config().tools.max_result_bytes
+    ))
 }
 
 /// Refuses an answer whose result, or error `data`, nests deeper than a tool's result may

@@ -19,7 +19,8 @@ use crate::api::error_bodies::plain_error;
 use crate::api::json_kind;
 use crate::error::ErrorCode;
 
-/// How much of a body over the limit is read (and dropped) so its sender sees the 413.
+/// How much of a body of unknown length over the limit is read (and dropped) so its sender
+/// sees the 413.
 const MAX_DRAIN: usize = 64 << 20;
 
 /// JSON-RPC's codes for a request refused before it was read, and for a body that is not JSON.
@@ -266,10 +267,11 @@ fn not_a_message(message: &Value) -> Option<Response> {
     ))
 }
 
-/// Reads a body of at most `limit` bytes; a larger one is a 413 that says the limit. Its
-/// rest is read and dropped first (up to [`MAX_DRAIN`]): a client still sending when the
-/// answer comes (the official Python SDK is one) would otherwise see a reset connection
-/// instead of the answer.
+/// Reads a body of at most `limit` bytes; a larger one is a 413 that says the limit. One
+/// whose `Content-Length` says so is refused before it is read (`server::unread_body`
+/// drains its rest, or closes). One of unknown length is read and dropped past the limit
+/// (up to [`MAX_DRAIN`]) before the answer: a client still sending when the answer comes
+/// (the official Python SDK is one) would otherwise see a reset connection instead.
 async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Response> {
     let too_large = || {
         error_response(
@@ -285,7 +287,7 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > (limit + MAX_DRAIN) as u64) {
+    if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
     let mut stream = body.into_data_stream();

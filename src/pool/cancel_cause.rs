@@ -25,6 +25,9 @@ pub enum CancelCause {
     ClientGone,
     /// The run's worker died, or was killed for breaking the job protocol.
     WorkerLost,
+    /// The run's worker used up its CPU time (`RLIMIT_CPU`, the backstop behind the
+    /// wall-clock deadline) and the kernel killed it (`SIGXCPU`).
+    CpuTimeLimit,
     /// The run ended (its program finished) while the call was pending.
     RunEnded,
     /// The run was dropped before it ended: a stateless run whose client went away, a
@@ -42,6 +45,7 @@ impl CancelCause {
             CancelCause::RunCancelled => "run_cancelled",
             CancelCause::ClientGone => "client_gone",
             CancelCause::WorkerLost => "worker_lost",
+            CancelCause::CpuTimeLimit => "cpu_time_limit",
             CancelCause::RunEnded => "run_ended",
             CancelCause::RunAbandoned => "run_abandoned",
         }
@@ -58,6 +62,9 @@ impl CancelCause {
             CancelCause::RunCancelled => "the run was cancelled (DELETE /v1/runs/{run_id})",
             CancelCause::ClientGone => "the run was interrupted: its client went away",
             CancelCause::WorkerLost => "the run's worker died",
+            CancelCause::CpuTimeLimit => {
+                "the run's worker used up its CPU time (the backstop behind the time limit) and was killed"
+            }
             CancelCause::RunEnded => "the run ended while it was pending",
             CancelCause::RunAbandoned => {
                 "the run was stopped before it ended (its client went away, or its session was deleted)"

@@ -26,7 +26,9 @@ const INTERRUPT_REPEAT: Duration = Duration::from_millis(250);
 /// pending; a call the program stopped waiting for (`ToolCancel`) is dropped and answered
 /// `cancelled`; an interrupt answers them all `cancelled`; an ending drops them, and a result
 /// that comes while some are pending is followed by a `cancelled` answer for each. The
-/// calls left pending by a wait that is dropped (its run abandoned) are dropped with it.
+/// calls left pending by a wait that is dropped (its run abandoned) are dropped with it;
+/// those an ending leaves pending are handed back, to be cancelled once the caller knows
+/// why the run ended (a worker that died: its exit status says how).
 pub(super) async fn drive(
     worker: &mut Worker,
     capture: &mut Capture,
@@ -35,7 +37,7 @@ pub(super) async fn drive(
     interrupt: Option<&Interrupt<'_>>,
     limits: &RunLimits,
     tool_cap: usize,
-) -> Ending {
+) -> (Ending, Pending) {
     let mut calls = Pending {
         calls: InFlight::new(tool_cap),
         cause: CancelCause::RunAbandoned,
@@ -51,14 +53,25 @@ pub(super) async fn drive(
     )
     .await;
     calls.cause = ending.cancel_cause();
-    ending
+    (ending, calls)
 }
 
 /// The calls of a job in flight; those still pending when it is dropped are cancelled
 /// with `cause`.
-struct Pending {
+pub(super) struct Pending {
     calls: InFlight,
     cause: CancelCause,
+}
+
+impl Pending {
+    /// Cancels the calls still pending once the worker's end is known: one killed by the
+    /// signal of its CPU-time limit (`SIGXCPU`) was not merely lost, and its calls say so
+    /// as its verdict does.
+    pub(super) fn cancel(mut self, exit_signal: Option<i32>) {
+        if exit_signal == Some(libc::SIGXCPU) {
+            self.cause = CancelCause::CpuTimeLimit;
+        }
+    }
 }
 
 impl Drop for Pending {
@@ -284,7 +297,8 @@ pub(super) enum Ending {
 }
 
 impl Ending {
-    /// Why the calls this ending leaves pending are cancelled.
+    /// Why the calls this ending leaves pending are cancelled, as far as the ending says
+    /// (a worker's death is `WorkerLost` until its exit status says more).
     fn cancel_cause(&self) -> CancelCause {
         match self {
             Ending::Reported(_) => CancelCause::RunEnded,
@@ -292,5 +306,75 @@ impl Ending {
             Ending::Died | Ending::ProtocolViolation(_) => CancelCause::WorkerLost,
             Ending::Cancelled => CancelCause::RunCancelled,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use snakecage_worker::protocol::ToolCall;
+
+    use super::*;
+    use crate::pool::cancel_cause;
+    use crate::pool::toolcalls::{RunTools, ToolFuture, ToolHost};
+
+    /// A tool that never answers, and notes the cause it was cancelled for.
+    struct Told(Arc<Mutex<Vec<Option<CancelCause>>>>);
+
+    /// Held by a call's future: its drop is the call's cancel.
+    struct Noting(Arc<Mutex<Vec<Option<CancelCause>>>>);
+
+    impl Drop for Noting {
+        fn drop(&mut self) {
+            self.0.lock().unwrap().push(cancel_cause::current());
+        }
+    }
+
+    impl ToolHost for Told {
+        fn call(&self, _call: ToolCall) -> ToolFuture {
+            let noting = Noting(self.0.clone());
+            Box::pin(async move {
+                let _noting = noting;
+                std::future::pending().await
+            })
+        }
+    }
+
+    /// The cause a call left pending by `ending` is cancelled for, once the worker's end
+    /// is known to be `exit_signal`.
+    fn cause_of(ending: &Ending, exit_signal: Option<i32>) -> Option<CancelCause> {
+        let told = Arc::default();
+        let mut calls = Pending {
+            calls: InFlight::new(1),
+            cause: ending.cancel_cause(),
+        };
+        let tools = RunTools(Arc::new(Told(Arc::clone(&told))));
+        let call = ToolCall {
+            id: 1,
+            name: "t".into(),
+            arguments: serde_json::json!({}),
+        };
+        calls.calls.start(Some(&tools), call);
+        calls.cancel(exit_signal);
+        let told = told.lock().unwrap();
+        assert_eq!(told.len(), 1, "cancelled once");
+        told[0]
+    }
+
+    #[test]
+    fn a_worker_killed_by_its_cpu_time_cancels_its_calls_for_that() {
+        use CancelCause::*;
+        assert_eq!(
+            cause_of(&Ending::Died, Some(libc::SIGXCPU)),
+            Some(CpuTimeLimit)
+        );
+        assert_eq!(
+            cause_of(&Ending::Died, Some(libc::SIGKILL)),
+            Some(WorkerLost)
+        );
+        assert_eq!(cause_of(&Ending::Died, None), Some(WorkerLost));
+        assert_eq!(cause_of(&Ending::Deadline, None), Some(RunTimeout));
+        assert_eq!(cause_of(&Ending::Cancelled, None), Some(RunCancelled));
     }
 }

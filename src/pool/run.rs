@@ -175,7 +175,7 @@ pub async fn run(
     let deadline = tokio::time::Instant::from_std(started + limits.timeout);
     let mut capture = Capture::new(limits.max_output_bytes, chunks);
     let mut buf = vec![0u8; 64 << 10];
-    let ending = drive(
+    let (ending, calls) = drive(
         worker,
         &mut capture,
         &mut buf,
@@ -242,6 +242,7 @@ pub async fn run(
     if result.is_none() {
         let _ = worker.exit_status(EXIT_STATUS_WAIT).await;
     }
+    calls.cancel(signal);
     if died && worker.died_with_its_zygote() && !capture.anything_came_out() {
         // Its zygote's death, not its code, ended it, and nothing of the job got out:
         // the caller runs it again on a fresh worker.
@@ -316,7 +317,7 @@ pub async fn run_in_session(
     let deadline = tokio::time::Instant::from_std(started + limits.timeout);
     let mut capture = Capture::new(limits.max_output_bytes, chunks);
     let mut buf = vec![0u8; 64 << 10];
-    let ending = drive(
+    let (ending, calls) = drive(
         worker,
         &mut capture,
         &mut buf,
@@ -370,6 +371,15 @@ pub async fn run_in_session(
         }
         Ending::Died | Ending::Cancelled => {
             let (signal, why) = match worker.exit_status(EXIT_STATUS_WAIT).await {
+                // A session's worker has one CPU-time budget for its whole life.
+                Some(ExitStatus::Signal(sig)) if sig == libc::SIGXCPU => (
+                    Some(sig),
+                    format!(
+                        "its worker used up its CPU time (limits.max_timeout_ms, and a \
+                         second, of CPU for the session's whole life) and was killed by \
+                         signal {sig} (SIGXCPU)"
+                    ),
+                ),
                 Some(ExitStatus::Signal(sig)) => {
                     (Some(sig), format!("its worker was killed by signal {sig}"))
                 }
@@ -385,6 +395,7 @@ pub async fn run_in_session(
     if lost.is_some() {
         let _ = worker.exit_status(EXIT_STATUS_WAIT).await;
     }
+    calls.cancel(signal);
     // Interrupted at the deadline, whether it then answered or had to be killed.
     let timed_out = overdue && (reported || killed_at_deadline);
     let exit_code = match &result {

@@ -6,6 +6,11 @@
 //! is known and small enough ([`DRAIN_BYTES`], within [`DRAIN_TIME`]): the client finishes
 //! sending, reads the answer, and the connection serves its next request. Otherwise the
 //! answer says `Connection: close`, as HTTP/1.1 asks of a server that closes.
+//!
+//! All of this is HTTP/1's. Over HTTP/2 (h2c) a body dropped unread resets its own stream
+//! only, which tells the client to stop sending it, and the connection goes on; there
+//! `Connection` is no header at all (RFC 9113 §8.2.2), and draining would only read what
+//! the reset saves the client from sending.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -16,7 +21,7 @@ use std::time::Duration;
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::Request;
 use axum::http::header::{CONNECTION, CONTENT_LENGTH};
-use axum::http::{HeaderValue, Response};
+use axum::http::{HeaderValue, Response, Version};
 use axum::middleware::Next;
 use http_body::{Frame, SizeHint};
 
@@ -36,10 +41,11 @@ const DRAINING: u8 = 2;
 /// Dropped unread with too much left (or an unknown amount): hyper will close.
 const ABANDONED: u8 = 3;
 
-/// Middleware: tracks the request body, drains or flags it when it is left unread.
+/// Middleware: tracks an HTTP/1 request's body, drains or flags it when it is left unread.
 pub async fn keep_or_close(request: Request, next: Next) -> Response<Body> {
     let (parts, body) = request.into_parts();
-    if body.is_end_stream() {
+    let http1 = matches!(parts.version, Version::HTTP_10 | Version::HTTP_11);
+    if !http1 || body.is_end_stream() {
         return next.run(Request::from_parts(parts, body)).await;
     }
     let declared = parts
@@ -153,4 +159,43 @@ async fn drain(mut body: Body) {
         }
     };
     let _ = tokio::time::timeout(DRAIN_TIME, read).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::Router;
+    use axum::http::StatusCode;
+    use axum::routing::post;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    /// A request whose body is of unknown length (chunked in HTTP/1, any body in HTTP/2),
+    /// answered by a handler that never reads it.
+    async fn refused_unread(version: Version) -> Response<Body> {
+        let app = Router::new()
+            .route("/", post(|| async { StatusCode::PAYLOAD_TOO_LARGE }))
+            .layer(axum::middleware::from_fn(keep_or_close));
+        let chunks = futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from("{"))]);
+        let request = Request::post("/")
+            .version(version)
+            .body(Body::from_stream(chunks))
+            .unwrap();
+        app.oneshot(request).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn connection_close_is_said_over_http1_only() {
+        for version in [Version::HTTP_10, Version::HTTP_11] {
+            let response = refused_unread(version).await;
+            assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+            assert_eq!(response.headers()[CONNECTION], "close", "{version:?}");
+        }
+        // A connection-specific header is malformed in HTTP/2 (and HTTP/3): never added.
+        for version in [Version::HTTP_2, Version::HTTP_3] {
+            let response = refused_unread(version).await;
+            assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+            assert_eq!(response.headers().get(CONNECTION), None, "{version:?}");
+        }
+    }
 }

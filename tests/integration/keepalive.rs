@@ -2,7 +2,8 @@
 //! rest of a body of known, moderate length is drained and the next request on the same
 //! connection is answered; otherwise the refusal says `connection: close`. Found by a
 //! stranger: after a 413, Python's `http.client` failed its next request with
-//! `BrokenPipeError`, the connection closed without a word.
+//! `BrokenPipeError`, the connection closed without a word. Over HTTP/2 a refusal resets its
+//! own stream only.
 
 use std::time::Duration;
 
@@ -150,4 +151,174 @@ async fn a_refusal_that_leaves_too_much_unread_says_connection_close() {
     let ((status, headers, _), _) = exchange(&mut read, write, head, Vec::new()).await;
     assert_eq!(status, 404);
     assert_eq!(header(&headers, "connection"), Some("close"), "{headers:?}");
+}
+
+/// A body whose `Content-Length` is over its route's limit is refused as soon as the
+/// headers are read, with the route's own JSON detail: the client that has sent only the
+/// headers (and would send the rest slowly) reads the 413 without sending a byte of the
+/// body. Before, the service waited for the first `max_request_bytes` of it. Past what is
+/// drained, the refusal closes the connection and says so.
+#[tokio::test]
+async fn a_body_declared_over_the_limit_is_refused_before_any_of_it_is_sent() {
+    let s = Server::start().await;
+    let json = "application/json";
+    let cases = [
+        (
+            "/v1/execute",
+            json,
+            "over 10485760 bytes (limits.max_request_bytes)",
+        ),
+        (
+            "/v1/sessions",
+            json,
+            "over 10485760 bytes (limits.max_request_bytes)",
+        ),
+        // Not a JSON body, but read whole all the same.
+        (
+            "/v1/admin/packages/sync",
+            "text/plain",
+            "limits.max_request_bytes",
+        ),
+        (
+            "/v1/runs/run_x/tool_calls/call_y",
+            json,
+            "larger than a tool's result may be (tools.max_result_bytes",
+        ),
+    ];
+    for (path, content_type, detail) in cases {
+        let (mut read, mut write) = connect(&s).await;
+        let head = post(path, content_type, 200 << 20);
+        write.write_all(head.as_bytes()).await.unwrap();
+        // The write half stays open: the body is still owed, not cut short.
+        let (status, headers, body) = read_response(&mut read).await;
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(status, 413, "{path}: {body}");
+        assert_eq!(body["code"], "payload_too_large", "{path}: {body}");
+        assert!(
+            body["detail"].as_str().unwrap().contains(detail),
+            "{path}: {body}"
+        );
+        assert_eq!(header(&headers, "connection"), Some("close"), "{path}");
+        drop(write);
+    }
+
+    // Over the limit but within what is drained (20 MiB): refused at once as well, and a
+    // client that then sends what it declared keeps its connection.
+    for (path, detail) in [
+        (
+            "/v1/execute",
+            "over 10485760 bytes (limits.max_request_bytes)",
+        ),
+        ("/mcp", "over 10485760 bytes (limits.max_request_bytes)"),
+    ] {
+        let (mut read, mut write) = connect(&s).await;
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+             accept: application/json, text/event-stream\r\ncontent-length: {}\r\n\r\n",
+            20 << 20
+        );
+        write.write_all(head.as_bytes()).await.unwrap();
+        let (status, headers, body) = read_response(&mut read).await;
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(status, 413, "{path}: {body}");
+        assert!(
+            body["detail"].as_str().unwrap().contains(detail),
+            "{path}: {body}"
+        );
+        assert_eq!(header(&headers, "connection"), None, "{path}: {headers:?}");
+        write.write_all(&vec![b' '; 20 << 20]).await.unwrap();
+        let ((status, _, _), _) = exchange(&mut read, write, HEALTH.into(), Vec::new()).await;
+        assert_eq!(status, 200, "after {path}");
+    }
+
+    // Of unknown length (chunked): read up to the limit, then refused as it passes it, in
+    // the same words.
+    let (mut read, write) = connect(&s).await;
+    let head = "POST /v1/execute HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+                transfer-encoding: chunked\r\n\r\n"
+        .to_owned();
+    let size = 11 << 20;
+    let mut chunk = format!("{size:x}\r\n").into_bytes();
+    chunk.resize(chunk.len() + size, b' ');
+    chunk.extend_from_slice(b"\r\n0\r\n\r\n");
+    let ((status, _, body), _) = exchange(&mut read, write, head, chunk).await;
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, 413, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("over 10485760 bytes (limits.max_request_bytes)"),
+        "{body}"
+    );
+}
+
+/// A request's body over HTTP/2, as these tests send it.
+type H2Body = http_body_util::combinators::BoxBody<hyper::body::Bytes, std::convert::Infallible>;
+
+/// The answer to `request` on `sender`'s connection: its status, headers and body.
+async fn h2_exchange(
+    sender: &mut hyper::client::conn::http2::SendRequest<H2Body>,
+    request: hyper::Request<H2Body>,
+) -> (u16, hyper::HeaderMap, Vec<u8>) {
+    use http_body_util::BodyExt;
+    sender.ready().await.expect("the connection serves");
+    let response = tokio::time::timeout(Duration::from_secs(60), sender.send_request(request))
+        .await
+        .expect("an answer in time")
+        .expect("an answer");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, headers, body.to_vec())
+}
+
+/// Over HTTP/2 (h2c, prior knowledge) a body refused unread resets its own stream, not the
+/// connection: the answer says nothing of closing (a `Connection` header is malformed in
+/// HTTP/2), and the same connection serves the next request.
+#[tokio::test]
+async fn over_http2_a_refused_body_leaves_the_connection_serving() {
+    use futures_util::StreamExt;
+    use http_body_util::{BodyExt, Empty, StreamBody};
+    use hyper::body::{Bytes, Frame};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let s = Server::start().await;
+    let tcp = TcpStream::connect(s.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    let connection = tokio::spawn(connection);
+
+    // 200 MiB promised, a few bytes sent, the rest never: refused by its length at once.
+    // Over HTTP/1 this refusal would close the connection.
+    let start = futures_util::stream::once(async { Ok(Frame::data(Bytes::from("{\"code\": \""))) });
+    let body = StreamBody::new(start.chain(futures_util::stream::pending()));
+    let request = hyper::Request::post(format!("{}/v1/execute", s.base))
+        .header("content-type", "application/json")
+        .header("content-length", 200 << 20)
+        .body(BodyExt::boxed(body))
+        .unwrap();
+    let (status, headers, body) = h2_exchange(&mut sender, request).await;
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(headers.get("connection"), None, "{headers:?}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("limits.max_request_bytes"),
+        "{body}"
+    );
+
+    // The same connection, the next request.
+    let request = hyper::Request::get(format!("{}/health", s.base))
+        .body(BodyExt::boxed(Empty::new()))
+        .unwrap();
+    let (status, _, body) = h2_exchange(&mut sender, request).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert!(!connection.is_finished(), "the connection was closed");
 }

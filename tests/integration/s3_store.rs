@@ -319,3 +319,16 @@ async fn a_store_outage_is_logged_once_however_often_the_metrics_are_scraped() {
     assert_eq!(logged(&s, FAILED), 1, "{}", s.log());
     assert_eq!(logged(&s, WORKS), 1, "{}", s.log());
 }
+
+/// Two `file` parts in one upload: the first, streamed to S3, is never completed, so it
+/// is in no listing and no quota while the body comes, nor after the 400. (An upload in
+/// progress shows nowhere in the bucket, so the listing is only watched.)
+#[tokio::test]
+async fn a_second_file_part_refuses_an_upload_before_the_first_is_visible() {
+    let weed = Seaweed::start().await;
+    let options = s3_options(&weed, "two-parts")
+        .env("SNAKECAGE_FILES__QUOTA_MB", 1)
+        .env("SNAKECAGE_S3__USAGE_CACHE_MS", 0);
+    let s = Server::start_with(options).await;
+    crate::upload_names::a_second_file_part_refuses_the_upload_unseen(&s, async || {}).await;
+}

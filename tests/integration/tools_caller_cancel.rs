@@ -4,7 +4,8 @@
 //! and before the run's `result`, and an answer posted afterwards is a 410
 //! `tool_call_cancelled` that says why, while the run lives and after it ended. Cancelled
 //! by the program (an asyncio task), the run's deadline, `DELETE /v1/runs/{run_id}`, the
-//! worker's death; stateless and session runs alike where their paths differ.
+//! worker's death, its CPU time running out; stateless and session runs alike where
+//! their paths differ.
 
 use serde_json::{Value, json};
 
@@ -208,4 +209,72 @@ os._exit(3)";
     let pending = pending.unwrap();
     assert_cancelled_once(&run, &pending, "worker_lost");
     assert_late_answer_refused(&run, &pending, "worker_lost", "the run's worker died").await;
+}
+
+/// A call pending when the worker is killed by its CPU-time limit (`SIGXCPU`): the client
+/// is told that (`cpu_time_limit`), not that the worker was lost for no reason. Shown in a
+/// session, whose worker has one CPU budget (`limits.max_timeout_ms`, here 2 s, and a
+/// second) for its whole life: each run spins a thread while its main thread waits on a
+/// tool call, until a run's deadline interrupts it (its CPU time spent stays spent) or the
+/// budget runs out. However loaded the host, one run ends so; the kill can also fall just
+/// outside a call (before it is made, or once the deadline has cancelled it), and then a
+/// new session tries again.
+#[tokio::test]
+async fn a_call_pending_when_the_cpu_time_runs_out_is_announced_and_a_late_answer_is_410() {
+    let (s, _dir) = server_with_tools_env(
+        "",
+        &[
+            ("SNAKECAGE_TOOLS__CALL_TIMEOUT_MS", "60000"),
+            ("SNAKECAGE_LIMITS__MAX_TIMEOUT_MS", "2000"),
+        ],
+    )
+    .await;
+    let code = "from snakecage import tools
+import threading
+done = False
+def spin():
+    while not done:
+        pass
+threading.Thread(target=spin, daemon=True).start()
+try:
+    tools.never_answered()
+finally:
+    done = True";
+    let mut sid = s.new_session().await;
+    for _ in 0..60 {
+        let mut run = s
+            .stream(
+                &format!("/v1/sessions/{sid}/execute/stream"),
+                &json!({"code": code, "tools": declared(), "timeout_ms": 2000}),
+            )
+            .await;
+        let mut pending = None::<Value>;
+        let result = run
+            .answer_calls(async |_, call| pending = Some(call.clone()))
+            .await;
+        let reasons: Vec<Value> = cancels(&run).iter().map(|c| c["reason"].clone()).collect();
+        // What this test is about: a worker killed by its CPU time is not merely lost.
+        assert!(!reasons.contains(&json!("worker_lost")), "{:?}", run.seen);
+        if reasons == [json!("cpu_time_limit")] {
+            assert_eq!(result["verdict"], "killed", "{result}");
+            assert!(
+                result["notice"]
+                    .as_str()
+                    .is_some_and(|n| n.contains("used up its CPU time") && n.contains("SIGXCPU")),
+                "{result}"
+            );
+            let pending = pending.unwrap();
+            assert_cancelled_once(&run, &pending, "cpu_time_limit");
+            let why = "the run's worker used up its CPU time (the backstop behind the time \
+                       limit) and was killed";
+            assert_late_answer_refused(&run, &pending, "cpu_time_limit", why).await;
+            return;
+        }
+        if result["verdict"] == "killed" {
+            sid = s.new_session().await;
+        } else {
+            assert_eq!(reasons, [json!("run_timeout")], "{result}");
+        }
+    }
+    panic!("no run's worker ran out of CPU time with its call pending");
 }

@@ -1,13 +1,13 @@
 //! What an upload is called and how files are named back: a name past 255 bytes keeps its
 //! extension (and its MIME type), cut at a character; `filename*` (RFC 8187) is read; a
-//! body with two `file` parts is refused with neither stored; a page cursor that is no file
-//! id is refused; file ids are taken in any case.
+//! body with two `file` parts is refused with neither stored, nor ever visible; a page
+//! cursor that is no file id is refused; file ids are taken in any case.
 
 use reqwest::header::CONTENT_TYPE;
 use serde_json::{Value, json};
 
 use crate::files::{download_bytes, list, upload};
-use crate::harness::{Server, check_error_body};
+use crate::harness::{Options, Server, check_error_body};
 
 /// Posts a hand-written multipart body (boundary `B`) to `/v1/files`.
 async fn upload_raw(s: &Server, body: &[u8]) -> (u16, Value) {
@@ -109,8 +109,8 @@ async fn a_long_name_keeps_its_extension_and_filename_star_is_read() {
 }
 
 /// One file per upload: the answer names one `file_id`. A second `file` part is refused
-/// (400 naming the rule) and the first, already stored, is deleted; other fields are
-/// still skipped; a body cut off after a stored part stores nothing either.
+/// (400 naming the rule) and the first is not stored; other fields are still skipped; a
+/// body cut off after a whole part stores nothing either.
 #[tokio::test]
 async fn two_file_parts_are_refused_with_neither_stored() {
     let s = Server::start().await;
@@ -139,7 +139,7 @@ async fn two_file_parts_are_refused_with_neither_stored() {
     assert_eq!(body["filename"], "über.txt");
 
     // A body cut off after a whole part (its boundary read, no `--` closing the body):
-    // malformed, and the part stored meanwhile does not stay.
+    // malformed, and the part is not stored.
     let cut = format!("{}--B", part("filename=\"c.txt\"", "3"));
     let (status, body) = upload_raw(&s, cut.as_bytes()).await;
     assert_eq!(status, 400, "{body}");
@@ -216,4 +216,97 @@ async fn a_cursor_that_is_no_file_id_is_400_and_ids_are_taken_in_any_case() {
     let simple = ids[0].replace('-', "");
     let (status, _, _) = s.get(&format!("/v1/files/{simple}")).await;
     assert_eq!(status, 404);
+}
+
+/// The first `file` part of [`a_second_file_part_refuses_the_upload_unseen`], in bytes.
+const FIRST_PART: usize = 600 << 10;
+
+/// With a store quota of 1 MB: a two-`file`-part upload sent in pieces. The first part,
+/// then another field begun: the store has taken the first file's bytes
+/// (`first_part_received` returns once it has) but not stored it. Then the second part
+/// begun: the upload is refused. Meanwhile the first file is in no listing and takes none
+/// of the quota (a file that fits only beside nothing else is stored); once the body is
+/// whole the upload is a 400, and nothing of it is stored.
+pub async fn a_second_file_part_refuses_the_upload_unseen(
+    s: &Server,
+    first_part_received: impl AsyncFnOnce(),
+) {
+    let (more, owed) = tokio::sync::mpsc::channel::<std::io::Result<Vec<u8>>>(4);
+    let owed = futures_util::stream::unfold(owed, |mut owed| async {
+        owed.recv().await.map(|chunk| (chunk, owed))
+    });
+    let answer = tokio::spawn(
+        s.client
+            .post(format!("{}/v1/files", s.base))
+            .header(CONTENT_TYPE, "multipart/form-data; boundary=B")
+            .body(reqwest::Body::wrap_stream(owed))
+            .send(),
+    );
+    // Watched for a while: the first file would show as soon as it was committed.
+    let unseen = async |when: &str| {
+        for _ in 0..20 {
+            assert_eq!(list(s).await, Vec::<Value>::new(), "listed {when}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    let first = part("filename=\"first.bin\"", &"1".repeat(FIRST_PART));
+    let other_begun = "--B\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nana";
+    more.send(Ok(first.into_bytes())).await.unwrap();
+    more.send(Ok(other_begun.into())).await.unwrap();
+    first_part_received().await;
+    unseen("once the first part was read").await;
+
+    let second_begun = "lysis\r\n--B\r\nContent-Disposition: form-data; name=\"file\"; \
+                        filename=\"second.bin\"\r\n\r\n2";
+    more.send(Ok(second_begun.into())).await.unwrap();
+    unseen("while the second part came").await;
+    let beside = upload(s, "beside.bin", vec![b'b'; 600 << 10]).await;
+
+    more.send(Ok(b"2\r\n--B--\r\n".to_vec())).await.unwrap();
+    drop(more);
+    let response = answer.await.unwrap().unwrap();
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("the multipart body has 2 `file` parts"),
+        "{body}"
+    );
+    let names: Vec<Value> = list(s)
+        .await
+        .into_iter()
+        .map(|f| f["filename"].clone())
+        .collect();
+    assert_eq!(names, [json!("beside.bin")]);
+    assert_eq!(beside["size_bytes"], 600 << 10);
+    // The quota holds the file beside and nothing else: what is left of it fits.
+    upload(s, "rest.bin", vec![b'r'; 400 << 10]).await;
+}
+
+#[tokio::test]
+async fn a_second_file_part_refuses_the_upload_before_the_first_is_visible() {
+    let s = Server::start_with(Options::default().env("SNAKECAGE_FILES__QUOTA_MB", 1)).await;
+    let store = s.state_dir().join("files");
+    // The first part's bytes, all written (under tmp/ while it is not stored; objects/
+    // once it is).
+    let received = async || {
+        for _ in 0..3000 {
+            let whole = ["tmp", "objects"].iter().any(|dir| {
+                std::fs::read_dir(store.join(dir)).is_ok_and(|entries| {
+                    entries
+                        .flatten()
+                        .any(|e| e.metadata().is_ok_and(|m| m.len() == FIRST_PART as u64))
+                })
+            });
+            if whole {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("the first part never reached the store");
+    };
+    a_second_file_part_refuses_the_upload_unseen(&s, received).await;
 }
