@@ -59,7 +59,8 @@ pub async fn execute(
     .await
     .map_err(|e| ApiError::Internal(format!("a session run's task failed: {e}")))??;
     on_disconnect.disarm();
-    Ok(Json(response))
+    // The handler is still here, so its client is: the run was not left unstarted.
+    Ok(Json(response.ok_or_else(unstarted_with_its_client_here)?))
 }
 
 /// The 422 for tools declared on a session's non-streamed execute: their calls go to the
@@ -101,7 +102,8 @@ pub async fn execute_stream(
     let run = async move {
         let _slot = slot;
         let _run = handle;
-        run.await
+        // Unstarted only for a client gone: the stream that would carry this is dropped.
+        run.await?.ok_or_else(unstarted_with_its_client_here)
     };
     let mut response =
         stream::sse_with_tool_calls(rx, Some(calls_rx), run, OnDisconnect::Interrupt, interrupt)?
@@ -112,7 +114,15 @@ pub async fn execute_stream(
     Ok(response)
 }
 
-/// One job in a session, counted in the metrics.
+/// The 500 for a session run left unstarted while its client is still there: `interrupt`
+/// fires only when the client has gone, so this is never expected.
+fn unstarted_with_its_client_here() -> ApiError {
+    ApiError::Internal("a session run was left unstarted though its client is still there".into())
+}
+
+/// One job in a session, counted in the metrics; `None` when its client went away while
+/// it waited for a slot, so it never started (like an abandoned stateless request, it
+/// counts as no execution).
 async fn run(
     state: SharedState,
     caller: Caller,
@@ -121,19 +131,20 @@ async fn run(
     prepared: Prepared,
     chunks: Option<mpsc::Sender<OutputChunk>>,
     interrupt: CancellationToken,
-) -> Result<ExecuteResponse, ApiError> {
+) -> Result<Option<ExecuteResponse>, ApiError> {
     let started = std::time::Instant::now();
     let metrics = state.metrics.clone();
     let tenant = caller.owner().map(str::to_owned);
     let result = run_in(state, caller, session, guard, prepared, chunks, interrupt).await;
     let outcome = match &result {
-        Ok(response) => Some(Outcome::from(response.verdict)),
+        Ok(Some(response)) => Some(Outcome::from(response.verdict)),
+        Ok(None) => None,
         Err(e) => e.is_shed().then_some(Outcome::Rejected),
     };
     if let Some(outcome) = outcome {
         metrics.execution_finished(Kind::Session, outcome, started.elapsed(), None);
     }
-    if let (Ok(_), Some(tenant)) = (&result, tenant) {
+    if let (Ok(Some(_)), Some(tenant)) = (&result, tenant) {
         metrics.tenant_execution(&tenant, Kind::Session);
     }
     result
@@ -142,6 +153,11 @@ async fn run(
 /// Stages the request's files (replacing files of the same name), takes an execution slot,
 /// runs, reports new and changed files and the session's state. A worker lost on the way
 /// marks the session dead (410 from then on), or, with `replay`, to be rebuilt.
+///
+/// `None`: `interrupt` fired (its client went away) while the run waited in the queue for
+/// a slot. The job was never sent, so the session's globals are untouched (its files
+/// were staged, as a retry would stage them again), and returning frees the session at
+/// once: a client that timed out and sends its cell again must not have it run twice.
 async fn run_in(
     state: SharedState,
     caller: Caller,
@@ -150,7 +166,7 @@ async fn run_in(
     prepared: Prepared,
     chunks: Option<mpsc::Sender<OutputChunk>>,
     interrupt: CancellationToken,
-) -> Result<ExecuteResponse, ApiError> {
+) -> Result<Option<ExecuteResponse>, ApiError> {
     let Prepared {
         limits,
         inputs,
@@ -188,7 +204,12 @@ async fn run_in(
             },
             None => limits.clone(),
         };
-        let slot = state.pool.acquire_session_slot().await?;
+        // Biased: a slot that comes with the client's going does not start the job either.
+        let slot = tokio::select! {
+            biased;
+            () = interrupt.cancelled() => return Ok(None),
+            slot = state.pool.acquire_session_slot() => slot?,
+        };
         session.touch(false);
         let worker = guard.worker.as_mut().ok_or_else(|| gone(&id))?;
         let interrupt = Interrupt {
@@ -278,7 +299,7 @@ async fn run_in(
     if !notices.is_empty() {
         response.notice = Some(notices.join(" "));
     }
-    Ok(response)
+    Ok(Some(response))
 }
 
 fn replayed_notice(runs: usize, reason: &str) -> String {

@@ -45,6 +45,7 @@ mod rollover_failures;
 mod rollover_priority;
 mod rollover_unchanged;
 mod s3_store;
+mod session_queue;
 mod sessions;
 mod snapshot;
 mod starting;
