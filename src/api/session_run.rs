@@ -21,9 +21,10 @@ use crate::codemode::caller::caller_events;
 use crate::error::ApiError;
 use crate::files::workspace::{self, StageInput};
 use crate::metrics::labels::{Kind, Outcome};
-use crate::pool::run::{Interrupt, OutputChunk, RunError, RunLimits};
+use crate::pool::run::{self as pool_run, Interrupt, OutputChunk, RunError, RunLimits};
 use crate::pool::session::Listed;
 use crate::pool::toolcalls::RunTools;
+use crate::pool::worker::ZygoteEnd;
 use crate::sessions::replay::{self, RebuildError, ReplayStager};
 use crate::sessions::{Held, Session, SessionError, SessionIndicator, SessionState};
 
@@ -251,6 +252,8 @@ async fn run_in(
     )
     .await;
     guard.baseline = workspace::snapshot(&ws, state.config().workspace.max_entries).await;
+    // The service is going: a replay session's history goes with it.
+    let shutting_down = ran.outcome.zygote_end == Some(ZygoteEnd::ShutDown);
     let mut response = ExecuteResponse::from(ran.outcome);
     response.files = collected.files;
     response.skipped_files = collected.skipped;
@@ -277,7 +280,7 @@ async fn run_in(
     };
     if let Some(reason) = lost {
         tracing::warn!(session = %id, %reason, "session worker lost");
-        let note = if guard.mark_lost(reason.clone()) {
+        let note = if !shutting_down && guard.mark_lost(reason.clone()) {
             let runs = guard.journal.as_ref().map_or(0, |j| j.runs());
             format!(
                 "The session's worker was lost during this run ({reason}); what this run did is \
@@ -288,9 +291,12 @@ async fn run_in(
             let reason = guard.final_reason(reason);
             state.sessions.lose(&id, reason.clone());
             guard.mark_dead(reason.clone());
-            format!(
-                "The session is gone: {reason}. Its state is lost; further calls on it get 410."
-            )
+            let later = if shutting_down {
+                "it ends with the service, which keeps no session across a restart"
+            } else {
+                "further calls on it get 410"
+            };
+            format!("The session is gone: {reason}. Its state is lost; {later}.")
         };
         response.stderr.push('\n');
         response.stderr.push_str(&note);
@@ -360,7 +366,10 @@ pub async fn ensure_worker(
         if worker.is_alive() {
             return Ok(None);
         }
-        let reason = "its worker had exited".to_owned();
+        let reason = worker
+            .zygote_end()
+            .map_or("its worker had exited", pool_run::lost_with_its_zygote)
+            .to_owned();
         if !guard.mark_lost(reason.clone()) {
             return Err(lose(state, session, guard, reason));
         }

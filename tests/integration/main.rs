@@ -47,6 +47,7 @@ mod rollover_unchanged;
 mod s3_store;
 mod session_queue;
 mod sessions;
+mod shutdown_kills;
 mod snapshot;
 mod starting;
 mod stream;
