@@ -292,7 +292,7 @@ async fn run_in(
             state.sessions.lose(&id, reason.clone());
             guard.mark_dead(reason.clone());
             let later = if shutting_down {
-                "it ends with the service, which keeps no session across a restart"
+                "once the service is back, calls on it get 410"
             } else {
                 "further calls on it get 410"
             };

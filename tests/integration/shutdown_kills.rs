@@ -1,6 +1,7 @@
 //! Runs still going when the shutdown grace period runs out are killed with their
 //! workers, and say so: stateless, in a session, streamed. The session ends with the
-//! service.
+//! service, and once the service is back a call on it is 410 `session_gone` saying the
+//! service restarted (its id names the start of the process it lived in), not 404.
 
 use std::time::Instant;
 
@@ -34,7 +35,7 @@ fn started(s: &Server) -> usize {
 }
 
 #[tokio::test]
-async fn runs_killed_past_the_shutdown_grace_say_so() {
+async fn runs_killed_past_the_shutdown_grace_say_so_and_their_session_is_gone_after_a_restart() {
     let s = Server::start_with(
         Options::default()
             .env("SNAKECAGE_POOL__SIZE", 4)
@@ -89,7 +90,29 @@ async fn runs_killed_past_the_shutdown_grace_say_so() {
     }
     let notice = in_session["notice"].as_str().unwrap();
     assert!(notice.contains("the service shut down"), "{notice}");
-    assert!(notice.contains("ends with the service"), "{notice}");
+    assert!(notice.contains("once the service is back"), "{notice}");
     let status = s.stop();
     assert!(status.success(), "{status:?}");
+
+    // Another start of the service: the session's id names the one it lived in.
+    let again = Server::start().await;
+    let (status, r) = again.get_json(&format!("/v1/sessions/{id}")).await;
+    gone_with_the_restart(status, &r);
+    let path = format!("/v1/sessions/{id}/execute");
+    let (status, r) = again.post(&path, &json!({ "code": "print(x)" })).await;
+    gone_with_the_restart(status, &r);
+    // An id of this start that names no session is unknown, as ever.
+    let mine = again.new_session().await;
+    let (prefix, random) = mine.rsplit_once('_').unwrap();
+    let unknown = format!("{prefix}_{}", "0".repeat(random.len()));
+    let (status, r) = again.get_json(&format!("/v1/sessions/{unknown}")).await;
+    assert_eq!(status, 404, "{unknown}: {r}");
+    assert_eq!(r["code"], "session_not_found", "{r}");
+}
+
+fn gone_with_the_restart(status: u16, r: &Value) {
+    assert_eq!(status, 410, "{r}");
+    assert_eq!(r["code"], "session_gone", "{r}");
+    let detail = r["detail"].as_str().unwrap();
+    assert!(detail.contains("the service restarted"), "{detail}");
 }
