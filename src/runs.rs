@@ -4,7 +4,8 @@
 //! exist (404, like another tenant's files). A run leaves the registry when it ends, and
 //! its pending calls with it. In a cluster a run id names the replica that runs it
 //! (`run_<replica>_<incarnation>_<random>`, [`crate::cluster::ids`]), so a call on it that
-//! lands on another replica is forwarded there.
+//! lands on another replica is forwarded there; a single instance's names the start of
+//! the process it belongs to (`run_<incarnation>_<random>`).
 //!
 //! A call its client was told of and that was cancelled before its answer came is
 //! remembered with the [`CancelCause`], so that an answer arriving later is told why it
@@ -40,7 +41,7 @@ pub struct Runs {
     /// The cancelled calls of runs that have ended.
     ended: Mutex<Ended>,
     /// What goes between `run_` and the random part of a new id: this replica's id and
-    /// incarnation in a cluster, nothing otherwise.
+    /// incarnation in a cluster, the incarnation alone otherwise.
     id_prefix: String,
 }
 

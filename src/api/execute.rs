@@ -26,6 +26,7 @@ use crate::metrics::labels::{Kind, Outcome};
 use crate::pool::Stager;
 use crate::pool::events::KillReason;
 use crate::pool::run::{OutputChunk, ProtocolViolation, RunLimits, RunOutcome, RunVerdict};
+use crate::pool::worker::ZygoteEnd;
 use crate::sessions::SessionIndicator;
 
 /// An unknown field is refused (422 naming it and the known ones): a misspelt
@@ -153,7 +154,10 @@ impl From<RunOutcome> for ExecuteResponse {
                     "\nThe worker exited with status {code} before reporting a result \
                      (os._exit() ends the process at once; sys.exit() sets the exit code)."
                 ),
-                (None, None) => "\nThe worker died without reporting a result.".to_owned(),
+                (None, None) => match o.zygote_end {
+                    Some(end) => died_with_its_zygote(end).to_owned(),
+                    None => "\nThe worker died without reporting a result.".to_owned(),
+                },
             };
             stderr.push_str(&why);
         }
@@ -172,6 +176,23 @@ impl From<RunOutcome> for ExecuteResponse {
             session: None,
             replayed: None,
             notice: None,
+        }
+    }
+}
+
+/// The last line of stderr of a run whose worker died with its zygote (the only way it
+/// dies without an exit status of its own).
+fn died_with_its_zygote(end: ZygoteEnd) -> &'static str {
+    match end {
+        ZygoteEnd::ShutDown => {
+            "\nThe service shut down before this run ended: in-flight runs had its grace \
+             period (worker.shutdown_grace_ms) to finish, then their workers were killed."
+        }
+        ZygoteEnd::Died => {
+            "\nThe worker was killed because its zygote, the process it was forked from, \
+             died: by design a worker dies with its zygote (PR_SET_PDEATHSIG), so that no \
+             sandboxed process outlives the one that reaps it. The service restarts the \
+             zygote."
         }
     }
 }

@@ -21,9 +21,10 @@ use crate::codemode::caller::caller_events;
 use crate::error::ApiError;
 use crate::files::workspace::{self, StageInput};
 use crate::metrics::labels::{Kind, Outcome};
-use crate::pool::run::{Interrupt, OutputChunk, RunError, RunLimits};
+use crate::pool::run::{self as pool_run, Interrupt, OutputChunk, RunError, RunLimits};
 use crate::pool::session::Listed;
 use crate::pool::toolcalls::RunTools;
+use crate::pool::worker::ZygoteEnd;
 use crate::sessions::replay::{self, RebuildError, ReplayStager};
 use crate::sessions::{Held, Session, SessionError, SessionIndicator, SessionState};
 
@@ -59,7 +60,8 @@ pub async fn execute(
     .await
     .map_err(|e| ApiError::Internal(format!("a session run's task failed: {e}")))??;
     on_disconnect.disarm();
-    Ok(Json(response))
+    // The handler is still here, so its client is: the run was not left unstarted.
+    Ok(Json(response.ok_or_else(unstarted_with_its_client_here)?))
 }
 
 /// The 422 for tools declared on a session's non-streamed execute: their calls go to the
@@ -101,7 +103,8 @@ pub async fn execute_stream(
     let run = async move {
         let _slot = slot;
         let _run = handle;
-        run.await
+        // Unstarted only for a client gone: the stream that would carry this is dropped.
+        run.await?.ok_or_else(unstarted_with_its_client_here)
     };
     let mut response =
         stream::sse_with_tool_calls(rx, Some(calls_rx), run, OnDisconnect::Interrupt, interrupt)?
@@ -112,7 +115,15 @@ pub async fn execute_stream(
     Ok(response)
 }
 
-/// One job in a session, counted in the metrics.
+/// The 500 for a session run left unstarted while its client is still there: `interrupt`
+/// fires only when the client has gone, so this is never expected.
+fn unstarted_with_its_client_here() -> ApiError {
+    ApiError::Internal("a session run was left unstarted though its client is still there".into())
+}
+
+/// One job in a session, counted in the metrics; `None` when its client went away while
+/// it waited for a slot, so it never started (like an abandoned stateless request, it
+/// counts as no execution).
 async fn run(
     state: SharedState,
     caller: Caller,
@@ -121,19 +132,20 @@ async fn run(
     prepared: Prepared,
     chunks: Option<mpsc::Sender<OutputChunk>>,
     interrupt: CancellationToken,
-) -> Result<ExecuteResponse, ApiError> {
+) -> Result<Option<ExecuteResponse>, ApiError> {
     let started = std::time::Instant::now();
     let metrics = state.metrics.clone();
     let tenant = caller.owner().map(str::to_owned);
     let result = run_in(state, caller, session, guard, prepared, chunks, interrupt).await;
     let outcome = match &result {
-        Ok(response) => Some(Outcome::from(response.verdict)),
+        Ok(Some(response)) => Some(Outcome::from(response.verdict)),
+        Ok(None) => None,
         Err(e) => e.is_shed().then_some(Outcome::Rejected),
     };
     if let Some(outcome) = outcome {
         metrics.execution_finished(Kind::Session, outcome, started.elapsed(), None);
     }
-    if let (Ok(_), Some(tenant)) = (&result, tenant) {
+    if let (Ok(Some(_)), Some(tenant)) = (&result, tenant) {
         metrics.tenant_execution(&tenant, Kind::Session);
     }
     result
@@ -142,6 +154,11 @@ async fn run(
 /// Stages the request's files (replacing files of the same name), takes an execution slot,
 /// runs, reports new and changed files and the session's state. A worker lost on the way
 /// marks the session dead (410 from then on), or, with `replay`, to be rebuilt.
+///
+/// `None`: `interrupt` fired (its client went away) while the run waited in the queue for
+/// a slot. The job was never sent, so the session's globals are untouched (its files
+/// were staged, as a retry would stage them again), and returning frees the session at
+/// once: a client that timed out and sends its cell again must not have it run twice.
 async fn run_in(
     state: SharedState,
     caller: Caller,
@@ -150,7 +167,7 @@ async fn run_in(
     prepared: Prepared,
     chunks: Option<mpsc::Sender<OutputChunk>>,
     interrupt: CancellationToken,
-) -> Result<ExecuteResponse, ApiError> {
+) -> Result<Option<ExecuteResponse>, ApiError> {
     let Prepared {
         limits,
         inputs,
@@ -188,7 +205,12 @@ async fn run_in(
             },
             None => limits.clone(),
         };
-        let slot = state.pool.acquire_session_slot().await?;
+        // Biased: a slot that comes with the client's going does not start the job either.
+        let slot = tokio::select! {
+            biased;
+            () = interrupt.cancelled() => return Ok(None),
+            slot = state.pool.acquire_session_slot() => slot?,
+        };
         session.touch(false);
         let worker = guard.worker.as_mut().ok_or_else(|| gone(&id))?;
         let interrupt = Interrupt {
@@ -230,6 +252,8 @@ async fn run_in(
     )
     .await;
     guard.baseline = workspace::snapshot(&ws, state.config().workspace.max_entries).await;
+    // The service is going: a replay session's history goes with it.
+    let shutting_down = ran.outcome.zygote_end == Some(ZygoteEnd::ShutDown);
     let mut response = ExecuteResponse::from(ran.outcome);
     response.files = collected.files;
     response.skipped_files = collected.skipped;
@@ -256,7 +280,7 @@ async fn run_in(
     };
     if let Some(reason) = lost {
         tracing::warn!(session = %id, %reason, "session worker lost");
-        let note = if guard.mark_lost(reason.clone()) {
+        let note = if !shutting_down && guard.mark_lost(reason.clone()) {
             let runs = guard.journal.as_ref().map_or(0, |j| j.runs());
             format!(
                 "The session's worker was lost during this run ({reason}); what this run did is \
@@ -267,9 +291,12 @@ async fn run_in(
             let reason = guard.final_reason(reason);
             state.sessions.lose(&id, reason.clone());
             guard.mark_dead(reason.clone());
-            format!(
-                "The session is gone: {reason}. Its state is lost; further calls on it get 410."
-            )
+            let later = if shutting_down {
+                "once the service is back, calls on it get 410"
+            } else {
+                "further calls on it get 410"
+            };
+            format!("The session is gone: {reason}. Its state is lost; {later}.")
         };
         response.stderr.push('\n');
         response.stderr.push_str(&note);
@@ -278,7 +305,7 @@ async fn run_in(
     if !notices.is_empty() {
         response.notice = Some(notices.join(" "));
     }
-    Ok(response)
+    Ok(Some(response))
 }
 
 fn replayed_notice(runs: usize, reason: &str) -> String {
@@ -339,7 +366,10 @@ pub async fn ensure_worker(
         if worker.is_alive() {
             return Ok(None);
         }
-        let reason = "its worker had exited".to_owned();
+        let reason = worker
+            .zygote_end()
+            .map_or("its worker had exited", pool_run::lost_with_its_zygote)
+            .to_owned();
         if !guard.mark_lost(reason.clone()) {
             return Err(lose(state, session, guard, reason));
         }

@@ -4,8 +4,9 @@
 //! The replica is the configured `cluster.replica_id`; the incarnation is drawn at each
 //! start of the process, so an id of a replica that restarted since (and lost its sessions
 //! and runs with its workers) is recognised as gone rather than unknown. The random part
-//! is a v4 UUID (122 random bits): an id is never guessed. Without a replica id, ids stay
-//! `sess_<random>` and `run_<random>` and never name a replica.
+//! is a v4 UUID (122 random bits): an id is never guessed. Without a replica id, ids are
+//! `sess_<incarnation>_<random>` and `run_<incarnation>_<random>`: they name no replica,
+//! but a single instance that restarted still knows an id of its previous run for one.
 
 /// What an id names: its kind decides its prefix and how the API speaks of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +49,20 @@ pub fn prefix(replica: &str, incarnation: &str) -> String {
     format!("{replica}_{incarnation}_")
 }
 
+/// The incarnation a single instance's id of `kind` names (`sess_<incarnation>_<random>`),
+/// or `None` for any other id (a replica's names three parts).
+pub fn single_incarnation(kind: Kind, id: &str) -> Option<&str> {
+    let (incarnation, random) = id.strip_prefix(kind.prefix())?.split_once('_')?;
+    let ok = is_incarnation(incarnation)
+        && !random.is_empty()
+        && random.bytes().all(|b| b.is_ascii_hexdigit());
+    ok.then_some(incarnation)
+}
+
+fn is_incarnation(s: &str) -> bool {
+    s.len() == 8 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// Who owns a session or a run, as its id says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Owner<'a> {
@@ -63,8 +78,7 @@ pub fn owner(kind: Kind, id: &str) -> Option<Owner<'_>> {
     let (replica, incarnation, random) = (parts.next()?, parts.next()?, parts.next()?);
     let ok = parts.next().is_none()
         && crate::config::valid_replica_id(replica)
-        && incarnation.len() == 8
-        && incarnation.bytes().all(|b| b.is_ascii_hexdigit())
+        && is_incarnation(incarnation)
         && !random.is_empty();
     ok.then_some(Owner {
         replica,
@@ -116,6 +130,29 @@ mod tests {
         );
         assert_eq!(owner(Kind::Run, "sess_a_0123abcd_ff"), None);
         assert_eq!(owner(Kind::Session, "run_a_0123abcd_ff"), None);
+    }
+
+    #[test]
+    fn a_single_instances_ids_name_its_incarnation_and_no_replica() {
+        let inc = new_incarnation();
+        for kind in [Kind::Session, Kind::Run] {
+            let id = format!("{}{inc}_0123456789abcdef0123456789abcdef", kind.prefix());
+            assert_eq!(single_incarnation(kind, &id), Some(inc.as_str()));
+            assert_eq!(owner(kind, &id), None);
+        }
+        for other in [
+            // Made before incarnations: no incarnation to judge by.
+            "sess_0123456789abcdef0123456789abcdef",
+            // A replica's.
+            "sess_a_0123abcd_ff",
+            "sess_0123abcd_",
+            "sess_0123abc_ff",
+            "sess_0123abcx_ff",
+            "sess_0123abcd_ff_gg",
+            "run_0123abcd_ff",
+        ] {
+            assert_eq!(single_incarnation(Kind::Session, other), None, "{other}");
+        }
     }
 
     #[test]

@@ -88,14 +88,21 @@ impl Cluster {
     pub fn id_prefix(&self) -> String {
         match &self.replica {
             Some(replica) => ids::prefix(replica, &self.incarnation),
-            None => String::new(),
+            None => format!("{}_", self.incarnation),
         }
     }
 
     /// Where a call on `id`, a session's or a run's, should be served.
     pub fn route(&self, kind: Kind, id: &str) -> Route {
         let Some(me) = &self.replica else {
-            return Route::Local;
+            // A single instance: its sessions and runs live in its memory and workers,
+            // gone with a restart; an id of an earlier start names that start.
+            return match ids::single_incarnation(kind, id) {
+                Some(incarnation) if incarnation != self.incarnation => {
+                    Route::Gone("the service restarted since it was created".into())
+                }
+                _ => Route::Local,
+            };
         };
         let Some(owner) = ids::owner(kind, id) else {
             return Route::Local;
@@ -172,10 +179,16 @@ mod tests {
         );
         // Ids that name no replica are served (or not found) here.
         assert_eq!(a.route(Kind::Session, "sess_0123abcd"), Route::Local);
-        // A single replica never forwards.
+        // A single replica never forwards, and knows its ids from before a restart.
         let single = cluster(None);
-        assert_eq!(single.id_prefix(), "");
         assert_eq!(single.route(Kind::Session, &theirs), Route::Local);
+        let before = format!("sess_{}0123abcd", single.id_prefix());
+        assert_eq!(single.route(Kind::Session, &before), Route::Local);
+        let after = cluster(None);
+        assert!(
+            matches!(after.route(Kind::Session, &before), Route::Gone(r) if r.contains("restarted"))
+        );
+        assert_eq!(after.route(Kind::Session, "sess_0123abcd"), Route::Local);
     }
 
     #[test]
@@ -197,14 +210,19 @@ mod tests {
         // A restarted owner lost its runs with its workers.
         let b_again = cluster(Some("b"));
         assert!(matches!(b_again.route(Kind::Run, &id), Route::Gone(r) if r.contains("restarted")));
-        // A single replica's run ids keep their form and never name a replica.
-        let single = crate::runs::Runs::with_id_prefix(cluster(None).id_prefix());
+        // A single replica's run ids name its incarnation, never a replica.
+        let one = cluster(None);
+        let single = crate::runs::Runs::with_id_prefix(one.id_prefix());
         let plain = single.register(None).entry.id.clone();
         assert!(
-            plain.starts_with("run_") && plain.len() == 4 + 32,
+            plain.starts_with(&format!("run_{}_", one.incarnation)) && plain.len() == 4 + 9 + 32,
             "{plain}"
         );
         assert_eq!(a.route(Kind::Run, &plain), Route::Local);
+        assert_eq!(one.route(Kind::Run, &plain), Route::Local);
+        assert!(
+            matches!(cluster(None).route(Kind::Run, &plain), Route::Gone(r) if r.contains("restarted"))
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use super::capture::{Capture, Finish};
 use super::drive::{Ending, drive};
 use super::events::KillReason;
 use super::toolcalls::{CallViolation, RunTools};
-use super::worker::Worker;
+use super::worker::{Worker, ZygoteEnd};
 
 /// How a run ended, from the user's point of view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -123,6 +123,9 @@ pub struct RunOutcome {
     /// The worker's exit status when it exited without reporting a result (`os._exit(n)`,
     /// a C extension's `exit()`): the result, its verdict `killed`, says how it ended.
     pub exited: Option<i32>,
+    /// It died with its zygote, which left no exit status of its own: why the zygote
+    /// ended (the service shutting down, or the zygote dying), which is why it died.
+    pub zygote_end: Option<ZygoteEnd>,
     /// Why the worker was killed before it reported, when it was (for the metrics).
     pub kill: Option<KillReason>,
     /// How it broke the job protocol, when that is why it was killed.
@@ -243,6 +246,7 @@ pub async fn run(
         let _ = worker.exit_status(EXIT_STATUS_WAIT).await;
     }
     calls.cancel(signal);
+    let zygote_end = if died { worker.zygote_end() } else { None };
     if died && worker.died_with_its_zygote() && !capture.anything_came_out() {
         // Its zygote's death, not its code, ended it, and nothing of the job got out:
         // the caller runs it again on a fresh worker.
@@ -274,6 +278,7 @@ pub async fn run(
         result,
         signal,
         exited,
+        zygote_end,
         kill,
         violation,
         cancelled,
@@ -342,6 +347,7 @@ pub async fn run_in_session(
     }
     capture.drain(worker, &mut buf).await;
     let mut exited = None;
+    let mut zygote_end = None;
     let violation = match ending {
         Ending::ProtocolViolation(v) => Some(v),
         _ => None,
@@ -387,7 +393,11 @@ pub async fn run_in_session(
                     exited = Some(code);
                     (None, format!("its worker exited with status {code}"))
                 }
-                None => (None, "its worker exited".to_owned()),
+                None => {
+                    zygote_end = worker.zygote_end();
+                    let why = zygote_end.map_or("its worker exited", lost_with_its_zygote);
+                    (None, why.to_owned())
+                }
             };
             (None, Some(why), signal)
         }
@@ -422,6 +432,7 @@ pub async fn run_in_session(
             result,
             signal,
             exited,
+            zygote_end,
             kill,
             violation,
             // Interrupted by its client's cancel (not its deadline): reported
@@ -438,6 +449,21 @@ fn timeout_ms(limits: &RunLimits) -> u64 {
     u64::try_from(limits.timeout.as_millis())
         .unwrap_or(u64::MAX)
         .max(1)
+}
+
+/// Why a session lost its worker with the worker's zygote (a session's reason, "the
+/// session is gone: {this}").
+pub fn lost_with_its_zygote(end: ZygoteEnd) -> &'static str {
+    match end {
+        ZygoteEnd::ShutDown => {
+            "the service shut down, and its worker was killed once the grace period for \
+             in-flight requests had run out"
+        }
+        ZygoteEnd::Died => {
+            "its worker was killed with its zygote, which died: a worker dies with the \
+             zygote it was forked from, by design"
+        }
+    }
 }
 
 /// Precedence: a timeout or a memory error explains everything after it; a death without

@@ -9,7 +9,7 @@ use snakecage_worker::protocol::{ExitStatus, Job, JobRequest, Variable, WorkerMe
 use tokio::sync::mpsc;
 
 use super::run::{self, Interrupt, OutputChunk, RunError, RunLimits, SessionRun};
-use super::worker::Worker;
+use super::worker::{Worker, ZygoteEnd};
 
 /// Why a session's worker can no longer be used; its state is gone.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +58,11 @@ impl SessionWorker {
 
     pub fn is_alive(&mut self) -> bool {
         self.worker.is_alive()
+    }
+
+    /// Why its zygote ended, when the worker died with it.
+    pub fn zygote_end(&mut self) -> Option<ZygoteEnd> {
+        self.worker.zygote_end()
     }
 
     /// Runs one job in the session's namespace; see [`run::run_in_session`].

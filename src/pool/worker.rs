@@ -5,6 +5,8 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::errno::Errno;
 use nix::sys::socket::MsgFlags;
@@ -38,6 +40,20 @@ pub struct Worker {
     pub(super) warmed: bool,
     /// SIGKILLed already: dropping it has nothing left to do.
     killed: bool,
+    /// Whether its zygote was told to shut down (see [`Worker::zygote_end`]).
+    zygote_shut_down: Arc<AtomicBool>,
+}
+
+/// Why a worker's zygote ended, when the worker died with it. Every worker dies with its
+/// zygote by design (`PR_SET_PDEATHSIG`, set first thing after the fork): only the zygote
+/// can reap it, and no sandboxed process may outlive the processes that watch over it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZygoteEnd {
+    /// It died (killed from outside, a crash): its tier's zygote is restarted.
+    Died,
+    /// The service shut it down, stopping: the grace period for in-flight requests
+    /// (`worker.shutdown_grace_ms`) had run out.
+    ShutDown,
 }
 
 impl Worker {
@@ -66,6 +82,7 @@ impl Worker {
             workspace: Some(workspace),
             warmed: false,
             killed: false,
+            zygote_shut_down: forked.zygote_shut_down,
         })
     }
 
@@ -90,6 +107,20 @@ impl Worker {
     /// ([`Worker::exit_status`]) or its zygote's death read by the supervisor.
     pub fn died_with_its_zygote(&mut self) -> bool {
         !self.is_alive() && self.exit_status.is_none()
+    }
+
+    /// Why it died without an exit status of its own, when its zygote's end explains it
+    /// (asked once it is dead): the zygote was told to shut down (it kills its workers
+    /// and reports none of their exits, however long it takes to exit), or it died (the
+    /// kernel killed the worker with it: [`Worker::died_with_its_zygote`]).
+    pub fn zygote_end(&mut self) -> Option<ZygoteEnd> {
+        if self.exit_status.is_some() {
+            return None;
+        }
+        if self.zygote_shut_down.load(Ordering::Acquire) {
+            return Some(ZygoteEnd::ShutDown);
+        }
+        self.died_with_its_zygote().then_some(ZygoteEnd::Died)
     }
 
     /// SIGKILL, through the pidfd so a recycled pid can never be hit.
@@ -149,6 +180,12 @@ impl Worker {
     /// The exit status, waiting up to `wait` for the zygote to report it. `None`: the
     /// zygote died (and took the worker with it) or did not answer in time.
     pub async fn exit_status(&mut self, wait: std::time::Duration) -> Option<ExitStatus> {
+        // A zygote told to shut down reports no more exits: only one already routed here counts.
+        let wait = if self.zygote_shut_down.load(Ordering::Acquire) {
+            std::time::Duration::ZERO
+        } else {
+            wait
+        };
         if self.exit_status.is_none()
             && !self.exit.is_terminated()
             && let Ok(Ok(status)) = tokio::time::timeout(wait, &mut self.exit).await
@@ -361,6 +398,7 @@ mod tests {
             pid: i32::MAX,
             pidfd: None,
             exit,
+            zygote_shut_down: Arc::default(),
         };
         let channel = JobChannel::new(OwnedFd::from(ours)).unwrap();
         let mut worker = Worker::new(

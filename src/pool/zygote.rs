@@ -49,6 +49,9 @@ pub struct Forked {
     pub pidfd: Option<OwnedFd>,
     /// Fires with the exit status once the zygote reaps the worker; closes if the zygote dies.
     pub exit: oneshot::Receiver<ExitStatus>,
+    /// Set once its zygote is told to shut down: whether the zygote, if it is gone, was
+    /// told to go.
+    pub zygote_shut_down: Arc<AtomicBool>,
 }
 
 type ForkReply = Result<Forked, ZygoteError>;
@@ -71,6 +74,10 @@ pub struct ZygoteHandle {
     sock: Arc<AsyncFd<OwnedFd>>,
     routes: Arc<Mutex<Routes>>,
     alive: Arc<AtomicBool>,
+    /// Set once the supervisor tells it to shut down, which kills its workers: only when
+    /// the service stops does that happen to a zygote with a worker in use (a retired
+    /// generation's zygotes are shut down once no worker holds its lease).
+    shut_down: Arc<AtomicBool>,
     died: Arc<Notify>,
     reader: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -204,6 +211,7 @@ impl ZygoteHandle {
             sock: sock.clone(),
             routes: Arc::default(),
             alive: Arc::new(AtomicBool::new(true)),
+            shut_down: Arc::new(AtomicBool::new(false)),
             died: Arc::new(Notify::new()),
             reader: Mutex::new(None),
         });
@@ -212,6 +220,7 @@ impl ZygoteHandle {
             exited,
             handle.routes.clone(),
             handle.alive.clone(),
+            handle.shut_down.clone(),
             handle.died.clone(),
             child,
         ));
@@ -280,6 +289,7 @@ impl ZygoteHandle {
 
     /// Asks the zygote to kill and reap every worker and exit, then waits for it (bounded).
     pub async fn shutdown(&self, wait: Duration) {
+        self.shut_down.store(true, Ordering::Release);
         let _ = self.send(&ControlRequest::Shutdown, &[]).await;
         let reader = self.reader.lock().expect("reader lock").take();
         if let Some(reader) = reader {
@@ -353,6 +363,7 @@ async fn read_replies(
     exited: Option<AsyncFd<OwnedFd>>,
     routes: Arc<Mutex<Routes>>,
     alive: Arc<AtomicBool>,
+    shut_down: Arc<AtomicBool>,
     died: Arc<Notify>,
     mut child: tokio::process::Child,
 ) {
@@ -363,13 +374,13 @@ async fn read_replies(
             _ = async { exited.as_ref()?.readable().await.ok() }, if exited.is_some() => {
                 // What it sent before it died is still in the socket.
                 while let Some((reply, fds)) = recv_now(&sock, &mut buf) {
-                    route(&routes, reply, fds);
+                    route(&routes, &shut_down, reply, fds);
                 }
                 break;
             }
         };
         match received {
-            Ok(Some((reply, fds))) => route(&routes, reply, fds),
+            Ok(Some((reply, fds))) => route(&routes, &shut_down, reply, fds),
             Ok(None) => break,
             Err(e) => {
                 tracing::error!(error = %e, "zygote control socket failed; restarting the zygote");
@@ -392,7 +403,12 @@ async fn read_replies(
     }
 }
 
-fn route(routes: &Mutex<Routes>, reply: ControlReply, fds: Vec<OwnedFd>) {
+fn route(
+    routes: &Mutex<Routes>,
+    shut_down: &Arc<AtomicBool>,
+    reply: ControlReply,
+    fds: Vec<OwnedFd>,
+) {
     let mut routes = routes.lock().expect("routes lock");
     match reply {
         ControlReply::Forked { worker_id, pid } => {
@@ -402,6 +418,7 @@ fn route(routes: &Mutex<Routes>, reply: ControlReply, fds: Vec<OwnedFd>) {
                 pid,
                 pidfd: fds.into_iter().next(),
                 exit: exit_rx,
+                zygote_shut_down: shut_down.clone(),
             };
             if let Some(tx) = routes.forks.remove(&worker_id) {
                 let _ = tx.send(Ok(forked));

@@ -40,6 +40,11 @@ pub use report::build_info;
 use report::log_sandbox;
 use request_id::{drop_unfit_request_id, request_span};
 use settings::prepare_mpl_config_dir;
+
+/// How long the runs killed at the end of the shutdown grace period have to send their
+/// answers (which say why they ended) before the process exits: they are sent within
+/// milliseconds, but a killed run may wait up to 2 s for its worker's exit status.
+const ANSWER_KILLED_RUNS: Duration = Duration::from_secs(3);
 pub use settings::{load_keys, open_store, pool_settings, session_settings};
 
 #[derive(Debug, thiserror::Error)]
@@ -112,7 +117,7 @@ pub async fn serve_with(
         }
     });
     let stop = CancellationToken::new();
-    let server = tokio::spawn(listen(
+    let mut server = tokio::spawn(listen(
         listener,
         api::starting::until_ready(router_cell.clone(), what, settings.size),
         stop.clone(),
@@ -268,13 +273,24 @@ pub async fn serve_with(
         stop_signal.cancel();
     });
     let _ = router_cell.set(app);
-    tokio::select! {
-        result = server => result.map_err(std::io::Error::other)??,
+    let killing = tokio::select! {
+        result = &mut server => {
+            result.map_err(std::io::Error::other)??;
+            false
+        }
         () = async { stop.cancelled().await; tokio::time::sleep(grace).await } => {
             tracing::warn!(?grace, "in-flight requests did not finish within the grace period; killing their workers");
+            true
         }
-    }
+    };
     pool.shutdown().await;
+    if killing
+        && tokio::time::timeout(ANSWER_KILLED_RUNS, server)
+            .await
+            .is_err()
+    {
+        tracing::warn!("some connections were still open after the killed runs' answers");
+    }
     tracing::info!("snakecage stopped");
     Ok(())
 }

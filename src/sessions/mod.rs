@@ -50,7 +50,8 @@ pub struct SessionSettings {
     /// Bounds of a replay session's journal.
     pub replay: ReplayLimits,
     /// Written between `sess_` and the random part of every new session id: in a cluster,
-    /// the replica that owns it (see `crate::cluster`); empty for a single replica.
+    /// the replica that owns it and its incarnation, for a single replica its incarnation
+    /// (see `crate::cluster`).
     pub id_prefix: String,
 }
 

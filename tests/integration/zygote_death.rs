@@ -135,6 +135,16 @@ async fn a_job_that_printed_before_its_zygote_died_ends_killed_with_its_output()
     // Its output reached the service: running it again would show it twice.
     assert_eq!(r["verdict"], "killed", "{r}");
     assert_eq!(r["stdout"], "début ✓\n", "{r}");
+    // And it says what killed it.
+    let stderr = r["stderr"].as_str().unwrap();
+    assert!(
+        stderr.ends_with(
+            "The worker was killed because its zygote, the process it was forked from, died: \
+             by design a worker dies with its zygote (PR_SET_PDEATHSIG), so that no sandboxed \
+             process outlives the one that reaps it. The service restarts the zygote."
+        ),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]
