@@ -235,7 +235,7 @@ pub async fn download(
     caller: Caller,
     Path(file_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let (meta, reader) = state.store.get(&file_id, caller.owner()).await?;
+    let (meta, reader) = state.store.get(&file_id, caller.owner(), None).await?;
     let mut response = Body::from_stream(ReaderStream::new(reader)).into_response();
     let headers = response.headers_mut();
     // The type the listing reports (from the name's extension). Always an attachment,
