@@ -2,6 +2,7 @@
 
 pub mod admin;
 mod agents;
+mod byte_range;
 mod code_field;
 mod content_encoding;
 pub(crate) mod error_bodies;
