@@ -35,6 +35,10 @@ pub enum ApiError {
     PayloadTooLarge(String),
     #[error("{0}")]
     UnsupportedMediaType(String),
+    /// A download's `Range` that selects no byte of the file (416 with
+    /// `Content-Range: bytes */size`).
+    #[error("{}", range_not_satisfiable_detail(*.size))]
+    RangeNotSatisfiable { size: u64 },
     /// `timeout_ms` over `limits.max_timeout_ms`.
     #[error("timeout_ms exceeds maximum of {max_ms} ms")]
     TimeoutTooLarge { max_ms: u64 },
@@ -91,6 +95,19 @@ pub enum ApiError {
     Internal(String),
 }
 
+fn range_not_satisfiable_detail(size: u64) -> String {
+    if size == 0 {
+        return "the Range asks for bytes of an empty file (0 bytes); leave Range out to \
+                download it"
+            .into();
+    }
+    format!(
+        "the Range asks for no byte of the file, which is {size} bytes long: a range must \
+         start below {size} (bytes=0-{last} is all of it); leave Range out for the whole file",
+        last = size - 1
+    )
+}
+
 fn unauthorized_detail(invalid_key: bool) -> &'static str {
     if invalid_key {
         "the API key is not valid"
@@ -108,6 +125,7 @@ impl ApiError {
             ApiError::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
             ApiError::TimeoutTooLarge { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::NotFound(_) | ApiError::FileNotFound(_) | ApiError::SessionNotFound(_) => {
                 StatusCode::NOT_FOUND
@@ -142,6 +160,7 @@ impl ApiError {
             ApiError::TimeoutTooLarge { .. } => ErrorCode::TimeoutTooLarge,
             ApiError::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
             ApiError::UnsupportedMediaType(_) => ErrorCode::UnsupportedMediaType,
+            ApiError::RangeNotSatisfiable { .. } => ErrorCode::RangeNotSatisfiable,
             ApiError::NotFound(_) => ErrorCode::NotFound,
             ApiError::FileNotFound(_) => ErrorCode::FileNotFound,
             ApiError::SessionNotFound(_) => ErrorCode::SessionNotFound,
@@ -348,6 +367,13 @@ impl IntoResponse for ApiError {
                     .headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
             }
+            ApiError::RangeNotSatisfiable { size } => {
+                response.headers_mut().insert(
+                    header::CONTENT_RANGE,
+                    HeaderValue::from_str(&format!("bytes */{size}"))
+                        .expect("a number is a header value"),
+                );
+            }
             ApiError::Unauthorized { invalid_key } => {
                 let challenge = if invalid_key {
                     "Bearer error=\"invalid_token\""
@@ -383,6 +409,7 @@ pub enum ErrorCode {
     RunGone,
     PayloadTooLarge,
     UnsupportedMediaType,
+    RangeNotSatisfiable,
     NotAcceptable,
     TenantLimit,
     QueueFull,
@@ -401,7 +428,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 28] = [
+    pub const ALL: [ErrorCode; 29] = [
         ErrorCode::BadRequest,
         ErrorCode::InvalidRequest,
         ErrorCode::TimeoutTooLarge,
@@ -415,6 +442,7 @@ impl ErrorCode {
         ErrorCode::RunGone,
         ErrorCode::PayloadTooLarge,
         ErrorCode::UnsupportedMediaType,
+        ErrorCode::RangeNotSatisfiable,
         ErrorCode::NotAcceptable,
         ErrorCode::TenantLimit,
         ErrorCode::QueueFull,
@@ -447,6 +475,7 @@ impl ErrorCode {
             ErrorCode::RunGone => "run_gone",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::UnsupportedMediaType => "unsupported_media_type",
+            ErrorCode::RangeNotSatisfiable => "range_not_satisfiable",
             ErrorCode::NotAcceptable => "not_acceptable",
             ErrorCode::TenantLimit => "tenant_limit",
             ErrorCode::QueueFull => "queue_full",
@@ -530,6 +559,11 @@ mod tests {
                 422,
             ),
             (ApiError::FileNotFound("x".into()), "file_not_found", 404),
+            (
+                ApiError::RangeNotSatisfiable { size: 7 },
+                "range_not_satisfiable",
+                416,
+            ),
             (ApiError::Gone("x".into()), "session_gone", 410),
             (ApiError::SessionBusy("x".into()), "session_busy", 409),
             (

@@ -9,7 +9,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::multipart::MultipartRejection;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Multipart, Path, Query, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::io::{ReaderStream, StreamReader};
 
 use super::SharedState;
+use super::byte_range;
 use super::upload_name::part_filename;
 use crate::auth::Caller;
 use crate::error::ApiError;
@@ -28,7 +29,7 @@ const FILE_FIELD: &str = "file";
 pub async fn upload(
     State(state): State<SharedState>,
     caller: Caller,
-    headers: axum::http::HeaderMap,
+    headers: HeaderMap,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let mut multipart = multipart.map_err(|rejection| {
@@ -254,12 +255,28 @@ pub async fn list(
     }
 }
 
+/// The file's bytes: all of them (200), or the one range a GET's `Range` asks for (206,
+/// see [`byte_range`]). Every answer says `Accept-Ranges: bytes` and carries the file's
+/// `ETag`, so a client can resume a download with `If-Range`.
 pub async fn download(
     State(state): State<SharedState>,
     caller: Caller,
+    method: Method,
+    request_headers: HeaderMap,
     Path(file_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let (meta, reader) = state.store.get(&file_id, caller.owner()).await?;
+    let owner = caller.owner();
+    // A range is resolved against the file's size before its bytes are asked for, so the
+    // store reads only the range.
+    let range = match byte_range::requested(&method, &request_headers) {
+        None => None,
+        Some(asked) => {
+            let meta = state.store.meta(&file_id, owner).await?;
+            let etag = byte_range::etag(&meta.file_id);
+            byte_range::select(&asked, &request_headers, &etag, meta.size_bytes)?
+        }
+    };
+    let (meta, reader) = state.store.get(&file_id, owner, range.clone()).await?;
     let mut response = Body::from_stream(ReaderStream::new(reader)).into_response();
     let headers = response.headers_mut();
     // The type the listing reports (from the name's extension). Always an attachment,
@@ -271,11 +288,26 @@ pub async fn download(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(meta.size_bytes));
     headers.insert(
         header::CONTENT_DISPOSITION,
         content_disposition(&meta.filename),
     );
+    headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    headers.insert(header::ETAG, byte_range::etag(&meta.file_id));
+    let sent = match &range {
+        Some(range) => {
+            headers.insert(
+                header::CONTENT_RANGE,
+                byte_range::content_range(range, meta.size_bytes),
+            );
+            range.end - range.start
+        }
+        None => meta.size_bytes,
+    };
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(sent));
+    if range.is_some() {
+        *response.status_mut() = StatusCode::PARTIAL_CONTENT;
+    }
     Ok(response)
 }
 

@@ -3,6 +3,7 @@
 pub mod admin;
 mod agents;
 mod body_limit;
+mod byte_range;
 mod code_field;
 mod content_encoding;
 pub(crate) mod error_bodies;

@@ -22,6 +22,7 @@ pub mod watch;
 pub mod workspace;
 
 use std::io;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -299,11 +300,15 @@ pub trait FileStore: Send + Sync + 'static {
     /// is `NotFound`, exactly as if it did not exist.
     async fn meta(&self, file_id: &str, owner: Option<&str>) -> Result<FileMeta, StoreError>;
 
-    /// The file's metadata and a reader of its bytes.
+    /// The file's metadata and a reader of its bytes: all of them, or only those of
+    /// `range`, which must lie within the file (a download resolves a `Range` header
+    /// against [`FileStore::meta`] first; a file never changes once stored). A backend
+    /// reads the range alone, never the bytes before it.
     async fn get(
         &self,
         file_id: &str,
         owner: Option<&str>,
+        range: Option<Range<u64>>,
     ) -> Result<(FileMeta, ByteReader), StoreError>;
 
     /// Every live file `owner` may see, oldest first.

@@ -1,6 +1,7 @@
 //! `Observed`: wraps any [`FileStore`] and records each operation's duration and each
 //! failure to reach the store in the metrics, so both backends report the same way.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -56,9 +57,10 @@ impl<S: FileStore> FileStore for Observed<S> {
         &self,
         file_id: &str,
         owner: Option<&str>,
+        range: Option<Range<u64>>,
     ) -> Result<(FileMeta, ByteReader), StoreError> {
         let started = Instant::now();
-        let result = self.inner.get(file_id, owner).await;
+        let result = self.inner.get(file_id, owner, range).await;
         self.record(StoreOp::Get, started, &result);
         result
     }

@@ -58,7 +58,7 @@ fn s3(endpoint: String, prefix: String) -> Open {
 }
 
 async fn bytes_of(store: &dyn FileStore, id: &str, owner: Option<&str>) -> Vec<u8> {
-    let (_, mut reader) = store.get(id, owner).await.unwrap();
+    let (_, mut reader) = store.get(id, owner, None).await.unwrap();
     let mut out = Vec::new();
     reader.read_to_end(&mut out).await.unwrap();
     out
@@ -91,6 +91,18 @@ async fn conformance(open: Open) {
     assert_eq!(meta.size_bytes, 300_000);
     assert!(bytes_of(s.as_ref(), &meta.file_id, None).await == data);
     assert_eq!(s.meta(&meta.file_id, None).await.unwrap(), meta);
+    // A range is exactly its bytes, at the start, inside, and at the end.
+    for range in [0..1, 1000..70_000, 299_999..300_000, 0..300_000] {
+        let (got, mut reader) = s
+            .get(&meta.file_id, None, Some(range.clone()))
+            .await
+            .unwrap();
+        assert_eq!(got, meta);
+        let mut part = Vec::new();
+        reader.read_to_end(&mut part).await.unwrap();
+        let want = &data[range.start as usize..range.end as usize];
+        assert!(part == want, "{range:?}: {} bytes", part.len());
+    }
     let empty = s.put(none, "empty", &mut &b""[..]).await.unwrap();
     assert!(bytes_of(s.as_ref(), &empty.file_id, None).await.is_empty());
 
@@ -113,7 +125,7 @@ async fn conformance(open: Open) {
     let a = s.put(alice, "a.txt", &mut &b"hello"[..]).await.unwrap();
     for owner in [None, Some("bob")] {
         assert!(matches!(
-            s.get(&a.file_id, owner).await,
+            s.get(&a.file_id, owner, None).await,
             Err(StoreError::NotFound(_))
         ));
         assert!(matches!(
@@ -142,7 +154,7 @@ async fn conformance(open: Open) {
     assert_eq!(s.meta(&upper, None).await.unwrap(), meta);
     assert!(bytes_of(s.as_ref(), &upper, None).await == data);
     assert!(matches!(
-        s.get(&upper, Some("alice")).await,
+        s.get(&upper, Some("alice"), None).await,
         Err(StoreError::NotFound(_))
     ));
 
@@ -168,7 +180,7 @@ async fn conformance(open: Open) {
     // Delete (by an id in upper case); bad ids are not found.
     s.delete(&upper, None).await.unwrap();
     assert!(matches!(
-        s.get(&meta.file_id, None).await,
+        s.get(&meta.file_id, None, None).await,
         Err(StoreError::NotFound(_))
     ));
     assert!(matches!(
@@ -177,7 +189,7 @@ async fn conformance(open: Open) {
     ));
     for bad in ["../../etc/passwd", "x", ""] {
         assert!(matches!(
-            s.get(bad, None).await,
+            s.get(bad, None, None).await,
             Err(StoreError::NotFound(_))
         ));
     }

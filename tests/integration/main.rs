@@ -15,6 +15,7 @@ mod errors;
 mod escapes;
 mod exits;
 mod faults;
+mod file_ranges;
 mod file_store;
 mod files;
 mod grafana;

@@ -28,12 +28,13 @@
 mod index;
 mod recover;
 
-use std::io;
+use std::io::{self, SeekFrom};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use self::index::State;
 use self::recover::Recovery;
@@ -306,18 +307,27 @@ impl FileStore for LocalStore {
         &self,
         file_id: &str,
         owner: Option<&str>,
+        range: Option<Range<u64>>,
     ) -> Result<(FileMeta, ByteReader), StoreError> {
         self.recover()?;
         let meta = self.live(file_id, owner)?;
         let object = self.object_path(&meta.file_id);
         // Once open, the bytes stay readable even if the file is deleted meanwhile.
-        match tokio::fs::File::open(&object).await {
-            Ok(file) => Ok((meta, Box::new(file))),
+        let mut file = match tokio::fs::File::open(&object).await {
+            Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                Err(StoreError::NotFound(file_id.to_owned()))
+                return Err(StoreError::NotFound(file_id.to_owned()));
             }
-            Err(e) => Err(io_err("opening", &object)(e)),
-        }
+            Err(e) => return Err(io_err("opening", &object)(e)),
+        };
+        let Some(range) = range else {
+            return Ok((meta, Box::new(file)));
+        };
+        // A seek, so the bytes before the range are never read.
+        file.seek(SeekFrom::Start(range.start))
+            .await
+            .map_err(io_err("seeking in", &object))?;
+        Ok((meta, Box::new(file.take(range.end - range.start))))
     }
 
     async fn list(&self, owner: Option<&str>) -> Result<Vec<FileMeta>, StoreError> {

@@ -35,7 +35,7 @@ async fn put_get_list_delete_and_the_metadata_survives_reopening() {
         ),
         ("a.csv", 8, "text/csv")
     );
-    let (_, r) = s.get(&meta.file_id, None).await.unwrap();
+    let (_, r) = s.get(&meta.file_id, None, None).await.unwrap();
     assert_eq!(read_all(r).await, b"x,y\n1,2\n");
     drop(s);
 
@@ -43,7 +43,7 @@ async fn put_get_list_delete_and_the_metadata_survives_reopening() {
     assert_eq!(s.list(None).await.unwrap(), vec![meta.clone()]);
     s.delete(&meta.file_id, None).await.unwrap();
     assert!(matches!(
-        s.get(&meta.file_id, None).await,
+        s.get(&meta.file_id, None, None).await,
         Err(StoreError::NotFound(_))
     ));
     assert!(matches!(
@@ -52,7 +52,7 @@ async fn put_get_list_delete_and_the_metadata_survives_reopening() {
     ));
     assert!(s.list(None).await.unwrap().is_empty());
     assert!(matches!(
-        s.get("../meta", None).await,
+        s.get("../meta", None, None).await,
         Err(StoreError::NotFound(_))
     ));
 }
@@ -150,7 +150,7 @@ async fn a_file_is_visible_only_to_its_owner_and_owners_have_their_own_quota() {
             Err(StoreError::NotFound(_))
         ));
         assert!(matches!(
-            s.get(id, owner).await,
+            s.get(id, owner, None).await,
             Err(StoreError::NotFound(_))
         ));
         assert!(matches!(
@@ -224,7 +224,7 @@ async fn a_directory_removed_under_the_store_is_recreated_its_files_forgotten_an
     unavailable(s.check().await);
     unavailable(s.list(None).await.map(drop));
     unavailable(s.put(owner, "x", &mut &b"x"[..]).await.map(drop));
-    unavailable(s.get(&meta.file_id, None).await.map(drop));
+    unavailable(s.get(&meta.file_id, None, None).await.map(drop));
     unavailable(s.meta(&meta.file_id, None).await.map(drop));
     unavailable(s.delete(&meta.file_id, None).await);
     std::fs::remove_file(&dir).unwrap();

@@ -15,6 +15,7 @@ pub mod keys;
 pub mod usage;
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::buffered::BufWriter;
 use object_store::path::Path;
 use object_store::{
-    Attribute, Attributes, ClientOptions, ObjectStore, ObjectStoreExt, RetryConfig,
+    Attribute, Attributes, ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, RetryConfig,
 };
 use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio_util::io::StreamReader;
@@ -373,9 +374,12 @@ impl FileStore for S3Store {
         &self,
         file_id: &str,
         owner: Option<&str>,
+        range: Option<Range<u64>>,
     ) -> Result<(FileMeta, ByteReader), StoreError> {
         let meta = self.find(file_id, owner).await?;
-        match self.store.get(&self.key_of(&meta)).await {
+        // A range is a ranged GET: the store sends only its bytes.
+        let options = GetOptions::new().with_range(range);
+        match self.store.get_opts(&self.key_of(&meta), options).await {
             Ok(object) => {
                 let stream = object.into_stream().map_err(std::io::Error::from);
                 Ok((meta, Box::new(StreamReader::new(stream))))

@@ -56,19 +56,19 @@ async fn a_file_is_one_object_keyed_by_owner_id_and_name_and_another_replica_see
     let b = store(&inner, 1 << 20, None, None);
     assert_eq!(b.meta(&meta.file_id, Some("alice")).await.unwrap(), meta);
     assert_eq!(b.list(Some("alice")).await.unwrap(), vec![meta.clone()]);
-    let (_, mut r) = b.get(&meta.file_id, Some("alice")).await.unwrap();
+    let (_, mut r) = b.get(&meta.file_id, Some("alice"), None).await.unwrap();
     let mut out = Vec::new();
     r.read_to_end(&mut out).await.unwrap();
     assert_eq!(out, b"x,y\n");
     // Another tenant cannot reach it, not even knowing its id.
     assert!(matches!(
-        b.get(&meta.file_id, Some("bob")).await,
+        b.get(&meta.file_id, Some("bob"), None).await,
         Err(StoreError::NotFound(_))
     ));
     // Deleted through one replica, it is gone on the other (which remembered it).
     a.delete(&meta.file_id, Some("alice")).await.unwrap();
     assert!(matches!(
-        b.get(&meta.file_id, Some("alice")).await,
+        b.get(&meta.file_id, Some("alice"), None).await,
         Err(StoreError::NotFound(_))
     ));
     assert!(keys_in(&inner).await.is_empty());
@@ -89,7 +89,7 @@ async fn big_files_stream_through_multipart_and_limits_leave_nothing_behind() {
         .await
         .unwrap();
     assert_eq!(meta.size_bytes, big.len() as u64);
-    let (_, mut r) = s.get(&meta.file_id, None).await.unwrap();
+    let (_, mut r) = s.get(&meta.file_id, None, None).await.unwrap();
     let mut out = Vec::new();
     r.read_to_end(&mut out).await.unwrap();
     assert!(out == big);
@@ -150,7 +150,7 @@ async fn foreign_keys_and_bad_ids_are_not_files() {
     assert!(s.list_all().await.unwrap().is_empty());
     for id in ["../x", "not-a-uuid", &uuid::Uuid::new_v4().to_string()] {
         assert!(matches!(
-            s.get(id, None).await,
+            s.get(id, None, None).await,
             Err(StoreError::NotFound(_))
         ));
     }

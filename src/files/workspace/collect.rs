@@ -546,7 +546,7 @@ mod tests {
         // Each id holds its own file's bytes.
         for file in got.files.iter().filter(|f| f.kind == EntryKind::File) {
             let (meta, mut bytes) = store
-                .get(file.file_id.as_deref().unwrap(), None)
+                .get(file.file_id.as_deref().unwrap(), None, None)
                 .await
                 .unwrap();
             let mut stored = Vec::new();

@@ -120,19 +120,17 @@ pub async fn stage(
     for input in inputs {
         let path = &input.path;
         let io_err = |source: io::Error| stage_error(path, source);
-        let (_, mut reader) = store
-            .get(&input.file_id, tenant)
-            .await
-            .map_err(|e| match e {
-                StoreError::NotFound(_) => StageError::NotFound {
-                    file_id: input.file_id.clone(),
-                    path: path.clone(),
-                },
-                source => StageError::Store {
-                    path: path.clone(),
-                    source,
-                },
-            })?;
+        let got = store.get(&input.file_id, tenant, None).await;
+        let (_, mut reader) = got.map_err(|e| match e {
+            StoreError::NotFound(_) => StageError::NotFound {
+                file_id: input.file_id.clone(),
+                path: path.clone(),
+            },
+            source => StageError::Store {
+                path: path.clone(),
+                source,
+            },
+        })?;
         // Down to the file's directory from the workspace's descriptor, one directory at a
         // time: each made when missing (and given to the workspace's owner), used when
         // there (an earlier run's, or the program's) if it is a directory, not a link.
