@@ -22,12 +22,14 @@ pub async fn read_events(
     mut stop: impl FnMut(&SseEvent) -> bool,
 ) -> Vec<SseEvent> {
     let mut body = resp.bytes_stream();
-    let mut buf = String::new();
+    // Bytes until a whole event is in: a character may be split between two reads.
+    let mut buf: Vec<u8> = Vec::new();
     let mut events = Vec::new();
     while let Some(chunk) = body.next().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-        while let Some(end) = buf.find("\n\n") {
-            let block: String = buf.drain(..end + 2).collect();
+        buf.extend_from_slice(&chunk.unwrap());
+        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+            let block: Vec<u8> = buf.drain(..end + 2).collect();
+            let block = String::from_utf8(block).expect("an SSE event is UTF-8");
             let mut event = String::new();
             let mut data = String::new();
             for line in block.lines() {

@@ -9,21 +9,23 @@ use crate::harness::Server;
 /// Reads SSE events (`(event, data)`) from a streamed response.
 pub struct Events {
     resp: reqwest::Response,
-    buf: String,
+    /// Bytes until a whole event is in: a character may be split between two reads.
+    buf: Vec<u8>,
 }
 
 impl Events {
     pub fn new(resp: reqwest::Response) -> Self {
         Self {
             resp,
-            buf: String::new(),
+            buf: Vec::new(),
         }
     }
 
     pub async fn next(&mut self) -> Option<(String, Value)> {
         loop {
-            if let Some(end) = self.buf.find("\n\n") {
-                let block: String = self.buf.drain(..end + 2).collect();
+            if let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
+                let block: Vec<u8> = self.buf.drain(..end + 2).collect();
+                let block = String::from_utf8(block).expect("an SSE event is UTF-8");
                 let mut event = String::new();
                 let mut data = String::new();
                 for line in block.lines() {
@@ -39,7 +41,7 @@ impl Events {
                 return Some((event, serde_json::from_str(&data).unwrap_or(Value::Null)));
             }
             let chunk = self.resp.chunk().await.ok()??;
-            self.buf.push_str(&String::from_utf8_lossy(&chunk));
+            self.buf.extend_from_slice(&chunk);
         }
     }
 }
