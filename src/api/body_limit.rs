@@ -7,11 +7,12 @@
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use tower_http::limit::RequestBodyLimitLayer;
 
 use super::SharedState;
+use super::error_bodies::declares_json;
 use crate::error::ApiError;
 
 /// The refusal of a body over a group's limit, in the words of that group.
@@ -42,11 +43,7 @@ async fn explain(
     axum::extract::State((state, too_large)): axum::extract::State<(SharedState, TooLarge)>,
     response: Response,
 ) -> Response {
-    let is_json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if response.status() == StatusCode::PAYLOAD_TOO_LARGE && !is_json {
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE && !declares_json(response.headers()) {
         return too_large(&state).into_response();
     }
     response.into_response()

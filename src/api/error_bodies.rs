@@ -13,6 +13,13 @@ use crate::error::ErrorCode;
 /// Largest error body of a lower layer that is rewritten (theirs are a line of text).
 const MAX_FOREIGN_ERROR_BODY: usize = 64 << 10;
 
+/// Whether `headers` say the body is JSON (`application/json`, with or without parameters).
+pub fn declares_json(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"))
+}
+
 /// An error response without a JSON body (a router's or extractor's plain text, a library
 /// service's): its parts and its text, trimmed, or the status's reason when it has none.
 /// Any other response (a success, a JSON error, a stream) is handed back untouched.
@@ -20,11 +27,8 @@ pub async fn plain_error(
     response: Response,
 ) -> Result<(axum::http::response::Parts, String), Response> {
     let status = response.status();
-    let is_json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if !(status.is_client_error() || status.is_server_error()) || is_json {
+    if !(status.is_client_error() || status.is_server_error()) || declares_json(response.headers())
+    {
         return Err(response);
     }
     let (parts, body) = response.into_parts();

@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 use super::calls::{Client, InFlight, SESSION_HEADER};
-use crate::api::error_bodies::plain_error;
+use crate::api::error_bodies::{declares_json, plain_error};
 use crate::api::json_kind;
 use crate::error::ErrorCode;
 
@@ -85,12 +85,7 @@ pub async fn json_errors(request: Request, next: Next) -> Response {
         StatusCode::METHOD_NOT_ALLOWED => format!("{method} is not allowed on /mcp; use POST"),
         _ => text,
     };
-    let rpc_code = if status.is_server_error() {
-        INTERNAL_ERROR
-    } else {
-        INVALID_REQUEST
-    };
-    let mut response = error_response(status, &detail, rpc_code);
+    let mut response = error_response(status, &detail, rpc_code_for(status));
     for (name, value) in parts.headers.iter() {
         if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
             response.headers_mut().append(name, value.clone());
@@ -99,15 +94,21 @@ pub async fn json_errors(request: Request, next: Next) -> Response {
     response
 }
 
+/// The JSON-RPC code of an HTTP refusal: the server's fault, or the request's.
+fn rpc_code_for(status: StatusCode) -> i64 {
+    if status.is_server_error() {
+        INTERNAL_ERROR
+    } else {
+        INVALID_REQUEST
+    }
+}
+
 /// A service error body (`{"detail", "code"}`, no `jsonrpc`) with the JSON-RPC error of
 /// [`error_response`] added to the same object; any other response as it was.
 async fn with_rpc_error(response: Response) -> Response {
     let status = response.status();
-    let is_json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if !(status.is_client_error() || status.is_server_error()) || !is_json {
+    if !(status.is_client_error() || status.is_server_error()) || !declares_json(response.headers())
+    {
         return response;
     }
     let (mut parts, body) = response.into_parts();
@@ -129,14 +130,12 @@ async fn with_rpc_error(response: Response) -> Response {
     else {
         return Response::from_parts(parts, Body::from(bytes));
     };
-    let rpc_code = if status.is_server_error() {
-        INTERNAL_ERROR
-    } else {
-        INVALID_REQUEST
-    };
     object.insert("jsonrpc".into(), "2.0".into());
     object.insert("id".into(), Value::Null);
-    object.insert("error".into(), json!({"code": rpc_code, "message": detail}));
+    object.insert(
+        "error".into(),
+        json!({"code": rpc_code_for(status), "message": detail}),
+    );
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, Body::from(Value::Object(object).to_string()))
 }

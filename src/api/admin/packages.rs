@@ -122,10 +122,7 @@ pub async fn sync(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let is_json = headers
-        .get(axum::http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if is_json {
+    if crate::api::error_bodies::declares_json(&headers) {
         return Err(ApiError::UnsupportedMediaType(
             "send the requirements.txt itself as the body (Content-Type: text/plain)".into(),
         ));
