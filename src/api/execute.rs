@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
-use snakecage_worker::protocol::{EXIT_HARDENING_FAILED, EXIT_PROTOCOL, Job, MimeBundle};
+use snakecage_worker::protocol::{
+    EXIT_HARDENING_FAILED, EXIT_PROTOCOL, ErrorInfo, Job, MimeBundle,
+};
 use tokio::sync::mpsc;
 use tower_http::request_id::RequestId;
 
@@ -112,6 +114,9 @@ pub struct ExecuteResponse {
     pub verdict: RunVerdict,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
+    /// The program's uncaught exception (`{"type", "message"}`, each cut to a bound the
+    /// worker sets), null when it raised none or its worker never reported.
+    pub error: Option<ErrorInfo>,
     /// Rich outputs (MIME bundles) in the order produced, like a notebook cell's.
     pub results: Vec<MimeBundle>,
     /// Session runs: the session's state after the run.
@@ -126,7 +131,7 @@ pub struct ExecuteResponse {
 }
 
 impl From<RunOutcome> for ExecuteResponse {
-    fn from(o: RunOutcome) -> Self {
+    fn from(mut o: RunOutcome) -> Self {
         let mut stderr = o.stderr;
         if o.cancelled && o.result.is_some() {
             stderr.push_str(
@@ -172,6 +177,7 @@ impl From<RunOutcome> for ExecuteResponse {
             verdict: o.verdict,
             stdout_truncated: o.stdout_truncated,
             stderr_truncated: o.stderr_truncated,
+            error: o.result.as_mut().and_then(|r| r.error.take()),
             results: o.result.map(|r| r.results).unwrap_or_default(),
             session: None,
             replayed: None,

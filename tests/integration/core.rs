@@ -21,6 +21,7 @@ async fn programs_behave_as_under_python_main() {
     assert_eq!(r["timed_out"], false);
     assert_eq!(r["verdict"], "ok");
     assert_eq!(r["files"], json!([]));
+    assert_eq!(r["error"], json!(null));
     assert!(r["duration_ms"].is_u64());
 
     // Jupyter-style: a bare last expression is displayed, earlier ones are not.
@@ -48,6 +49,10 @@ async fn programs_behave_as_under_python_main() {
         !err.contains("runner"),
         "runner frames leak into the traceback: {err}"
     );
+    assert_eq!(
+        r["error"],
+        json!({"type": "ZeroDivisionError", "message": "division by zero"})
+    );
 
     let r = s.run("import sys\nprint('bye')\nsys.exit(3)").await;
     assert_eq!(
@@ -55,6 +60,11 @@ async fn programs_behave_as_under_python_main() {
         (json!(3), json!("bye\n"))
     );
     assert_eq!(r["verdict"], "error");
+    assert_eq!(
+        r["error"],
+        json!(null),
+        "SystemExit is an exit, not an error"
+    );
 
     let r = s.run_with(json!({"code": "import sys\nprint(input().upper())\nprint(sys.stdin.read())", "stdin": "abc\nrest"})).await;
     assert_eq!(r["stdout"], "ABC\nrest\n");
@@ -68,6 +78,27 @@ async fn programs_behave_as_under_python_main() {
 
     let r = s.run("import numpy as np, pandas as pd\nprint(int(np.arange(10).sum()), pd.DataFrame({'a': [1, 2]})['a'].sum())").await;
     assert_eq!(r["stdout"], "45 3\n");
+}
+
+/// An exception whose message is tens of megabytes used to make the result frame too
+/// large to send, and the worker died with everything the run produced. The `error`
+/// entry is cut; stdout, the (limited) traceback and the rich outputs still arrive.
+#[tokio::test]
+async fn an_exception_with_a_huge_message_still_reports_its_run() {
+    let s = Server::start().await;
+    let r = s
+        .run("print('before')\ndisplay('shown')\nraise ValueError('ü' * 35_000_000)")
+        .await;
+    assert_eq!(r["verdict"], "output_limit", "{:.300}", r.to_string());
+    assert_eq!(r["exit_code"], 1);
+    assert_eq!(r["stdout"], "before\n'shown'\n");
+    assert_eq!(r["results"], json!([{"text/plain": "'shown'"}]));
+    assert_eq!(r["error"]["type"], "ValueError");
+    let message = r["error"]["message"].as_str().unwrap();
+    assert_eq!(message, format!("{}\n...[truncated]", "ü".repeat(8192)));
+    assert_eq!(r["stderr_truncated"], true);
+    // The same worker pool goes on serving.
+    assert_eq!(s.run("print(2)").await["stdout"], "2\n");
 }
 
 /// The supervisor's end of a job socket waits for room only when the socket is full (it is

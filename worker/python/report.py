@@ -78,13 +78,30 @@ def _parser_overflow(exc):
     return type(exc) is MemoryError and safe_str(exc).startswith(_PARSER_OVERFLOW)
 
 
+# The ``error`` entry's bounds, in characters. Its message goes to the client whole where
+# stderr (which has the full traceback) is cut at the output limit, and it travels in the
+# result frame: an exception carrying tens of megabytes of text would otherwise push the
+# frame past its limit and lose the whole result.
+_MAX_ERROR_MESSAGE = 8192
+_MAX_ERROR_TYPE = 256
+_TRUNCATION_MARK = "\n...[truncated]"
+
+
 def _describe(exc):
     """The ``error`` entry: the type name and the text after it on the last line."""
     if isinstance(exc, SyntaxError) and exc.msg is not None:
         message = safe_str(exc.msg)
     else:
         message = safe_str(exc)
-    return {"type": type(exc).__name__, "message": message}
+    return {
+        "type": _bounded(type(exc).__name__, _MAX_ERROR_TYPE),
+        "message": _bounded(message, _MAX_ERROR_MESSAGE),
+    }
+
+
+def _bounded(text, limit):
+    """``text`` cut to ``limit`` characters and marked as the output streams are."""
+    return text if len(text) <= limit else text[:limit] + _TRUNCATION_MARK
 
 
 def safe_str(value):

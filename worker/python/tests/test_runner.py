@@ -161,6 +161,20 @@ def test_user_defined_exception_is_named_without_module(runner, capsys):
     assert capsys.readouterr().err.endswith("\nOops: custom\n")
 
 
+def test_a_huge_exception_message_is_cut_in_the_error_entry_not_on_stderr(runner, capsys):
+    # 70 MB of message would make the result frame too large to send; the entry is cut
+    # and marked, the traceback on stderr keeps it whole (stderr has its own limit).
+    code = "class " + "É" * 300 + "(Exception):\n    pass\nraise " + "É" * 300 + "('ü' * 10**6)\n"
+    result = runner.run(job(code))
+    mark = "\n...[truncated]"
+    assert result["error"]["type"] == "É" * 256 + mark
+    assert result["error"]["message"] == "ü" * 8192 + mark
+    assert capsys.readouterr().err.endswith("É" * 300 + ": " + "ü" * 10**6 + "\n")
+
+
+def test_an_exception_message_at_the_bound_is_whole(runner, capsys):
+    assert runner.run(job("raise ValueError('x' * 8192)")) == error("ValueError", "x" * 8192)
+
 def test_keyboard_interrupt_gives_exit_code_1_with_traceback(runner, capsys):
     result = runner.run(job("raise KeyboardInterrupt"))
     assert result == error("KeyboardInterrupt", "")
