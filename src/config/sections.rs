@@ -52,7 +52,8 @@ pub struct PoolConfig {
     pub queue_length: usize,
     /// A request that waited this long for a worker gets 503.
     pub queue_timeout_ms: u64,
-    /// How long a new worker may take to become ready.
+    /// How long a new worker may take to become ready (longer when the host starves it
+    /// of CPU: `pool::starved`).
     pub spawn_timeout_ms: u64,
 }
 

@@ -66,6 +66,7 @@ pub mod root;
 pub mod run;
 pub mod session;
 mod slots;
+mod starved;
 pub mod status;
 mod take;
 mod tier;

@@ -15,6 +15,7 @@ use super::Inner;
 use super::events::KillReason;
 use super::fd::{nonblocking_read_pipe, read_available};
 use super::generation::Generation;
+use super::starved::{SchedStat, patience, starved};
 use super::tier::Tier;
 use super::worker::{JobChannel, Worker, Workspace};
 use super::zygote::{ZygoteError, ZygoteHandle};
@@ -243,7 +244,31 @@ async fn spawn_worker(
             }
         }
     };
-    let reason = match tokio::time::timeout(timeout, ready).await {
+    // A worker the host starves of CPU (busy with normal-priority work while this one is
+    // background work) is given more periods; a stuck one is killed after the first.
+    let waited = {
+        let mut ready = std::pin::pin!(ready);
+        let mut periods = 0;
+        let mut before = SchedStat::of(pid);
+        loop {
+            periods += 1;
+            if let Ok(message) = tokio::time::timeout(timeout, ready.as_mut()).await {
+                break Ok(message);
+            }
+            let after = SchedStat::of(pid);
+            if starved(before, after, timeout) && timeout * (periods + 1) <= patience(timeout) {
+                tracing::info!(tier = %tier.name, pid, waited = ?timeout * periods, "a starting worker waits for a CPU: the host is busy");
+                before = after;
+                continue;
+            }
+            let on_cpu = after.map_or(Duration::ZERO, |s| s.on_cpu);
+            break Err(format!(
+                "not ready after {:?} (it had {on_cpu:?} of CPU)",
+                timeout * periods
+            ));
+        }
+    };
+    let reason = match waited {
         Ok(Ok(Some(WorkerMessage::Ready { warmed }))) => {
             worker.warmed = warmed;
             return Ok(worker);
@@ -254,7 +279,7 @@ async fn spawn_worker(
             format!("exited ({status:?}): {}", read_available(&worker.stderr))
         }
         Ok(Err(e)) => e.to_string(),
-        Err(_) => format!("not ready after {timeout:?}"),
+        Err(reason) => reason,
     };
     Err(SpawnError::NotReady { pid, reason })
 }

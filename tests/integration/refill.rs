@@ -383,3 +383,70 @@ async fn a_skip_that_comes_after_the_warm_up_began_is_set_aside() {
         "lowered once none waits"
     );
 }
+
+/// Normal-priority processes spinning on CPU 0, killed and reaped when dropped, whatever
+/// the test's outcome.
+struct Hogs(Vec<std::process::Child>);
+
+impl Hogs {
+    fn on_cpu_0(count: usize) -> Self {
+        Self(
+            (0..count)
+                .map(|_| {
+                    std::process::Command::new("taskset")
+                        .args(["-c", "0", "/bin/sh", "-c", "while :; do :; done"])
+                        .spawn()
+                        .expect("taskset")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Workers the refill starts while no job waits run at background priority; on a host
+/// whose CPU is kept busy by normal-priority work they get almost none and are late past
+/// `pool.spawn_timeout_ms`. Late is not broken: such a worker (runnable, held back) is
+/// waited for, so none is killed, no spawn failure is counted and `/health` stays ok,
+/// and once the CPU is free the pool is full again.
+#[tokio::test]
+async fn workers_starved_by_a_busy_host_are_waited_for_not_killed() {
+    let s = Server::start_with(
+        Options::default()
+            .env("SNAKECAGE_TIERS__PROFILE", ONE_TIER)
+            .env("SNAKECAGE_POOL__SPAWN_TIMEOUT_MS", 1000)
+            .wrapper(&["taskset", "-c", "0"]),
+    )
+    .await;
+    settled(&s, 0).await;
+    // Four spinning processes on the service's only CPU leave a background process well
+    // under a millisecond of CPU per second.
+    let hogs = Hogs::on_cpu_0(4);
+    // The jobs run at normal priority; their replacements start in the background.
+    for _ in 0..3 {
+        assert_eq!(s.run("print(1)").await["stdout"], "1\n");
+    }
+    // Several spawn timeouts long: without the hogs, a worker of this tier starts in a few
+    // milliseconds of CPU; beside them, in seconds.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let during = s.health().await;
+    drop(hogs);
+    assert_eq!(
+        (
+            during["status"].clone(),
+            during["pool"]["spawn_failures"].clone()
+        ),
+        (json!("ok"), json!(0)),
+        "{during:#}"
+    );
+    let after = settled(&s, 0).await;
+    assert_eq!(after["pool"]["spawn_failures"], 0, "{after:#}");
+}

@@ -1,0 +1,193 @@
+//! Telling a worker that is starved of CPU from one that is stuck.
+//!
+//! Workers are forked and warmed up at background priority (`SCHED_IDLE`) while no job
+//! waits for them. On a host whose CPUs are kept busy by normal-priority processes (a
+//! build, another service) such a worker gets almost no CPU and can take longer than
+//! `pool.spawn_timeout_ms` to say Ready. Killing it then only throws away the CPU it had,
+//! and counting it as a failed spawn turns `/health` degraded on a machine where nothing
+//! is broken. A stuck worker is blocked (sleeping in a call that never returns) or
+//! stopped, or it spins and gets the CPU it asks for; a starved one is runnable and got
+//! little CPU. The kernel reports both: the task's state in `/proc/PID/stat` and its time
+//! on a CPU in `/proc/PID/schedstat`. (The time it waited on a run queue, schedstat's
+//! second field, is no help: it is added up only when the task next gets a CPU.)
+
+use std::time::Duration;
+
+/// What the kernel says about a task's scheduling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SchedStat {
+    /// Time spent on a CPU.
+    pub on_cpu: Duration,
+    /// Running or waiting for a CPU (state `R`), not sleeping or stopped.
+    pub runnable: bool,
+}
+
+impl SchedStat {
+    /// The state and CPU time of process `pid`'s main thread (a worker has only one while
+    /// it starts); `None` when it is gone or the kernel keeps no schedstats.
+    pub fn of(pid: i32) -> Option<Self> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let schedstat = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+        Self::parse(&stat, &schedstat)
+    }
+
+    fn parse(stat: &str, schedstat: &str) -> Option<Self> {
+        // `pid (comm) S ...`: the name may hold spaces and parentheses, the state follows
+        // the last `)`.
+        let state = stat[stat.rfind(')')? + 1..]
+            .split_ascii_whitespace()
+            .next()?;
+        let on_cpu = schedstat
+            .split_ascii_whitespace()
+            .next()?
+            .parse::<u64>()
+            .ok()?;
+        Some(Self {
+            on_cpu: Duration::from_nanos(on_cpu),
+            runnable: state == "R",
+        })
+    }
+}
+
+/// Whether a worker that was not ready after `period` was held back by the host rather
+/// than stuck: it is runnable now and had less than half of the period on a CPU.
+pub(super) fn starved(
+    before: Option<SchedStat>,
+    after: Option<SchedStat>,
+    period: Duration,
+) -> bool {
+    match (before, after) {
+        (Some(before), Some(after)) => {
+            after.runnable && after.on_cpu.saturating_sub(before.on_cpu) < period / 2
+        }
+        _ => false,
+    }
+}
+
+/// How long a starved worker is waited for in all before it is killed anyway (the host
+/// may never free a CPU for it): ten periods of `pool.spawn_timeout_ms`, at least a minute.
+pub(super) fn patience(period: Duration) -> Duration {
+    (period * 10).max(Duration::from_secs(60))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stat(on_cpu_ms: u64, runnable: bool) -> Option<SchedStat> {
+        Some(SchedStat {
+            on_cpu: Duration::from_millis(on_cpu_ms),
+            runnable,
+        })
+    }
+
+    #[test]
+    fn parses_the_state_after_the_name_and_the_time_on_a_cpu() {
+        let stat = "4242 (snake (cage) R) S 1 4242 4242 0 -1 4194560 96 0 0 0";
+        assert_eq!(
+            SchedStat::parse(stat, "1234567 89000000 42\n"),
+            Some(SchedStat {
+                on_cpu: Duration::from_nanos(1_234_567),
+                runnable: false,
+            })
+        );
+        let stat = "4242 (python) R 1 4242";
+        assert_eq!(
+            SchedStat::parse(stat, "7 0 1").map(|s| s.runnable),
+            Some(true)
+        );
+        assert_eq!(SchedStat::parse(stat, ""), None);
+        assert_eq!(SchedStat::parse(stat, "x 3"), None);
+        assert_eq!(SchedStat::parse("4242 python R", "7 0 1"), None);
+    }
+
+    #[test]
+    fn a_runnable_worker_that_got_little_cpu_is_starved() {
+        let period = Duration::from_secs(30);
+        assert!(starved(stat(5, true), stat(40, true), period));
+        assert!(starved(stat(5, false), stat(15_004, true), period));
+        // Blocked or stopped: stuck, whatever CPU it had.
+        assert!(!starved(stat(5, true), stat(5, false), period));
+        // Spinning with the CPU it asks for: stuck too.
+        assert!(!starved(stat(5, true), stat(15_005, true), period));
+        // Gone, or no schedstats: not starved (it is killed as before).
+        assert!(!starved(None, stat(1, true), period));
+        assert!(!starved(stat(1, true), None, period));
+    }
+
+    /// What the kernel reports: a process kept runnable at `SCHED_IDLE` on the CPU of a
+    /// busy normal-priority thread is starved, a stopped one is not.
+    #[test]
+    fn the_kernel_tells_a_starved_process_from_a_stopped_one() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let cpu = 0;
+        let pin = move |pid: i32| {
+            // SAFETY: a zeroed cpu_set_t with one bit set, passed by pointer with its size.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                assert_eq!(
+                    libc::sched_setaffinity(pid, std::mem::size_of_val(&set), &set),
+                    0,
+                    "{}",
+                    std::io::Error::last_os_error()
+                );
+            }
+        };
+        // Two children that spin at SCHED_IDLE, one of them stopped at once.
+        let spin = || {
+            // SAFETY: the child only makes one system call and spins until it is killed.
+            match unsafe { libc::fork() } {
+                0 => {
+                    let param = libc::sched_param { sched_priority: 0 };
+                    // SAFETY: sched_setscheduler on this process with a valid parameter.
+                    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+                    loop {
+                        std::hint::spin_loop();
+                    }
+                }
+                pid => {
+                    assert!(pid > 0);
+                    pid
+                }
+            }
+        };
+        let runnable = spin();
+        let stopped = spin();
+        // SAFETY: plain signal to our own child.
+        unsafe { libc::kill(stopped, libc::SIGSTOP) };
+        pin(runnable);
+        pin(stopped);
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let hog = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                pin(0);
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let period = Duration::from_millis(400);
+        let before = (SchedStat::of(runnable), SchedStat::of(stopped));
+        std::thread::sleep(period);
+        let after = (SchedStat::of(runnable), SchedStat::of(stopped));
+        stop.store(true, Ordering::Relaxed);
+        hog.join().unwrap();
+        for pid in [runnable, stopped] {
+            // SAFETY: our own children, killed and reaped.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+        assert!(
+            starved(before.0, after.0, period),
+            "runnable: {before:?} -> {after:?}"
+        );
+        assert!(
+            !starved(before.1, after.1, period),
+            "stopped: {before:?} -> {after:?}"
+        );
+    }
+}
