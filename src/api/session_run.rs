@@ -21,7 +21,7 @@ use crate::codemode::caller::caller_events;
 use crate::error::ApiError;
 use crate::files::workspace::{self, StageInput};
 use crate::metrics::labels::{Kind, Outcome};
-use crate::pool::run::{self as pool_run, Interrupt, OutputChunk, RunError, RunLimits};
+use crate::pool::run::{Interrupt, OutputChunk, RunError, RunLimits};
 use crate::pool::session::Listed;
 use crate::pool::toolcalls::RunTools;
 use crate::pool::worker::ZygoteEnd;
@@ -232,7 +232,12 @@ async fn run_in(
         match ran {
             Ok(ran) => break (ran, recorder),
             Err(e @ (RunError::WorkerLost(_) | RunError::DiedWithItsZygote { .. })) => {
-                let reason = format!("its worker was gone ({e})");
+                // A worker found dead by its job: say how it died, when its exit says.
+                let why = match (&e, guard.worker.as_mut()) {
+                    (RunError::WorkerLost(_), Some(worker)) => worker.why_gone().await,
+                    _ => None,
+                };
+                let reason = why.unwrap_or_else(|| format!("its worker was gone ({e})"));
                 if replayed.is_some() || !guard.mark_lost(reason.clone()) {
                     return Err(lose(&state, &session, &mut guard, reason));
                 }
@@ -367,9 +372,9 @@ pub async fn ensure_worker(
             return Ok(None);
         }
         let reason = worker
-            .zygote_end()
-            .map_or("its worker had exited", pool_run::lost_with_its_zygote)
-            .to_owned();
+            .why_gone()
+            .await
+            .unwrap_or_else(|| "its worker had exited".to_owned());
         if !guard.mark_lost(reason.clone()) {
             return Err(lose(state, session, guard, reason));
         }

@@ -376,16 +376,9 @@ pub async fn run_in_session(
             )
         }
         Ending::Died | Ending::Cancelled => {
+            // SIGXCPU, its CPU-time budget, is explained by its session worker, which
+            // knows what the budget covered.
             let (signal, why) = match worker.exit_status(EXIT_STATUS_WAIT).await {
-                // A session's worker has one CPU-time budget for its whole life.
-                Some(ExitStatus::Signal(sig)) if sig == libc::SIGXCPU => (
-                    Some(sig),
-                    format!(
-                        "its worker used up its CPU time (limits.max_timeout_ms, and a \
-                         second, of CPU for the session's whole life) and was killed by \
-                         signal {sig} (SIGXCPU)"
-                    ),
-                ),
                 Some(ExitStatus::Signal(sig)) => {
                     (Some(sig), format!("its worker was killed by signal {sig}"))
                 }
