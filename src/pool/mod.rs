@@ -369,12 +369,22 @@ impl Pool {
         let mut ran = Duration::ZERO;
         // A worker lost before anything of the job came out is retried a few times (one
         // whose workspace vanished while idle is skipped by the take itself).
+        let started = Instant::now();
         for _ in 0..3 {
+            // A run cancelled while it waits for a slot (or a worker) never starts.
+            let checkout = self.acquire_on(current.clone(), routed);
+            let cancel = limits.cancel.clone().unwrap_or_default();
             let Checkout {
                 mut worker,
                 _slot,
                 _busy,
-            } = self.acquire_on(current.clone(), routed).await?;
+            } = tokio::select! {
+                biased;
+                () = cancel.cancelled() => {
+                    return Ok(Finished::cancelled_in_queue(started.elapsed()));
+                }
+                checkout = checkout => checkout?,
+            };
             let abandoned = AbandonGuard::new(&*self.inner.events);
             // A staging failure drops the checkout: the worker is killed, no code ran.
             let staged = match stager.stage(worker.workspace_path()).await {
@@ -398,10 +408,9 @@ impl Pool {
                     let workspace = worker.take_workspace();
                     return Ok(Finished {
                         outcome,
-                        staged,
+                        staged: Some(staged),
                         workspace,
-                        _slot,
-                        _busy,
+                        _slot: Some((_slot, _busy)),
                     });
                 }
                 Err(lost) => {
