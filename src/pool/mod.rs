@@ -367,9 +367,9 @@ impl Pool {
         // How long the job ran on workers lost under it: `timeout_ms` bounds the job's run
         // time in all, so a job run again gets what is left (none left: it times out).
         let mut ran = Duration::ZERO;
+        let started = Instant::now();
         // A worker lost before anything of the job came out is retried a few times (one
         // whose workspace vanished while idle is skipped by the take itself).
-        let started = Instant::now();
         for _ in 0..3 {
             // A run cancelled while it waits for a slot (or a worker) never starts.
             let checkout = self.acquire_on(current.clone(), routed);

@@ -109,7 +109,7 @@ impl SessionWorker {
     fn start_request(&mut self) {
         if self.worker.is_alive() {
             let renewed = self.budget.start_request();
-            self.budget_failed(renewed);
+            self.log_failure(renewed);
         }
     }
 
@@ -117,11 +117,12 @@ impl SessionWorker {
     fn end_request(&mut self) {
         if self.worker.is_alive() {
             let renewed = self.budget.end_request();
-            self.budget_failed(renewed);
+            self.log_failure(renewed);
         }
     }
 
-    fn budget_failed(&self, renewed: std::io::Result<()>) {
+    /// Logs a limit that could not be moved (not one of a worker already dead).
+    fn log_failure(&self, renewed: std::io::Result<()>) {
         match renewed {
             // Dead, not reaped yet: nothing left to limit.
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
