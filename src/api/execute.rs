@@ -27,7 +27,9 @@ use crate::markdown;
 use crate::metrics::labels::{Kind, Outcome};
 use crate::pool::Stager;
 use crate::pool::events::KillReason;
-use crate::pool::run::{OutputChunk, ProtocolViolation, RunLimits, RunOutcome, RunVerdict};
+use crate::pool::run::{
+    Cancelled, OutputChunk, ProtocolViolation, RunLimits, RunOutcome, RunVerdict,
+};
 use crate::pool::worker::ZygoteEnd;
 use crate::sessions::SessionIndicator;
 
@@ -133,11 +135,13 @@ pub struct ExecuteResponse {
 impl From<RunOutcome> for ExecuteResponse {
     fn from(mut o: RunOutcome) -> Self {
         let mut stderr = o.stderr;
-        if o.cancelled && o.result.is_some() {
+        if o.cancelled == Cancelled::Queued {
+            stderr.push_str(CANCELLED_IN_QUEUE);
+        } else if o.cancelled == Cancelled::Running && o.result.is_some() {
             stderr.push_str(
                 "\nThe run was cancelled by its client: interrupted, the session's state kept.",
             );
-        } else if o.cancelled {
+        } else if o.cancelled == Cancelled::Running {
             stderr.push_str("\nThe run was cancelled by its client; its worker was killed.");
         } else if matches!(o.kill, Some(KillReason::ProtocolViolation)) {
             // Whatever its exit status: a job that wrote to the job socket itself exits 0.
@@ -185,6 +189,10 @@ impl From<RunOutcome> for ExecuteResponse {
         }
     }
 }
+
+/// The stderr of a run cancelled while it waited for a slot (the run wrote none).
+pub const CANCELLED_IN_QUEUE: &str = "The run was cancelled by its client while it waited in \
+     the queue for a slot: it never started, and none of its code ran.";
 
 /// The last line of stderr of a run whose worker died with its zygote (the only way it
 /// dies without an exit status of its own).
@@ -343,18 +351,18 @@ async fn run_prepared(
         inputs: &inputs,
     };
     let finished = state.pool.execute_in(job, &limits, chunks, &stager).await?;
-    let collected = match finished.workspace_path() {
-        Some(path) => {
+    let collected = match (finished.workspace_path(), &finished.staged) {
+        (Some(path), Some(staged)) => {
             workspace::collect(
                 state.store.as_ref(),
                 caller.file_owner(),
                 path,
-                &finished.staged,
+                staged,
                 collect_limits(state),
             )
             .await
         }
-        None => workspace::Collected::default(),
+        _ => workspace::Collected::default(),
     };
     let mut response = ExecuteResponse::from(finished.outcome);
     response.files = collected.files;

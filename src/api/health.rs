@@ -47,6 +47,9 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
             "max": state.sessions.settings().max_sessions,
             // Sessions per generation (no ids: this route is public).
             "by_generation": state.sessions.by_generation(),
+            // What one CPU-time budget of a session's worker covers: `per_run`, or
+            // `per_life` without CAP_SYS_RESOURCE, or `off` with the rlimits layer.
+            "cpu_budget": state.pool.session_cpu_budget(),
         },
         "generation": state.generation(),
         "file_store": file_store(&state, store),

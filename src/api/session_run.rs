@@ -21,7 +21,9 @@ use crate::codemode::caller::caller_events;
 use crate::error::ApiError;
 use crate::files::workspace::{self, StageInput};
 use crate::metrics::labels::{Kind, Outcome};
-use crate::pool::run::{self as pool_run, Interrupt, OutputChunk, RunError, RunLimits};
+use crate::pool::run::{
+    Cancelled, Interrupt, OutputChunk, RunError, RunLimits, RunOutcome, SessionRun,
+};
 use crate::pool::session::Listed;
 use crate::pool::toolcalls::RunTools;
 use crate::pool::worker::ZygoteEnd;
@@ -159,6 +161,9 @@ async fn run(
 /// a slot. The job was never sent, so the session's globals are untouched (its files
 /// were staged, as a retry would stage them again), and returning frees the session at
 /// once: a client that timed out and sends its cell again must not have it run twice.
+/// A run its client cancels there (`DELETE /v1/runs/{id}`) ends the same way, but its
+/// client is still there: it is answered, verdict `killed`, saying that the run never
+/// started and the session's state is untouched, with that state.
 async fn run_in(
     state: SharedState,
     caller: Caller,
@@ -205,11 +210,25 @@ async fn run_in(
             },
             None => limits.clone(),
         };
-        // Biased: a slot that comes with the client's going does not start the job either.
+        // Biased: a slot that comes with the client's going (or its cancel) does not start
+        // the job either.
+        let waiting = std::time::Instant::now();
+        let cancel = limits.cancel.clone().unwrap_or_default();
         let slot = tokio::select! {
             biased;
             () = interrupt.cancelled() => return Ok(None),
-            slot = state.pool.acquire_session_slot() => slot?,
+            () = cancel.cancelled() => None,
+            slot = state.pool.acquire_session_slot() => Some(slot?),
+        };
+        let Some(slot) = slot else {
+            let outcome = RunOutcome::cancelled_in_queue(waiting.elapsed());
+            break (
+                SessionRun {
+                    outcome,
+                    lost: None,
+                },
+                None,
+            );
         };
         session.touch(false);
         let worker = guard.worker.as_mut().ok_or_else(|| gone(&id))?;
@@ -232,7 +251,12 @@ async fn run_in(
         match ran {
             Ok(ran) => break (ran, recorder),
             Err(e @ (RunError::WorkerLost(_) | RunError::DiedWithItsZygote { .. })) => {
-                let reason = format!("its worker was gone ({e})");
+                // A worker found dead by its job: say how it died, when its exit says.
+                let why = match (&e, guard.worker.as_mut()) {
+                    (RunError::WorkerLost(_), Some(worker)) => worker.why_gone().await,
+                    _ => None,
+                };
+                let reason = why.unwrap_or_else(|| format!("its worker was gone ({e})"));
                 if replayed.is_some() || !guard.mark_lost(reason.clone()) {
                     return Err(lose(&state, &session, &mut guard, reason));
                 }
@@ -242,6 +266,7 @@ async fn run_in(
         }
     };
     let succeeded = ran.outcome.exit_code == Some(0) && !ran.outcome.timed_out;
+    let never_started = ran.outcome.cancelled == Cancelled::Queued;
     let ws = worker_path(&guard, &id)?;
     let collected = workspace::collect(
         state.store.as_ref(),
@@ -255,6 +280,14 @@ async fn run_in(
     // The service is going: a replay session's history goes with it.
     let shutting_down = ran.outcome.zygote_end == Some(ZygoteEnd::ShutDown);
     let mut response = ExecuteResponse::from(ran.outcome);
+    if never_started {
+        response.stderr.push_str(if inputs.is_empty() {
+            " The session's state is untouched."
+        } else {
+            " The session's variables are untouched; the files the request sent are in its \
+             workspace, as a retry puts them there again."
+        });
+    }
     response.files = collected.files;
     response.skipped_files = collected.skipped;
     if let Some((runs, reason)) = &replayed {
@@ -367,9 +400,9 @@ pub async fn ensure_worker(
             return Ok(None);
         }
         let reason = worker
-            .zygote_end()
-            .map_or("its worker had exited", pool_run::lost_with_its_zygote)
-            .to_owned();
+            .why_gone()
+            .await
+            .unwrap_or_else(|| "its worker had exited".to_owned());
         if !guard.mark_lost(reason.clone()) {
             return Err(lose(state, session, guard, reason));
         }

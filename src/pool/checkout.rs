@@ -39,13 +39,25 @@ impl Stager for NoStaging {
 
 /// A finished run: its outcome, what staging returned, and its workspace, which the
 /// caller may scan. The worker is dead; the execution slot stays taken and the workspace
-/// stays on disk until this is dropped.
+/// stays on disk until this is dropped. A run cancelled while it waited in the queue has
+/// none of them.
 pub struct Finished<S> {
     pub outcome: RunOutcome,
-    pub staged: S,
+    pub staged: Option<S>,
     pub(super) workspace: Option<Workspace>,
-    pub(super) _slot: OwnedSemaphorePermit,
-    pub(super) _busy: BusyGuard,
+    pub(super) _slot: Option<(OwnedSemaphorePermit, BusyGuard)>,
+}
+
+impl<S> Finished<S> {
+    /// A run its client cancelled while it waited `waited` for a slot: it never started.
+    pub(super) fn cancelled_in_queue(waited: std::time::Duration) -> Self {
+        Self {
+            outcome: RunOutcome::cancelled_in_queue(waited),
+            staged: None,
+            workspace: None,
+            _slot: None,
+        }
+    }
 }
 
 impl<S> Finished<S> {

@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use snakecage_worker::protocol::ZygoteInfo;
+use snakecage_worker::protocol::{Layer, ZygoteInfo};
 use tokio_util::sync::CancellationToken;
 
+use super::cpu_budget::Scope;
 use super::tier::Tier;
 use super::tiers::TierTable;
 use super::zygote::ZygoteHandle;
@@ -133,6 +134,18 @@ impl Generation {
             info.packages = self.tiers[0].current_zygote().info.packages.clone();
         }
         info
+    }
+
+    /// The CPU-time budget a session's worker of this generation gets: what it covers,
+    /// and how many seconds (each tier's workers start with the same limits).
+    pub(super) fn session_cpu_budget(&self) -> (Scope, u64) {
+        let config = &self.tiers[self.table.session].zygote_config;
+        let scope = if config.sandbox.wants(Layer::Rlimits) {
+            Scope::here()
+        } else {
+            Scope::Off
+        };
+        (scope, config.limits.cpu_seconds)
     }
 
     /// Every zygote's info, tier by tier.

@@ -5,7 +5,8 @@
 //! - [`run`]: one job on one worker, with deadline, capture and verdict; `drive`: the
 //!   wait for its output, tool calls and result.
 //! - [`capture`]: bounded output buffers.
-//! - [`session`]: a worker kept for a session (run, reset, inspect).
+//! - [`session`]: a worker kept for a session (run, reset, inspect); [`cpu_budget`]: its
+//!   CPU-time limit, renewed for each of them.
 //! - [`events`]: what the pool reports as it works (for the metrics).
 //! - [`checkout`]: what callers hold (a checked-out worker, a slot, a finished run).
 //! - [`status`]: counters and the snapshot `/health` and the metrics read.
@@ -53,6 +54,7 @@
 pub mod cancel_cause;
 pub mod capture;
 pub mod checkout;
+pub mod cpu_budget;
 mod drive;
 pub mod events;
 mod fd;
@@ -87,6 +89,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::checkout::{AbandonGuard, BusyGuard};
 pub use self::checkout::{Checkout, Finished, NoStaging, SessionSlot, Stager};
+use self::cpu_budget::{CpuBudget, Scope};
 use self::events::{KillReason, NoEvents, PoolEvents, Rejection};
 use self::generation::{Generation, Generations};
 pub use self::generation::{GenerationLease, RetiredGeneration};
@@ -219,6 +222,11 @@ impl Pool {
         self.inner.generations.current().zygote_info()
     }
 
+    /// What one CPU-time budget of a new session's worker covers (`/health`).
+    pub fn session_cpu_budget(&self) -> Scope {
+        self.inner.generations.current().session_cpu_budget().0
+    }
+
     /// The id of the generation new workers come from (1 at start, one more per rollover).
     pub fn generation(&self) -> u64 {
         self.inner.generations.current().id
@@ -306,8 +314,10 @@ impl Pool {
             let deadline = self.inner.slots.deadline();
             let current = self.inner.generations.current();
             let session = current.table.session;
+            let (scope, seconds) = current.session_cpu_budget();
             let worker = self.inner.take_idle(current, session, deadline).await?;
-            match SessionWorker::start(worker).await {
+            let budget = CpuBudget::new(worker.pid, seconds, scope);
+            match SessionWorker::start(worker, budget).await {
                 Ok(worker) => return Ok(worker),
                 Err(e) => {
                     self.inner
@@ -358,14 +368,24 @@ impl Pool {
         // How long the job ran on workers lost under it: `timeout_ms` bounds the job's run
         // time in all, so a job run again gets what is left (none left: it times out).
         let mut ran = Duration::ZERO;
+        let started = Instant::now();
         // A worker lost before anything of the job came out is retried a few times (one
         // whose workspace vanished while idle is skipped by the take itself).
         for _ in 0..3 {
+            // A run cancelled while it waits for a slot (or a worker) never starts.
+            let checkout = self.acquire_on(current.clone(), routed);
+            let cancel = limits.cancel.clone().unwrap_or_default();
             let Checkout {
                 mut worker,
                 _slot,
                 _busy,
-            } = self.acquire_on(current.clone(), routed).await?;
+            } = tokio::select! {
+                biased;
+                () = cancel.cancelled() => {
+                    return Ok(Finished::cancelled_in_queue(started.elapsed()));
+                }
+                checkout = checkout => checkout?,
+            };
             let abandoned = AbandonGuard::new(&*self.inner.events);
             // A staging failure drops the checkout: the worker is killed, no code ran.
             let staged = match stager.stage(worker.workspace_path()).await {
@@ -389,10 +409,9 @@ impl Pool {
                     let workspace = worker.take_workspace();
                     return Ok(Finished {
                         outcome,
-                        staged,
+                        staged: Some(staged),
                         workspace,
-                        _slot,
-                        _busy,
+                        _slot: Some((_slot, _busy)),
                     });
                 }
                 Err(lost) => {

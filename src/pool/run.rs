@@ -130,9 +130,45 @@ pub struct RunOutcome {
     pub kill: Option<KillReason>,
     /// How it broke the job protocol, when that is why it was killed.
     pub violation: Option<ProtocolViolation>,
-    /// Cancelled by its client before it ended: a stateless run's worker killed, a
-    /// session's job interrupted (it reported, `result` is there) or killed after the grace.
-    pub cancelled: bool,
+    /// Whether its client cancelled it (`DELETE /v1/runs/{id}`), and when.
+    pub cancelled: Cancelled,
+}
+
+/// Whether, and when, a run was cancelled by its client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancelled {
+    No,
+    /// While it ran: a stateless run's worker killed, a session's job interrupted (it
+    /// reported, `result` is there) or killed after the grace.
+    Running,
+    /// While it waited in the queue for a slot: no worker took its job, none of its code
+    /// ran.
+    Queued,
+}
+
+impl RunOutcome {
+    /// A run its client cancelled while it waited `waited` in the queue for a slot. Like a
+    /// stateless run cancelled as it ran, its verdict is `killed`: it ended without a
+    /// result.
+    pub fn cancelled_in_queue(waited: Duration) -> Self {
+        Self {
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            exit_code: None,
+            timed_out: false,
+            verdict: RunVerdict::Killed,
+            duration: waited,
+            result: None,
+            signal: None,
+            exited: None,
+            zygote_end: None,
+            kill: None,
+            violation: None,
+            cancelled: Cancelled::Queued,
+        }
+    }
 }
 
 /// Failures that leave no result for the user, and nothing of the job outside the worker:
@@ -281,7 +317,11 @@ pub async fn run(
         zygote_end,
         kill,
         violation,
-        cancelled,
+        cancelled: if cancelled {
+            Cancelled::Running
+        } else {
+            Cancelled::No
+        },
     })
 }
 
@@ -376,16 +416,9 @@ pub async fn run_in_session(
             )
         }
         Ending::Died | Ending::Cancelled => {
+            // SIGXCPU, its CPU-time budget, is explained by its session worker, which
+            // knows what the budget covered.
             let (signal, why) = match worker.exit_status(EXIT_STATUS_WAIT).await {
-                // A session's worker has one CPU-time budget for its whole life.
-                Some(ExitStatus::Signal(sig)) if sig == libc::SIGXCPU => (
-                    Some(sig),
-                    format!(
-                        "its worker used up its CPU time (limits.max_timeout_ms, and a \
-                         second, of CPU for the session's whole life) and was killed by \
-                         signal {sig} (SIGXCPU)"
-                    ),
-                ),
                 Some(ExitStatus::Signal(sig)) => {
                     (Some(sig), format!("its worker was killed by signal {sig}"))
                 }
@@ -437,7 +470,11 @@ pub async fn run_in_session(
             violation,
             // Interrupted by its client's cancel (not its deadline): reported
             // (`KeyboardInterrupt`, state kept) or killed after the grace.
-            cancelled: !timed_out && limits.cancel.as_ref().is_some_and(|c| c.is_cancelled()),
+            cancelled: if !timed_out && limits.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
+                Cancelled::Running
+            } else {
+                Cancelled::No
+            },
         },
         lost,
     })

@@ -1,5 +1,6 @@
 //! A worker kept for a session: switched to session mode when taken from the pool, then
-//! one request at a time (run, reset, inspect) until it is dropped, which kills it.
+//! one request at a time (run, reset, inspect) until it is dropped, which kills it. Each
+//! request gets a CPU-time budget of its own ([`super::cpu_budget`]).
 
 use std::path::Path;
 use std::time::Duration;
@@ -8,6 +9,7 @@ use snakecage_worker::frame::FrameError;
 use snakecage_worker::protocol::{ExitStatus, Job, JobRequest, Variable, WorkerMessage};
 use tokio::sync::mpsc;
 
+use super::cpu_budget::CpuBudget;
 use super::run::{self, Interrupt, OutputChunk, RunError, RunLimits, SessionRun};
 use super::worker::{Worker, ZygoteEnd};
 
@@ -24,6 +26,7 @@ pub enum SessionWorkerError {
 
 pub struct SessionWorker {
     worker: Worker,
+    budget: CpuBudget,
 }
 
 /// A session's user globals as its worker described them.
@@ -37,10 +40,10 @@ pub struct Listed {
 
 impl SessionWorker {
     /// Tells a fresh worker to keep its namespace and serve requests until dropped.
-    pub(super) async fn start(mut worker: Worker) -> Result<Self, FrameError> {
+    pub(super) async fn start(mut worker: Worker, budget: CpuBudget) -> Result<Self, FrameError> {
         worker.foreground();
         worker.channel.send(&JobRequest::StartSession).await?;
-        Ok(Self { worker })
+        Ok(Self { worker, budget })
     }
 
     /// The pool generation its worker was forked from.
@@ -65,6 +68,22 @@ impl SessionWorker {
         self.worker.zygote_end()
     }
 
+    /// Why its worker ended between requests (asked once it is found dead: its job socket
+    /// closed, or its exit reported), as a session's reason: its zygote's end, its
+    /// CPU-time budget between runs (threads a run left spinning), or how it exited.
+    /// `None` when none of that is known (its exit not reported in time).
+    pub async fn why_gone(&mut self) -> Option<String> {
+        let status = self.worker.exit_status(run::EXIT_STATUS_WAIT).await;
+        if let Some(end) = self.worker.zygote_end() {
+            return Some(run::lost_with_its_zygote(end).to_owned());
+        }
+        Some(match status? {
+            ExitStatus::Signal(sig) if sig == libc::SIGXCPU => self.budget.exhausted(sig),
+            ExitStatus::Signal(sig) => format!("its worker was killed by signal {sig}"),
+            ExitStatus::Code(code) => format!("its worker exited with status {code}"),
+        })
+    }
+
     /// Runs one job in the session's namespace; see [`run::run_in_session`].
     pub async fn run(
         &mut self,
@@ -73,7 +92,48 @@ impl SessionWorker {
         chunks: Option<mpsc::Sender<OutputChunk>>,
         interrupt: Interrupt<'_>,
     ) -> Result<SessionRun, RunError> {
-        run::run_in_session(&mut self.worker, job, limits, chunks, interrupt).await
+        self.start_request();
+        let mut ran = run::run_in_session(&mut self.worker, job, limits, chunks, interrupt).await;
+        if let Ok(SessionRun { outcome, lost }) = &mut ran
+            && lost.is_some()
+            && outcome.signal == Some(libc::SIGXCPU)
+        {
+            *lost = Some(self.budget.exhausted(libc::SIGXCPU));
+        }
+        self.end_request();
+        ran
+    }
+
+    /// A whole CPU-time budget for the request about to be sent. Should it fail, the
+    /// worker keeps the limit it has: never none.
+    fn start_request(&mut self) {
+        if self.worker.is_alive() {
+            let renewed = self.budget.start_request();
+            self.log_failure(renewed);
+        }
+    }
+
+    /// What is left of the budget between requests, once a request has ended.
+    fn end_request(&mut self) {
+        if self.worker.is_alive() {
+            let renewed = self.budget.end_request();
+            self.log_failure(renewed);
+        }
+    }
+
+    /// Logs a limit that could not be moved (not one of a worker already dead).
+    fn log_failure(&self, renewed: std::io::Result<()>) {
+        match renewed {
+            // Dead, not reaped yet: nothing left to limit.
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(e) => tracing::warn!(
+                worker = self.worker.id,
+                pid = self.worker.pid,
+                error = %e,
+                "could not move a session worker's CPU-time limit; it keeps the one it has"
+            ),
+            Ok(()) => {}
+        }
     }
 
     /// Clears the session's globals.
@@ -138,8 +198,21 @@ impl SessionWorker {
         SessionWorkerError::Lost(why)
     }
 
-    /// One request and its reply: interrupted after `timeout`, killed `grace` later.
+    /// One request and its reply: interrupted after `timeout`, killed `grace` later; with
+    /// a CPU-time budget of its own.
     async fn request(
+        &mut self,
+        request: JobRequest,
+        timeout: Duration,
+        grace: Duration,
+    ) -> Result<WorkerMessage, SessionWorkerError> {
+        self.start_request();
+        let reply = self.exchange(request, timeout, grace).await;
+        self.end_request();
+        reply
+    }
+
+    async fn exchange(
         &mut self,
         request: JobRequest,
         timeout: Duration,

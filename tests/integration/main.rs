@@ -47,6 +47,7 @@ mod rollover_failures;
 mod rollover_priority;
 mod rollover_unchanged;
 mod s3_store;
+mod session_cpu;
 mod session_queue;
 mod sessions;
 mod shutdown_kills;

@@ -213,29 +213,32 @@ os._exit(3)";
 
 /// A call pending when the worker is killed by its CPU-time limit (`SIGXCPU`): the client
 /// is told that (`cpu_time_limit`), not that the worker was lost for no reason. Shown in a
-/// session, whose worker has one CPU budget (`limits.max_timeout_ms`, here 2 s, and a
-/// second) for its whole life: each run spins a thread while its main thread waits on a
-/// tool call, until a run's deadline interrupts it (its CPU time spent stays spent) or the
-/// budget runs out. However loaded the host, one run ends so; the kill can also fall just
-/// outside a call (before it is made, or once the deadline has cancelled it), and then a
-/// new session tries again.
+/// session (`limits.max_timeout_ms` here 4 s, a budget of 5 s of CPU time): each run keeps
+/// threads hashing (which they do without the GIL, on every core there is) while its main
+/// thread waits on a tool call, until the run's deadline interrupts it or the budget runs
+/// out (the run's own, or the session's for its life where the service cannot renew it).
+/// However loaded the host, a run ends so; the kill can also fall just outside a call
+/// (before it is made, or once the deadline has cancelled it), and then a new session
+/// tries again.
 #[tokio::test]
 async fn a_call_pending_when_the_cpu_time_runs_out_is_announced_and_a_late_answer_is_410() {
     let (s, _dir) = server_with_tools_env(
         "",
         &[
             ("SNAKECAGE_TOOLS__CALL_TIMEOUT_MS", "60000"),
-            ("SNAKECAGE_LIMITS__MAX_TIMEOUT_MS", "2000"),
+            ("SNAKECAGE_LIMITS__MAX_TIMEOUT_MS", "4000"),
         ],
     )
     .await;
     let code = "from snakecage import tools
-import threading
+import hashlib, threading
 done = False
+data = bytes(8 << 20)
 def spin():
     while not done:
-        pass
-threading.Thread(target=spin, daemon=True).start()
+        hashlib.sha256(data).digest()
+for _ in range(4):
+    threading.Thread(target=spin, daemon=True).start()
 try:
     tools.never_answered()
 finally:
@@ -245,7 +248,7 @@ finally:
         let mut run = s
             .stream(
                 &format!("/v1/sessions/{sid}/execute/stream"),
-                &json!({"code": code, "tools": declared(), "timeout_ms": 2000}),
+                &json!({"code": code, "tools": declared(), "timeout_ms": 4000}),
             )
             .await;
         let mut pending = None::<Value>;

@@ -9,7 +9,8 @@
 //!   result.
 //! - [`allowlist`]: the standard-library import allowlist (`python-stdlib-allowlist`),
 //!   embedded and parsed in this one place.
-//! - [`capability`]: whether this process may raise another out of `SCHED_IDLE`.
+//! - [`capability`]: whether this process may raise another out of `SCHED_IDLE`, or raise
+//!   its resource limits.
 //!
 //! The zygote binary (`src/main.rs`, feature `zygote`) adds CPython and the sandbox layers.
 
