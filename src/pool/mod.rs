@@ -30,6 +30,15 @@
 //! file go to the fullest tier, sessions to `tiers.session` (by default the fullest:
 //! their later runs may import anything).
 //!
+//! **Start.** The pool starts every tier's zygote at once and is started as soon as the
+//! lightest tier's is up (a fraction of a second: it preloads least, and alone lists the
+//! installed packages); the fuller ones come up in the background. A tier serves from its
+//! first worker on; until then a job routed to it runs on a tier that serves (see
+//! `Generation::serving_tier`), as does a session: one created while its tier starts
+//! lives on a lighter tier, and imports what it needs. A fuller tier whose zygote cannot
+//! start is `failed`, with why, and retried with backoff; the lightest's failure fails
+//! the start (nothing could serve).
+//!
 //! **`size`** is the number of jobs that run at once (over all tiers), and the number of
 //! idle workers kept ready on top of `tiers.min_idle` per tier: every tier keeps its
 //! floor, and the `size` others are split over the tiers by an EWMA of recent demand, so
@@ -95,7 +104,7 @@ use self::root::WorkspaceRoot;
 use self::run::{OutputChunk, RunError, RunLimits, RunOutcome};
 use self::session::SessionWorker;
 use self::slots::Slots;
-pub use self::status::{PoolCounters, PoolStatus, TierStatus, ZygoteStatus};
+pub use self::status::{PoolCounters, PoolStatus, TierState, TierStatus, ZygoteStatus};
 use self::tier::Tier;
 pub use self::tier::TierSettings;
 use self::zygote::ZygoteError;
@@ -169,8 +178,9 @@ struct Inner {
 }
 
 impl Pool {
-    /// Starts every tier's zygote (waiting for them to be ready), then the refill and
-    /// restart tasks.
+    /// Starts every tier's zygote, the refill and the restart tasks; returns once the
+    /// lightest tier's zygote is up (the others come up in the background: see the
+    /// module docs), or with why it could not start.
     pub async fn start(settings: PoolSettings) -> Result<Self, PoolError> {
         Self::start_observed(settings, Arc::new(NoEvents)).await
     }
@@ -187,10 +197,10 @@ impl Pool {
             }
         })?;
         settings.workspace_root = root.path().to_path_buf();
-        let first = Generation::start(settings.clone(), 1, settings.size, None).await?;
+        let first = Arc::new(Generation::starting(settings.clone(), 1, settings.size));
         let shutdown = CancellationToken::new();
         let inner = Arc::new(Inner {
-            generations: Generations::new(first),
+            generations: Generations::new(first.clone()),
             slots: Slots::new(
                 settings.size,
                 settings.queue_length,
@@ -206,9 +216,32 @@ impl Pool {
             counters: PoolCounters::default(),
             events,
         });
+        let pool = Self {
+            inner: inner.clone(),
+        };
+        // A start given up (the future dropped: a shutdown asked for while starting) stops
+        // the tasks below, which then drop their zygotes and the workspace root.
+        let given_up = inner.shutdown.clone().drop_guard();
         tokio::spawn(refill::refill_loop(inner.clone()));
-        keeper::keep_zygotes(&inner, &inner.generations.current());
-        Ok(Self { inner })
+        // The fuller tiers start in the background while the lightest is awaited here.
+        for index in 1..first.tiers.len() {
+            tokio::spawn(keeper::zygote_keeper(inner.clone(), first.clone(), index));
+        }
+        let lightest = &first.tiers[0];
+        match keeper::start_zygote(&inner.settings, &lightest.zygote_config, 0, None).await {
+            Ok(zygote) => {
+                keeper::report_preload_failures(&lightest.name, &zygote.info);
+                lightest.replace_zygote(zygote);
+            }
+            Err(e) => {
+                pool.shutdown().await;
+                return Err(e);
+            }
+        }
+        given_up.disarm();
+        tokio::spawn(keeper::zygote_keeper(inner.clone(), first, 0));
+        inner.refill.notify_one();
+        Ok(pool)
     }
 
     /// What the current generation's session tier's zygote (by default the fullest)
@@ -240,7 +273,7 @@ impl Pool {
     }
 
     /// Takes an execution slot and an idle worker of the fullest tier (the code to run is
-    /// not known), waiting in the FIFO queue when all `size` slots are busy (or, briefly,
+    /// not known; the fullest that serves while it starts), waiting in the FIFO queue when all `size` slots are busy (or, briefly,
     /// when the refill has not caught up).
     pub async fn acquire(&self) -> Result<Checkout, PoolError> {
         let current = self.inner.generations.current();
@@ -420,11 +453,12 @@ impl Pool {
         let inner = &self.inner;
         let current = inner.generations.current();
         let tiers: Vec<TierStatus> = current.tiers.iter().map(Tier::status).collect();
-        let session = &tiers[current.table.session];
+        let session = &tiers[current.serving_tier(current.table.session)];
         let zygote = session.zygote.clone().map(|z| ZygoteStatus {
             alive: tiers
                 .iter()
-                .all(|t| t.zygote.as_ref().is_some_and(|z| z.alive)),
+                .filter_map(|t| t.zygote.as_ref())
+                .all(|z| z.alive),
             ..z
         });
         PoolStatus {

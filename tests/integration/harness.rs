@@ -39,8 +39,8 @@ pub struct Options {
     pub wrapper: Vec<String>,
     /// Use this state directory instead of a fresh temporary one.
     pub state_dir: Option<PathBuf>,
-    /// Return from `start` only once every tier has had a worker ready (as `/ready` does),
-    /// not as soon as one worker is idle.
+    /// Return from `start` only once every tier has had a worker ready (`/ready` is 200
+    /// as soon as one tier has), not as soon as one worker is idle.
     pub wait_for_every_tier: bool,
 }
 
