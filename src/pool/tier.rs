@@ -111,9 +111,12 @@ impl Tier {
 
     /// Whether jobs routed here are served here: its zygote is up and has had a worker
     /// ready. Until then they go to a tier that serves (any code runs on any tier), so
-    /// none waits for a zygote that is still preloading, nor for its first worker.
+    /// none waits for a zygote that is still preloading, nor for its first worker. A tier
+    /// that keeps no idle worker (its target is 0) makes one only for a job that waits for
+    /// it: it serves once its zygote is up.
     pub(super) fn serves(&self) -> bool {
         self.spawned.load(Ordering::Acquire) > 0
+            || (self.target.load(Ordering::Acquire) == 0 && self.zygote().is_some())
     }
 
     /// Where it stands: starting, serving, or failed to start.
