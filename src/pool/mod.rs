@@ -18,7 +18,8 @@
 //!   [`cancel_cause`]: why a pending call was cancelled, said as it is.
 //! - [`generation`]: the generations (one zygote per tier each), the current one, the
 //!   retired ones still in use; `rollover`: preparing the next one and switching to it;
-//!   `probe`: the sandboxed job a new generation must pass; `take`: taking an idle worker.
+//!   `probe`: the sandboxed job a new generation must pass; `take`: taking an idle worker;
+//!   `start`: starting the pool, serving before the fuller tiers are up.
 //!
 //! **Tiers.** The pool runs one zygote per configured tier (`[tiers]`: e.g. `bare`,
 //! `scientific` with numpy and pandas, `plotting` with matplotlib too), each with its own
@@ -75,6 +76,7 @@ pub mod root;
 pub mod run;
 pub mod session;
 mod slots;
+mod start;
 pub mod status;
 mod take;
 mod tier;
@@ -95,7 +97,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::checkout::{AbandonGuard, BusyGuard};
 pub use self::checkout::{Checkout, Finished, NoStaging, SessionSlot, Stager};
-use self::events::{KillReason, NoEvents, PoolEvents, Rejection};
+use self::events::{KillReason, PoolEvents, Rejection};
 use self::generation::{Generation, Generations};
 pub use self::generation::{GenerationLease, RetiredGeneration};
 pub use self::keeper::check_required;
@@ -178,72 +180,6 @@ struct Inner {
 }
 
 impl Pool {
-    /// Starts every tier's zygote, the refill and the restart tasks; returns once the
-    /// lightest tier's zygote is up (the others come up in the background: see the
-    /// module docs), or with why it could not start.
-    pub async fn start(settings: PoolSettings) -> Result<Self, PoolError> {
-        Self::start_observed(settings, Arc::new(NoEvents)).await
-    }
-
-    /// [`Pool::start`], reporting queue waits, spawns, kills and restarts to `events`.
-    pub async fn start_observed(
-        mut settings: PoolSettings,
-        events: Arc<dyn PoolEvents>,
-    ) -> Result<Self, PoolError> {
-        let root = WorkspaceRoot::claim(&settings.workspace_root).map_err(|source| {
-            PoolError::WorkspaceRoot {
-                path: settings.workspace_root.clone(),
-                source,
-            }
-        })?;
-        settings.workspace_root = root.path().to_path_buf();
-        let first = Arc::new(Generation::starting(settings.clone(), 1, settings.size));
-        let shutdown = CancellationToken::new();
-        let inner = Arc::new(Inner {
-            generations: Generations::new(first.clone()),
-            slots: Slots::new(
-                settings.size,
-                settings.queue_length,
-                settings.queue_timeout,
-                shutdown.clone(),
-            ),
-            settings,
-            root,
-            next_worker_id: AtomicU64::new(1),
-            refill: Notify::new(),
-            stocking: std::sync::Mutex::new(()),
-            shutdown,
-            counters: PoolCounters::default(),
-            events,
-        });
-        let pool = Self {
-            inner: inner.clone(),
-        };
-        // A start given up (the future dropped: a shutdown asked for while starting) stops
-        // the tasks below, which then drop their zygotes and the workspace root.
-        let given_up = inner.shutdown.clone().drop_guard();
-        tokio::spawn(refill::refill_loop(inner.clone()));
-        // The fuller tiers start in the background while the lightest is awaited here.
-        for index in 1..first.tiers.len() {
-            tokio::spawn(keeper::zygote_keeper(inner.clone(), first.clone(), index));
-        }
-        let lightest = &first.tiers[0];
-        match keeper::start_zygote(&inner.settings, &lightest.zygote_config, 0, None).await {
-            Ok(zygote) => {
-                keeper::report_preload_failures(&lightest.name, &zygote.info);
-                lightest.replace_zygote(zygote);
-            }
-            Err(e) => {
-                pool.shutdown().await;
-                return Err(e);
-            }
-        }
-        given_up.disarm();
-        tokio::spawn(keeper::zygote_keeper(inner.clone(), first, 0));
-        inner.refill.notify_one();
-        Ok(pool)
-    }
-
     /// What the current generation's session tier's zygote (by default the fullest)
     /// reported when it started, with the installed packages from the lightest tier's,
     /// which alone describes them.
