@@ -31,9 +31,9 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
     let zygote = state.pool.zygote_info();
     let alive = pool.zygote.as_ref().is_some_and(|z| z.alive);
     let store = state.store_watch.state();
-    let tiers_start = pool.tiers.iter().all(|t| t.state != TierState::Failed);
+    let no_tier_failed = pool.tiers.iter().all(|t| t.state != TierState::Failed);
     let healthy = alive
-        && tiers_start
+        && no_tier_failed
         && pool.last_spawn_error.is_none()
         && !matches!(store, StoreState::Unavailable(_));
     let sandbox: serde_json::Map<String, Value> = zygote
