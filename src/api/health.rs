@@ -1,14 +1,20 @@
 //! `GET /health`: Onyx's `{"status": "ok"}` plus the pool, the interpreter, the zygote
 //! generation serving (id, reason, when; sessions per generation), the file store and the
 //! state of every sandbox layer; `"degraded"` with the reason (`last_spawn_error`) while
-//! the zygote is down or workers cannot be started, and (`file_store.detail`) while the
-//! file store cannot serve (with `file_store.last_recovery` once a local store's directory
-//! had to be recreated). `GET /ready`: 200 once every tier that keeps idle workers has
-//! had one ready (no job then waits for a zygote or a spawn), 503 before that, while the
-//! zygote is down or workers cannot be started, and once shutdown has begun (for load
-//! balancers and Kubernetes probes). The file store is not part of readiness: replicas
-//! share it, so its outage would take every replica out of the balancer at once, though
-//! runs that need no file can still be served.
+//! a zygote is down or workers cannot be started, (`pool.tiers[].start_error`) while a
+//! tier's zygote cannot start, and (`file_store.detail`) while the file store cannot
+//! serve (with `file_store.last_recovery` once a local store's directory had to be
+//! recreated). A tier whose zygote is still preloading is `starting`: not a fault.
+//!
+//! `GET /ready` (for load balancers and Kubernetes probes): 200 when every request is
+//! served correctly without waiting for a zygote: some tier serves (its zygote is up and
+//! has had a worker ready), and a job routed to a tier that does not serve yet (starting,
+//! or failed to start) runs on one that does, only slower (it imports what its tier would
+//! have preloaded). 503 before the first tier serves, while a started zygote is down (its
+//! jobs wait for the restart), while workers cannot be started, and once shutdown has
+//! begun. The file store is not part of readiness: replicas share it, so its outage would
+//! take every replica out of the balancer at once, though runs that need no file can still
+//! be served.
 
 use axum::Json;
 use axum::extract::State;
@@ -18,14 +24,18 @@ use serde_json::{Value, json};
 use super::SharedState;
 use crate::error::ApiError;
 use crate::files::watch::StoreState;
+use crate::pool::TierState;
 
 pub async fn health(State(state): State<SharedState>) -> Json<Value> {
     let pool = state.pool.status();
     let zygote = state.pool.zygote_info();
     let alive = pool.zygote.as_ref().is_some_and(|z| z.alive);
     let store = state.store_watch.state();
-    let healthy =
-        alive && pool.last_spawn_error.is_none() && !matches!(store, StoreState::Unavailable(_));
+    let no_tier_failed = pool.tiers.iter().all(|t| t.state != TierState::Failed);
+    let healthy = alive
+        && no_tier_failed
+        && pool.last_spawn_error.is_none()
+        && !matches!(store, StoreState::Unavailable(_));
     let sandbox: serde_json::Map<String, Value> = zygote
         .sandbox
         .iter()
@@ -80,19 +90,22 @@ pub async fn ready(State(state): State<SharedState>) -> Result<Json<Value>, ApiE
 /// Why the service should not be sent requests now, if it should not.
 pub(super) fn not_ready(state: &SharedState) -> Option<String> {
     let pool = state.pool.status();
+    let down = (pool.tiers.iter()).find(|t| t.zygote.as_ref().is_some_and(|z| !z.alive));
     if state.stopping.is_cancelled() {
         Some("the service is shutting down".into())
-    } else if !pool.zygote.as_ref().is_some_and(|z| z.alive) {
-        Some("the zygote is not running; it is being restarted".into())
+    } else if let Some(tier) = down {
+        Some(format!(
+            "the zygote of tier {:?} is not running; it is being restarted",
+            tier.name
+        ))
     } else if let Some(error) = pool.last_spawn_error {
         Some(format!("workers cannot be started: {error}"))
+    } else if pool.tiers.iter().all(|t| t.state != TierState::Serving) {
+        // Once a tier serves, a job routed to a tier that does not serve yet runs on it
+        // (correct, only slower), and a tier drained by traffic later is busy, not unready.
+        Some("no tier has a worker ready yet".into())
     } else {
-        // Until every tier has had a worker, a job routed to one without would wait for
-        // its zygote and a spawn. Once it has, it never goes back: a tier drained by
-        // traffic is busy, not unready.
-        (pool.tiers.iter())
-            .find(|t| t.workers_spawned == 0 && t.target_idle > 0)
-            .map(|tier| format!("no worker of tier {:?} is ready yet", tier.name))
+        None
     }
 }
 

@@ -1,9 +1,10 @@
-//! The service before its pool is ready: the listener is bound and answers at once, every
-//! request with a 503, `Retry-After` and what is happening (the zygotes are starting and
-//! preloading), instead of leaving clients hanging in the accept queue; `/health` answers
-//! 200 `"status": "starting"` (the process is alive: liveness probes must not kill it for
-//! preloading) with an empty pool. Once the pool is ready the real router is put in place
-//! and serves every request that follows.
+//! The service before its pool has started: the listener is bound and answers at once,
+//! every request with a 503, `Retry-After` and what is happening (the lightest tier's
+//! zygote is preloading), instead of leaving clients hanging in the accept queue; `/health`
+//! answers 200 `"status": "starting"` (the process is alive: liveness probes must not kill
+//! it for preloading) with an empty pool. Once the pool has started (its fuller tiers may
+//! still be preloading: they serve once up) the real router is put in place and serves
+//! every request that follows.
 
 use std::sync::{Arc, OnceLock};
 

@@ -37,8 +37,8 @@ use self::health::{HealthGauges, HealthReport};
 use self::labels::{Kind, Outcome};
 use self::names::label;
 use self::recent::Recent;
-use crate::pool::PoolStatus;
 use crate::pool::events::{KillReason, Rejection};
+use crate::pool::{PoolStatus, TierState};
 
 /// Execution durations: 100 µs (a trivial job on a warm worker) to 60 s (the longest
 /// timeout allowed).
@@ -96,6 +96,7 @@ pub struct Metrics {
     tier_idle: IntGaugeVec,
     tier_target_idle: IntGaugeVec,
     tier_spawning: IntGaugeVec,
+    tier_state: IntGaugeVec,
     pub(crate) tier_checkouts: IntCounterVec,
     pub(crate) tier_cold_starts: IntCounterVec,
     pub(crate) spawn_duration: Histogram,
@@ -203,6 +204,11 @@ impl Metrics {
                 names::TIER_SPAWNING_WORKERS,
                 "Workers being forked and warmed up, by tier.",
                 &[label::TIER],
+            ),
+            tier_state: reg.gauge_vec(
+                names::TIER_STATE,
+                "1 for the state each tier is in (starting, serving, failed), 0 for the others.",
+                &[label::TIER, label::STATE],
             ),
             tier_checkouts: reg.counter_vec(
                 names::TIER_CHECKOUTS_TOTAL,
@@ -333,6 +339,10 @@ impl Metrics {
             self.tier_target_idle.with_label_values(&[tier.as_str()]);
             self.tier_spawning.with_label_values(&[tier.as_str()]);
             self.tier_cold_starts.with_label_values(&[tier.as_str()]);
+            for state in TierState::ALL {
+                self.tier_state
+                    .with_label_values(&[tier.as_str(), state.as_str()]);
+            }
             for routed in names {
                 self.tier_checkouts
                     .with_label_values(&[tier.as_str(), routed.as_str()]);
@@ -375,6 +385,11 @@ impl Metrics {
             self.tier_spawning
                 .with_label_values(&name)
                 .set(gauge_value(tier.spawning));
+            for state in TierState::ALL {
+                self.tier_state
+                    .with_label_values(&[tier.name.as_str(), state.as_str()])
+                    .set(i64::from(tier.state == state));
+            }
         }
         if let Some(store) = store {
             self.files_stored

@@ -40,6 +40,10 @@ pub const TIER_SPAWNING_WORKERS: &str = "snakecage_tier_spawning_workers";
 /// idle worker.
 pub const TIER_CHECKOUTS_TOTAL: &str = "snakecage_tier_checkouts_total";
 pub const TIER_COLD_STARTS_TOTAL: &str = "snakecage_tier_cold_starts_total";
+/// 1 for the `state` each `tier` is in, 0 for the others: `starting` (its zygote is
+/// preloading, or its first worker is on its way; its jobs run on a tier that serves),
+/// `serving`, `failed` (its zygote could not start; retried).
+pub const TIER_STATE: &str = "snakecage_tier_state";
 
 /// From asking the zygote for a worker to the worker saying Ready.
 pub const WORKER_SPAWN_DURATION_SECONDS: &str = "snakecage_worker_spawn_duration_seconds";
@@ -121,6 +125,7 @@ pub mod label {
     pub const TENANT: &str = "tenant";
     pub const TIER: &str = "tier";
     pub const ROUTED: &str = "routed";
+    pub const STATE: &str = "state";
     pub const LAYER: &str = "layer";
     pub const OPERATION: &str = "operation";
     pub const TOOL: &str = "tool";
@@ -131,7 +136,7 @@ pub mod label {
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
 /// Every metric family name, for checks that nothing refers to a name that does not exist.
-pub const ALL: [&str; 43] = [
+pub const ALL: [&str; 44] = [
     TOOL_CALLS_TOTAL,
     TOOL_CALL_DURATION_SECONDS,
     EXECUTIONS_TOTAL,
@@ -149,6 +154,7 @@ pub const ALL: [&str; 43] = [
     TIER_TARGET_IDLE_WORKERS,
     TIER_SPAWNING_WORKERS,
     TIER_CHECKOUTS_TOTAL,
+    TIER_STATE,
     WORKER_SPAWN_DURATION_SECONDS,
     WORKER_SPAWN_FAILURES_TOTAL,
     WORKERS_KILLED_TOTAL,

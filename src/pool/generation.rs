@@ -4,6 +4,9 @@
 //! probed: [`super::probe`]), then switches to it at once. The old one is retired: its
 //! idle workers are dropped, workers still running (jobs, sessions) keep it alive through
 //! their lease, and its zygotes are shut down once the last lease is gone.
+//!
+//! The service's first generation starts serving before its fuller tiers are up
+//! ([`Generation::starting`]); a rollover's is complete before it serves.
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -55,22 +58,22 @@ impl GenerationLease {
 }
 
 impl Generation {
-    /// Starts one zygote per tier of `settings` (waiting until each is ready, with the
-    /// required sandbox layers); on any failure, shuts down those that started. With
-    /// `background` (a rollover's generation), the zygotes start at idle priority (for
-    /// that long at most: see `ZygoteHandle::start`).
+    /// Starts one zygote per tier of `settings` for a rollover (waiting until each is
+    /// ready, with the required sandbox layers); on any failure, shuts down those that
+    /// started. They start at idle priority, for `background` at most (see
+    /// `ZygoteHandle::start`).
     pub(super) async fn start(
         settings: PoolSettings,
         id: u64,
         size: usize,
-        background: Option<Duration>,
+        background: Duration,
     ) -> Result<Self, PoolError> {
         assert!(!settings.tiers.is_empty(), "a pool needs at least one tier");
         let started = futures_util::future::join_all(
             settings
                 .tiers
                 .iter()
-                .map(|tier| keeper::start_zygote(&settings, &tier.zygote, 0, background)),
+                .map(|tier| keeper::start_zygote(&settings, &tier.zygote, 0, Some(background))),
         )
         .await;
         let mut zygotes = Vec::new();
@@ -87,6 +90,29 @@ impl Generation {
             }
             return Err(e);
         }
+        Ok(Self::new(
+            settings,
+            id,
+            size,
+            zygotes.into_iter().map(Some).collect(),
+        ))
+    }
+
+    /// A generation of `settings` whose zygotes have not started yet: each is put in place
+    /// as it comes up (`keeper::keep_zygotes` starts them), and its tier serves from its
+    /// first worker on.
+    pub(super) fn starting(settings: PoolSettings, id: u64, size: usize) -> Self {
+        assert!(!settings.tiers.is_empty(), "a pool needs at least one tier");
+        let none = vec![None; settings.tiers.len()];
+        Self::new(settings, id, size, none)
+    }
+
+    fn new(
+        settings: PoolSettings,
+        id: u64,
+        size: usize,
+        zygotes: Vec<Option<Arc<ZygoteHandle>>>,
+    ) -> Self {
         let preloads: Vec<Vec<String>> = settings
             .tiers
             .iter()
@@ -103,7 +129,7 @@ impl Generation {
             .zip(targets)
             .map(|((tier, zygote), target)| Tier::new(tier, zygote, target))
             .collect();
-        Ok(Self {
+        Self {
             id,
             settings,
             tiers,
@@ -112,7 +138,26 @@ impl Generation {
             began: Instant::now(),
             lease: Arc::new(()),
             last_spawn_error: Mutex::new(None),
-        })
+        }
+    }
+
+    /// The tier that serves a job routed to `routed` now: that tier once it serves, else
+    /// the lightest fuller one that does, else the fullest that does (any code runs on
+    /// any tier). Before any serves (the service's first worker is on its way): `routed`
+    /// if its zygote is up, else the lightest tier, whose zygote a started pool has.
+    pub(super) fn serving_tier(&self, routed: usize) -> usize {
+        let serves = |i: &usize| self.tiers[*i].serves();
+        if let Some(&tier) = self.table.candidates(routed).iter().find(|i| serves(i)) {
+            return tier;
+        }
+        if let Some(tier) = (0..self.tiers.len()).rev().find(serves) {
+            return tier;
+        }
+        if self.tiers[routed].zygote().is_some() {
+            routed
+        } else {
+            0
+        }
     }
 
     pub(super) fn lease(&self) -> GenerationLease {
@@ -127,11 +172,18 @@ impl Generation {
         Arc::strong_count(&self.lease) > 1
     }
 
-    /// The session tier's zygote: what `/health` reports of the generation.
+    /// The zygote of the tier serving sessions now: what `/health` reports of the
+    /// generation.
     pub(super) fn zygote_info(&self) -> ZygoteInfo {
-        let mut info = self.tiers[self.table.session].current_zygote().info.clone();
+        let lightest = || {
+            self.tiers[0]
+                .zygote()
+                .expect("a started generation's lightest tier has its zygote")
+        };
+        let session = self.tiers[self.serving_tier(self.table.session)].zygote();
+        let mut info = session.unwrap_or_else(lightest).info.clone();
         if info.packages.is_empty() {
-            info.packages = self.tiers[0].current_zygote().info.packages.clone();
+            info.packages = lightest().info.packages.clone();
         }
         info
     }
@@ -148,9 +200,9 @@ impl Generation {
         (scope, config.limits.cpu_seconds)
     }
 
-    /// Every zygote's info, tier by tier.
+    /// The zygotes that have started, tier by tier.
     pub(super) fn zygotes(&self) -> Vec<Arc<ZygoteHandle>> {
-        self.tiers.iter().map(Tier::current_zygote).collect()
+        self.tiers.iter().filter_map(Tier::zygote).collect()
     }
 
     /// Drops its idle workers (killing them) and marks it retired.
@@ -190,9 +242,9 @@ pub struct RetiredGeneration {
 }
 
 impl Generations {
-    pub(super) fn new(first: Generation) -> Self {
+    pub(super) fn new(first: Arc<Generation>) -> Self {
         Self {
-            current: RwLock::new(Arc::new(first)),
+            current: RwLock::new(first),
             warming: Mutex::new(None),
             retired: Mutex::new(Vec::new()),
         }

@@ -1,5 +1,7 @@
 //! Starting a tier's zygote (checking the sandbox layers it must have) and restarting it,
-//! with backoff, whenever it dies.
+//! with backoff, whenever it dies. The service's first generation serves before its
+//! fuller tiers are up: their keepers start them first ([`first_start`]), retrying a
+//! start that fails while the other tiers serve.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -42,13 +44,25 @@ pub(super) fn keep_zygotes(inner: &Arc<Inner>, generation: &Arc<Generation>) {
     }
 }
 
-/// Restarts tier `index`'s zygote of `generation` whenever it dies, with backoff, and
-/// wakes the refill; ends when the generation is retired (its zygotes are shut down when
-/// nothing uses them) or the pool shuts down.
-async fn zygote_keeper(inner: Arc<Inner>, generation: Arc<Generation>, index: usize) {
+/// How long a tier whose zygote could not start waits before it tries again, at first
+/// and at most. A preload that kills the interpreter fails every time, and each attempt
+/// costs that tier's preloads in CPU; a start that timed out on a busy host, or was
+/// killed for memory, may pass the next time.
+const FIRST_START_RETRY: Duration = Duration::from_secs(1);
+const FIRST_START_RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// Starts tier `index`'s zygote of `generation` (it has none yet) and restarts it
+/// whenever it dies, with backoff, waking the refill; ends when the generation is
+/// retired (its zygotes are shut down when nothing uses them) or the pool shuts down.
+pub(super) async fn zygote_keeper(inner: Arc<Inner>, generation: Arc<Generation>, index: usize) {
     let tier = &generation.tiers[index];
+    if tier.zygote().is_none() && !first_start(&inner, &generation, index).await {
+        return;
+    }
     loop {
-        let current = tier.current_zygote();
+        let Some(current) = tier.zygote() else {
+            return;
+        };
         tokio::select! {
             () = current.died() => {}
             () = inner.shutdown.cancelled() => return,
@@ -91,6 +105,57 @@ async fn zygote_keeper(inner: Arc<Inner>, generation: Arc<Generation>, index: us
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
+    }
+}
+
+/// Starts tier `index`'s first zygote, retrying with backoff while it fails: the tier is
+/// `failed` with the reason meanwhile (`/health` is degraded and names it) and the tiers
+/// that serve take its jobs. False when the pool shuts down or the generation is retired
+/// first.
+async fn first_start(inner: &Arc<Inner>, generation: &Arc<Generation>, index: usize) -> bool {
+    let tier = &generation.tiers[index];
+    let mut backoff = FIRST_START_RETRY;
+    loop {
+        let started = start_zygote(&generation.settings, &tier.zygote_config, 0, None);
+        let result = tokio::select! {
+            result = started => result,
+            () = inner.shutdown.cancelled() => return false,
+            () = generation.retired.cancelled() => return false,
+        };
+        match result {
+            Ok(zygote) => {
+                if inner.shutdown.is_cancelled() || generation.retired.is_cancelled() {
+                    zygote.shutdown(Duration::from_secs(5)).await;
+                    return false;
+                }
+                report_preload_failures(&tier.name, &zygote.info);
+                tier.replace_zygote(zygote);
+                tracing::info!(tier = %tier.name, "the tier's zygote is up");
+                inner.refill.notify_one();
+                return true;
+            }
+            Err(e) => {
+                tracing::error!(
+                    tier = %tier.name, error = %e, retry_in = ?backoff,
+                    "the tier's zygote could not start; the tiers that serve take its jobs"
+                );
+                tier.start_failed(e.to_string());
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = inner.shutdown.cancelled() => return false,
+            () = generation.retired.cancelled() => return false,
+        }
+        backoff = (backoff * 2).min(FIRST_START_RETRY_MAX);
+    }
+}
+
+/// Logs the modules a tier's new zygote was configured to preload and could not import
+/// (its jobs import them themselves, and fail where they would have).
+pub(super) fn report_preload_failures(tier: &str, info: &ZygoteInfo) {
+    for failure in &info.preload_failures {
+        tracing::warn!(%tier, %failure, "a configured preload module is not available");
     }
 }
 

@@ -19,7 +19,8 @@
 //!   [`cancel_cause`]: why a pending call was cancelled, said as it is.
 //! - [`generation`]: the generations (one zygote per tier each), the current one, the
 //!   retired ones still in use; `rollover`: preparing the next one and switching to it;
-//!   `probe`: the sandboxed job a new generation must pass; `take`: taking an idle worker.
+//!   `probe`: the sandboxed job a new generation must pass; `take`: taking an idle worker;
+//!   `start`: starting the pool, serving before the fuller tiers are up.
 //!
 //! **Tiers.** The pool runs one zygote per configured tier (`[tiers]`: e.g. `bare`,
 //! `scientific` with numpy and pandas, `plotting` with matplotlib too), each with its own
@@ -30,6 +31,15 @@
 //! cannot see (`__import__`, `importlib`) only costs time. Jobs given as an entrypoint
 //! file go to the fullest tier, sessions to `tiers.session` (by default the fullest:
 //! their later runs may import anything).
+//!
+//! **Start.** The pool starts every tier's zygote at once and is started as soon as the
+//! lightest tier's is up (a fraction of a second: it preloads least, and alone lists the
+//! installed packages); the fuller ones come up in the background. A tier serves from its
+//! first worker on; until then a job routed to it runs on a tier that serves (see
+//! `Generation::serving_tier`), as does a session: one created while its tier starts
+//! lives on a lighter tier, and imports what it needs. A fuller tier whose zygote cannot
+//! start is `failed`, with why, and retried with backoff; the lightest's failure fails
+//! the start (nothing could serve).
 //!
 //! **`size`** is the number of jobs that run at once (over all tiers), and the number of
 //! idle workers kept ready on top of `tiers.min_idle` per tier: every tier keeps its
@@ -68,6 +78,7 @@ pub mod root;
 pub mod run;
 pub mod session;
 mod slots;
+mod start;
 mod starved;
 pub mod status;
 mod take;
@@ -90,7 +101,7 @@ use tokio_util::sync::CancellationToken;
 use self::checkout::{AbandonGuard, BusyGuard};
 pub use self::checkout::{Checkout, Finished, NoStaging, SessionSlot, Stager};
 use self::cpu_budget::{CpuBudget, Scope};
-use self::events::{KillReason, NoEvents, PoolEvents, Rejection};
+use self::events::{KillReason, PoolEvents, Rejection};
 use self::generation::{Generation, Generations};
 pub use self::generation::{GenerationLease, RetiredGeneration};
 pub use self::keeper::check_required;
@@ -99,7 +110,7 @@ use self::root::WorkspaceRoot;
 use self::run::{OutputChunk, RunError, RunLimits, RunOutcome};
 use self::session::SessionWorker;
 use self::slots::Slots;
-pub use self::status::{PoolCounters, PoolStatus, TierStatus, ZygoteStatus};
+pub use self::status::{PoolCounters, PoolStatus, TierState, TierStatus, ZygoteStatus};
 use self::tier::Tier;
 pub use self::tier::TierSettings;
 use self::zygote::ZygoteError;
@@ -173,48 +184,6 @@ struct Inner {
 }
 
 impl Pool {
-    /// Starts every tier's zygote (waiting for them to be ready), then the refill and
-    /// restart tasks.
-    pub async fn start(settings: PoolSettings) -> Result<Self, PoolError> {
-        Self::start_observed(settings, Arc::new(NoEvents)).await
-    }
-
-    /// [`Pool::start`], reporting queue waits, spawns, kills and restarts to `events`.
-    pub async fn start_observed(
-        mut settings: PoolSettings,
-        events: Arc<dyn PoolEvents>,
-    ) -> Result<Self, PoolError> {
-        let root = WorkspaceRoot::claim(&settings.workspace_root).map_err(|source| {
-            PoolError::WorkspaceRoot {
-                path: settings.workspace_root.clone(),
-                source,
-            }
-        })?;
-        settings.workspace_root = root.path().to_path_buf();
-        let first = Generation::start(settings.clone(), 1, settings.size, None).await?;
-        let shutdown = CancellationToken::new();
-        let inner = Arc::new(Inner {
-            generations: Generations::new(first),
-            slots: Slots::new(
-                settings.size,
-                settings.queue_length,
-                settings.queue_timeout,
-                shutdown.clone(),
-            ),
-            settings,
-            root,
-            next_worker_id: AtomicU64::new(1),
-            refill: Notify::new(),
-            stocking: std::sync::Mutex::new(()),
-            shutdown,
-            counters: PoolCounters::default(),
-            events,
-        });
-        tokio::spawn(refill::refill_loop(inner.clone()));
-        keeper::keep_zygotes(&inner, &inner.generations.current());
-        Ok(Self { inner })
-    }
-
     /// What the current generation's session tier's zygote (by default the fullest)
     /// reported when it started, with the installed packages from the lightest tier's,
     /// which alone describes them.
@@ -249,7 +218,7 @@ impl Pool {
     }
 
     /// Takes an execution slot and an idle worker of the fullest tier (the code to run is
-    /// not known), waiting in the FIFO queue when all `size` slots are busy (or, briefly,
+    /// not known; the fullest that serves while it starts), waiting in the FIFO queue when all `size` slots are busy (or, briefly,
     /// when the refill has not caught up).
     pub async fn acquire(&self) -> Result<Checkout, PoolError> {
         let current = self.inner.generations.current();
@@ -440,11 +409,12 @@ impl Pool {
         let inner = &self.inner;
         let current = inner.generations.current();
         let tiers: Vec<TierStatus> = current.tiers.iter().map(Tier::status).collect();
-        let session = &tiers[current.table.session];
+        let session = &tiers[current.serving_tier(current.table.session)];
         let zygote = session.zygote.clone().map(|z| ZygoteStatus {
             alive: tiers
                 .iter()
-                .all(|t| t.zygote.as_ref().is_some_and(|z| z.alive)),
+                .filter_map(|t| t.zygote.as_ref())
+                .all(|z| z.alive),
             ..z
         });
         PoolStatus {

@@ -16,6 +16,7 @@ use super::events::KillReason;
 use super::fd::{nonblocking_read_pipe, read_available};
 use super::generation::Generation;
 use super::starved::{SchedStat, patience, starved};
+use super::status::TierState;
 use super::tier::Tier;
 use super::worker::{JobChannel, Worker, Workspace};
 use super::zygote::{ZygoteError, ZygoteHandle};
@@ -57,21 +58,19 @@ pub(super) fn stock(inner: &Arc<Inner>, generation: &Arc<Generation>) {
     }
     let _one_at_a_time = inner.stocking.lock().expect("stocking lock");
     // While a generation starts (the service's first, or one a rollover prepares), one
-    // worker per tier first: it is ready once every tier has one, and the rest would only
-    // compete with the slowest tier's first worker for the CPUs. Bounded in time: a tier
-    // whose workers cannot start does not keep the others at one.
+    // worker per tier first, and one per job waiting: the rest would only compete for the
+    // CPUs with the tiers still preloading and with their first workers. Bounded in time:
+    // a tier whose workers cannot start does not keep the others at one.
     let starting = generation.began.elapsed() < START_UP_ONE_EACH
-        && generation.tiers.iter().any(|t| {
-            t.spawned.load(Ordering::Relaxed) == 0
-                && t.wanted() > 0
-                && t.current_zygote().is_alive()
-        });
+        && generation
+            .tiers
+            .iter()
+            .any(|t| t.state() == TierState::Starting && t.wanted() > 0);
     {
         for (index, tier) in generation.tiers.iter().enumerate() {
-            let zygote = tier.current_zygote();
-            if !zygote.is_alive() {
+            let Some(zygote) = tier.zygote().filter(|z| z.is_alive()) else {
                 continue;
-            }
+            };
             let wanted = tier.wanted();
             // Retire idle workers the tier no longer needs (with a margin of one, so a
             // target that wavers does not churn forks).
@@ -81,7 +80,7 @@ pub(super) fn stock(inner: &Arc<Inner>, generation: &Arc<Generation>) {
                 }
             }
             let wanted = if starting {
-                wanted.min(1)
+                wanted.min(tier.waiting().max(1))
             } else {
                 // One more while an idle worker skipped its warm-up and no job waits: the
                 // warmed one replaces it (see `spawn_one`).
@@ -130,7 +129,6 @@ async fn spawn_one(
                 .counters
                 .workers_spawned
                 .fetch_add(1, Ordering::Relaxed);
-            tier.spawned.fetch_add(1, Ordering::Relaxed);
             if !worker.warmed {
                 tier.spawned_cold.fetch_add(1, Ordering::Relaxed);
                 inner.events.worker_started_cold(&tier.name);
@@ -143,6 +141,9 @@ async fn spawn_one(
             // A retired generation's new worker is dropped (killed): it would serve nobody.
             if !inner.shutdown.is_cancelled() && !generation.retired.is_cancelled() {
                 tier.idle.push(worker);
+                // Counted once it can be taken: from its tier's first, jobs routed here
+                // are served here (`Tier::serves`).
+                tier.spawned.fetch_add(1, Ordering::Release);
                 // One made while jobs waited (or first) is replaced by a warmed one once
                 // none waits (`stock` asks for the extra), so neither a burst nor the
                 // start leaves the next requests slower.
@@ -166,7 +167,8 @@ async fn spawn_one(
                 // A worker of a zygote that is being replaced says nothing about the next;
                 // one of a generation being prepared says nothing about the one serving.
                 let serving = inner.generations.is_current(&generation);
-                if serving && zygote.restarts == tier.current_zygote().restarts {
+                let restarts = tier.zygote().map(|z| z.restarts);
+                if serving && restarts == Some(zygote.restarts) {
                     inner.counters.spawn_failed(e.to_string());
                 }
                 // Do not spin on a failure that repeats (a broken sandbox layer, say).

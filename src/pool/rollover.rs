@@ -20,6 +20,7 @@ use snakecage_worker::protocol::ZygoteInfo;
 
 use super::generation::Generation;
 use super::idle::{IdleSet, Taken};
+use super::tier::Tier;
 use super::{Inner, Pool, PoolSettings, keeper, probe};
 
 /// Where a rollover failed.
@@ -115,13 +116,12 @@ impl Pool {
         settings.spawn_timeout = inner.settings.spawn_timeout;
         let id = inner.generations.next_id();
         tracing::info!(generation = id, %reason, "starting a new generation");
-        let generation =
-            Generation::start(settings, id, inner.settings.size, Some(ZYGOTE_PATIENCE))
-                .await
-                .map_err(|e| PrepareError {
-                    stage: RolloverStage::Start,
-                    detail: e.to_string(),
-                })?;
+        let generation = Generation::start(settings, id, inner.settings.size, ZYGOTE_PATIENCE)
+            .await
+            .map_err(|e| PrepareError {
+                stage: RolloverStage::Start,
+                detail: e.to_string(),
+            })?;
         let generation = Arc::new(generation);
         let prepared = Prepared {
             generation: Some(generation.clone()),
@@ -212,17 +212,17 @@ fn check_preloads(current: &Generation, next: &Generation) -> Result<(), Prepare
     let before: BTreeSet<String> = current
         .tiers
         .iter()
-        .flat_map(|t| t.current_zygote().info.preload_failures.clone())
+        .filter_map(Tier::zygote)
+        .flat_map(|z| z.info.preload_failures.clone())
         .collect();
     let new: Vec<String> = next
         .tiers
         .iter()
         .flat_map(|t| {
             let name = t.name.clone();
-            t.current_zygote()
-                .info
-                .preload_failures
-                .clone()
+            let failures = t.zygote().map(|z| z.info.preload_failures.clone());
+            failures
+                .unwrap_or_default()
                 .into_iter()
                 .map(move |f| (name.clone(), f))
         })

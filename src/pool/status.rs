@@ -75,8 +75,8 @@ pub struct PoolStatus {
     /// Why workers cannot be started, while they cannot.
     pub last_spawn_error: Option<String>,
     /// Each tier of the current generation, lightest first. `idle` and `spawning` above
-    /// are their sums; `zygote` above is the session tier's, alive only while every
-    /// tier's zygote is.
+    /// are their sums; `zygote` above is that of the tier serving sessions now (the
+    /// session tier once it serves), alive only while every tier's zygote that started is.
     pub tiers: Vec<TierStatus>,
     /// The generation new workers come from.
     pub generation: u64,
@@ -84,10 +84,39 @@ pub struct PoolStatus {
     pub retired_generations: Vec<super::RetiredGeneration>,
 }
 
+/// Where a tier stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TierState {
+    /// Its zygote is preloading, or its first worker is on its way: the jobs routed to it
+    /// run on a tier that serves meanwhile (correct, only slower).
+    Starting,
+    /// Its zygote is up and has had a worker ready: the jobs routed to it run on it.
+    Serving,
+    /// Its zygote could not start (`start_error` says why); the start is retried, and
+    /// the jobs routed to it run on a tier that serves meanwhile.
+    Failed,
+}
+
+impl TierState {
+    pub const ALL: [TierState; 3] = [TierState::Starting, TierState::Serving, TierState::Failed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TierState::Starting => "starting",
+            TierState::Serving => "serving",
+            TierState::Failed => "failed",
+        }
+    }
+}
+
 /// One tier of the pool.
 #[derive(Debug, Clone, Serialize)]
 pub struct TierStatus {
     pub name: String,
+    pub state: TierState,
+    /// Why its zygote's last attempt to start failed, while it has never started.
+    pub start_error: Option<String>,
     /// The modules its zygote was configured to preload.
     pub preload: Vec<String>,
     pub idle: usize,
@@ -96,13 +125,14 @@ pub struct TierStatus {
     pub target_idle: usize,
     /// Workers taken from it so far, for jobs and sessions.
     pub checkouts: u64,
-    /// Workers it has started so far (`/ready` waits for one in every tier).
+    /// Workers it has started so far (it serves from its first on).
     pub workers_spawned: u64,
     /// Of those, the ones started without the tier's warm-up: because a job was already
     /// waiting for a worker (the pool was not keeping up), or the tier's first.
     pub workers_spawned_cold: u64,
     /// Idle workers started cold that were replaced by warmed ones once no job waited.
     pub cold_workers_replaced: u64,
+    /// None until its zygote has started.
     pub zygote: Option<ZygoteStatus>,
 }
 

@@ -1,5 +1,6 @@
 //! Taking an idle worker for a job or a session: of the tier it was routed to, else of a
-//! fuller one, waiting for the refill when none has one. A wait that outlives its
+//! fuller one, waiting for the refill when none has one; of a tier that serves when the
+//! one it was routed to is still starting (`Generation::serving_tier`). A wait that outlives its
 //! generation (a rollover switched meanwhile) moves on to the current one, so a request
 //! in flight during a rollover is served, never failed.
 
@@ -17,9 +18,9 @@ use super::{Inner, PoolError};
 const MAX_UNUSABLE_IDLE: usize = 64;
 
 impl Inner {
-    /// An idle worker for a job routed to tier `routed` of `generation`: of that tier, else
-    /// of a fuller one, waiting (until `deadline`) for the refill when none has one.
-    /// Counts the demand.
+    /// An idle worker for a job routed to tier `routed` of `generation`: of that tier (of
+    /// one that serves while it starts), else of a fuller one, waiting (until `deadline`)
+    /// for the refill when none has one. Counts the demand for `routed`.
     pub(super) async fn take_idle(
         self: &Arc<Self>,
         mut generation: Arc<Generation>,
@@ -40,7 +41,8 @@ impl Inner {
                 generation = self.generations.current();
                 routed = generation.tiers.len() - 1;
             }
-            let candidates = generation.table.candidates(routed).to_vec();
+            let serving = generation.serving_tier(routed);
+            let candidates = generation.table.candidates(serving).to_vec();
             let sets: Vec<&IdleSet> = candidates
                 .iter()
                 .map(|&i| &generation.tiers[i].idle)
@@ -54,8 +56,8 @@ impl Inner {
                 None => {
                     let _waiting = self.slots.waiting();
                     // A tier whose target is 0 still gets a worker for a job that waits.
-                    let _wanted = generation.tiers[routed].want();
-                    generation.tiers[routed].skip_a_warm_up();
+                    let _wanted = generation.tiers[serving].want();
+                    generation.tiers[serving].skip_a_warm_up();
                     self.refill.notify_one();
                     let take = self.slots.wait(IdleSet::take_any(&sets), deadline);
                     tokio::pin!(take);
@@ -86,7 +88,8 @@ impl Inner {
                 continue;
             };
             let tier = &generation.tiers[candidates[index]];
-            if worker.zygote_restarts != tier.current_zygote().restarts || !worker.is_alive() {
+            let restarts = tier.zygote().map(|z| z.restarts);
+            if restarts != Some(worker.zygote_restarts) || !worker.is_alive() {
                 // Died with its zygote while idle: skip it, the refill replaces it.
                 self.events.worker_killed(KillReason::LostIdle);
                 continue;

@@ -1,5 +1,8 @@
 //! One tier of the pool: a zygote with its preload profile, its idle workers, the workers
-//! being spawned for it, and the number of idle workers it should keep ready now.
+//! being spawned for it, and the number of idle workers it should keep ready now. At the
+//! service's start a tier may have no zygote yet (it is preloading, or its start failed
+//! and is retried): the service serves from the tiers that are up meanwhile
+//! ([`Tier::serves`]).
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
@@ -12,7 +15,7 @@ use snakecage_worker::protocol::{JobRequest, ZygoteConfig};
 use tokio::sync::Notify;
 
 use super::idle::IdleSet;
-use super::status::{TierStatus, ZygoteStatus};
+use super::status::{TierState, TierStatus, ZygoteStatus};
 use super::zygote::ZygoteHandle;
 
 /// What configures one tier.
@@ -27,7 +30,10 @@ pub struct TierSettings {
 pub(super) struct Tier {
     pub(super) name: String,
     pub(super) zygote_config: ZygoteConfig,
-    zygote: RwLock<Arc<ZygoteHandle>>,
+    /// None until its zygote first started.
+    zygote: RwLock<Option<Arc<ZygoteHandle>>>,
+    /// Why its zygote's last attempt to start failed, while it has never started.
+    start_failure: Mutex<Option<String>>,
     pub(super) idle: IdleSet,
     pub(super) spawning: AtomicUsize,
     /// Idle workers this tier keeps ready now.
@@ -59,11 +65,18 @@ struct Warming {
 }
 
 impl Tier {
-    pub(super) fn new(settings: TierSettings, zygote: Arc<ZygoteHandle>, target: usize) -> Self {
+    /// A tier of `settings` with `zygote`, or with none yet (it is started later:
+    /// `keeper::keep_zygotes`).
+    pub(super) fn new(
+        settings: TierSettings,
+        zygote: Option<Arc<ZygoteHandle>>,
+        target: usize,
+    ) -> Self {
         Self {
             name: settings.name,
             zygote_config: settings.zygote,
             zygote: RwLock::new(zygote),
+            start_failure: Mutex::new(None),
             idle: IdleSet::default(),
             spawning: AtomicUsize::new(0),
             target: AtomicUsize::new(target),
@@ -78,14 +91,49 @@ impl Tier {
         }
     }
 
-    pub(super) fn current_zygote(&self) -> Arc<ZygoteHandle> {
+    /// Its zygote, once it has started.
+    pub(super) fn zygote(&self) -> Option<Arc<ZygoteHandle>> {
         self.zygote.read().expect("zygote lock").clone()
     }
 
+    /// Puts `zygote` in place: the tier's first, or one replacing a dead one.
     pub(super) fn replace_zygote(&self, zygote: Arc<ZygoteHandle>) {
-        *self.zygote.write().expect("zygote lock") = zygote;
+        *self.zygote.write().expect("zygote lock") = Some(zygote);
+        *self.start_failure.lock().expect("start failure lock") = None;
         // Jobs may have waited through the restart.
         self.prioritise();
+    }
+
+    /// Records why its zygote could not start, while it never has.
+    pub(super) fn start_failed(&self, why: String) {
+        *self.start_failure.lock().expect("start failure lock") = Some(why);
+    }
+
+    /// Whether jobs routed here are served here: its zygote is up and has had a worker
+    /// ready. Until then they go to a tier that serves (any code runs on any tier), so
+    /// none waits for a zygote that is still preloading, nor for its first worker. A tier
+    /// that keeps no idle worker (its target is 0) makes one only for a job that waits for
+    /// it: it serves once its zygote is up.
+    pub(super) fn serves(&self) -> bool {
+        self.spawned.load(Ordering::Acquire) > 0
+            || (self.target.load(Ordering::Acquire) == 0 && self.zygote().is_some())
+    }
+
+    /// Where it stands: starting, serving, or failed to start.
+    pub(super) fn state(&self) -> TierState {
+        if self.serves() {
+            TierState::Serving
+        } else if self.zygote().is_none()
+            && self
+                .start_failure
+                .lock()
+                .expect("start failure lock")
+                .is_some()
+        {
+            TierState::Failed
+        } else {
+            TierState::Starting
+        }
     }
 
     /// Whether jobs routed here wait for a worker: then the workers on their way are what
@@ -108,7 +156,9 @@ impl Tier {
     fn prioritise(&self) {
         let mut raised = self.raised.lock().expect("raised lock");
         if self.in_demand() {
-            let zygote = self.current_zygote();
+            let Some(zygote) = self.zygote() else {
+                return;
+            };
             if raised.as_ref().is_some_and(|r| Arc::ptr_eq(r, &zygote)) {
                 return;
             }
@@ -188,10 +238,21 @@ impl Tier {
         WantGuard(self)
     }
 
+    /// Jobs routed here that wait for an idle worker.
+    pub(super) fn waiting(&self) -> usize {
+        self.waiters.load(Ordering::Acquire)
+    }
+
     pub(super) fn status(&self) -> TierStatus {
-        let zygote = self.current_zygote();
+        let zygote = self.zygote();
         TierStatus {
             name: self.name.clone(),
+            state: self.state(),
+            start_error: self
+                .start_failure
+                .lock()
+                .expect("start failure lock")
+                .clone(),
             preload: self.zygote_config.preload.clone(),
             idle: self.idle.len(),
             spawning: self.spawning.load(Ordering::Relaxed),
@@ -200,7 +261,7 @@ impl Tier {
             workers_spawned: self.spawned.load(Ordering::Relaxed),
             workers_spawned_cold: self.spawned_cold.load(Ordering::Relaxed),
             cold_workers_replaced: self.cold_replaced.load(Ordering::Relaxed),
-            zygote: Some(ZygoteStatus {
+            zygote: zygote.map(|zygote| ZygoteStatus {
                 pid: zygote.info.pid,
                 restarts: zygote.restarts,
                 alive: zygote.is_alive(),

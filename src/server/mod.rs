@@ -98,13 +98,13 @@ pub async fn serve_with(
     let store = open_store(&config, metrics.clone())?;
     prepare_mpl_config_dir(&settings.tiers[0].zygote.mpl_config_dir)?;
     metrics.set_tenants(keys.load().names());
-    // Answer at once while the zygotes start (503, Retry-After, what is happening); the
-    // real router takes over when the pool is ready.
+    // Answer at once while the lightest tier's zygote starts (503, Retry-After, what is
+    // happening); the real router takes over when the pool has started (the fuller tiers
+    // come up behind it).
     let router_cell = api::starting::RouterCell::default();
-    let tiers: Vec<&str> = settings.tiers.iter().map(|t| t.name.as_str()).collect();
     let what = format!(
-        "its zygotes ({}) are preloading their modules and forking the first workers",
-        tiers.join(", ")
+        "the zygote of its lightest tier ({}) is preloading its modules",
+        settings.tiers[0].name
     );
     // Watched from here on, not only once the service is ready: a shutdown asked for while
     // the zygotes start (which can take minutes) ends the start-up.
@@ -173,9 +173,6 @@ pub async fn serve_with(
         preloaded = ?info.preloaded.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(),
         "snakecage is listening"
     );
-    for failure in &info.preload_failures {
-        tracing::warn!(%failure, "a configured preload module is not available");
-    }
     log_sandbox(&info.sandbox);
     let grace = Duration::from_millis(config.worker.shutdown_grace_ms);
     if config.files.ttl_seconds > 0 {

@@ -40,9 +40,10 @@ pub fn load_keys(config: &Config, listening: SocketAddr) -> Result<Keys, ServeEr
     Ok(keys)
 }
 
-/// The niceness the lighter zygotes prepare at: the fullest one, which the service's
-/// readiness waits for, gets the CPU first (BENCHMARKS.md, "Start-up").
-const STARTUP_NICE_LIGHTER: i32 = 10;
+/// The niceness the zygotes between the lightest and the fullest prepare at: the lightest
+/// one, which the service's readiness waits for, and the fullest one, which takes longest,
+/// get the CPU first (BENCHMARKS.md, "Start-up").
+const STARTUP_NICE_BETWEEN: i32 = 10;
 
 /// The pool settings a configuration implies: one zygote configuration per tier, the
 /// same but for its name, preloads and warm-up.
@@ -95,10 +96,10 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
                 // The lightest zygote is up first: the package scan is off the path of
                 // the fuller ones, which decide when the service is ready.
                 describe_packages: i == 0,
-                startup_nice: if profile.preload.len() == fullest {
+                startup_nice: if i == 0 || profile.preload.len() == fullest {
                     0
                 } else {
-                    STARTUP_NICE_LIGHTER
+                    STARTUP_NICE_BETWEEN
                 },
                 snapshot: profile.snapshot,
                 immortal: profile.immortal,

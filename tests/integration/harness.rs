@@ -39,8 +39,8 @@ pub struct Options {
     pub wrapper: Vec<String>,
     /// Use this state directory instead of a fresh temporary one.
     pub state_dir: Option<PathBuf>,
-    /// Return from `start` only once every tier has had a worker ready (as `/ready` does),
-    /// not as soon as one worker is idle.
+    /// Return from `start` only once every tier has had a worker ready (`/ready` is 200
+    /// as soon as one tier has), not as soon as one worker is idle.
     pub wait_for_every_tier: bool,
 }
 
@@ -203,7 +203,8 @@ impl Server {
         server
     }
 
-    /// Waits until every tier that keeps idle workers has had one ready.
+    /// Waits until every tier serves: its zygote is up, and it has had a worker ready if
+    /// it keeps idle workers (until then its jobs run on another tier).
     pub async fn wait_for_every_tier(&self) {
         let deadline = Instant::now() + START_BOUND;
         loop {
@@ -212,9 +213,7 @@ impl Server {
                 .as_array()
                 .cloned()
                 .unwrap_or_default();
-            if tiers.iter().all(|t| {
-                t["workers_spawned"].as_u64() >= Some(1) || t["target_idle"].as_u64() == Some(0)
-            }) {
+            if !tiers.is_empty() && tiers.iter().all(|t| t["state"] == "serving") {
                 return;
             }
             assert!(

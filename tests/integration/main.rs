@@ -35,6 +35,7 @@ mod packages_bytecode;
 mod packages_cli;
 mod packages_env;
 mod packages_order;
+mod partial_start;
 mod prom;
 mod prometheus;
 mod refill;

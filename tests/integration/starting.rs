@@ -115,12 +115,12 @@ async fn requests_during_start_up_get_a_friendly_503_then_are_served() {
     assert_eq!(served["stdout"], "ready\n", "{served}");
 }
 
-/// The zygote `/ready` waits for longest, the one with the most preloads, prepares at the
-/// service's own priority; every lighter one at nice 10, so that on a small machine they
-/// do not take its CPU (they finish before it all the same). A preloaded module records
-/// the niceness its zygote imported it at, and a job on each tier reads it.
+/// The zygote `/ready` waits for, the lightest, and the one that takes longest, the fullest,
+/// prepare at the service's own priority; every one between at nice 10, so that on a small
+/// machine they do not take those two's CPU. A preloaded module records the niceness its
+/// zygote imported it at, and a job on each tier reads it.
 #[tokio::test]
-async fn lighter_zygotes_prepare_at_a_lower_priority_than_the_fullest() {
+async fn zygotes_between_the_lightest_and_the_fullest_prepare_at_a_lower_priority() {
     let dir = tempfile::tempdir().unwrap();
     let packages = site_packages(
         dir.path(),
@@ -129,6 +129,7 @@ async fn lighter_zygotes_prepare_at_a_lower_priority_than_the_fullest() {
                 "snakecage_niceness",
                 "import os\nNICE = os.getpriority(os.PRIO_PROCESS, 0)\n",
             ),
+            ("snakecage_middle", "MILIEU = 'milieu'\n"),
             ("snakecage_fuller", "ÉTÉ = 'été'\n"),
         ],
     );
@@ -136,15 +137,17 @@ async fn lighter_zygotes_prepare_at_a_lower_priority_than_the_fullest() {
     std::fs::write(
         &config,
         format!(
-            "[python]\nsite_packages = [{:?}]\n\n[sandbox]\nallowed_packages = [\"snakecage_niceness\", \"snakecage_fuller\"]\n\n\
+            "[python]\nsite_packages = [{:?}]\n\n[sandbox]\nallowed_packages = [\"snakecage_niceness\", \"snakecage_middle\", \"snakecage_fuller\"]\n\n\
              [[tiers.profile]]\nname = \"light\"\npreload = [\"snakecage_niceness\"]\n\n\
-             [[tiers.profile]]\nname = \"full\"\npreload = [\"snakecage_niceness\", \"snakecage_fuller\"]\n",
+             [[tiers.profile]]\nname = \"middle\"\npreload = [\"snakecage_niceness\", \"snakecage_middle\"]\n\n\
+             [[tiers.profile]]\nname = \"full\"\npreload = [\"snakecage_niceness\", \"snakecage_middle\", \"snakecage_fuller\"]\n",
             packages.display().to_string()
         ),
     )
     .unwrap();
     let s = crate::rollover::start(&config, Options::default()).await;
-    // The service inherits this process's niceness; the fullest zygote keeps it.
+    // The service inherits this process's niceness; the lightest and fullest zygotes keep
+    // it.
     // SAFETY: getpriority of this process; errno is not needed (a niceness of -1 is
     // still compared as a value).
     let own = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
@@ -152,7 +155,11 @@ async fn lighter_zygotes_prepare_at_a_lower_priority_than_the_fullest() {
     let light = s
         .run("import snakecage_niceness\nprint(snakecage_niceness.NICE)")
         .await;
-    assert_eq!(light["stdout"], "10\n", "{light}");
+    assert_eq!(light["stdout"], format!("{own}\n"), "{light}");
+    let middle = s
+        .run("import snakecage_niceness, snakecage_middle\nprint(snakecage_niceness.NICE, snakecage_middle.MILIEU)")
+        .await;
+    assert_eq!(middle["stdout"], "10 milieu\n", "{middle}");
     let full = s
         .run("import snakecage_niceness, snakecage_fuller\nprint(snakecage_niceness.NICE, snakecage_fuller.ÉTÉ)")
         .await;

@@ -283,10 +283,11 @@ async fn matplotlib_imported_behind_the_scan_still_draws_on_a_lighter_tier() {
     );
 }
 
-/// `/ready` says 200 only once no job would wait for a spawn, whatever tier its imports
-/// pick: every tier has had a worker ready (the plotting zygote starts last).
+/// `/ready` says 200 once a tier serves (a job routed to a tier still starting runs on
+/// it: `partial_start`), and only once one does: when it does, some tier has had a
+/// worker, and every other tier is serving or starting, not failed.
 #[tokio::test]
-async fn ready_waits_for_a_worker_in_every_tier() {
+async fn ready_once_a_tier_serves() {
     let s = Server::start_with(Options::default().first_worker_only()).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
@@ -295,14 +296,23 @@ async fn ready_waits_for_a_worker_in_every_tier() {
             break;
         }
         assert_eq!(status, 503, "{body}");
-        assert!(body.contains("is ready yet"), "{body}");
+        assert!(body.contains("no tier has a worker ready yet"), "{body}");
         assert!(std::time::Instant::now() < deadline, "never ready: {body}");
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
     let health = s.health().await;
-    for tier in health["pool"]["tiers"].as_array().unwrap() {
-        assert!(tier["workers_spawned"].as_u64() >= Some(1), "{health}");
-        assert!(tier["idle"].as_u64() >= Some(1), "{health}");
+    let tiers = health["pool"]["tiers"].as_array().unwrap();
+    assert!(
+        tiers
+            .iter()
+            .any(|t| t["state"] == "serving" && t["workers_spawned"].as_u64() >= Some(1)),
+        "{health}"
+    );
+    for tier in tiers {
+        assert!(
+            tier["state"] == "serving" || tier["state"] == "starting",
+            "{health}"
+        );
     }
 }
 

@@ -32,8 +32,8 @@ pub struct ZygoteConfig {
     pub describe_packages: bool,
     /// The niceness the zygote prepares at (imports, warm-up, freeze), before it lowers
     /// itself to background priority to fork. The supervisor starts every zygote but the
-    /// fullest at 10: they finish before it anyway, and on a small machine they would
-    /// otherwise take CPU from the one `/ready` waits for.
+    /// lightest (which `/ready` waits for) and the fullest (which takes longest) at 10: on
+    /// a small machine they would otherwise take CPU from those two.
     #[serde(default)]
     pub startup_nice: i32,
     /// Map the heap back from a memfd snapshot once it is built (`snapshot.rs`): cheaper

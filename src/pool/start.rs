@@ -1,0 +1,85 @@
+//! Starting the pool: every tier's zygote starts at once, the lightest is awaited (it
+//! preloads least, so it is up first, and alone lists the installed packages), the fuller
+//! ones come up in the background and serve from their first worker on (`keeper`); the
+//! refill task starts with them.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::events::{NoEvents, PoolEvents};
+use super::generation::{Generation, Generations};
+use super::root::WorkspaceRoot;
+use super::slots::Slots;
+use super::status::PoolCounters;
+use super::{Inner, Pool, PoolError, PoolSettings, keeper, refill};
+
+impl Pool {
+    /// Starts every tier's zygote, the refill and the restart tasks; returns once the
+    /// lightest tier's zygote is up (the others come up in the background: see the
+    /// module docs), or with why it could not start.
+    pub async fn start(settings: PoolSettings) -> Result<Self, PoolError> {
+        Self::start_observed(settings, Arc::new(NoEvents)).await
+    }
+
+    /// [`Pool::start`], reporting queue waits, spawns, kills and restarts to `events`.
+    pub async fn start_observed(
+        mut settings: PoolSettings,
+        events: Arc<dyn PoolEvents>,
+    ) -> Result<Self, PoolError> {
+        let root = WorkspaceRoot::claim(&settings.workspace_root).map_err(|source| {
+            PoolError::WorkspaceRoot {
+                path: settings.workspace_root.clone(),
+                source,
+            }
+        })?;
+        settings.workspace_root = root.path().to_path_buf();
+        let first = Arc::new(Generation::starting(settings.clone(), 1, settings.size));
+        let shutdown = CancellationToken::new();
+        let inner = Arc::new(Inner {
+            generations: Generations::new(first.clone()),
+            slots: Slots::new(
+                settings.size,
+                settings.queue_length,
+                settings.queue_timeout,
+                shutdown.clone(),
+            ),
+            settings,
+            root,
+            next_worker_id: AtomicU64::new(1),
+            refill: Notify::new(),
+            stocking: std::sync::Mutex::new(()),
+            shutdown,
+            counters: PoolCounters::default(),
+            events,
+        });
+        let pool = Self {
+            inner: inner.clone(),
+        };
+        // A start given up (the future dropped: a shutdown asked for while starting) stops
+        // the tasks below, which then drop their zygotes and the workspace root.
+        let given_up = inner.shutdown.clone().drop_guard();
+        tokio::spawn(refill::refill_loop(inner.clone()));
+        // The fuller tiers start in the background while the lightest is awaited here.
+        for index in 1..first.tiers.len() {
+            tokio::spawn(keeper::zygote_keeper(inner.clone(), first.clone(), index));
+        }
+        let lightest = &first.tiers[0];
+        match keeper::start_zygote(&inner.settings, &lightest.zygote_config, 0, None).await {
+            Ok(zygote) => {
+                keeper::report_preload_failures(&lightest.name, &zygote.info);
+                lightest.replace_zygote(zygote);
+            }
+            Err(e) => {
+                pool.shutdown().await;
+                return Err(e);
+            }
+        }
+        given_up.disarm();
+        tokio::spawn(keeper::zygote_keeper(inner.clone(), first, 0));
+        inner.refill.notify_one();
+        Ok(pool)
+    }
+}
