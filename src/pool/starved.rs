@@ -134,18 +134,15 @@ mod tests {
                 );
             }
         };
-        // Two children that spin at SCHED_IDLE, one of them stopped at once.
+        // Two children that spin, one of them stopped (and seen stopped, while it still
+        // runs at normal priority) at once; then both at SCHED_IDLE, set from here so that
+        // it is in force before anything is measured.
         let spin = || {
-            // SAFETY: the child only makes one system call and spins until it is killed.
+            // SAFETY: the child makes no call at all and spins until it is killed.
             match unsafe { libc::fork() } {
-                0 => {
-                    let param = libc::sched_param { sched_priority: 0 };
-                    // SAFETY: sched_setscheduler on this process with a valid parameter.
-                    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
-                    loop {
-                        std::hint::spin_loop();
-                    }
-                }
+                0 => loop {
+                    std::hint::spin_loop();
+                },
                 pid => {
                     assert!(pid > 0);
                     pid
@@ -154,8 +151,22 @@ mod tests {
         };
         let runnable = spin();
         let stopped = spin();
-        // SAFETY: plain signal to our own child.
-        unsafe { libc::kill(stopped, libc::SIGSTOP) };
+        // SAFETY: a signal to our own child, then a wait for it to have stopped.
+        unsafe {
+            libc::kill(stopped, libc::SIGSTOP);
+            let mut status = 0;
+            assert_eq!(
+                libc::waitpid(stopped, &mut status, libc::WUNTRACED),
+                stopped
+            );
+            assert!(libc::WIFSTOPPED(status));
+        }
+        for pid in [runnable, stopped] {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: sched_setscheduler on our own child with a valid parameter.
+            let set = unsafe { libc::sched_setscheduler(pid, libc::SCHED_IDLE, &param) };
+            assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
+        }
         pin(runnable);
         pin(stopped);
         let stop = std::sync::Arc::new(AtomicBool::new(false));
