@@ -20,9 +20,10 @@ use crate::sessions::SessionError;
 pub enum ApiError {
     #[error("{0}")]
     BadRequest(String),
-    /// No API key, or one that is not configured (401 with `WWW-Authenticate: Bearer`).
-    #[error("{}", unauthorized_detail(*.invalid_key))]
-    Unauthorized { invalid_key: bool },
+    /// No API key, one that is not configured, or an `Authorization` header that holds
+    /// none (401 with `WWW-Authenticate: Bearer`).
+    #[error("{}", unauthorized_detail(*.0))]
+    Unauthorized(KeyProblem),
     /// A limit of the caller's API key (concurrency, sessions, storage).
     #[error("{detail}")]
     TenantLimit {
@@ -108,11 +109,32 @@ fn range_not_satisfiable_detail(size: u64) -> String {
     )
 }
 
-fn unauthorized_detail(invalid_key: bool) -> &'static str {
-    if invalid_key {
-        "the API key is not valid"
-    } else {
-        "an API key is required: send `Authorization: Bearer <key>`"
+/// Why a request's key was not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyProblem {
+    /// No `Authorization` header.
+    Missing,
+    /// A header that is not `Bearer <key>` (another scheme, no space, nothing after it).
+    NotBearer,
+    /// A header with bytes that are not visible ASCII: no key has them.
+    NotAscii,
+    /// A well-formed key that is not configured.
+    Invalid,
+}
+
+fn unauthorized_detail(problem: KeyProblem) -> &'static str {
+    match problem {
+        KeyProblem::Missing => "an API key is required: send `Authorization: Bearer <key>`",
+        KeyProblem::NotBearer => {
+            "the Authorization header is not `Bearer <key>`: send the key after the word \
+             `Bearer` and one space"
+        }
+        KeyProblem::NotAscii => {
+            "the Authorization header holds characters that are not visible ASCII, which no \
+             API key has (keys are `sk-` and 64 hexadecimal digits): send `Authorization: \
+             Bearer <key>`"
+        }
+        KeyProblem::Invalid => "the API key is not valid",
     }
 }
 
@@ -374,11 +396,14 @@ impl IntoResponse for ApiError {
                         .expect("a number is a header value"),
                 );
             }
-            ApiError::Unauthorized { invalid_key } => {
-                let challenge = if invalid_key {
-                    "Bearer error=\"invalid_token\""
-                } else {
-                    "Bearer"
+            ApiError::Unauthorized(problem) => {
+                // RFC 6750: no error code for a request without credentials.
+                let challenge = match problem {
+                    KeyProblem::Missing => "Bearer",
+                    KeyProblem::NotBearer | KeyProblem::NotAscii => {
+                        "Bearer error=\"invalid_request\""
+                    }
+                    KeyProblem::Invalid => "Bearer error=\"invalid_token\"",
                 };
                 response.headers_mut().insert(
                     header::WWW_AUTHENTICATE,

@@ -8,7 +8,7 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 
 use super::{ADMIN_SCOPE, Caller, Keys};
-use crate::error::ApiError;
+use crate::error::{ApiError, KeyProblem};
 
 /// An admin route's caller, once allowed: the key's name, `None` without keys (loopback).
 /// Take it as a handler argument; the handler runs only for an allowed caller.
@@ -64,7 +64,7 @@ pub(super) fn admit(keys: &Keys, caller: &Caller) -> Result<AdminCaller, ApiErro
             tenant.name
         ))),
         // The key middleware answers 401 before this; kept for a route mounted without it.
-        None => Err(ApiError::Unauthorized { invalid_key: false }),
+        None => Err(ApiError::Unauthorized(KeyProblem::Missing)),
     }
 }
 

@@ -14,15 +14,15 @@ mod running;
 use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, Request, State};
-use axum::http::header;
 use axum::http::request::Parts;
+use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::AuthConfig;
-use crate::error::ApiError;
+use crate::error::{ApiError, KeyProblem};
 use crate::files::FileOwner;
 
 pub use self::admin::AdminCaller;
@@ -256,31 +256,55 @@ pub async fn require_key(
         ))
         .into_response();
     }
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            let (scheme, token) = v.split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-        });
-    let tenant = presented.and_then(|key| keys.tenant(key));
+    let presented = bearer_token(request.headers().get(header::AUTHORIZATION));
+    let tenant = presented.ok().and_then(|key| keys.tenant(key));
     match tenant {
         Some(tenant) => {
             request.extensions_mut().insert(Caller(Some(tenant)));
             next.run(request).await
         }
         None if keys.is_public(request.uri().path()) => next.run(request).await,
-        None => ApiError::Unauthorized {
-            invalid_key: presented.is_some(),
+        None => {
+            ApiError::Unauthorized(presented.err().unwrap_or(KeyProblem::Invalid)).into_response()
         }
-        .into_response(),
     }
+}
+
+/// The key of an `Authorization: Bearer <key>` header (the scheme in any case), or why
+/// there is none.
+fn bearer_token(header: Option<&HeaderValue>) -> Result<&str, KeyProblem> {
+    let value = header.ok_or(KeyProblem::Missing)?;
+    let value = value.to_str().map_err(|_| KeyProblem::NotAscii)?;
+    let (scheme, token) = value.split_once(' ').ok_or(KeyProblem::NotBearer)?;
+    let token = token.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return Err(KeyProblem::NotBearer);
+    }
+    Ok(token)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_header_that_holds_no_bearer_key_says_why() {
+        let header = |v: &[u8]| HeaderValue::from_bytes(v).unwrap();
+        assert_eq!(bearer_token(None), Err(KeyProblem::Missing));
+        assert_eq!(bearer_token(Some(&header(b"Bearer sk-1"))), Ok("sk-1"));
+        assert_eq!(bearer_token(Some(&header(b"bearer  sk-1 "))), Ok("sk-1"));
+        for not_bearer in [&b"Basic YWxpY2U6"[..], b"sk-1", b"Bearer ", b"Bearer"] {
+            assert_eq!(
+                bearer_token(Some(&header(not_bearer))),
+                Err(KeyProblem::NotBearer),
+                "{not_bearer:?}"
+            );
+        }
+        assert_eq!(
+            bearer_token(Some(&header("Bearer clé".as_bytes()))),
+            Err(KeyProblem::NotAscii)
+        );
+    }
 
     fn config(keys: Vec<KeyEntry>) -> AuthConfig {
         AuthConfig {

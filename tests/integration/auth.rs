@@ -266,17 +266,33 @@ fn uuid_like() -> String {
 async fn missing_and_bad_keys_get_401_with_a_bearer_challenge_and_probes_stay_open() {
     let (server, alice, _bob, _dir) = two_tenants(&[]).await;
     let anonymous = reqwest::Client::new();
+    let header = |v: &[u8]| Some(reqwest::header::HeaderValue::from_bytes(v).unwrap());
+    let invalid = "Bearer error=\"invalid_token\"";
+    let malformed = "Bearer error=\"invalid_request\"";
     let cases = [
-        (None, "Bearer"),
+        (None, "Bearer", "an API key is required"),
         (
-            Some("Bearer sc_not_a_key".to_owned()),
-            "Bearer error=\"invalid_token\"",
+            header(b"Bearer sc_not_a_key"),
+            invalid,
+            "the API key is not valid",
         ),
         (
-            Some(format!("Bearer {}x", alice.key)),
-            "Bearer error=\"invalid_token\"",
+            header(format!("Bearer {}x", alice.key).as_bytes()),
+            invalid,
+            "the API key is not valid",
         ),
-        (Some(format!("Basic {}", alice.key)), "Bearer"),
+        // Not a key at all: the detail says what is wrong with the header.
+        (
+            header(format!("Basic {}", alice.key).as_bytes()),
+            malformed,
+            "is not `Bearer <key>`",
+        ),
+        (header(b"Bearer "), malformed, "is not `Bearer <key>`"),
+        (
+            header("Bearer clé-à-moi".as_bytes()),
+            malformed,
+            "not visible ASCII",
+        ),
     ];
     for path in [
         "/v1/files",
@@ -286,16 +302,17 @@ async fn missing_and_bad_keys_get_401_with_a_bearer_challenge_and_probes_stay_op
         "/v1/status",
         "/nope",
     ] {
-        for (auth, challenge) in &cases {
+        for (auth, challenge, detail) in &cases {
             let mut req = anonymous.get(format!("{}{path}", server.base));
             if let Some(auth) = auth {
-                req = req.header(AUTHORIZATION, auth);
+                req = req.header(AUTHORIZATION, auth.clone());
             }
             let resp = req.send().await.unwrap();
             assert_eq!(resp.status(), 401, "{path} with {auth:?}");
             assert_eq!(resp.headers()["www-authenticate"], *challenge);
             let body: Value = resp.json().await.unwrap();
-            assert!(body["detail"].as_str().unwrap().contains("key"), "{body}");
+            let text = body["detail"].as_str().unwrap();
+            assert!(text.contains(detail), "{auth:?}: {body}");
         }
     }
     let resp = anonymous
