@@ -55,6 +55,11 @@ pub enum CliError {
         code: String,
         detail: String,
     },
+    #[error(
+        "--url {0:?} is not an http:// or https:// URL; give the service's base URL, e.g. \
+         http://127.0.0.1:8000"
+    )]
+    BadUrl(String),
     #[error("reading {path}: {source}")]
     File {
         path: PathBuf,
@@ -73,13 +78,22 @@ pub fn default_url(listen: SocketAddr) -> String {
     format!("http://{}", SocketAddr::new(ip, listen.port()))
 }
 
+/// `url` if it is an absolute http(s) URL. `localhost:8000` parses as a URL whose scheme
+/// is `localhost`, and reqwest would then fail with a bare "builder error".
+fn checked_url(url: String) -> Result<String, CliError> {
+    match reqwest::Url::parse(&url) {
+        Ok(parsed) if matches!(parsed.scheme(), "http" | "https") && parsed.has_host() => Ok(url),
+        _ => Err(CliError::BadUrl(url)),
+    }
+}
+
 /// Runs one command; returns what to print.
 pub async fn run(args: PackagesArgs, listen: SocketAddr) -> Result<String, CliError> {
-    let base = args
-        .url
-        .unwrap_or_else(|| default_url(listen))
-        .trim_end_matches('/')
-        .to_owned();
+    let base = match args.url {
+        Some(url) => checked_url(url)?,
+        None => default_url(listen),
+    };
+    let base = base.trim_end_matches('/').to_owned();
     let url = format!("{base}/v1/admin/packages");
     let client = reqwest::Client::new();
     let with_key = |req: reqwest::RequestBuilder| match &args.key {
@@ -285,6 +299,32 @@ mod tests {
             default_url("10.1.2.3:80".parse().unwrap()),
             "http://10.1.2.3:80"
         );
+    }
+
+    #[test]
+    fn a_url_without_http_scheme_is_refused_with_an_example() {
+        for good in [
+            "http://localhost:8000",
+            "https://sc.example/",
+            "http://[::1]:9000",
+        ] {
+            assert_eq!(checked_url(good.into()).unwrap(), good);
+        }
+        for bad in [
+            "localhost:19541",
+            "127.0.0.1:8000",
+            "ftp://h/",
+            "http://",
+            "",
+            "ünï",
+        ] {
+            let err = checked_url(bad.into()).unwrap_err().to_string();
+            assert!(
+                err.contains("is not an http:// or https:// URL"),
+                "{bad}: {err}"
+            );
+            assert!(err.contains("http://127.0.0.1:8000"), "{err}");
+        }
     }
 
     #[test]
