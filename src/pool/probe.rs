@@ -67,11 +67,32 @@ pub(super) async fn probe(mut worker: Worker, imports: &[String]) -> Result<(), 
     })
 }
 
-/// The last `max` bytes of `text`, cut at a character boundary.
+/// The last `max` bytes of `text` or less: whole lines where a line ends in them (else from
+/// a character boundary), after a `…` line when something was left out.
 fn tail(text: &str, max: usize) -> String {
-    let mut start = text.len().saturating_sub(max);
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut start = text.len() - max;
     while !text.is_char_boundary(start) {
         start += 1;
     }
-    text[start..].to_owned()
+    if let Some(newline) = text[start..].find('\n') {
+        start += newline + 1;
+    }
+    format!("…\n{}", &text[start..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tail;
+
+    #[test]
+    fn a_cut_tail_starts_at_a_line_and_says_it_was_cut() {
+        assert_eq!(tail("short\ntext", 100), "short\ntext");
+        let text = "Traceback:\n  File \"/x/polars/_cpu_check.py\", line 1\nImportError: ü";
+        assert_eq!(tail(text, 30), "…\nImportError: ü", "whole lines only");
+        // No line ends in the tail: cut at a character boundary, still marked.
+        assert_eq!(tail("ééééé", 5), "…\néé");
+    }
 }
