@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use nix::sys::signal::{SigHandler, Signal};
 use snakecage::config::{Config, LogFormat, Overrides};
 use snakecage::{hangup, server, shutdown};
 use tracing_subscriber::EnvFilter;
@@ -33,6 +34,13 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // SIGHUP ends a process by default: ignored from the first instruction we run until
+    // `hangup::reload_signal` installs the reload handler (a handler, unlike SIG_IGN, is
+    // reset at exec, so the zygotes started after it do not inherit this).
+    // SAFETY: SIG_IGN installs no handler code; nothing else touches SIGHUP yet.
+    if let Err(e) = unsafe { nix::sys::signal::signal(Signal::SIGHUP, SigHandler::SigIgn) } {
+        eprintln!("snakecage: cannot ignore SIGHUP during start-up: {e}");
+    }
     let cli = Cli::parse();
     let config = match Config::load(cli.config.as_deref(), &cli.overrides) {
         Ok(config) => config,
