@@ -72,8 +72,14 @@ pub fn http_upstream(tls: Option<(&Path, &Path)>) -> (Upstream, u16) {
 /// Starts the fixture server over streamable HTTP (with `tls`, HTTPS) on `port` and waits
 /// until it listens.
 pub fn http_upstream_on(port: u16, tls: Option<(&Path, &Path)>) -> Upstream {
+    http_fixture_on("mcp_upstream.py", port, tls)
+}
+
+/// Starts `script` (a fixture server in `tests/clients`) over streamable HTTP (with `tls`,
+/// HTTPS) on `port` and waits until it listens.
+pub fn http_fixture_on(script: &str, port: u16, tls: Option<(&Path, &Path)>) -> Upstream {
     let child = Command::new(repo_root().join(".venv-tools/bin/python"))
-        .arg(repo_root().join("tests/clients/mcp_upstream.py"))
+        .arg(repo_root().join("tests/clients").join(script))
         .args(match tls {
             None => vec!["http".into(), port.to_string()],
             Some((cert, key)) => vec![
