@@ -4,6 +4,7 @@ results as large as asked, a tool that waits, and one that writes outside the pr
 
     python mcp_unruly.py                 # stdio
     python mcp_unruly.py http PORT       # streamable HTTP on 127.0.0.1:PORT/mcp
+    python mcp_unruly.py http-json PORT  # the same, answering with JSON bodies, not SSE
 """
 
 import asyncio
@@ -43,7 +44,12 @@ def chatter() -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "http":
-        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    if len(sys.argv) > 2 and sys.argv[1] in ("http", "http-json"):
+        server.run(
+            "streamable-http",
+            host="127.0.0.1",
+            port=int(sys.argv[2]),
+            json_response=sys.argv[1] == "http-json",
+        )
     else:
         server.run()

@@ -1,38 +1,46 @@
 //! An upstream MCP server's answers are read only so far: a result past
 //! `tools.max_result_bytes`, however large its message (past rmcp's own 16 MiB too), fails
-//! its one call with a `limit` error at once, over stdio and streamable HTTP alike, while
+//! its one call with a `limit` error at once, over stdio and streamable HTTP (SSE events or
+//! JSON bodies) alike, while
 //! the calls in flight beside it and the calls after it are answered. What a stdio server
 //! writes outside the protocol is logged under its name, cut and escaped.
 
 use serde_json::Value;
 
 use crate::harness::{Options, Server, repo_root};
-use crate::tools_mcp::http_fixture_on;
+use crate::tools_mcp::{Upstream, fixture_listening_on};
 
-/// A service with the unruly fixture as `calc` (stdio) and `web` (HTTP), results capped at
-/// 100 000 bytes.
-async fn service(dir: &std::path::Path) -> (Server, crate::tools_mcp::Upstream) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+/// A free port on loopback.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
-        .port();
-    let http = http_fixture_on("mcp_unruly.py", port, None);
+        .port()
+}
+
+/// A service with the unruly fixture as `calc` (stdio), `web` (HTTP, answering in SSE
+/// events) and `json` (HTTP, answering in JSON bodies), results capped at 100 000 bytes.
+async fn service(dir: &std::path::Path) -> (Server, [Upstream; 2]) {
+    let (sse, json) = (free_port(), free_port());
+    let fixtures = [("http", sse), ("http-json", json)].map(|(mode, port)| {
+        fixture_listening_on("mcp_unruly.py", &[mode.into(), port.to_string()], port)
+    });
     let python = repo_root().join(".venv-tools/bin/python");
     let script = repo_root().join("tests/clients/mcp_unruly.py");
     let config = format!(
-        "[tools]\nmax_result_bytes = 100000\ncall_timeout_ms = 20000\n\n[[tools.mcp]]\nname = \"calc\"\ncommand = [{:?}, {:?}]\n\n[[tools.mcp]]\nname = \"web\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n",
+        "[tools]\nmax_result_bytes = 100000\ncall_timeout_ms = 20000\n\n[[tools.mcp]]\nname = \"calc\"\ncommand = [{:?}, {:?}]\n\n[[tools.mcp]]\nname = \"web\"\nurl = \"http://127.0.0.1:{sse}/mcp\"\n\n[[tools.mcp]]\nname = \"json\"\nurl = \"http://127.0.0.1:{json}/mcp\"\n",
         python.display().to_string(),
         script.display().to_string(),
     );
     let path = dir.join("snakecage.toml");
     std::fs::write(&path, config).unwrap();
     let s = Server::start_with(Options::default().env("SNAKECAGE_CONFIG", path.display())).await;
-    (s, http)
+    (s, fixtures)
 }
 
 #[tokio::test]
-async fn an_upstream_result_too_large_fails_its_call_alone_over_both_transports() {
+async fn an_upstream_result_too_large_fails_its_call_alone_over_every_transport() {
     let dir = tempfile::tempdir().unwrap();
     let (s, _http) = service(dir.path()).await;
     // Per server: a call waits in flight; beside it a result just under the cap comes
@@ -41,7 +49,7 @@ async fn an_upstream_result_too_large_fails_its_call_alone_over_both_transports(
     let code = r#"
 import threading, time
 from snakecage import tools
-for p in ('calc', 'web'):
+for p in ('calc', 'web', 'json'):
     waited = {}
     def wait():
         try:
@@ -68,8 +76,8 @@ for p in ('calc', 'web'):
     assert_eq!(body["exit_code"], 0, "{body}\n{}", s.log());
     let stdout = body["stdout"].as_str().unwrap();
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines.len(), 10, "{stdout}\n{}", s.log());
-    for (p, lines) in [("calc", &lines[..5]), ("web", &lines[5..])] {
+    assert_eq!(lines.len(), 15, "{stdout}\n{}", s.log());
+    for (p, lines) in ["calc", "web", "json"].iter().zip(lines.chunks(5)) {
         assert_eq!(lines[0], format!("{p} 90000"), "{stdout}");
         for (line, n) in lines[1..3].iter().zip([150000, 17 << 20]) {
             let limit = format!(
