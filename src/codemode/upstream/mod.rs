@@ -9,6 +9,11 @@
 //! (a stdio command is started again). Meanwhile each call fails at once with an
 //! `unavailable` `ToolError` that says the server is unreachable, why, and when the next
 //! attempt is; a call the server itself refuses (a JSON-RPC error) is not a lost link.
+//!
+//! - [`http`]: the streamable HTTP transport; [`stdio`]: the command's, whose stdout is
+//!   read through a [`line_guard`] and whose stderr is logged ([`server_log`]).
+//! - [`too_large`]: an answer too large to read fails the one call it answers, with the
+//!   `limit` error of a result over `tools.max_result_bytes`; the link goes on.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};

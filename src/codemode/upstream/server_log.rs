@@ -46,9 +46,9 @@ impl ServerLog {
         let more = more + (head.len() - shown);
         let text = String::from_utf8_lossy(&head[..shown]);
         if more == 0 {
-            tracing::info!(server = %self.server, stream = self.stream, line = ?text, "upstream MCP server output");
+            tracing::info!(server = %self.server, stream = %self.stream, line = ?text, "upstream MCP server output");
         } else {
-            tracing::info!(server = %self.server, stream = self.stream, line = ?text, cut_bytes = more, "upstream MCP server output (line cut)");
+            tracing::info!(server = %self.server, stream = %self.stream, line = ?text, cut_bytes = more, "upstream MCP server output (line cut)");
         }
     }
 
@@ -85,7 +85,7 @@ impl ServerLog {
 
     fn report_suppressed(&mut self) {
         if self.suppressed > 0 {
-            tracing::warn!(server = %self.server, stream = self.stream, lines = self.suppressed, "upstream MCP server output not logged (more than {LINES_PER_WINDOW} lines in {} s)", WINDOW.as_secs());
+            tracing::warn!(server = %self.server, stream = %self.stream, lines = self.suppressed, "upstream MCP server output not logged (more than {LINES_PER_WINDOW} lines in {} s)", WINDOW.as_secs());
             self.suppressed = 0;
         }
     }
