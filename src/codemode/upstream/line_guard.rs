@@ -6,9 +6,10 @@
 //! - A message longer than the limit is not read past it: what rmcp has of it is ended
 //!   (an unparsable line, which it skips), the rest dropped, and the call it answers gets
 //!   [`too_large::answer`] instead. That call is the request whose `id` the line gives
-//!   before the limit (the official SDKs write `id` before `result`), or else the only
-//!   request awaiting an answer. When neither tells (several requests in flight, the `id`
-//!   after the cut), no call can be answered: it waits for `tools.call_timeout_ms`.
+//!   before the limit (the official SDKs write `id` before `result`), or else, unless a
+//!   `method` shows it is the server's own request or notification, the only request
+//!   awaiting an answer. When neither tells (several requests in flight, the `id` after
+//!   the cut), no call can be answered: it waits for `tools.call_timeout_ms`.
 
 use std::collections::HashSet;
 use std::io;
@@ -194,10 +195,10 @@ impl Lines {
 
     fn answer_oversized(&mut self) {
         let pending = self.pending.lock().expect("pending requests lock");
-        let id = match probe_id(&self.head) {
-            Some(id) => pending.contains(&id).then_some(id),
-            None if pending.len() == 1 => pending.iter().next().cloned(),
-            None => None,
+        let id = match probe(&self.head) {
+            Head { id: Some(id), .. } => pending.contains(&id).then_some(id),
+            Head { method: false, .. } if pending.len() == 1 => pending.iter().next().cloned(),
+            Head { .. } => None,
         };
         drop(pending);
         let Some(id) = id else {
@@ -221,9 +222,19 @@ fn starts_as_object(head: &[u8]) -> bool {
         .is_none_or(|&b| b == b'{')
 }
 
-/// The top-level `id` of a message from its first bytes, if it comes before they end.
-fn probe_id(head: &[u8]) -> Option<RequestId> {
-    struct Probe<'a>(&'a mut Option<RequestId>);
+/// What the first bytes of a message show of it.
+#[derive(Debug, Default, PartialEq)]
+struct Head {
+    /// Its top-level `id`, if it comes before they end.
+    id: Option<RequestId>,
+    /// A `method` came first: a request or notification of the server's, not an answer.
+    method: bool,
+}
+
+/// Reads the top-level `id` (and whether a `method` precedes it) of a message from its
+/// first bytes, with serde_json skipping the values between (nothing of them is kept).
+fn probe(head: &[u8]) -> Head {
+    struct Probe<'a>(&'a mut Head);
 
     impl<'de> Visitor<'de> for Probe<'_> {
         type Value = ();
@@ -234,9 +245,13 @@ fn probe_id(head: &[u8]) -> Option<RequestId> {
 
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
             while let Some(key) = map.next_key::<std::borrow::Cow<'_, str>>()? {
-                if key == "id" {
-                    *self.0 = Some(map.next_value()?);
-                    return Ok(());
+                match &*key {
+                    "id" => {
+                        self.0.id = Some(map.next_value()?);
+                        return Ok(());
+                    }
+                    "method" => self.0.method = true,
+                    _ => {}
                 }
                 map.next_value::<IgnoredAny>()?;
             }
@@ -244,10 +259,10 @@ fn probe_id(head: &[u8]) -> Option<RequestId> {
         }
     }
 
-    let mut id = None;
+    let mut found = Head::default();
     // The head is cut short: the parse fails at its end, after the id if the id is there.
-    let _ = serde_json::Deserializer::from_slice(head).deserialize_map(Probe(&mut id));
-    id
+    let _ = serde_json::Deserializer::from_slice(head).deserialize_map(Probe(&mut found));
+    found
 }
 
 #[cfg(test)]
@@ -329,6 +344,13 @@ mod tests {
     #[test]
     fn an_id_no_request_is_waiting_for_is_not_answered() {
         let big = format!("{{\"id\":4,\"result\":\"{}\"}}\n", "b".repeat(5000));
+        let out = byte_by_byte(lines(2000, &[5]), big.as_bytes());
+        assert_eq!(answered(&out), []);
+        // Nor is a notification of the server's taken for the answer of the one call.
+        let big = format!(
+            "{{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":\"{}\"}}\n",
+            "b".repeat(5000)
+        );
         let out = byte_by_byte(lines(2000, &[5]), big.as_bytes());
         assert_eq!(answered(&out), []);
     }
