@@ -39,7 +39,7 @@ impl Provider {
     pub async fn call(&self, name: &str, arguments: Value, max_result_bytes: usize) -> ToolOutcome {
         match self {
             Provider::Http(tool) => tool.call(arguments, max_result_bytes).await,
-            Provider::Mcp(server) => server.call(name, arguments).await,
+            Provider::Mcp(server) => server.call(name, arguments, max_result_bytes).await,
             Provider::Caller(bridge) => bridge.call(name, arguments).await,
         }
     }
@@ -179,7 +179,9 @@ impl Catalog {
                 name: server.name.clone(),
                 reason,
             };
-            let (upstream, listed) = Upstream::connect(server, &roots).await.map_err(fail)?;
+            let (upstream, listed) = Upstream::connect(server, &roots, config.max_result_bytes)
+                .await
+                .map_err(fail)?;
             let upstream = Arc::new(upstream);
             for (name, spec) in listed {
                 tools.push(Arc::new(CatalogTool::new(

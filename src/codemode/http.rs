@@ -1,12 +1,15 @@
 //! `[[tools.http]]`: a tool call becomes one request to the configured URL and nothing
 //! else. GET sends the arguments as query parameters, other methods as a JSON body.
 //! Redirects are followed only to the same scheme, host and port (at most 5); the body
-//! is read up to the result limit and no further. A 2xx answer is the result (JSON, or
-//! the text as a string); any other status is a `ToolError` carrying the body as data.
+//! is read up to the result limit and no further, and decoded by the charset its
+//! Content-Type declares (UTF-8 when it declares none). A 2xx answer is the result (JSON,
+//! or the text as a string); any other status is a `ToolError` carrying the body as data.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use encoding_rs::{Encoding, UTF_8};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::redirect::{Attempt, Policy};
 use serde_json::Value;
 use snakecage_worker::jsondepth;
@@ -86,15 +89,19 @@ impl HttpTool {
             }
         };
         let status = response.status();
+        let content_type = response.headers().get(CONTENT_TYPE).cloned();
         let body = match read_capped(response, max_result_bytes).await {
             Ok(body) => body,
             Err(outcome) => return outcome,
         };
+        // Decoded, a body may be larger than it was (up to three times, from UTF-16): the
+        // result is held to the limit again with every provider's.
+        let text = decode(&body, content_type.as_ref());
         // JSON too deep to parse is refused here; parsed, it is held to the depth limit
         // with every other result.
-        let value = match jsondepth::parse_result(&body) {
+        let value = match jsondepth::parse_result(text.as_bytes()) {
             Ok(Some(v)) => v,
-            Ok(None) => Value::String(String::from_utf8_lossy(&body).into_owned()),
+            Ok(None) => Value::String(text.into_owned()),
             Err(depth) => {
                 return ToolOutcome::error(
                     ToolErrorKind::Limit,
@@ -111,6 +118,21 @@ impl HttpTool {
             )
         }
     }
+}
+
+/// `body` as text, decoded by the charset `content_type` declares, or as UTF-8 when it
+/// declares none or one unknown (what reqwest's `Response::text` does, on a body already
+/// read within the limit). A byte-order mark overrides the declaration; bytes the
+/// encoding cannot decode become U+FFFD.
+fn decode<'a>(body: &'a [u8], content_type: Option<&HeaderValue>) -> Cow<'a, str> {
+    let charset = content_type
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<mime::Mime>().ok())
+        .and_then(|mime| {
+            mime.get_param(mime::CHARSET)
+                .and_then(|charset| Encoding::for_label(charset.as_str().as_bytes()))
+        });
+    charset.unwrap_or(UTF_8).decode(body).0
 }
 
 /// Scalars as they are, anything else as its JSON text.
@@ -213,6 +235,20 @@ fn same_origin_only(attempt: Attempt<'_>) -> reqwest::redirect::Action {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_body_is_decoded_by_its_declared_charset_and_else_as_utf8() {
+        let latin1 = HeaderValue::from_static("application/json; charset=ISO-8859-1");
+        assert_eq!(decode(b"\"caf\xe9\"", Some(&latin1)), "\"café\"");
+        let quoted = HeaderValue::from_static("text/plain; charset=\"windows-1252\"");
+        assert_eq!(decode(b"2 \x80", Some(&quoted)), "2 €");
+        let utf16 = HeaderValue::from_static("text/plain; charset=utf-16le");
+        assert_eq!(decode(b"h\0\xe9\0", Some(&utf16)), "hé");
+        // None, or one unknown: UTF-8, invalid bytes replaced.
+        let unknown = HeaderValue::from_static("text/plain; charset=no-such-thing");
+        assert_eq!(decode("é".as_bytes(), Some(&unknown)), "é");
+        assert_eq!(decode(b"caf\xe9", None), "caf\u{fffd}");
+    }
 
     #[test]
     fn get_arguments_become_query_parameters() {

@@ -67,6 +67,7 @@ mod tools_concurrent;
 mod tools_depth;
 mod tools_fanout;
 mod tools_mcp;
+mod tools_mcp_limits;
 mod tools_mcp_reconnect;
 mod unencodable;
 mod upload_names;

@@ -71,6 +71,24 @@ pub fn tool_routes() -> axum::Router<u16> {
         )
         .route("/big", get(|| async { "x".repeat(100_000) }))
         .route(
+            "/legacy",
+            get(
+                |Query(q): Query<std::collections::HashMap<String, String>>| async move {
+                    use axum::http::header::CONTENT_TYPE;
+                    match q.get("form").map(String::as_str) {
+                        Some("json") => (
+                            [(CONTENT_TYPE, "application/json; charset=ISO-8859-1")],
+                            b"{\"dish\": \"caf\xe9 cr\xe8me\"}".to_vec(),
+                        ),
+                        _ => (
+                            [(CONTENT_TYPE, "text/plain; charset=\"windows-1252\"")],
+                            b"caf\xe9: 2 \x80".to_vec(),
+                        ),
+                    }
+                },
+            ),
+        )
+        .route(
             "/slow",
             get(|| async {
                 tokio::time::sleep(Duration::from_secs(600)).await;
@@ -256,6 +274,23 @@ for call in (lambda: tools.get_weather(city=3), lambda: tools.get_weather(town='
         "{metrics}"
     );
     assert!(!metrics.contains(r#"provider="none""#), "{metrics}");
+}
+
+/// An answer in the charset its Content-Type declares is decoded by it, JSON or text: not
+/// taken for UTF-8 and spoilt with U+FFFD.
+#[tokio::test]
+async fn an_http_tools_answer_is_decoded_by_its_declared_charset() {
+    let legacy = format!(
+        "[[tools.http]]\nname = \"legacy_menu\"\ndescription = \"Answers in a legacy charset\"\nurl = \"{}/legacy\"\nmethod = \"GET\"\n",
+        tool_service().await
+    );
+    let (s, _dir) = server_with_tools(&legacy).await;
+    let code = "from snakecage import tools\nprint(tools.legacy_menu(form='json'))\nprint(tools.legacy_menu(form='text'))\n";
+    let body = s.run(code).await;
+    assert_eq!(
+        body["stdout"], "{'dish': 'café crème'}\ncafé: 2 €\n",
+        "{body}"
+    );
 }
 
 /// The operator's headers (a secret, here) go with the request to the tool's URL and with

@@ -72,17 +72,24 @@ pub fn http_upstream(tls: Option<(&Path, &Path)>) -> (Upstream, u16) {
 /// Starts the fixture server over streamable HTTP (with `tls`, HTTPS) on `port` and waits
 /// until it listens.
 pub fn http_upstream_on(port: u16, tls: Option<(&Path, &Path)>) -> Upstream {
+    let args = match tls {
+        None => vec!["http".into(), port.to_string()],
+        Some((cert, key)) => vec![
+            "https".into(),
+            port.to_string(),
+            cert.display().to_string(),
+            key.display().to_string(),
+        ],
+    };
+    fixture_listening_on("mcp_upstream.py", &args, port)
+}
+
+/// Starts `script` (a fixture server in `tests/clients`) with `args` and waits until it
+/// listens on `port`.
+pub fn fixture_listening_on(script: &str, args: &[String], port: u16) -> Upstream {
     let child = Command::new(repo_root().join(".venv-tools/bin/python"))
-        .arg(repo_root().join("tests/clients/mcp_upstream.py"))
-        .args(match tls {
-            None => vec!["http".into(), port.to_string()],
-            Some((cert, key)) => vec![
-                "https".into(),
-                port.to_string(),
-                cert.display().to_string(),
-                key.display().to_string(),
-            ],
-        })
+        .arg(repo_root().join("tests/clients").join(script))
+        .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

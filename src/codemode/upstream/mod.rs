@@ -9,6 +9,11 @@
 //! (a stdio command is started again). Meanwhile each call fails at once with an
 //! `unavailable` `ToolError` that says the server is unreachable, why, and when the next
 //! attempt is; a call the server itself refuses (a JSON-RPC error) is not a lost link.
+//!
+//! - [`http`]: the streamable HTTP transport; [`stdio`]: the command's, whose stdout is
+//!   read through a [`line_guard`] and whose stderr is logged ([`server_log`]).
+//! - [`too_large`]: an answer too large to read fails the one call it answers, with the
+//!   `limit` error of a result over `tools.max_result_bytes`; the link goes on.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -17,8 +22,6 @@ use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::{ClientInitializeError, RoleClient, RunningService, ServiceError};
 use rmcp::transport::DynamicTransportError;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::Value;
 use snakecage_worker::jsondepth;
 use snakecage_worker::protocol::{ToolErrorKind, ToolOutcome};
@@ -27,6 +30,12 @@ use snakecage_worker::toolspec::{ToolSpec, valid_name};
 use super::catalog::failed;
 use super::tls::TrustRoots;
 use crate::config::McpServerConfig;
+
+mod http;
+mod line_guard;
+mod server_log;
+mod stdio;
+mod too_large;
 
 type Client = RunningService<RoleClient, ()>;
 
@@ -42,6 +51,8 @@ pub struct Upstream {
     config: McpServerConfig,
     /// The CA certificates trusted for an HTTPS upstream, kept for reconnects.
     roots: TrustRoots,
+    /// The most bytes read of one message ([`too_large::message_limit`]).
+    limit: usize,
     link: Mutex<Link>,
 }
 
@@ -58,22 +69,21 @@ enum Link {
 }
 
 /// Starts the server (a command) or connects to it (a URL, trusting `roots` for HTTPS), and
-/// initialises the session.
-async fn open(config: &McpServerConfig, roots: &TrustRoots) -> Result<Client, String> {
+/// initialises the session; no message of more than `limit` bytes is read from it.
+async fn open(
+    config: &McpServerConfig,
+    roots: &TrustRoots,
+    limit: usize,
+) -> Result<Client, String> {
     match (&config.url, &config.command) {
         (Some(url), _) => {
-            let transport = StreamableHttpClientTransport::with_client(
-                http_client(roots)?,
-                StreamableHttpClientTransportConfig::with_uri(url.as_str()),
-            );
+            let transport = http::transport(url, roots, limit, &config.name)?;
             ().serve(transport)
                 .await
                 .map_err(|e| format!("connecting to {url}: {}", plainly(&e)))
         }
         (None, Some(argv)) if !argv.is_empty() => {
-            let mut command = tokio::process::Command::new(&argv[0]);
-            command.args(&argv[1..]).env_clear().envs(&config.env);
-            let transport = TokioChildProcess::new(command)
+            let transport = stdio::ChildTransport::spawn(&config.name, argv, &config.env, limit)
                 .map_err(|e| format!("starting {:?}: {e}", argv[0]))?;
             ().serve(transport)
                 .await
@@ -85,11 +95,14 @@ async fn open(config: &McpServerConfig, roots: &TrustRoots) -> Result<Client, St
 
 impl Upstream {
     /// Connects, initialises and lists the server's tools: `(its name, the spec offered)`.
+    /// Its messages are read up to what results of `max_result_bytes` take.
     pub async fn connect(
         config: &McpServerConfig,
         roots: &TrustRoots,
+        max_result_bytes: usize,
     ) -> Result<(Self, Vec<(String, ToolSpec)>), String> {
-        let client = open(config, roots).await?;
+        let limit = too_large::message_limit(max_result_bytes);
+        let client = open(config, roots, limit).await?;
         let listed = client
             .list_all_tools()
             .await
@@ -116,13 +129,21 @@ impl Upstream {
                 name: config.name.clone(),
                 config: config.clone(),
                 roots: roots.clone(),
+                limit,
                 link: Mutex::new(Link::Up(Arc::new(client))),
             },
             tools,
         ))
     }
 
-    pub async fn call(self: &Arc<Self>, tool: &str, arguments: Value) -> ToolOutcome {
+    /// Calls `tool`; a result is read if its message fits (see [`too_large`]), and then held
+    /// to `max_result_bytes` with every provider's.
+    pub async fn call(
+        self: &Arc<Self>,
+        tool: &str,
+        arguments: Value,
+        max_result_bytes: usize,
+    ) -> ToolOutcome {
         let client = match self.client() {
             Ok(client) => client,
             Err(down) => return down,
@@ -133,6 +154,18 @@ impl Upstream {
         }
         let result = match client.call_tool(params).await {
             Ok(result) => result,
+            // Its answer was too large to read: the link is fine.
+            Err(ServiceError::McpError(e)) if too_large::limit_of(&e).is_some() => {
+                return ToolOutcome::error(
+                    ToolErrorKind::Limit,
+                    format!(
+                        "the tool's result is larger than the {max_result_bytes} bytes allowed \
+                         (tools.max_result_bytes): MCP server '{}' answered with a message of \
+                         more than the {} bytes read of one",
+                        self.name, self.limit
+                    ),
+                );
+            }
             // The server answered, refusing the call: the link is fine.
             Err(ServiceError::McpError(e)) => {
                 return ToolOutcome::error(
@@ -267,13 +300,13 @@ impl Upstream {
 async fn reconnect(upstream: Weak<Upstream>) {
     let mut backoff = FIRST_BACKOFF;
     loop {
-        let Some((config, roots)) = upstream
+        let Some((config, roots, limit)) = upstream
             .upgrade()
-            .map(|u| (u.config.clone(), u.roots.clone()))
+            .map(|u| (u.config.clone(), u.roots.clone(), u.limit))
         else {
             return;
         };
-        let result = tokio::time::timeout(ATTEMPT_TIMEOUT, open(&config, &roots))
+        let result = tokio::time::timeout(ATTEMPT_TIMEOUT, open(&config, &roots, limit))
             .await
             .unwrap_or_else(|_| {
                 Err(format!(
@@ -326,38 +359,6 @@ fn causes(e: &(dyn std::error::Error + 'static)) -> String {
         }
     }
     parts.join(": ")
-}
-
-/// How many redirects one request to an upstream follows.
-const MAX_REDIRECTS: usize = 10;
-
-/// The client of a streamable HTTP upstream: what rmcp's default client is (no idle
-/// connections kept; only same-origin 307 and 308 redirects, which keep the JSON-RPC body,
-/// followed), trusting `roots`.
-fn http_client(roots: &TrustRoots) -> Result<reqwest::Client, String> {
-    let redirects = reqwest::redirect::Policy::custom(|attempt| {
-        let keeps_body = matches!(
-            attempt.status(),
-            reqwest::StatusCode::TEMPORARY_REDIRECT | reqwest::StatusCode::PERMANENT_REDIRECT
-        );
-        let same_origin = attempt
-            .previous()
-            .first()
-            .is_some_and(|first| first.origin() == attempt.url().origin());
-        if !keeps_body || !same_origin {
-            attempt.stop()
-        } else if attempt.previous().len() > MAX_REDIRECTS {
-            attempt.error(format!("more than {MAX_REDIRECTS} redirects"))
-        } else {
-            attempt.follow()
-        }
-    });
-    roots
-        .apply(reqwest::Client::builder())
-        .pool_max_idle_per_host(0)
-        .redirect(redirects)
-        .build()
-        .map_err(|e| format!("HTTP client: {e}"))
 }
 
 #[cfg(test)]
