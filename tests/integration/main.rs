@@ -28,6 +28,7 @@ mod keys_rotation;
 mod kubernetes;
 mod load;
 mod mcp;
+mod min_idle;
 mod observability;
 mod overload;
 mod packages;
