@@ -32,6 +32,7 @@ mod min_idle;
 mod observability;
 mod overload;
 mod packages;
+mod packages_arrow;
 mod packages_bytecode;
 mod packages_cli;
 mod packages_env;
