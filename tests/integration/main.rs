@@ -37,6 +37,7 @@ mod packages_bytecode;
 mod packages_cli;
 mod packages_env;
 mod packages_order;
+mod packages_sync;
 mod prom;
 mod prometheus;
 mod refill;
