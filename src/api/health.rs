@@ -83,13 +83,19 @@ pub(super) fn not_ready(state: &SharedState) -> Option<String> {
         Some("the zygote is not running; it is being restarted".into())
     } else if let Some(error) = pool.last_spawn_error {
         Some(format!("workers cannot be started: {error}"))
+    } else if pool.stocked {
+        // Once every tier that wanted idle workers has had one, it never goes back: a tier
+        // drained by traffic is busy, and one asked for its first worker by new demand
+        // (with `tiers.min_idle = 0`) is a spawn away, not unready.
+        None
     } else {
-        // Until every tier has had a worker, a job routed to one without would wait for
-        // its zygote and a spawn. Once it has, it never goes back: a tier drained by
-        // traffic is busy, not unready.
-        (pool.tiers.iter())
-            .find(|t| t.workers_spawned == 0 && t.target_idle > 0)
-            .map(|tier| format!("no worker of tier {:?} is ready yet", tier.name))
+        // Until then, a job routed to a tier without one would wait for its zygote and a
+        // spawn.
+        let tier = (pool.tiers.iter()).find(|t| t.workers_spawned == 0 && t.target_idle > 0);
+        Some(tier.map_or_else(
+            || "no worker is ready yet".to_owned(),
+            |tier| format!("no worker of tier {:?} is ready yet", tier.name),
+        ))
     }
 }
 

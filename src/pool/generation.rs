@@ -5,6 +5,7 @@
 //! idle workers are dropped, workers still running (jobs, sessions) keep it alive through
 //! their lease, and its zygotes are shut down once the last lease is gone.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,8 @@ pub(super) struct Generation {
     pub(super) began: Instant,
     /// Held by every worker forked from it: its zygotes live while one is held.
     lease: Arc<()>,
+    /// Set once every tier that wanted idle workers has had one ready ([`Generation::stocked`]).
+    stocked: AtomicBool,
 }
 
 /// What a worker holds of its generation: its id, and a share of the lease that keeps
@@ -108,6 +111,7 @@ impl Generation {
             retired: CancellationToken::new(),
             began: Instant::now(),
             lease: Arc::new(()),
+            stocked: AtomicBool::new(false),
         })
     }
 
@@ -116,6 +120,24 @@ impl Generation {
             id: self.id,
             _lease: self.lease.clone(),
         }
+    }
+
+    /// Whether every tier that wanted idle workers has had one ready: the generation is
+    /// stocked, and stays so. A tier that wanted none then (no demand, `tiers.min_idle =
+    /// 0`) and is asked for one later is a spawn away, like a tier drained by traffic: it
+    /// does not make the generation unready again.
+    pub(super) fn stocked(&self) -> bool {
+        if self.stocked.load(Ordering::Acquire) {
+            return true;
+        }
+        let now = self
+            .tiers
+            .iter()
+            .all(|t| t.spawned.load(Ordering::Relaxed) > 0 || t.wanted() == 0);
+        if now {
+            self.stocked.store(true, Ordering::Release);
+        }
+        now
     }
 
     /// Whether a worker (idle, running or in a session) still holds its lease.

@@ -442,6 +442,7 @@ impl Pool {
             last_spawn_error: inner.counters.spawn_trouble(),
             tiers,
             generation: current.id,
+            stocked: current.stocked(),
             retired_generations: inner.generations.retired(),
         }
     }

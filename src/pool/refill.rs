@@ -131,6 +131,8 @@ async fn spawn_one(
                 .workers_spawned
                 .fetch_add(1, Ordering::Relaxed);
             tier.spawned.fetch_add(1, Ordering::Relaxed);
+            // Latched now, before a later demand asks a tier that had none for a worker.
+            generation.stocked();
             if !worker.warmed {
                 tier.spawned_cold.fetch_add(1, Ordering::Relaxed);
                 inner.events.worker_started_cold(&tier.name);

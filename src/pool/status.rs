@@ -80,6 +80,10 @@ pub struct PoolStatus {
     pub tiers: Vec<TierStatus>,
     /// The generation new workers come from.
     pub generation: u64,
+    /// Whether every tier of it that wanted idle workers has had one ready (latched:
+    /// `/ready` answers from it).
+    #[serde(skip)]
+    pub stocked: bool,
     /// Older generations still running jobs or sessions (shut down when they end).
     pub retired_generations: Vec<super::RetiredGeneration>,
 }

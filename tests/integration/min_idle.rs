@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::harness::{Options, repo_root};
 use crate::rollover::{allowed_packages, generation, reload, start};
@@ -169,4 +169,42 @@ async fn a_tier_with_no_idle_target_whose_workers_cannot_start_fails_the_rollove
     pool.switch(prepared);
     assert_eq!(pool.generation(), 2);
     pool.shutdown().await;
+}
+
+/// `/ready` never goes back once every tier that wanted a worker has had one: a tier that
+/// wanted none (and has had none) and is then asked for its first worker by a job is a
+/// spawn away, not a reason to take the service out of a load balancer.
+#[tokio::test]
+async fn with_min_idle_zero_ready_stays_ready_when_a_job_first_asks_a_tier_for_a_worker() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("snakecage.toml");
+    write_config(&config, &["numpy"]);
+    let s = start(&config, Options::default().env("SNAKECAGE_POOL__SIZE", 1)).await;
+    let health = s.health().await;
+    let scientific = &health["pool"]["tiers"][1];
+    assert_eq!(scientific["name"], "scientific", "{health}");
+    assert_eq!(scientific["target_idle"], 0, "{health}");
+    assert_eq!(scientific["workers_spawned"], 0, "{health}");
+    let (status, body) = s.get_json("/ready").await;
+    assert_eq!(status, 200, "{body}");
+
+    // Its zygote held still, a job routed to it waits for its first worker.
+    let zygote = Pid::from_raw(scientific["zygote"]["pid"].as_u64().unwrap() as i32);
+    kill(zygote, Signal::SIGSTOP).unwrap();
+    let job = s.spawn_execute(json!({ "code": "import numpy\nprint(numpy.add(1, 2))" }));
+    s.wait_for_pool("a job waiting for the scientific tier", |pool| {
+        pool["queue_depth"].as_u64() == Some(1)
+            && pool["tiers"][1]["target_idle"].as_u64() >= Some(1)
+    })
+    .await;
+    let (status, body) = s.get_json("/ready").await;
+    let health = s.health().await;
+    kill(zygote, Signal::SIGCONT).unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(health["ready"], true, "{health}");
+    let r = job.await.unwrap();
+    assert_eq!(r["stdout"], "3\n", "{r}");
 }
