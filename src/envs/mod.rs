@@ -15,7 +15,8 @@
 //! versions) the serving environment has, and the allowlist comes out the same, the new
 //! directory is deleted, the new texts are recorded, and the serving generation stays.
 //!
-//! - [`spec`]: requirements, names and requirements.txt bodies, checked before anything runs.
+//! - [`spec`]: requirements and names, checked before anything runs.
+//! - [`requirements`]: requirements.txt bodies, read as pip reads them (hash pins refused).
 //! - [`plan`]: what a change means: the requested set, the installer's requirements and
 //!   constraints.
 //! - [`uv`]: running the installer (argument vectors, deadline, errors sorted).
@@ -35,6 +36,7 @@ pub mod gc;
 mod listing;
 pub mod manifest;
 pub mod plan;
+pub mod requirements;
 pub mod spec;
 mod unchanged;
 pub mod uv;

@@ -1,7 +1,7 @@
 //! What an operator may ask to install or remove, checked before anything runs: PEP 508
 //! requirements by name and version only (no URLs, paths or installer options: installs
-//! come from the configured index), distribution names, requirements.txt bodies, and the
-//! bounds on how many at once.
+//! come from the configured index), distribution names, and the bounds on how many at
+//! once. (requirements.txt bodies: [`super::requirements`].)
 
 use std::str::FromStr;
 
@@ -48,6 +48,10 @@ pub enum SpecError {
         "requirements line {line}: {text:?} is an installer option; only requirements are accepted (the index and constraints come from the configuration)"
     )]
     Option { line: usize, text: String },
+    #[error(
+        "requirements line {line}: {requirement} is pinned by hash (`--hash`), and hashes are not verified here: installing it without them would skip the check the file asks for. Remove the hashes (`pip-compile` or `uv pip compile` without `--generate-hashes`) to install the pinned versions from packages.index_url; to install only files you vetted, serve them from an index or a directory you control (packages.index_url, packages.find_links)"
+    )]
+    HashPinned { line: usize, requirement: String },
 }
 
 impl Spec {
@@ -89,37 +93,6 @@ impl Spec {
         check_set(specs.iter().map(|s| s.name.as_str()), "requirement")?;
         Ok(specs)
     }
-
-    /// A requirements.txt body: one requirement a line; `#` comments and blank lines are
-    /// skipped; options (`-r`, `--index-url`, `-e`) are refused.
-    pub fn parse_requirements(text: &str) -> Result<Vec<Self>, SpecError> {
-        let mut specs = Vec::new();
-        for (i, line) in text.lines().enumerate() {
-            let line = strip_comment(line).trim();
-            if line.is_empty() {
-                continue;
-            }
-            if line.starts_with('-') {
-                return Err(SpecError::Option {
-                    line: i + 1,
-                    text: line.chars().take(60).collect(),
-                });
-            }
-            specs.push(Spec::parse(line)?);
-            if specs.len() > MAX_SPECS {
-                return Err(SpecError::TooMany {
-                    what: "requirements",
-                    count: text.lines().count(),
-                });
-            }
-        }
-        check_set(specs.iter().map(|s| s.name.as_str()), "requirement").or_else(|e| match e {
-            // An empty file is a valid sync: it removes every added package.
-            SpecError::Empty(_) => Ok(()),
-            other => Err(other),
-        })?;
-        Ok(specs)
-    }
 }
 
 /// The environment marker of a requirement text (`os_name == "nt"` of
@@ -155,7 +128,7 @@ pub fn parse_names(raw: &[String]) -> Result<Vec<String>, SpecError> {
     Ok(names)
 }
 
-fn check_set<'a>(
+pub(super) fn check_set<'a>(
     names: impl Iterator<Item = &'a str>,
     what: &'static str,
 ) -> Result<(), SpecError> {
@@ -177,17 +150,6 @@ fn check_set<'a>(
         });
     }
     Ok(())
-}
-
-/// A `#` starts a comment when it begins the line or follows whitespace (pip's rule).
-fn strip_comment(line: &str) -> &str {
-    let bytes = line.as_bytes();
-    for (i, &b) in bytes.iter().enumerate() {
-        if b == b'#' && (i == 0 || bytes[i - 1].is_ascii_whitespace()) {
-            return &line[..i];
-        }
-    }
-    line
 }
 
 fn first_line(text: &str) -> String {
@@ -266,24 +228,5 @@ mod tests {
         assert!(parse_names(&["foo;ls".into()]).is_err());
         assert!(parse_names(&["-rf".into()]).is_err());
         assert!(parse_names(&[]).is_err());
-    }
-
-    #[test]
-    fn requirements_files_skip_comments_and_refuse_options() {
-        let text = "# pinned\ntabulate==0.9.0  # tables\n\nsix\n";
-        let specs = Spec::parse_requirements(text).unwrap();
-        assert_eq!(
-            specs.iter().map(|s| s.text.as_str()).collect::<Vec<_>>(),
-            ["tabulate==0.9.0", "six"]
-        );
-        assert_eq!(Spec::parse_requirements("# nothing\n\n").unwrap(), []);
-        assert!(matches!(
-            Spec::parse_requirements("six\n--extra-index-url https://x\n"),
-            Err(SpecError::Option { line: 2, .. })
-        ));
-        assert!(matches!(
-            Spec::parse_requirements("-r other.txt"),
-            Err(SpecError::Option { line: 1, .. })
-        ));
     }
 }

@@ -35,8 +35,6 @@ pub(super) struct Generation {
     pub(super) began: Instant,
     /// Held by every worker forked from it: its zygotes live while one is held.
     lease: Arc<()>,
-    /// Why its last worker failed to start, while it is being prepared.
-    pub(super) last_spawn_error: Mutex<Option<String>>,
 }
 
 /// What a worker holds of its generation: its id, and a share of the lease that keeps
@@ -137,7 +135,6 @@ impl Generation {
             retired: CancellationToken::new(),
             began: Instant::now(),
             lease: Arc::new(()),
-            last_spawn_error: Mutex::new(None),
         }
     }
 

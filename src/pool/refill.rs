@@ -134,10 +134,6 @@ async fn spawn_one(
                 inner.events.worker_started_cold(&tier.name);
             }
             inner.counters.spawn_succeeded();
-            *generation
-                .last_spawn_error
-                .lock()
-                .expect("spawn error lock") = None;
             // A retired generation's new worker is dropped (killed): it would serve nobody.
             if !inner.shutdown.is_cancelled() && !generation.retired.is_cancelled() {
                 tier.idle.push(worker);
@@ -158,10 +154,6 @@ async fn spawn_one(
                 .counters
                 .spawn_failures
                 .fetch_add(1, Ordering::Relaxed);
-            *generation
-                .last_spawn_error
-                .lock()
-                .expect("spawn error lock") = Some(e.to_string());
             if zygote.is_alive() && !inner.shutdown.is_cancelled() {
                 tracing::error!(tier = %tier.name, generation = generation.id, error = %e, "could not start a worker");
                 // A worker of a zygote that is being replaced says nothing about the next;
@@ -183,6 +175,68 @@ async fn spawn_one(
     tier.spawning.fetch_sub(1, Ordering::AcqRel);
     if failed || first || notify {
         inner.refill.notify_one();
+    }
+}
+
+/// A worker of `generation`'s tier `index` for a job of the pool's own (a rollover's
+/// probe), forked apart from the idle set: a tier's idle target is what demand and
+/// `tiers.min_idle` ask for, possibly none, and the probe must neither wait for an idle
+/// worker such a tier never gets nor leave it one it should not keep. A failed spawn is
+/// retried (a busy host, a workspace removed meanwhile) for `timeout`; the error is the
+/// last one's.
+pub(super) async fn spawn_apart(
+    inner: &Inner,
+    generation: &Generation,
+    index: usize,
+    timeout: Duration,
+) -> Result<Worker, String> {
+    let tier = &generation.tiers[index];
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last = None;
+    loop {
+        // A rollover's generation has every zygote up; one that died is being restarted.
+        let Some(zygote) = tier.zygote() else {
+            let error = "its zygote is not running".to_owned();
+            if tokio::time::Instant::now() >= deadline {
+                return Err(last.unwrap_or(error));
+            }
+            last = Some(error);
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            continue;
+        };
+        let started = Instant::now();
+        let attempt = spawn_worker(inner, generation, tier, &zygote, false);
+        let error = match tokio::time::timeout_at(deadline, attempt).await {
+            Ok(Ok(worker)) => {
+                inner.events.worker_spawned(started.elapsed());
+                inner
+                    .counters
+                    .workers_spawned
+                    .fetch_add(1, Ordering::Relaxed);
+                return Ok(worker);
+            }
+            Ok(Err(e)) => {
+                match e {
+                    SpawnError::NotReady { .. } => {
+                        inner.events.worker_killed(KillReason::NotReady);
+                    }
+                    _ => inner.events.spawn_failed(),
+                }
+                inner
+                    .counters
+                    .spawn_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::error!(tier = %tier.name, generation = generation.id, error = %e, "could not start a worker");
+                e.to_string()
+            }
+            Err(_) => last.unwrap_or_else(|| format!("none was ready within {timeout:?}")),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(error);
+        }
+        last = Some(error);
+        // Do not spin on a failure that repeats (a broken sandbox layer, say).
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

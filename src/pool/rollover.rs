@@ -1,9 +1,9 @@
 //! A rollover on the pool's side: [`Pool::prepare`] starts the next generation beside the
 //! current one (its zygotes preload and warm up, the refill stocks its tiers), probes a
-//! real worker of each tier ([`super::probe`]) and waits for its idle workers; then
-//! [`Pool::switch`] makes it current at once and retires the old one, whose zygotes are
-//! shut down when nothing uses them any more. A failure at any step leaves the current
-//! generation serving as if nothing happened.
+//! real worker of each tier, forked for the probe ([`super::probe`]), and waits for its
+//! idle workers; then [`Pool::switch`] makes it current at once and retires the old one,
+//! whose zygotes are shut down when nothing uses them any more. A failure at any step
+//! leaves the current generation serving as if nothing happened.
 //!
 //! All of it is background work: the new zygotes start, preload and warm up at
 //! `SCHED_IDLE` (raised after [`ZYGOTE_PATIENCE`] if still starting), their workers are
@@ -19,9 +19,8 @@ use serde::Serialize;
 use snakecage_worker::protocol::ZygoteInfo;
 
 use super::generation::Generation;
-use super::idle::{IdleSet, Taken};
 use super::tier::Tier;
-use super::{Inner, Pool, PoolSettings, keeper, probe};
+use super::{Inner, Pool, PoolSettings, keeper, probe, refill};
 
 /// Where a rollover failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -132,38 +131,32 @@ impl Pool {
         inner.generations.set_warming(Some(generation.clone()));
         inner.refill.notify_one();
         let timeout = step_timeout(&inner.settings);
-        for tier in &generation.tiers {
-            let worker = match tokio::time::timeout(timeout, IdleSet::take_any(&[&tier.idle])).await
-            {
-                Ok(Ok((_, Taken::Worker(worker)))) => worker,
-                _ => {
-                    let why = generation
-                        .last_spawn_error
-                        .lock()
-                        .expect("spawn error lock")
-                        .clone()
-                        .unwrap_or_else(|| format!("none was ready within {timeout:?}"));
-                    return Err(PrepareError {
+        // Every tier is probed, also one whose idle target is none (`tiers.min_idle = 0`
+        // and no demand yet): its workers must start and import what the change names
+        // before anything is routed to it.
+        let probes = (0..generation.tiers.len()).map(|index| {
+            let generation = &generation;
+            async move {
+                let tier = &generation.tiers[index];
+                let worker = refill::spawn_apart(inner, generation, index, timeout)
+                    .await
+                    .map_err(|why| PrepareError {
                         stage: RolloverStage::Worker,
                         detail: format!("tier {}: {why}", tier.name),
-                    });
-                }
-            };
-            inner.refill.notify_one();
-            probe::probe(worker, probe_imports)
-                .await
-                .map_err(|detail| PrepareError {
-                    stage: RolloverStage::Probe,
-                    detail: format!("tier {}: {detail}", tier.name),
-                })?;
-        }
-        // Serve from warm workers from the first request on: wait for the idle targets.
+                    })?;
+                probe::probe(worker, probe_imports)
+                    .await
+                    .map_err(|detail| PrepareError {
+                        stage: RolloverStage::Probe,
+                        detail: format!("tier {}: {detail}", tier.name),
+                    })
+            }
+        });
+        futures_util::future::try_join_all(probes).await?;
+        // Serve from warm workers from the first request on: wait for the idle targets
+        // (none for a tier that keeps none).
         let stocked = async {
-            while generation
-                .tiers
-                .iter()
-                .any(|t| t.idle.len() < t.wanted().max(1))
-            {
+            while generation.tiers.iter().any(|t| t.idle.len() < t.wanted()) {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         };

@@ -19,6 +19,7 @@ use crate::api::json::ApiJson;
 use crate::auth::AdminCaller;
 use crate::envs::Prepare;
 use crate::envs::plan::Change;
+use crate::envs::requirements;
 use crate::envs::spec::{Spec, parse_names};
 use crate::error::ApiError;
 use crate::generation::{NextGeneration, Outcome, RolloverError, roll_over_in};
@@ -130,7 +131,7 @@ pub async fn sync(
     let text = std::str::from_utf8(&body).map_err(|e| {
         ApiError::BadRequest(format!("the requirements body is not UTF-8 text: {e}"))
     })?;
-    let specs = Spec::parse_requirements(text)?;
+    let specs = requirements::parse(text)?;
     apply(&state, Change::Sync { specs }).await
 }
 

@@ -60,6 +60,19 @@ pub fn fixed_environment(config: &ZygoteConfig) {
         ("OPENBLAS_NUM_THREADS".into(), "1".into()),
         ("OMP_NUM_THREADS".into(), "1".into()),
         ("MKL_NUM_THREADS".into(), "1".into()),
+        // pandas imports pyarrow when it is installed. Its bundled jemalloc starts a
+        // purging thread as the library loads: the zygote of every tier that preloads
+        // pandas would have two threads and refuse to fork.
+        (
+            "JE_ARROW_MALLOC_CONF".into(),
+            "background_thread:false".into(),
+        ),
+        // Arrow's default allocator (mimalloc) reserves a 1 GiB arena on its first
+        // allocation: in a zygote that reservation would count as its baseline, which
+        // the workers' RLIMIT_DATA budget is added to (a worker could then fill it on top
+        // of its budget); in a worker it exceeds the budget at once. The system allocator
+        // maps what is used, so Arrow's memory counts against the limit like Python's.
+        ("ARROW_DEFAULT_MEMORY_POOL".into(), "system".into()),
         // numpy sets these two while it imports unless they are set (through os.environ,
         // i.e. putenv, which the audit hook denies in a worker): set here, a worker of a
         // tier that did not preload numpy can still import it.
