@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::harness::{Options, repo_root};
-use crate::rollover::{allowed_packages, generation, reload, start};
+use crate::harness::Options;
+use crate::rollover::{allowed_packages, generation, reload, start, start_pool};
 
 /// Two tiers (started with one execution slot: all the idle share goes to one tier, the
 /// other keeps none). A short spawn timeout bounds each rollover step (four of it) so that a rollover
@@ -122,27 +122,12 @@ async fn with_min_idle_zero_the_service_is_ready_and_a_reload_probes_every_tier_
 /// (its probe's worker is what fails), and the pool keeps its generation.
 #[tokio::test]
 async fn a_tier_with_no_idle_target_whose_workers_cannot_start_fails_the_rollover() {
-    use snakecage::config::{Config, Overrides};
-    use snakecage::pool::{Pool, RolloverStage};
+    use snakecage::pool::RolloverStage;
 
     let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
     let file = dir.path().join("snakecage.toml");
     write_config(&file, &["numpy"]);
-    let overrides = Overrides {
-        venv: Some(repo_root().join(".venv")),
-        pool_size: Some(1),
-        ..Overrides::default()
-    };
-    let mut config = Config::load(Some(&file), &overrides).unwrap();
-    config.worker.state_dir = state.clone();
-    config.workspace.dir = Some(state.clone());
-    let settings = snakecage::server::pool_settings(&config).unwrap();
-    std::fs::create_dir_all(&settings.tiers[0].zygote.mpl_config_dir).unwrap();
-    let pool = Pool::start(settings.clone()).await.unwrap();
-    assert_eq!(pool.generation(), 1);
+    let (pool, _, settings) = start_pool(dir.path(), &file).await;
 
     // The scientific tier's workers get too few file descriptors to harden themselves.
     let mut broken = settings.clone();

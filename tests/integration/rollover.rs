@@ -13,7 +13,7 @@ use snakecage::metrics::names;
 
 use crate::agents::mcp_client_with;
 use crate::auth::keys_add;
-use crate::harness::{Options, Server, check_error_body};
+use crate::harness::{Options, Server, check_error_body, repo_root};
 use crate::load::Load;
 use crate::prom::Scrape;
 
@@ -39,6 +39,38 @@ pub fn write_config(path: &Path, allowed: &[&str], extra: &str) {
         allowed.join(", ")
     );
     std::fs::write(path, text).unwrap();
+}
+
+/// A pool started in this process from the configuration file `file`, one worker, its
+/// state in `dir`: for tests that drive `Pool::prepare` themselves. Returns the pool, the
+/// configuration and the settings it started with.
+pub async fn start_pool(
+    dir: &Path,
+    file: &Path,
+) -> (
+    snakecage::pool::Pool,
+    snakecage::config::Config,
+    snakecage::pool::PoolSettings,
+) {
+    use snakecage::config::{Config, Overrides};
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
+    let overrides = Overrides {
+        venv: Some(repo_root().join(".venv")),
+        pool_size: Some(1),
+        ..Overrides::default()
+    };
+    let mut config = Config::load(Some(file), &overrides).unwrap();
+    config.worker.state_dir = state.clone();
+    config.workspace.dir = Some(state);
+    let settings = snakecage::server::pool_settings(&config).unwrap();
+    std::fs::create_dir_all(&settings.tiers[0].zygote.mpl_config_dir).unwrap();
+    let pool = snakecage::pool::Pool::start(settings.clone())
+        .await
+        .unwrap();
+    assert_eq!(pool.generation(), 1);
+    (pool, config, settings)
 }
 
 pub async fn start(config: &Path, options: Options) -> Server {

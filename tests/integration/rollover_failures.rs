@@ -6,9 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::harness::{Options, repo_root};
+use crate::harness::Options;
 use crate::rollover::{
-    allowed_packages, assert_rollovers, generation, reload, start, write_config,
+    allowed_packages, assert_rollovers, generation, reload, start, start_pool, write_config,
 };
 
 #[tokio::test]
@@ -127,29 +127,14 @@ fn raising_package(dir: &Path) -> PathBuf {
 /// with the traceback's text, and the pool keeps serving the generation it had.
 #[tokio::test]
 async fn a_probe_import_that_raises_fails_the_generation_with_its_traceback() {
-    use snakecage::config::{Config, Overrides};
-    use snakecage::pool::{Pool, RolloverStage};
+    use snakecage::pool::RolloverStage;
     use snakecage_worker::protocol::Job;
 
     let dir = tempfile::tempdir().unwrap();
     let packages = raising_package(dir.path());
-    let state = dir.path().join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
     let file = dir.path().join("snakecage.toml");
     write_config(&file, &["numpy"], "");
-    let overrides = Overrides {
-        venv: Some(repo_root().join(".venv")),
-        pool_size: Some(1),
-        ..Overrides::default()
-    };
-    let mut config = Config::load(Some(&file), &overrides).unwrap();
-    config.worker.state_dir = state.clone();
-    config.workspace.dir = Some(state.clone());
-    let settings = snakecage::server::pool_settings(&config).unwrap();
-    std::fs::create_dir_all(&settings.tiers[0].zygote.mpl_config_dir).unwrap();
-    let pool = Pool::start(settings).await.unwrap();
-    assert_eq!(pool.generation(), 1);
+    let (pool, config, _) = start_pool(dir.path(), &file).await;
 
     let mut next = config.clone();
     next.python.site_packages.push(packages);
