@@ -330,11 +330,20 @@ fn context_switches(task: &Path) -> f64 {
 /// 10× (a `bare` worker holds well under 1 MiB, a `plotting` one several), so one median
 /// over all of them would say only which tier had the most idle workers.
 pub fn idle_private_mib(server: u32) -> Vec<(String, f64)> {
+    // Children of every thread: the supervisor starts its zygotes from whichever runtime
+    // thread runs that tier's start, and `/proc/PID/task/TID/children` lists a thread's own.
     let children = |pid: u32| -> Vec<u32> {
-        let path = format!("/proc/{pid}/task/{pid}/children");
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        text.split_whitespace()
-            .filter_map(|c| c.parse().ok())
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten();
+        tasks
+            .flatten()
+            .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+            .flat_map(|text| {
+                text.split_whitespace()
+                    .filter_map(|c| c.parse().ok())
+                    .collect::<Vec<u32>>()
+            })
             .collect()
     };
     let mut tiers: Vec<(String, f64)> = children(server)
