@@ -10,6 +10,23 @@ use super::worker::{Worker, read_nonblocking};
 /// Appended to output that was cut.
 pub const TRUNCATION_SUFFIX: &str = "\n...[truncated]";
 
+/// The last `max` bytes of `text` or less, for quoting the end of a process's stderr in
+/// an error: whole lines where a line ends in them (else from a character boundary),
+/// after a `…` line when something was left out.
+pub(super) fn last_lines(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    if let Some(newline) = text[start..].find('\n') {
+        start += newline + 1;
+    }
+    format!("…\n{}", &text[start..])
+}
+
 #[derive(Debug)]
 pub struct CappedOutput {
     buf: Vec<u8>,
@@ -165,6 +182,19 @@ impl Finish for CappedOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cut_tail_starts_at_a_line_and_says_it_was_cut() {
+        assert_eq!(last_lines("short\ntext", 100), "short\ntext");
+        let text = "Traceback:\n  File \"/x/polars/_cpu_check.py\", line 1\nImportError: ü";
+        assert_eq!(
+            last_lines(text, 30),
+            "…\nImportError: ü",
+            "whole lines only"
+        );
+        // No line ends in the tail: cut at a character boundary, still marked.
+        assert_eq!(last_lines("ééééé", 5), "…\néé");
+    }
 
     #[test]
     fn output_under_the_limit_is_kept_whole() {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use snakecage_worker::protocol::Job;
 
+use super::capture::last_lines;
 use super::run::{self, RunLimits};
 use super::worker::Worker;
 
@@ -56,7 +57,7 @@ pub(super) async fn probe(mut worker: Worker, imports: &[String]) -> Result<(), 
     }
     let stderr = outcome.stderr.trim_end();
     let last = stderr.lines().last().unwrap_or("");
-    let tail: String = tail(stderr, 2000);
+    let tail = last_lines(stderr, 2000);
     Err(if last.is_empty() {
         format!(
             "the probe job failed (exit {:?}, signal {:?}) without a message",
@@ -65,34 +66,4 @@ pub(super) async fn probe(mut worker: Worker, imports: &[String]) -> Result<(), 
     } else {
         format!("{last}\n{tail}")
     })
-}
-
-/// The last `max` bytes of `text` or less: whole lines where a line ends in them (else from
-/// a character boundary), after a `…` line when something was left out.
-fn tail(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut start = text.len() - max;
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    if let Some(newline) = text[start..].find('\n') {
-        start += newline + 1;
-    }
-    format!("…\n{}", &text[start..])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::tail;
-
-    #[test]
-    fn a_cut_tail_starts_at_a_line_and_says_it_was_cut() {
-        assert_eq!(tail("short\ntext", 100), "short\ntext");
-        let text = "Traceback:\n  File \"/x/polars/_cpu_check.py\", line 1\nImportError: ü";
-        assert_eq!(tail(text, 30), "…\nImportError: ü", "whole lines only");
-        // No line ends in the tail: cut at a character boundary, still marked.
-        assert_eq!(tail("ééééé", 5), "…\néé");
-    }
 }

@@ -449,11 +449,7 @@ async fn forward_stderr(stderr: tokio::process::ChildStderr, tail: Arc<Mutex<Str
         tail.push_str(&line);
         tail.push('\n');
         if tail.len() > 4096 {
-            let cut = tail.len() - 4096;
-            let cut = (cut..tail.len())
-                .find(|&i| tail.is_char_boundary(i))
-                .unwrap_or(tail.len());
-            tail.drain(..cut);
+            *tail = super::capture::last_lines(&tail, 4096);
         }
     }
 }
