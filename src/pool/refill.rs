@@ -116,19 +116,11 @@ async fn spawn_one(
     let first_of_tier = tier.spawned.load(Ordering::Relaxed) == 0;
     let warm_up = tier.warm_up_next() && !first_of_tier;
     let spawned = spawn_worker(&inner, &generation, tier, &zygote, warm_up).await;
-    match &spawned {
-        Ok(_) => inner.events.worker_spawned(started.elapsed()),
-        Err(SpawnError::NotReady { .. }) => inner.events.worker_killed(KillReason::NotReady),
-        Err(_) => inner.events.spawn_failed(),
-    }
+    count_spawn(&inner, started, &spawned);
     let failed = spawned.is_err();
     let mut notify = false;
     match spawned {
         Ok(worker) => {
-            inner
-                .counters
-                .workers_spawned
-                .fetch_add(1, Ordering::Relaxed);
             if !worker.warmed {
                 tier.spawned_cold.fetch_add(1, Ordering::Relaxed);
                 inner.events.worker_started_cold(&tier.name);
@@ -150,10 +142,6 @@ async fn spawn_one(
             }
         }
         Err(e) => {
-            inner
-                .counters
-                .spawn_failures
-                .fetch_add(1, Ordering::Relaxed);
             if zygote.is_alive() && !inner.shutdown.is_cancelled() {
                 tracing::error!(tier = %tier.name, generation = generation.id, error = %e, "could not start a worker");
                 // A worker of a zygote that is being replaced says nothing about the next;
@@ -207,27 +195,15 @@ pub(super) async fn spawn_apart(
         let started = Instant::now();
         let attempt = spawn_worker(inner, generation, tier, &zygote, false);
         let error = match tokio::time::timeout_at(deadline, attempt).await {
-            Ok(Ok(worker)) => {
-                inner.events.worker_spawned(started.elapsed());
-                inner
-                    .counters
-                    .workers_spawned
-                    .fetch_add(1, Ordering::Relaxed);
-                return Ok(worker);
-            }
-            Ok(Err(e)) => {
-                match e {
-                    SpawnError::NotReady { .. } => {
-                        inner.events.worker_killed(KillReason::NotReady);
+            Ok(spawned) => {
+                count_spawn(inner, started, &spawned);
+                match spawned {
+                    Ok(worker) => return Ok(worker),
+                    Err(e) => {
+                        tracing::error!(tier = %tier.name, generation = generation.id, error = %e, "could not start a worker");
+                        e.to_string()
                     }
-                    _ => inner.events.spawn_failed(),
                 }
-                inner
-                    .counters
-                    .spawn_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::error!(tier = %tier.name, generation = generation.id, error = %e, "could not start a worker");
-                e.to_string()
             }
             Err(_) => last.unwrap_or_else(|| format!("none was ready within {timeout:?}")),
         };
@@ -237,6 +213,29 @@ pub(super) async fn spawn_apart(
         last = Some(error);
         // Do not spin on a failure that repeats (a broken sandbox layer, say).
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Counts a spawn's outcome, the refill's or a probe's, in the pool's counters and events.
+fn count_spawn(inner: &Inner, started: Instant, spawned: &Result<Worker, SpawnError>) {
+    match spawned {
+        Ok(_) => {
+            inner.events.worker_spawned(started.elapsed());
+            inner
+                .counters
+                .workers_spawned
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Err(e) => {
+            match e {
+                SpawnError::NotReady { .. } => inner.events.worker_killed(KillReason::NotReady),
+                _ => inner.events.spawn_failed(),
+            }
+            inner
+                .counters
+                .spawn_failures
+                .fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
