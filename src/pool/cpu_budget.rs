@@ -133,7 +133,7 @@ impl CpuBudget {
 
 /// The CPU time process `pid` has used, all its threads together: what `RLIMIT_CPU`
 /// counts.
-fn cpu_time(pid: i32) -> io::Result<Duration> {
+pub(super) fn cpu_time(pid: i32) -> io::Result<Duration> {
     let clock: ClockId = clock_getcpuclockid(Pid::from_raw(pid))?;
     let now = clock_gettime(clock)?;
     Ok(Duration::new(now.tv_sec() as u64, now.tv_nsec() as u32))

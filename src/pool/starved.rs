@@ -7,9 +7,10 @@
 //! and counting it as a failed spawn turns `/health` degraded on a machine where nothing
 //! is broken. A stuck worker is blocked (sleeping in a call that never returns) or
 //! stopped, or it spins and gets the CPU it asks for; a starved one is runnable and got
-//! little CPU. The kernel reports both: the task's state in `/proc/PID/stat` and its time
-//! on a CPU in `/proc/PID/schedstat`. (The time it waited on a run queue, schedstat's
-//! second field, is no help: it is added up only when the task next gets a CPU.)
+//! little CPU. The kernel reports both: the process's state in `/proc/PID/stat` and its
+//! CPU-time clock (read as a session's CPU budget reads it). (The time it waited on a run
+//! queue, `/proc/PID/schedstat`'s second field, is no help: it is added up only when the
+//! task next gets a CPU.)
 
 use std::time::Duration;
 
@@ -23,30 +24,24 @@ pub(super) struct SchedStat {
 }
 
 impl SchedStat {
-    /// The state and CPU time of process `pid`'s main thread (a worker has only one while
-    /// it starts); `None` when it is gone or the kernel keeps no schedstats.
+    /// The state and CPU time of process `pid` (a worker has one thread while it starts);
+    /// `None` when it is gone.
     pub fn of(pid: i32) -> Option<Self> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let schedstat = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
-        Self::parse(&stat, &schedstat)
-    }
-
-    fn parse(stat: &str, schedstat: &str) -> Option<Self> {
-        // `pid (comm) S ...`: the name may hold spaces and parentheses, the state follows
-        // the last `)`.
-        let state = stat[stat.rfind(')')? + 1..]
-            .split_ascii_whitespace()
-            .next()?;
-        let on_cpu = schedstat
-            .split_ascii_whitespace()
-            .next()?
-            .parse::<u64>()
-            .ok()?;
         Some(Self {
-            on_cpu: Duration::from_nanos(on_cpu),
-            runnable: state == "R",
+            on_cpu: super::cpu_budget::cpu_time(pid).ok()?,
+            runnable: runnable(&stat)?,
         })
     }
+}
+
+/// Whether a `/proc/PID/stat` line says running or waiting for a CPU (state `R`). The
+/// state follows the last `)`: the name before it may hold spaces and parentheses.
+fn runnable(stat: &str) -> Option<bool> {
+    let state = stat[stat.rfind(')')? + 1..]
+        .split_ascii_whitespace()
+        .next()?;
+    Some(state == "R")
 }
 
 /// Whether a worker that was not ready after `period` was held back by the host rather
@@ -82,23 +77,11 @@ mod tests {
     }
 
     #[test]
-    fn parses_the_state_after_the_name_and_the_time_on_a_cpu() {
+    fn reads_the_state_after_the_name() {
         let stat = "4242 (snake (cage) R) S 1 4242 4242 0 -1 4194560 96 0 0 0";
-        assert_eq!(
-            SchedStat::parse(stat, "1234567 89000000 42\n"),
-            Some(SchedStat {
-                on_cpu: Duration::from_nanos(1_234_567),
-                runnable: false,
-            })
-        );
-        let stat = "4242 (python) R 1 4242";
-        assert_eq!(
-            SchedStat::parse(stat, "7 0 1").map(|s| s.runnable),
-            Some(true)
-        );
-        assert_eq!(SchedStat::parse(stat, ""), None);
-        assert_eq!(SchedStat::parse(stat, "x 3"), None);
-        assert_eq!(SchedStat::parse("4242 python R", "7 0 1"), None);
+        assert_eq!(runnable(stat), Some(false));
+        assert_eq!(runnable("4242 (python) R 1 4242"), Some(true));
+        assert_eq!(runnable("4242 python R"), None);
     }
 
     #[test]
