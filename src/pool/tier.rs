@@ -123,13 +123,11 @@ impl Tier {
     pub(super) fn state(&self) -> TierState {
         if self.serves() {
             TierState::Serving
-        } else if self.zygote().is_none()
-            && self
-                .start_failure
-                .lock()
-                .expect("start failure lock")
-                .is_some()
+        } else if (self.start_failure.lock())
+            .expect("start failure lock")
+            .is_some()
         {
+            // Set only while it has no zygote (`replace_zygote` clears it).
             TierState::Failed
         } else {
             TierState::Starting
