@@ -9,10 +9,10 @@
 //! `GET /ready` (for load balancers and Kubernetes probes): 200 when every request is
 //! served correctly without waiting for a zygote: some tier serves (its zygote is up and
 //! has had a worker ready), and a job routed to a tier that does not serve yet (starting,
-//! or failed to start) runs on one that does, only slower (it imports what its tier would
-//! have preloaded). 503 before the first tier serves, while a started zygote is down (its
-//! jobs wait for the restart), while workers cannot be started, and once shutdown has
-//! begun. The file store is not part of readiness: replicas share it, so its outage would
+//! or failed to start, or its zygote died and is being restarted) runs on one that does,
+//! only slower (it imports what its tier would have preloaded). 503 while no tier serves
+//! (before the first does, or while the only zygotes are down), while workers cannot be
+//! started, and once shutdown has begun. The file store is not part of readiness: replicas share it, so its outage would
 //! take every replica out of the balancer at once, though runs that need no file can still
 //! be served.
 
@@ -93,17 +93,19 @@ pub(super) fn not_ready(state: &SharedState) -> Option<String> {
     let down = (pool.tiers.iter()).find(|t| t.zygote.as_ref().is_some_and(|z| !z.alive));
     if state.stopping.is_cancelled() {
         Some("the service is shutting down".into())
-    } else if let Some(tier) = down {
-        Some(format!(
-            "the zygote of tier {:?} is not running; it is being restarted",
-            tier.name
-        ))
     } else if let Some(error) = pool.last_spawn_error {
         Some(format!("workers cannot be started: {error}"))
     } else if pool.tiers.iter().all(|t| t.state != TierState::Serving) {
-        // Once a tier serves, a job routed to a tier that does not serve yet runs on it
-        // (correct, only slower), and a tier drained by traffic later is busy, not unready.
-        Some("no tier has a worker ready yet".into())
+        // Once a tier serves, a job routed to a tier that does not serve (starting, or its
+        // zygote restarting) runs on it, correct and only slower, and a tier drained by
+        // traffic later is busy, not unready.
+        Some(match down {
+            Some(tier) => format!(
+                "the zygote of tier {:?} is not running; it is being restarted",
+                tier.name
+            ),
+            None => "no tier has a worker ready yet".into(),
+        })
     } else {
         None
     }

@@ -11,6 +11,7 @@ use snakecage_worker::protocol::{Layer, LayerState, ZygoteInfo};
 
 use super::events::KillReason;
 use super::generation::Generation;
+use super::tier::Tier;
 use super::zygote::ZygoteHandle;
 use super::{Inner, PoolError, PoolSettings};
 
@@ -96,7 +97,13 @@ pub(super) async fn zygote_keeper(inner: Arc<Inner>, generation: Arc<Generation>
                     }
                     Err(e) => {
                         tracing::error!(tier = %tier.name, error = %e, "restarting the zygote failed; retrying");
-                        inner.counters.spawn_failed(format!("restarting the zygote failed: {e}"));
+                        let why = format!("restarting the zygote failed: {e}");
+                        // The tiers that serve take its jobs meanwhile; only when none
+                        // does would a waiting request wait for nothing.
+                        if !generation.tiers.iter().any(Tier::serves) {
+                            inner.counters.spawn_failed(why.clone());
+                        }
+                        tier.start_failed(why);
                     }
                 },
                 () = inner.shutdown.cancelled() => return,

@@ -104,19 +104,21 @@ impl Tier {
         self.prioritise();
     }
 
-    /// Records why its zygote could not start, while it never has.
+    /// Records why its zygote could not start, while it has none that runs (it never
+    /// started, or died and cannot be restarted).
     pub(super) fn start_failed(&self, why: String) {
         *self.start_failure.lock().expect("start failure lock") = Some(why);
     }
 
     /// Whether jobs routed here are served here: its zygote is up and has had a worker
-    /// ready. Until then they go to a tier that serves (any code runs on any tier), so
-    /// none waits for a zygote that is still preloading, nor for its first worker. A tier
-    /// that keeps no idle worker (its target is 0) makes one only for a job that waits for
-    /// it: it serves once its zygote is up.
+    /// ready. Until then, and while a zygote that died is restarted, they go to a tier
+    /// that serves (any code runs on any tier), so none waits for a zygote that is still
+    /// preloading, nor for its first worker. A tier that keeps no idle worker (its target
+    /// is 0) makes one only for a job that waits for it: it serves once its zygote is up.
     pub(super) fn serves(&self) -> bool {
-        self.spawned.load(Ordering::Acquire) > 0
-            || (self.target.load(Ordering::Acquire) == 0 && self.zygote().is_some())
+        self.zygote().is_some_and(|z| z.is_alive())
+            && (self.spawned.load(Ordering::Acquire) > 0
+                || self.target.load(Ordering::Acquire) == 0)
     }
 
     /// Where it stands: starting, serving, or failed to start.
@@ -127,7 +129,7 @@ impl Tier {
             .expect("start failure lock")
             .is_some()
         {
-            // Set only while it has no zygote (`replace_zygote` clears it).
+            // Set only while it has no zygote that runs (`replace_zygote` clears it).
             TierState::Failed
         } else {
             TierState::Starting

@@ -254,3 +254,75 @@ async fn a_fuller_tier_that_cannot_start_degrades_the_service_which_serves_and_r
     let health = wait_for_health(&s, "the service healthy again", |h| h["status"] == "ok").await;
     assert_eq!(health["ready"], true, "{health}");
 }
+
+#[tokio::test]
+async fn a_fuller_tier_whose_zygote_dies_and_cannot_restart_leaves_the_service_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    // The zygote dies while it preloads this module whenever the gate is shut: open at the
+    // first start, shut for the restart.
+    let (config, options, gate) = gated_config(
+        dir.path(),
+        "snakecage_flaky_model",
+        "import os, sys\nif not os.path.exists(GATE):\n    \
+         sys.stderr.write('snakecage_flaky_model: le modèle a disparu\\n')\n    \
+         sys.stderr.flush()\n    os._exit(3)\n",
+    );
+    std::fs::write(&gate, "").unwrap();
+    let s = crate::rollover::start(&config, options).await;
+    let health = wait_for_health(&s, "the gated tier serving", |h| {
+        tier(h, "gated")["state"] == "serving" && tier(h, "gated")["idle"].as_u64() >= Some(1)
+    })
+    .await;
+    let zygote = tier(&health, "gated")["zygote"]["pid"].as_u64().unwrap() as i32;
+
+    std::fs::remove_file(&gate).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(zygote),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let health = wait_for_health(&s, "the gated tier failing to restart", |h| {
+        tier(h, "gated")["state"] == "failed"
+    })
+    .await;
+    // Said where an operator looks: degraded, the tier named with why.
+    assert_eq!(health["status"], "degraded", "{health}");
+    let why = tier(&health, "gated")["start_error"].as_str().unwrap();
+    assert!(
+        why.starts_with("restarting the zygote failed") && why.contains("le modèle a disparu"),
+        "{why}"
+    );
+    // Yet every request is served: the service stays ready (a balancer keeps sending it
+    // traffic), and the dead tier's jobs run on bare rather than wait or be refused.
+    let (status, _, body) = s.get("/ready").await;
+    assert_eq!((status, body.as_str()), (200, r#"{"status":"ready"}"#));
+    assert_eq!(health["ready"], true, "{health}");
+    let (r, moved) = checkouts_during(
+        &s,
+        s.run_with(json!({ "code": PANDAS_JOB, "timeout_ms": 60_000 })),
+    )
+    .await;
+    assert_eq!(r["stdout"], "6\n", "{r}");
+    assert_eq!(moved, [pair("bare", "gated")]);
+
+    // The cause goes away: a retry brings the tier back, and its jobs go to it again.
+    std::fs::write(&gate, "").unwrap();
+    wait_for_health(&s, "the gated tier restarted", |h| {
+        tier(h, "gated")["state"] == "serving" && tier(h, "gated")["idle"].as_u64() >= Some(1)
+    })
+    .await;
+    let health = wait_for_health(&s, "the service healthy again", |h| h["status"] == "ok").await;
+    assert_eq!(
+        tier(&health, "gated")["start_error"],
+        Value::Null,
+        "{health}"
+    );
+    assert_eq!(tier(&health, "gated")["zygote"]["restarts"], 1, "{health}");
+    let (r, moved) = checkouts_during(
+        &s,
+        s.run_with(json!({ "code": PANDAS_JOB, "timeout_ms": 60_000 })),
+    )
+    .await;
+    assert_eq!(r["stdout"], "6\n", "{r}");
+    assert_eq!(moved, [pair("gated", "gated")]);
+}
