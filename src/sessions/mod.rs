@@ -1,5 +1,6 @@
-//! Stateful Python sessions: the registry (create, look up, delete, list), idle expiry, LRU
-//! eviction at `max_sessions`, and one request at a time per session.
+//! Stateful Python sessions: the registry (create, look up, delete, list), idle expiry,
+//! eviction at `max_sessions` (the least recently used idle session of the tenant that holds
+//! the most), and one request at a time per session.
 //!
 //! A session owns one worker (taken from the pool, forked and hardened like any other, then
 //! switched to session mode) and that worker's workspace. It holds no execution slot while
@@ -173,7 +174,8 @@ impl Sessions {
     }
 
     /// A new session with its own worker; `stage` fills its workspace before it is
-    /// registered. At `max_sessions`, the least recently used idle session is evicted; an
+    /// registered. At `max_sessions`, an idle session is evicted (of the tenant holding the
+    /// most, its least recently used); an
     /// `owner` at its own `owner_max` is refused (`TenantLimit`). With `replay`, the
     /// session keeps a journal that starts with the files `stage` placed.
     pub async fn create<E: From<SessionError>>(
@@ -259,11 +261,23 @@ impl Sessions {
         }
         let mut evicted = Vec::new();
         while table.live.len() + table.creating >= max {
+            // The tenant that holds the most sessions gives one up, its least recently
+            // used idle one: a tenant creating sessions past the table's size evicts its
+            // own before anyone else's, and one with a single session keeps it.
+            let mut held: HashMap<Option<&str>, usize> = HashMap::new();
+            for session in table.live.values() {
+                *held.entry(session.owner.as_deref()).or_default() += 1;
+            }
             let victim = table
                 .live
                 .values()
                 .filter(|s| !s.in_use())
-                .min_by_key(|s| s.usage().last_used_at)
+                .min_by_key(|s| {
+                    (
+                        std::cmp::Reverse(held[&s.owner.as_deref()]),
+                        s.usage().last_used_at,
+                    )
+                })
                 .map(|s| s.id.clone());
             let Some(id) = victim else {
                 return Err(SessionError::Full(max));

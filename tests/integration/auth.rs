@@ -30,13 +30,19 @@ pub fn keys_add(path: &Path, name: &str, limits: &[&str]) -> String {
 
 /// A server with a keys file holding `alice` (with `alice_limits`) and `bob`.
 async fn two_tenants(alice_limits: &[&str]) -> (Server, Tenant, Tenant, tempfile::TempDir) {
+    two_tenants_with(alice_limits, Options::default()).await
+}
+
+/// [`two_tenants`], the server started with `options`.
+async fn two_tenants_with(
+    alice_limits: &[&str],
+    options: Options,
+) -> (Server, Tenant, Tenant, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let keys = dir.path().join("keys.toml");
     let alice = keys_add(&keys, "alice", alice_limits);
     let bob = keys_add(&keys, "bob", &[]);
-    let server =
-        Server::start_with(Options::default().env("SNAKECAGE_AUTH__KEYS_FILE", keys.display()))
-            .await;
+    let server = Server::start_with(options.env("SNAKECAGE_AUTH__KEYS_FILE", keys.display())).await;
     let base = server.base.clone();
     (
         server,
@@ -575,5 +581,59 @@ async fn a_keys_file_with_no_keys_is_refused_at_start() {
             keys.display()
         )),
         "{stderr}"
+    );
+}
+
+/// At `sessions.max_sessions`, a tenant that keeps creating sessions evicts its own, least
+/// recently used first, never the one session another tenant holds.
+#[tokio::test]
+async fn a_full_session_table_evicts_from_the_tenant_that_holds_the_most() {
+    let (_s, alice, bob, _dir) = two_tenants_with(
+        &[],
+        Options::default().env("SNAKECAGE_SESSIONS__MAX_SESSIONS", 3),
+    )
+    .await;
+    let create = async |tenant: &Tenant| {
+        let (status, body) = tenant.post("/v1/sessions", json!({})).await;
+        assert_eq!(status, 201, "{body}");
+        body["session_id"].as_str().unwrap().to_owned()
+    };
+    let run = async |tenant: &Tenant, id: &str, code: &str| {
+        tenant
+            .post(
+                &format!("/v1/sessions/{id}/execute"),
+                json!({ "code": code }),
+            )
+            .await
+    };
+    // Alice's one session is the least recently used of all when the table fills up.
+    let hers = create(&alice).await;
+    let (status, r) = run(&alice, &hers, "donnée = 'à garder'").await;
+    assert_eq!(status, 200, "{r}");
+    let mut his = Vec::new();
+    for _ in 0..4 {
+        his.push(create(&bob).await);
+    }
+    // Bob's third and fourth sessions evicted his first two: his own, oldest first.
+    for id in &his[..2] {
+        let (status, r) = run(&bob, id, "1").await;
+        assert_eq!(status, 410, "{r}");
+        assert!(
+            r["detail"]
+                .as_str()
+                .unwrap()
+                .contains("least recently used"),
+            "{r}"
+        );
+    }
+    for id in &his[2..] {
+        let (status, r) = run(&bob, id, "1").await;
+        assert_eq!(status, 200, "{r}");
+    }
+    let (status, r) = run(&alice, &hers, "print(donnée)").await;
+    assert_eq!(
+        (status, r["stdout"].clone()),
+        (200, json!("à garder\n")),
+        "{r}"
     );
 }
