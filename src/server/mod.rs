@@ -95,7 +95,6 @@ pub async fn serve_with(
     let envs = crate::envs::EnvManager::open(&mut config)?;
     let settings = pool_settings(&config)?;
     let metrics = Arc::new(Metrics::new());
-    let store = open_store(&config, metrics.clone())?;
     prepare_mpl_config_dir(&settings.tiers[0].zygote.mpl_config_dir)?;
     metrics.set_tenants(keys.load().names());
     // Answer at once while the lightest tier's zygote starts (503, Retry-After, what is
@@ -123,22 +122,30 @@ pub async fn serve_with(
         stop.clone(),
     ));
     let pool_started = std::time::Instant::now();
-    // The environment's stamp (tens of milliseconds of directory reads) and the cluster's
+    // The environment's stamp (tens of milliseconds of directory reads), the cluster's
     // HTTP client (the platform's CA certificates read and parsed: 3 ms warm, 45 ms from
-    // a cold page cache) are made while the zygotes start, not before or after: they are
-    // off the path to ready.
+    // a cold page cache) and the file store (a local one reads its whole index: seconds
+    // with a million files) are made while the zygotes start, not before or after: they
+    // are off the path to ready, and the listener answers `starting` meanwhile.
+    let opening = tokio::task::spawn_blocking({
+        let config = config.clone();
+        let metrics = metrics.clone();
+        move || open_store(&config, metrics)
+    });
     let starting = async {
         tokio::join!(
             crate::generation::stamp::EnvStamp::read_off_thread(&config),
             Pool::start_observed(settings, metrics.clone()),
             Cluster::new_off_thread(&config.cluster),
+            opening,
         )
     };
     // Given up, the start-up's zygotes are killed with it (`kill_on_drop`, and their
     // `PR_SET_PDEATHSIG` once this process exits) and its workspace root is removed (the
     // root's guard is dropped with the start-up). A start-up that fails past this point
     // shuts the pool down, which does the same.
-    let Some((environment, started, cluster)) = until_requested(starting, &requested).await else {
+    let Some((environment, started, cluster, store)) = until_requested(starting, &requested).await
+    else {
         return stopped_while_starting(stop, server).await;
     };
     let pool = match started {
@@ -151,6 +158,15 @@ pub async fn serve_with(
     };
     let cluster = match cluster {
         Ok(cluster) => Arc::new(cluster),
+        Err(e) => {
+            pool.shutdown().await;
+            stop.cancel();
+            let _ = server.await;
+            return Err(e.into());
+        }
+    };
+    let store = match store.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())) {
+        Ok(store) => store,
         Err(e) => {
             pool.shutdown().await;
             stop.cancel();

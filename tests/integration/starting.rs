@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::harness::{
     Options, check_error_body, descendants_of, process_exists, repo_root, site_packages,
@@ -113,6 +113,70 @@ async fn requests_during_start_up_get_a_friendly_503_then_are_served() {
         "{detail}"
     );
     assert_eq!(served["stdout"], "ready\n", "{served}");
+}
+
+/// The file store is opened while the zygotes start, behind a listener that answers: a
+/// local store reads its whole index first (seconds with a million files), and a liveness
+/// probe that found no listener meanwhile would kill the service over and over. A
+/// metadata entry whose read blocks (a FIFO with no writer yet) holds the index's load for
+/// as long as the test wants.
+#[tokio::test]
+async fn the_service_answers_starting_while_its_file_store_loads_its_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = dir.path().join("state").join("files").join("meta");
+    std::fs::create_dir_all(&meta).unwrap();
+    let held = meta.join("tenu.json");
+    nix::unistd::mkfifo(&held, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let (_stopped, port) = start_slow(dir.path(), "snakecage_quick", "");
+    // The port is bound before the service starts: a connection nothing answers waits.
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let get = async |path: &str| {
+        let response = client
+            .get(format!("http://127.0.0.1:{port}{path}"))
+            .send()
+            .await
+            .ok()?;
+        let status = response.status().as_u16();
+        Some((status, response.json::<Value>().await.unwrap()))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (status, health) = loop {
+        if let Some(answer) = get("/health").await {
+            break answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nothing answered while the index loads"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        (status, &health["status"]),
+        (200, &json!("starting")),
+        "{health}"
+    );
+    let (status, ready) = get("/ready").await.unwrap();
+    assert_eq!(status, 503, "{ready}");
+    // The index's read goes on: the entry holds no metadata, so it is dropped, and the
+    // service serves.
+    tokio::task::spawn_blocking(move || std::fs::write(&held, b"pas du json"))
+        .await
+        .unwrap()
+        .unwrap();
+    loop {
+        if get("/ready").await.is_some_and(|(status, _)| status == 200) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never ready once the index loaded"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!meta.join("tenu.json").exists());
 }
 
 /// The zygote `/ready` waits for, the lightest, and the one that takes longest, the fullest,
