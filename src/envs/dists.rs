@@ -1,11 +1,13 @@
 //! What an environment holds, read from its files (no interpreter, no installer): the
 //! installed distributions (`*.dist-info/METADATA`) and the top-level modules each one
-//! provides (`top_level.txt`, else its `RECORD`).
+//! provides (`top_level.txt`, else its `RECORD`). The files are read by
+//! [`snakecage_worker::distinfo`], which the zygote's package scan shares.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
+use snakecage_worker::distinfo::DistInfo;
 
 use crate::config::normalize_dist_name;
 
@@ -28,33 +30,17 @@ pub fn site_packages(venv: &Path) -> Option<PathBuf> {
         .find(|p| p.is_dir())
 }
 
-/// Every distribution installed in `site`, by name.
+/// Every distribution installed in `site` whose METADATA names it and its version, by
+/// name.
 pub fn installed(site: &Path) -> std::io::Result<Vec<Dist>> {
     let mut dists = Vec::new();
-    for entry in std::fs::read_dir(site)? {
-        let path = entry?.path();
-        let is_dist_info = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.ends_with(".dist-info"));
-        if !is_dist_info {
-            continue;
-        }
-        let Ok(metadata) = std::fs::read_to_string(path.join("METADATA")) else {
-            continue;
-        };
-        let header = |key: &str| {
-            metadata
-                .lines()
-                .take_while(|l| !l.is_empty())
-                .find_map(|l| l.strip_prefix(key)?.strip_prefix(':').map(str::trim))
-                .map(str::to_owned)
-        };
-        if let (Some(name), Some(version)) = (header("Name"), header("Version")) {
+    for info in DistInfo::all_in(site)? {
+        let headers = info.headers();
+        if let (Some(name), Some(version)) = (headers.name, headers.version) {
             dists.push(Dist {
                 name: normalize_dist_name(&name),
                 version,
-                dist_info: path,
+                dist_info: info.path().to_path_buf(),
             });
         }
     }
@@ -67,8 +53,9 @@ pub fn installed(site: &Path) -> std::io::Result<Vec<Dist>> {
 /// `pkg`, `mod.py` or `mod.cpython-311-x86_64-linux-gnu.so` ⇒ `mod`). Private names
 /// (`_foo`) are left out: they are implementation modules.
 pub fn import_names(dist: &Dist) -> Vec<String> {
+    let info = DistInfo::at(&dist.dist_info);
     let mut names = BTreeSet::new();
-    if let Ok(text) = std::fs::read_to_string(dist.dist_info.join("top_level.txt")) {
+    if let Some(text) = info.top_level_txt() {
         names.extend(
             text.lines()
                 .map(str::trim)
@@ -76,15 +63,12 @@ pub fn import_names(dist: &Dist) -> Vec<String> {
                 .map(str::to_owned),
         );
     }
-    if names.is_empty()
-        && let Ok(record) = std::fs::read_to_string(dist.dist_info.join("RECORD"))
-    {
-        for line in record.lines() {
-            let path = line.split(',').next().unwrap_or_default();
-            if let Some(name) = top_level_module(path) {
-                names.insert(name);
-            }
-        }
+    if names.is_empty() {
+        names.extend(
+            info.record_paths()
+                .iter()
+                .filter_map(|path| top_level_module(path)),
+        );
     }
     names
         .into_iter()

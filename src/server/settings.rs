@@ -93,8 +93,9 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
                 tier: profile.name.clone(),
                 preload: profile.preload.clone(),
                 warm_up: profile.warm_up(),
-                // The lightest zygote is up first: the package scan is off the path of
-                // the fuller ones, which decide when the service is ready.
+                // One zygote scans the packages (the same for every tier): the lightest,
+                // which the service's readiness waits for, so `/v1/packages` is complete
+                // from the first answer; the scan costs it a few milliseconds.
                 describe_packages: i == 0,
                 startup_nice: if i == 0 || profile.preload.len() == fullest {
                     0

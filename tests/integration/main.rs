@@ -31,6 +31,7 @@ mod mcp;
 mod min_idle;
 mod observability;
 mod overload;
+mod package_scan;
 mod packages;
 mod packages_arrow;
 mod packages_bytecode;

@@ -196,32 +196,6 @@ def warm_up_child(sources):
         _state.restore_interpreter_state(saved)
 
 
-def describe_packages(names):
-    """For each allowed top-level package: installed or not, and the version of the
-    distribution that provides it, found without importing it (start-up only, in a
-    throwaway child of the zygote: ``importlib.metadata`` and what it imports never
-    enter the heap the workers share)."""
-    import importlib.metadata
-    import importlib.util
-
-    providers = importlib.metadata.packages_distributions()
-    described = []
-    for name in names:
-        try:
-            installed = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            installed = False
-        version = None
-        for dist in providers.get(name, ()):
-            try:
-                version = importlib.metadata.version(dist)
-                break
-            except importlib.metadata.PackageNotFoundError:
-                continue
-        described.append({"name": name, "installed": installed, "version": version})
-    return described
-
-
 def prepare_zygote():
     """Once, in the zygote before it forks: what every child inherits for free.
 

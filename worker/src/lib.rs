@@ -11,11 +11,14 @@
 //!   embedded and parsed in this one place.
 //! - [`capability`]: whether this process may raise another out of `SCHED_IDLE`, or raise
 //!   its resource limits.
+//! - [`distinfo`]: installed distributions read from their `.dist-info` files, bounded and
+//!   untrusted, and which one provides a module (package management; the package scan).
 //!
 //! The zygote binary (`src/main.rs`, feature `zygote`) adds CPython and the sandbox layers.
 
 pub mod allowlist;
 pub mod capability;
+pub mod distinfo;
 pub mod fdpass;
 pub mod frame;
 pub mod jsondepth;

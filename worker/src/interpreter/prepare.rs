@@ -53,7 +53,7 @@ pub fn prepare<'py>(
     // The package scan runs in a child of its own while this process imports.
     let scan = if config.describe_packages {
         Some(crate::packages::start(
-            &runner,
+            py,
             &config.sandbox.allowed_packages,
         )?)
     } else {

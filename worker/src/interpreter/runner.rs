@@ -5,7 +5,7 @@ use std::ffi::CString;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyModule};
-use snakecage_worker::protocol::{ErrorInfo, Job, JobResult, PackageInfo, Variable, WarmUp};
+use snakecage_worker::protocol::{ErrorInfo, Job, JobResult, Variable, WarmUp};
 
 use super::prepare::warm_up_source;
 use super::results::{job_result, user_text};
@@ -47,37 +47,6 @@ impl<'py> Runner<'py> {
             module: module.expect("the runner is the last of RUNNER_MODULES"),
             warm_up: Vec::new(),
         })
-    }
-
-    /// Which of `names` are installed, with versions, found without importing them.
-    pub fn describe_packages(
-        &self,
-        names: &[String],
-    ) -> Result<Vec<PackageInfo>, InterpreterError> {
-        let described = self
-            .module
-            .call_method1("describe_packages", (names.to_vec(),))
-            .map_err(py_err("describing the allowed packages"))?;
-        let list = described
-            .cast::<PyList>()
-            .map_err(|e| py_err("describing the allowed packages")(e.into()))?;
-        let mut out = Vec::with_capacity(list.len());
-        for item in list.iter() {
-            let d = item
-                .cast::<PyDict>()
-                .map_err(|e| py_err("describing the allowed packages")(e.into()))?;
-            let field = |key: &str| d.get_item(key).ok().flatten();
-            out.push(PackageInfo {
-                name: field("name")
-                    .and_then(|v| v.extract().ok())
-                    .unwrap_or_default(),
-                installed: field("installed")
-                    .and_then(|v| v.extract().ok())
-                    .unwrap_or(false),
-                version: field("version").and_then(|v| v.extract().ok()),
-            });
-        }
-        Ok(out)
     }
 
     /// Once, in the zygote: process-wide settings every child inherits, then the

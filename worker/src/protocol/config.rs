@@ -25,9 +25,9 @@ pub struct ZygoteConfig {
     #[serde(default)]
     pub warm_up: Vec<WarmUp>,
     /// Whether this zygote reports which allowed packages are installed (`packages` in
-    /// its hello). The scan (importlib.metadata over the whole venv) costs ~0.2 s of CPU,
-    /// in a child running beside the zygote's preloads; the packages are the same for
-    /// every tier, so only one tier does it.
+    /// its hello). The scan (`find_spec` for each, the `.dist-info` files read for their
+    /// versions) runs in a child beside the zygote's preloads; the packages are the same
+    /// for every tier, so only one tier does it.
     #[serde(default = "yes")]
     pub describe_packages: bool,
     /// The niceness the zygote prepares at (imports, warm-up, freeze), before it lowers
