@@ -168,25 +168,38 @@ mod tests {
 
     use super::*;
 
-    /// A process that spins on the CPU, and a pidfd of it.
-    fn spinner() -> (Child, OwnedFd) {
+    /// A process that spins on the CPU until it is killed: by the watchdog or, should a
+    /// test fail, when this is dropped.
+    struct Spinner(Child);
+
+    impl Drop for Spinner {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// A [`Spinner`], its pid and a pidfd of it.
+    fn spinner() -> (Spinner, i32, OwnedFd) {
         let child = Command::new("sh")
             .args(["-c", "while :; do :; done"])
             .spawn()
             .unwrap();
-        let pidfd = snakecage_worker::fdpass::pidfd_open(child.id() as i32).unwrap();
-        (child, pidfd)
+        let pid = child.id() as i32;
+        let pidfd = snakecage_worker::fdpass::pidfd_open(pid).unwrap();
+        (Spinner(child), pid, pidfd)
     }
 
-    /// Waits for `child` to die (a bound against a hang, not a timing), and its signal.
-    async fn death(mut child: Child) -> Option<i32> {
-        let waited = tokio::task::spawn_blocking(move || child.wait());
-        let status = tokio::time::timeout(Duration::from_secs(120), waited).await;
-        status
-            .expect("the worker was not killed")
-            .unwrap()
-            .unwrap()
-            .signal()
+    /// Waits for `spinner` to die (for two minutes at most: a bound against a hang, not a
+    /// timing), and the signal that killed it.
+    async fn death(mut spinner: Spinner) -> Option<i32> {
+        for _ in 0..1200 {
+            if let Some(status) = spinner.0.try_wait().unwrap() {
+                return status.signal();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the worker was not killed");
     }
 
     const BUDGET: Duration = Duration::from_millis(200);
@@ -199,13 +212,13 @@ mod tests {
         let stop = CancellationToken::new();
         tokio::spawn(watchdog.clone().run(stop.clone()));
 
-        let (child, pidfd) = spinner();
-        let between = watchdog.watch(child.id() as i32, pidfd, Account::new(BUDGET));
+        let (child, pid, pidfd) = spinner();
+        let between = watchdog.watch(pid, pidfd, Account::new(BUDGET));
         assert_eq!(death(child).await, Some(libc::SIGKILL));
         assert_eq!(between.killed(), Some(Spent::Between));
 
-        let (child, pidfd) = spinner();
-        let request = watchdog.watch(child.id() as i32, pidfd, Account::new(BUDGET));
+        let (child, pid, pidfd) = spinner();
+        let request = watchdog.watch(pid, pidfd, Account::new(BUDGET));
         request.start_request().unwrap();
         assert_eq!(death(child).await, Some(libc::SIGKILL));
         assert_eq!(request.killed(), Some(Spent::Request));
@@ -217,8 +230,7 @@ mod tests {
     #[tokio::test]
     async fn a_request_to_a_worker_over_its_budget_between_requests_kills_it() {
         let watchdog = Watchdog::default();
-        let (child, pidfd) = spinner();
-        let pid = child.id() as i32;
+        let (child, pid, pidfd) = spinner();
         let watched = watchdog.watch(pid, pidfd, Account::new(BUDGET));
         while cpu_time(pid).unwrap() <= BUDGET {
             tokio::task::yield_now().await;
