@@ -38,7 +38,8 @@ pub fn apply(limits: &WorkerLimits) -> io::Result<()> {
 /// Before a stateless worker's job runs: RLIMIT_CPU down from a session worker's life's to
 /// one job's (counted from the fork, as it was set), where workers start with the former.
 /// Lowering a limit takes no capability, and nothing in the worker can raise the hard
-/// limit again. One `prlimit64` on the job's path, only where it moves the limit.
+/// limit again. One `prlimit64` on the job's path (about a microsecond), only where it
+/// moves the limit.
 pub fn for_one_job(limits: &WorkerLimits) -> io::Result<()> {
     if limits.cpu_life_seconds.is_none() {
         return Ok(());
