@@ -36,6 +36,7 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
         && no_tier_failed
         && pool.last_spawn_error.is_none()
         && !matches!(store, StoreState::Unavailable(_));
+    let cpu_budget = state.pool.session_cpu_budget();
     let sandbox: serde_json::Map<String, Value> = zygote
         .sandbox
         .iter()
@@ -57,9 +58,11 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
             "max": state.sessions.settings().max_sessions,
             // Sessions per generation (no ids: this route is public).
             "by_generation": state.sessions.by_generation(),
-            // What one CPU-time budget of a session's worker covers: `per_run`, or
-            // `per_life` without CAP_SYS_RESOURCE, or `off` with the rlimits layer.
-            "cpu_budget": state.pool.session_cpu_budget(),
+            // What one CPU-time budget of a session's worker covers, `per_run` (or `off`
+            // with the rlimits layer), and who enforces it: the kernel, or without
+            // CAP_SYS_RESOURCE the service's watchdog (`null` when off).
+            "cpu_budget": cpu_budget.scope(),
+            "cpu_budget_enforced_by": cpu_budget.enforced_by(),
         },
         "generation": state.generation(),
         "file_store": file_store(&state, store),

@@ -206,6 +206,15 @@ impl Config {
                 sections::MAX_TIMEOUT_CEILING_MS
             )));
         }
+        let one_run = self.limits.cpu_seconds();
+        let life = self.limits.max_session_cpu_seconds;
+        if !(one_run..=sections::MAX_SESSION_CPU_SECONDS).contains(&life) {
+            return Err(ConfigError::Invalid(format!(
+                "limits.max_session_cpu_seconds is {life} but must be from {one_run} \
+                 (limits.max_timeout_ms and a second: one run's CPU-time budget) to {} (a day)",
+                sections::MAX_SESSION_CPU_SECONDS
+            )));
+        }
         if self.limits.memory_limit_mb == 0 {
             return bad("limits.memory_limit_mb must be positive");
         }
@@ -453,6 +462,27 @@ mod tests {
                 assert!(msg.contains("at most 600000"), "{msg}");
             }
             other => panic!("600001 ms accepted: {other:?}"),
+        }
+        for (life, ok) in [
+            (1, false),
+            (600, false),
+            (601, true),
+            (86_400, true),
+            (86_401, false),
+        ] {
+            let toml =
+                format!("[limits]\nmax_timeout_ms = 600000\nmax_session_cpu_seconds = {life}\n");
+            std::fs::write(&file, toml).unwrap();
+            match Config::load(Some(&file), &Overrides::default()) {
+                Ok(c) => assert!(ok && c.limits.max_session_cpu_seconds == life, "{life}"),
+                Err(ConfigError::Invalid(msg)) => assert!(
+                    !ok && msg.contains(&format!(
+                        "limits.max_session_cpu_seconds is {life} but must be from 601"
+                    )),
+                    "{life}: {msg}"
+                ),
+                Err(e) => panic!("{life}: {e}"),
+            }
         }
         std::fs::write(&file, "[pool]\nsise = 2\n").unwrap();
         assert!(matches!(

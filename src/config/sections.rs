@@ -82,6 +82,23 @@ pub struct LimitsConfig {
     /// workers together (they share the uid). Stops thread bombs; leave room for
     /// `pool.size` × 2 workers plus the threads a job may legitimately start.
     pub max_processes: u64,
+    /// Where the service cannot renew the kernel's CPU-time limit of a session's worker
+    /// for each run (it lacks CAP_SYS_RESOURCE) and enforces each run's budget itself:
+    /// the CPU time a session's worker may use in its whole life, all its runs together,
+    /// the kernel's last backstop behind the service's. From one run's budget
+    /// ([`LimitsConfig::cpu_seconds`]) to [`MAX_SESSION_CPU_SECONDS`].
+    pub max_session_cpu_seconds: u64,
+}
+
+/// The largest `limits.max_session_cpu_seconds`: a day of CPU time.
+pub const MAX_SESSION_CPU_SECONDS: u64 = 86_400;
+
+impl LimitsConfig {
+    /// One run's CPU-time budget (`RLIMIT_CPU`): `max_timeout_ms` and a second, a
+    /// backstop a little behind the wall-clock kill, which comes first.
+    pub fn cpu_seconds(&self) -> u64 {
+        self.max_timeout_ms.div_ceil(1000) + 1
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -275,6 +292,7 @@ impl Default for LimitsConfig {
             max_open_files: 256,
             max_bundle_bytes: 2 << 20,
             max_processes: 512,
+            max_session_cpu_seconds: 3_600,
         }
     }
 }

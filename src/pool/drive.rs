@@ -64,11 +64,11 @@ pub(super) struct Pending {
 }
 
 impl Pending {
-    /// Cancels the calls still pending once the worker's end is known: one killed by the
-    /// signal of its CPU-time limit (`SIGXCPU`) was not merely lost, and its calls say so
-    /// as its verdict does.
-    pub(super) fn cancel(mut self, exit_signal: Option<i32>) {
-        if exit_signal == Some(libc::SIGXCPU) {
+    /// Cancels the calls still pending once the worker's end is known: one killed for its
+    /// CPU time (`out_of_cpu_time`: the SIGXCPU of its `RLIMIT_CPU`, or a session budget's
+    /// watchdog) was not merely lost, and its calls say so as its verdict does.
+    pub(super) fn cancel(mut self, out_of_cpu_time: bool) {
+        if out_of_cpu_time {
             self.cause = CancelCause::CpuTimeLimit;
         }
     }
@@ -342,8 +342,8 @@ mod tests {
     }
 
     /// The cause a call left pending by `ending` is cancelled for, once the worker's end
-    /// is known to be `exit_signal`.
-    fn cause_of(ending: &Ending, exit_signal: Option<i32>) -> Option<CancelCause> {
+    /// is known (`out_of_cpu_time`: killed for its CPU time).
+    fn cause_of(ending: &Ending, out_of_cpu_time: bool) -> Option<CancelCause> {
         let told = Arc::default();
         let mut calls = Pending {
             calls: InFlight::new(1),
@@ -356,7 +356,7 @@ mod tests {
             arguments: serde_json::json!({}),
         };
         calls.calls.start(Some(&tools), call);
-        calls.cancel(exit_signal);
+        calls.cancel(out_of_cpu_time);
         let told = told.lock().unwrap();
         assert_eq!(told.len(), 1, "cancelled once");
         told[0]
@@ -365,16 +365,9 @@ mod tests {
     #[test]
     fn a_worker_killed_by_its_cpu_time_cancels_its_calls_for_that() {
         use CancelCause::*;
-        assert_eq!(
-            cause_of(&Ending::Died, Some(libc::SIGXCPU)),
-            Some(CpuTimeLimit)
-        );
-        assert_eq!(
-            cause_of(&Ending::Died, Some(libc::SIGKILL)),
-            Some(WorkerLost)
-        );
-        assert_eq!(cause_of(&Ending::Died, None), Some(WorkerLost));
-        assert_eq!(cause_of(&Ending::Deadline, None), Some(RunTimeout));
-        assert_eq!(cause_of(&Ending::Cancelled, None), Some(RunCancelled));
+        assert_eq!(cause_of(&Ending::Died, true), Some(CpuTimeLimit));
+        assert_eq!(cause_of(&Ending::Died, false), Some(WorkerLost));
+        assert_eq!(cause_of(&Ending::Deadline, false), Some(RunTimeout));
+        assert_eq!(cause_of(&Ending::Cancelled, false), Some(RunCancelled));
     }
 }

@@ -15,7 +15,7 @@ use serde::Serialize;
 use snakecage_worker::protocol::{Layer, ZygoteInfo};
 use tokio_util::sync::CancellationToken;
 
-use super::cpu_budget::Scope;
+use super::cpu_budget::{Enforcement, Terms};
 use super::tier::Tier;
 use super::tiers::TierTable;
 use super::zygote::ZygoteHandle;
@@ -185,16 +185,23 @@ impl Generation {
         info
     }
 
-    /// The CPU-time budget a session's worker of this generation gets: what it covers,
-    /// and how many seconds (each tier's workers start with the same limits).
-    pub(super) fn session_cpu_budget(&self) -> (Scope, u64) {
+    /// The CPU-time budgets a session's worker of this generation gets, as its workers
+    /// were told them (each tier's workers start with the same limits).
+    pub(super) fn session_cpu_budget(&self) -> Terms {
         let config = &self.tiers[self.table.session].zygote_config;
-        let scope = if config.sandbox.wants(Layer::Rlimits) {
-            Scope::here()
+        let limits = &config.limits;
+        let enforcement = if !config.sandbox.wants(Layer::Rlimits) {
+            Enforcement::Off
+        } else if limits.cpu_life_seconds.is_some() {
+            Enforcement::Watchdog
         } else {
-            Scope::Off
+            Enforcement::Kernel
         };
-        (scope, config.limits.cpu_seconds)
+        Terms {
+            enforcement,
+            seconds: limits.cpu_seconds,
+            life_seconds: limits.cpu_life_seconds,
+        }
     }
 
     /// The zygotes that have started, tier by tier.

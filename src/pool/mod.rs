@@ -6,7 +6,8 @@
 //!   wait for its output, tool calls and result.
 //! - [`capture`]: bounded output buffers.
 //! - [`session`]: a worker kept for a session (run, reset, inspect); [`cpu_budget`]: its
-//!   CPU-time limit, renewed for each of them.
+//!   CPU-time budget for each of them, enforced by the kernel or, without the capability
+//!   that takes, by `cpu_watchdog`.
 //! - [`events`]: what the pool reports as it works (for the metrics).
 //! - [`checkout`]: what callers hold (a checked-out worker, a slot, a finished run).
 //! - [`status`]: counters and the snapshot `/health` and the metrics read.
@@ -65,6 +66,7 @@ pub mod cancel_cause;
 pub mod capture;
 pub mod checkout;
 pub mod cpu_budget;
+mod cpu_watchdog;
 mod drive;
 pub mod events;
 mod fd;
@@ -100,7 +102,8 @@ use tokio_util::sync::CancellationToken;
 
 use self::checkout::{AbandonGuard, BusyGuard};
 pub use self::checkout::{Checkout, Finished, NoStaging, SessionSlot, Stager};
-use self::cpu_budget::{CpuBudget, Scope};
+use self::cpu_budget::{CpuBudget, Enforcement};
+use self::cpu_watchdog::Watchdog;
 use self::events::{KillReason, PoolEvents, Rejection};
 use self::generation::{Generation, Generations};
 pub use self::generation::{GenerationLease, RetiredGeneration};
@@ -181,6 +184,8 @@ struct Inner {
     shutdown: CancellationToken,
     counters: PoolCounters,
     events: Arc<dyn PoolEvents>,
+    /// Enforces the CPU-time budgets of session workers where the kernel cannot.
+    watchdog: Arc<Watchdog>,
 }
 
 impl Pool {
@@ -191,9 +196,13 @@ impl Pool {
         self.inner.generations.current().zygote_info()
     }
 
-    /// What one CPU-time budget of a new session's worker covers (`/health`).
-    pub fn session_cpu_budget(&self) -> Scope {
-        self.inner.generations.current().session_cpu_budget().0
+    /// Who enforces the CPU-time budget of each run of a new session's worker (`/health`).
+    pub fn session_cpu_budget(&self) -> Enforcement {
+        self.inner
+            .generations
+            .current()
+            .session_cpu_budget()
+            .enforcement
     }
 
     /// The id of the generation new workers come from (1 at start, one more per rollover).
@@ -283,9 +292,9 @@ impl Pool {
             let deadline = self.inner.slots.deadline();
             let current = self.inner.generations.current();
             let session = current.table.session;
-            let (scope, seconds) = current.session_cpu_budget();
+            let terms = current.session_cpu_budget();
             let worker = self.inner.take_idle(current, session, deadline).await?;
-            let budget = CpuBudget::new(worker.pid, seconds, scope);
+            let budget = CpuBudget::new(worker.pid, worker.pidfd(), terms, &self.inner.watchdog);
             match SessionWorker::start(worker, budget).await {
                 Ok(worker) => return Ok(worker),
                 Err(e) => {

@@ -281,7 +281,7 @@ pub async fn run(
     if result.is_none() {
         let _ = worker.exit_status(EXIT_STATUS_WAIT).await;
     }
-    calls.cancel(signal);
+    calls.cancel(signal == Some(libc::SIGXCPU));
     let zygote_end = if died { worker.zygote_end() } else { None };
     if died && worker.died_with_its_zygote() && !capture.anything_came_out() {
         // Its zygote's death, not its code, ended it, and nothing of the job got out:
@@ -343,13 +343,15 @@ pub struct SessionRun {
 
 /// Runs `job` on a session's worker. At the deadline the job is interrupted
 /// (`KeyboardInterrupt`, state kept, `timed_out: true`); a worker that has not answered
-/// `interrupt.grace` later is killed, as is one that breaks the protocol.
+/// `interrupt.grace` later is killed, as is one that breaks the protocol. `out_of_cpu_time`
+/// says, once the worker is dead, whether its session's CPU-time watchdog killed it.
 pub async fn run_in_session(
     worker: &mut Worker,
     mut job: Job,
     limits: &RunLimits,
     chunks: Option<mpsc::Sender<OutputChunk>>,
     interrupt: Interrupt<'_>,
+    out_of_cpu_time: &(dyn Fn() -> bool + Sync),
 ) -> Result<SessionRun, RunError> {
     let started = Instant::now();
     job.timeout_ms = timeout_ms(limits);
@@ -416,8 +418,8 @@ pub async fn run_in_session(
             )
         }
         Ending::Died | Ending::Cancelled => {
-            // SIGXCPU, its CPU-time budget, is explained by its session worker, which
-            // knows what the budget covered.
+            // A kill for its CPU-time budget is explained by its session worker, which
+            // knows what the budget covered and who enforced it.
             let (signal, why) = match worker.exit_status(EXIT_STATUS_WAIT).await {
                 Some(ExitStatus::Signal(sig)) => {
                     (Some(sig), format!("its worker was killed by signal {sig}"))
@@ -438,7 +440,7 @@ pub async fn run_in_session(
     if lost.is_some() {
         let _ = worker.exit_status(EXIT_STATUS_WAIT).await;
     }
-    calls.cancel(signal);
+    calls.cancel(signal == Some(libc::SIGXCPU) || out_of_cpu_time());
     // Interrupted at the deadline, whether it then answered or had to be killed.
     let timed_out = overdue && (reported || killed_at_deadline);
     let exit_code = match &result {

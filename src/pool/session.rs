@@ -1,6 +1,7 @@
 //! A worker kept for a session: switched to session mode when taken from the pool, then
 //! one request at a time (run, reset, inspect) until it is dropped, which kills it. Each
-//! request gets a CPU-time budget of its own ([`super::cpu_budget`]).
+//! request gets a CPU-time budget of its own ([`super::cpu_budget`]), and a worker that
+//! uses one up is gone with that said.
 
 use std::path::Path;
 use std::time::Duration;
@@ -77,8 +78,14 @@ impl SessionWorker {
         if let Some(end) = self.worker.zygote_end() {
             return Some(run::lost_with_its_zygote(end).to_owned());
         }
+        let signal = match status {
+            Some(ExitStatus::Signal(sig)) => Some(sig),
+            _ => None,
+        };
+        if let Some(why) = self.budget.why_killed(signal, false) {
+            return Some(why);
+        }
         Some(match status? {
-            ExitStatus::Signal(sig) if sig == libc::SIGXCPU => self.budget.exhausted(sig),
             ExitStatus::Signal(sig) => format!("its worker was killed by signal {sig}"),
             ExitStatus::Code(code) => format!("its worker exited with status {code}"),
         })
@@ -93,19 +100,24 @@ impl SessionWorker {
         interrupt: Interrupt<'_>,
     ) -> Result<SessionRun, RunError> {
         self.start_request();
-        let mut ran = run::run_in_session(&mut self.worker, job, limits, chunks, interrupt).await;
+        let budget = &self.budget;
+        let out_of_cpu_time = || budget.watchdog_killed();
+        let worker = &mut self.worker;
+        let mut ran =
+            run::run_in_session(worker, job, limits, chunks, interrupt, &out_of_cpu_time).await;
         if let Ok(SessionRun { outcome, lost }) = &mut ran
             && lost.is_some()
-            && outcome.signal == Some(libc::SIGXCPU)
+            && let Some(why) = self.budget.why_killed(outcome.signal, true)
         {
-            *lost = Some(self.budget.exhausted(libc::SIGXCPU));
+            *lost = Some(why);
         }
         self.end_request();
         ran
     }
 
-    /// A whole CPU-time budget for the request about to be sent. Should it fail, the
-    /// worker keeps the limit it has: never none.
+    /// A whole CPU-time budget for the request about to be sent (a worker already over
+    /// its budget between requests is killed instead). Should it fail, the worker keeps
+    /// the limit it has: never none.
     fn start_request(&mut self) {
         if self.worker.is_alive() {
             let renewed = self.budget.start_request();
@@ -186,7 +198,10 @@ impl SessionWorker {
         let why = match e {
             FrameError::Io(_) | FrameError::Truncated { .. } => {
                 match self.worker.exit_status(run::EXIT_STATUS_WAIT).await {
-                    Some(ExitStatus::Signal(sig)) => format!("it was killed by signal {sig}"),
+                    Some(ExitStatus::Signal(sig)) => self
+                        .budget
+                        .why_killed(Some(sig), true)
+                        .unwrap_or_else(|| format!("it was killed by signal {sig}")),
                     Some(ExitStatus::Code(code)) => format!("it exited with status {code}"),
                     None => e.to_string(),
                 }

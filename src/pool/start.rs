@@ -1,7 +1,7 @@
 //! Starting the pool: every tier's zygote starts at once, the lightest is awaited (it
 //! preloads least, so it is up first, and alone lists the installed packages), the fuller
 //! ones come up in the background and serve from their first worker on (`keeper`); the
-//! refill task starts with them.
+//! refill task and the sessions' CPU-time watchdog start with them.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -54,6 +54,7 @@ impl Pool {
             shutdown,
             counters: PoolCounters::default(),
             events,
+            watchdog: Arc::default(),
         });
         let pool = Self {
             inner: inner.clone(),
@@ -62,6 +63,7 @@ impl Pool {
         // the tasks below, which then drop their zygotes and the workspace root.
         let given_up = inner.shutdown.clone().drop_guard();
         tokio::spawn(refill::refill_loop(inner.clone()));
+        tokio::spawn(inner.watchdog.clone().run(inner.shutdown.clone()));
         // The fuller tiers start in the background while the lightest is awaited here.
         for index in 1..first.tiers.len() {
             tokio::spawn(keeper::zygote_keeper(inner.clone(), first.clone(), index));

@@ -3,7 +3,7 @@
 //! never outlives its handle (no orphans; the zygote reaps it).
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -158,16 +158,9 @@ impl Worker {
 
     fn signal(&self, sig: nix::sys::signal::Signal) {
         match &self.pidfd {
-            // SAFETY: pidfd_send_signal with a pidfd we own, a signal number and no info.
-            Some(fd) => unsafe {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    fd.as_raw_fd(),
-                    sig as libc::c_int,
-                    0usize,
-                    0u32,
-                );
-            },
+            Some(fd) => {
+                let _ = pidfd_signal(fd.as_fd(), sig);
+            }
             None => {
                 // No pidfd (old kernel): only signal a pid whose exit has not been reported.
                 if self.exit_status.is_none() && !self.exit.is_terminated() {
@@ -175,6 +168,12 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// A pidfd of its own to signal it by, for a watch that may outlive no handle of it
+    /// (`None` without one: a kernel before 5.3, or no fd left).
+    pub(super) fn pidfd(&self) -> Option<OwnedFd> {
+        self.pidfd.as_ref().and_then(|fd| fd.try_clone().ok())
     }
 
     /// The exit status, waiting up to `wait` for the zygote to report it. `None`: the
@@ -321,6 +320,29 @@ impl Drop for Workspace {
             Ok(rt) => drop(rt.spawn_blocking(remove)),
             Err(_) => remove(),
         }
+    }
+}
+
+/// SIGKILL through `pidfd`: never a recycled pid.
+pub(super) fn pidfd_kill(pidfd: BorrowedFd<'_>) -> io::Result<()> {
+    pidfd_signal(pidfd, nix::sys::signal::Signal::SIGKILL)
+}
+
+fn pidfd_signal(pidfd: BorrowedFd<'_>, sig: nix::sys::signal::Signal) -> io::Result<()> {
+    // SAFETY: pidfd_send_signal with a pidfd, a signal number and no info.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig as libc::c_int,
+            0usize,
+            0u32,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 

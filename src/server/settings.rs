@@ -17,6 +17,7 @@ use crate::files::observed::Observed;
 use crate::files::s3::S3StoreSettings;
 use crate::files::{LocalStore, S3Store, SharedStore, StoreError};
 use crate::metrics::Metrics;
+use crate::pool::cpu_budget::Enforcement;
 use crate::pool::{PoolSettings, TierSettings};
 use crate::sessions::SessionSettings;
 
@@ -66,8 +67,9 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
         mpl_config_dir: state_dir.join("mplconfig"),
         limits: WorkerLimits {
             memory_limit_bytes: limits.memory_limit_mb << 20,
-            // The wall-clock kill comes first; CPU time is a backstop a little behind it.
-            cpu_seconds: limits.max_timeout_ms.div_ceil(1000) + 1,
+            cpu_seconds: limits.cpu_seconds(),
+            cpu_life_seconds: (Enforcement::here() == Enforcement::Watchdog)
+                .then_some(limits.max_session_cpu_seconds),
             max_file_bytes: limits.max_file_size_mb << 20,
             max_open_files: limits.max_open_files,
             max_processes: limits.max_processes,

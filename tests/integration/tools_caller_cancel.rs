@@ -211,12 +211,12 @@ os._exit(3)";
     assert_late_answer_refused(&run, &pending, "worker_lost", "the run's worker died").await;
 }
 
-/// A call pending when the worker is killed by its CPU-time limit (`SIGXCPU`): the client
+/// A call pending when the worker is killed for its CPU time: the client
 /// is told that (`cpu_time_limit`), not that the worker was lost for no reason. Shown in a
 /// session (`limits.max_timeout_ms` here 4 s, a budget of 5 s of CPU time): each run keeps
 /// threads hashing (which they do without the GIL, on every core there is) while its main
-/// thread waits on a tool call, until the run's deadline interrupts it or the budget runs
-/// out (the run's own, or the session's for its life where the service cannot renew it).
+/// thread waits on a tool call, until the run's deadline interrupts it or the run's budget
+/// runs out (the kernel's SIGXCPU, or the service's watchdog where it cannot renew that).
 /// However loaded the host, a run ends so; the kill can also fall just outside a call
 /// (before it is made, or once the deadline has cancelled it), and then a new session
 /// tries again.
@@ -263,7 +263,7 @@ finally:
             assert!(
                 result["notice"]
                     .as_str()
-                    .is_some_and(|n| n.contains("used up its CPU time") && n.contains("SIGXCPU")),
+                    .is_some_and(|n| n.contains("its worker used up its CPU time for one request")),
                 "{result}"
             );
             let pending = pending.unwrap();

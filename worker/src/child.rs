@@ -64,7 +64,8 @@ pub fn run(
             exit(EXIT_HARDENING_FAILED);
         }
     };
-    match serve(runner, warmed) {
+    let rlimits = sandbox.applies_rlimits().then_some(limits);
+    match serve(runner, warmed, rlimits) {
         Ok(()) => exit(0),
         Err(e) => {
             report(&e);
@@ -166,7 +167,12 @@ fn skip_warm_up_asked() -> Result<bool, ChildError> {
 /// The largest frame read before `Ready`: the only one expected is a `SkipWarmUp`.
 const MAX_EARLY_FRAME_LEN: usize = 64;
 
-fn serve(runner: &Runner<'_>, warmed: bool) -> Result<(), ChildError> {
+/// `rlimits`: the limits this worker set itself, when the `rlimits` layer applies.
+fn serve(
+    runner: &Runner<'_>,
+    warmed: bool,
+    rlimits: Option<&WorkerLimits>,
+) -> Result<(), ChildError> {
     // Every frame goes through the job socket's demultiplexer (`jobsocket`): tool calls of
     // the job's threads share it with this loop.
     JOB.send(&WorkerMessage::Ready { warmed })?;
@@ -179,7 +185,13 @@ fn serve(runner: &Runner<'_>, warmed: bool) -> Result<(), ChildError> {
         return Ok(()); // the supervisor let this worker go without a job
     };
     match request {
-        JobRequest::Run(job) => send_result(runner.run(&job)?)?,
+        JobRequest::Run(job) => {
+            // One job: its CPU time, not a session's life's, before any of its code runs.
+            if let Some(limits) = rlimits {
+                rlimits::for_one_job(limits).map_err(step("limiting CPU time to one job's"))?;
+            }
+            send_result(runner.run(&job)?)?;
+        }
         JobRequest::StartSession => serve_session(runner)?,
         JobRequest::Reset | JobRequest::Inspect => {
             return Err(ChildError::Protocol(

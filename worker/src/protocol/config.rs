@@ -106,8 +106,16 @@ impl WarmUp {
 pub struct WorkerLimits {
     /// Added to the zygote's data segment to make RLIMIT_DATA.
     pub memory_limit_bytes: u64,
-    /// RLIMIT_CPU: a backstop behind the supervisor's wall-clock kill.
+    /// RLIMIT_CPU of one job: a backstop behind the supervisor's wall-clock kill (SIGXCPU
+    /// there, SIGKILL a second later).
     pub cpu_seconds: u64,
+    /// Where the supervisor cannot move a session worker's RLIMIT_CPU for each run (it
+    /// lacks CAP_SYS_RESOURCE) and enforces that budget itself: the CPU time of a session
+    /// worker's whole life, the kernel's backstop behind the supervisor's. Every worker
+    /// starts with it, and a stateless one lowers its limit to `cpu_seconds` itself as its
+    /// job arrives, which takes no capability. `None`: workers start with `cpu_seconds`.
+    #[serde(default)]
+    pub cpu_life_seconds: Option<u64>,
     /// RLIMIT_FSIZE: the largest file a job may write.
     pub max_file_bytes: u64,
     /// RLIMIT_NOFILE.

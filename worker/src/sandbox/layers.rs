@@ -91,9 +91,12 @@ impl Sandbox {
         });
 
         let limits = &config.limits;
+        let cpu = match limits.cpu_life_seconds {
+            Some(life) => format!("{} s a job, {life} s a session's life", limits.cpu_seconds),
+            None => format!("{} s", limits.cpu_seconds),
+        };
         let rlimits = format!(
-            "CPU {} s, DATA zygote + {} MiB, FSIZE {} MiB, NOFILE {}, NPROC {} (per uid), CORE 0",
-            limits.cpu_seconds,
+            "CPU {cpu}, DATA zygote + {} MiB, FSIZE {} MiB, NOFILE {}, NPROC {} (per uid), CORE 0",
             limits.memory_limit_bytes >> 20,
             limits.max_file_bytes >> 20,
             limits.max_open_files,

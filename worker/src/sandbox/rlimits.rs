@@ -10,12 +10,10 @@ use snakecage_worker::protocol::WorkerLimits;
 pub fn apply(limits: &WorkerLimits) -> io::Result<()> {
     let data = current_data_bytes()?.saturating_add(limits.memory_limit_bytes);
     set(Resource::RLIMIT_DATA, data, data)?;
-    // SIGXCPU at the soft limit, SIGKILL one second later.
-    set(
-        Resource::RLIMIT_CPU,
-        limits.cpu_seconds,
-        limits.cpu_seconds + 1,
-    )?;
+    // SIGXCPU at the soft limit, SIGKILL one second later: one job's CPU time, or a
+    // session worker's life's until a job arrives (`for_one_job`).
+    let cpu = limits.cpu_life_seconds.unwrap_or(limits.cpu_seconds);
+    set(Resource::RLIMIT_CPU, cpu, cpu + 1)?;
     set(
         Resource::RLIMIT_FSIZE,
         limits.max_file_bytes,
@@ -35,6 +33,22 @@ pub fn apply(limits: &WorkerLimits) -> io::Result<()> {
     )?;
     set(Resource::RLIMIT_CORE, 0, 0)?;
     Ok(())
+}
+
+/// Before a stateless worker's job runs: RLIMIT_CPU down from a session worker's life's to
+/// one job's (counted from the fork, as it was set), where workers start with the former.
+/// Lowering a limit takes no capability, and nothing in the worker can raise the hard
+/// limit again. One `prlimit64` on the job's path (about a microsecond), only where it
+/// moves the limit.
+pub fn for_one_job(limits: &WorkerLimits) -> io::Result<()> {
+    if limits.cpu_life_seconds.is_none() {
+        return Ok(());
+    }
+    set(
+        Resource::RLIMIT_CPU,
+        limits.cpu_seconds,
+        limits.cpu_seconds + 1,
+    )
 }
 
 fn set(resource: Resource, soft: u64, hard: u64) -> io::Result<()> {
