@@ -11,7 +11,6 @@ use serde::{Deserialize, Serialize};
 use snakecage_worker::protocol::{
     EXIT_HARDENING_FAILED, EXIT_PROTOCOL, ErrorInfo, Job, MimeBundle,
 };
-use tokio::sync::mpsc;
 use tower_http::request_id::RequestId;
 
 use super::SharedState;
@@ -27,9 +26,8 @@ use crate::markdown;
 use crate::metrics::labels::{Kind, Outcome};
 use crate::pool::Stager;
 use crate::pool::events::KillReason;
-use crate::pool::run::{
-    Cancelled, OutputChunk, ProtocolViolation, RunLimits, RunOutcome, RunVerdict,
-};
+use crate::pool::output_feed::{OutputSender, output_feed};
+use crate::pool::run::{Cancelled, ProtocolViolation, RunLimits, RunOutcome, RunVerdict};
 use crate::pool::worker::ZygoteEnd;
 use crate::sessions::SessionIndicator;
 
@@ -250,7 +248,7 @@ pub async fn execute_stream(
     let run_id = handle.entry.id.clone();
     let slot = caller.execution_slot()?;
     let id = request_id_str(request_id.as_ref());
-    let (tx, rx) = mpsc::channel(super::stream::CHUNK_BUFFER);
+    let (tx, rx) = output_feed();
     let run = async move {
         let _slot = slot;
         let _run = handle;
@@ -313,7 +311,7 @@ pub async fn run_stateless(
     state: &SharedState,
     caller: &Caller,
     prepared: Prepared,
-    chunks: Option<mpsc::Sender<OutputChunk>>,
+    chunks: Option<OutputSender>,
     request_id: Option<&str>,
 ) -> Result<ExecuteResponse, ApiError> {
     let started = Instant::now();
@@ -337,7 +335,7 @@ async fn run_prepared(
     state: &SharedState,
     caller: &Caller,
     prepared: Prepared,
-    chunks: Option<mpsc::Sender<OutputChunk>>,
+    chunks: Option<OutputSender>,
 ) -> Result<ExecuteResponse, ApiError> {
     let Prepared {
         limits,

@@ -9,7 +9,6 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::{Path as UrlPath, State};
 use axum::response::{IntoResponse, Response};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::SharedState;
@@ -21,9 +20,8 @@ use crate::codemode::caller::caller_events;
 use crate::error::ApiError;
 use crate::files::workspace::{self, StageInput};
 use crate::metrics::labels::{Kind, Outcome};
-use crate::pool::run::{
-    Cancelled, Interrupt, OutputChunk, RunError, RunLimits, RunOutcome, SessionRun,
-};
+use crate::pool::output_feed::{OutputSender, output_feed};
+use crate::pool::run::{Cancelled, Interrupt, RunError, RunLimits, RunOutcome, SessionRun};
 use crate::pool::session::Listed;
 use crate::pool::toolcalls::RunTools;
 use crate::pool::worker::ZygoteEnd;
@@ -91,7 +89,7 @@ pub async fn execute_stream(
     let session = state.sessions.get(&id, caller.owner())?;
     let guard = session.lock().await?;
     let slot = caller.execution_slot()?;
-    let (tx, rx) = mpsc::channel(stream::CHUNK_BUFFER);
+    let (tx, rx) = output_feed();
     let interrupt = CancellationToken::new();
     let run = run(
         state,
@@ -132,7 +130,7 @@ async fn run(
     session: Arc<Session>,
     guard: Held,
     prepared: Prepared,
-    chunks: Option<mpsc::Sender<OutputChunk>>,
+    chunks: Option<OutputSender>,
     interrupt: CancellationToken,
 ) -> Result<Option<ExecuteResponse>, ApiError> {
     let started = std::time::Instant::now();
@@ -170,7 +168,7 @@ async fn run_in(
     session: Arc<Session>,
     mut guard: Held,
     prepared: Prepared,
-    chunks: Option<mpsc::Sender<OutputChunk>>,
+    chunks: Option<OutputSender>,
     interrupt: CancellationToken,
 ) -> Result<Option<ExecuteResponse>, ApiError> {
     let Prepared {

@@ -7,11 +7,14 @@
 //! "message"}`) for each of them cancelled before its answer came, after its `tool_call`
 //! and before the `result`.
 //!
-//! The run goes on in a task whose output reaches the response through a channel. When the
-//! client goes away, axum drops the response stream and with it a [`DisconnectGuard`],
-//! which aborts a stateless run (its checkout is dropped: the worker is SIGKILLed) or
-//! interrupts a session's run (the session survives). Keep-alive comments every second
-//! also make a silent run notice a gone client: writing to a closed socket fails.
+//! The run goes on in a task whose output reaches the response through an
+//! [`output_feed`](crate::pool::output_feed), which never makes the run wait: a client that
+//! stops reading holds no worker, slot or session past the run's end (its deadline, a
+//! cancel), only the output not yet read, and the result. When the client goes away, axum
+//! drops the response stream and with it a [`DisconnectGuard`], which aborts a stateless
+//! run (its checkout is dropped: the worker is SIGKILLed) or interrupts a session's run
+//! (the session survives). Keep-alive comments every second also make a silent run notice
+//! a gone client: writing to a closed socket fails.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -28,10 +31,8 @@ use tokio_util::sync::CancellationToken;
 use super::execute::ExecuteResponse;
 use crate::codemode::caller::{CallerEventsRx, ToolCallCancelled, ToolCallEvent};
 use crate::error::{ApiError, ErrorCode};
+use crate::pool::output_feed::OutputReceiver;
 use crate::pool::run::{OutputChunk, Stream as OutputStream};
-
-/// Chunks buffered between a run and a slow client before the run waits for it.
-pub const CHUNK_BUFFER: usize = 256;
 
 /// What a client that disconnects mid-stream does to its run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +59,7 @@ impl Drop for DisconnectGuard {
 }
 
 struct StreamState {
-    chunks: Option<mpsc::Receiver<OutputChunk>>,
+    chunks: Option<OutputReceiver>,
     tool_calls: Option<mpsc::Receiver<ToolCallEvent>>,
     cancelled_calls: Option<mpsc::UnboundedReceiver<ToolCallCancelled>>,
     run: Option<JoinHandle<Result<ExecuteResponse, ApiError>>>,
@@ -78,7 +79,7 @@ struct StreamState {
 /// that retries on 429 sees one. Once it waits (for a slot, a worker, its output), the
 /// response is the stream and a later failure is its `error` event.
 pub fn sse_with_tool_calls(
-    chunks: mpsc::Receiver<OutputChunk>,
+    chunks: OutputReceiver,
     tool_calls: Option<CallerEventsRx>,
     run: impl Future<Output = Result<ExecuteResponse, ApiError>> + Send + 'static,
     on_disconnect: OnDisconnect,
@@ -115,7 +116,7 @@ pub fn sse_with_tool_calls(
             // A call before its cancel: its `tool_call` was queued before the cancel was.
             let next = tokio::select! {
                 biased;
-                chunk = recv(&mut st.chunks), if st.chunks.is_some() => Next::Chunk(chunk),
+                chunk = recv_output(&mut st.chunks), if st.chunks.is_some() => Next::Chunk(chunk),
                 call = recv(&mut st.tool_calls), if st.tool_calls.is_some() => Next::Call(call),
                 cancelled = recv_unbounded(&mut st.cancelled_calls), if st.cancelled_calls.is_some() => {
                     Next::Cancelled(cancelled)
@@ -188,6 +189,14 @@ enum Next {
     Chunk(Option<OutputChunk>),
     Call(Option<ToolCallEvent>),
     Cancelled(Option<ToolCallCancelled>),
+}
+
+/// The next chunk of an open feed; never, for a closed one.
+async fn recv_output(rx: &mut Option<OutputReceiver>) -> Option<OutputChunk> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The next item of an open channel; never, for a closed one.

@@ -2,9 +2,8 @@
 //! counts and drops the rest, so a job that floods its output costs the supervisor nothing
 //! but pipe reads; [`Capture`] holds both streams of a run and passes chunks on as they come.
 
-use tokio::sync::mpsc;
-
-use super::run::{OutputChunk, Stream};
+use super::output_feed::OutputSender;
+use super::run::Stream;
 use super::worker::{Worker, read_nonblocking};
 
 /// Appended to output that was cut.
@@ -80,7 +79,7 @@ impl CappedOutput {
 }
 
 /// Both output streams of one run: capped, and passed on as they come when someone
-/// listens (streaming).
+/// listens (streaming), without waiting for the listener (see [`super::output_feed`]).
 pub(super) struct Capture {
     pub(super) stdout: CappedOutput,
     pub(super) stderr: CappedOutput,
@@ -88,11 +87,11 @@ pub(super) struct Capture {
     pub(super) stderr_open: bool,
     /// Tool calls the worker made (Code Mode): each reached the host.
     pub(super) tool_calls: usize,
-    chunks: Option<mpsc::Sender<OutputChunk>>,
+    chunks: Option<OutputSender>,
 }
 
 impl Capture {
-    pub(super) fn new(max: usize, chunks: Option<mpsc::Sender<OutputChunk>>) -> Self {
+    pub(super) fn new(max: usize, chunks: Option<OutputSender>) -> Self {
         Self {
             stdout: CappedOutput::new(max),
             stderr: CappedOutput::new(max),
@@ -103,7 +102,7 @@ impl Capture {
         }
     }
 
-    pub(super) async fn push(&mut self, stream: Stream, bytes: &[u8]) {
+    pub(super) fn push(&mut self, stream: Stream, bytes: &[u8]) {
         let out = match stream {
             Stream::Stdout => &mut self.stdout,
             Stream::Stderr => &mut self.stderr,
@@ -117,26 +116,14 @@ impl Capture {
             return;
         };
         // A gone listener (client disconnected) is the caller's business, not ours.
-        if !kept.is_empty() {
-            let _ = tx
-                .send(OutputChunk {
-                    stream,
-                    data: kept.to_vec(),
-                })
-                .await;
-        }
+        tx.send(stream, kept);
         if cut {
-            let _ = tx
-                .send(OutputChunk {
-                    stream,
-                    data: TRUNCATION_SUFFIX.as_bytes().to_vec(),
-                })
-                .await;
+            tx.send(stream, TRUNCATION_SUFFIX.as_bytes());
         }
     }
 
     /// Reads whatever is already in the pipes, without waiting for more.
-    pub(super) async fn drain(&mut self, worker: &Worker, buf: &mut [u8]) {
+    pub(super) fn drain(&mut self, worker: &Worker, buf: &mut [u8]) {
         for stream in [Stream::Stdout, Stream::Stderr] {
             let (fd, open) = match stream {
                 Stream::Stdout => (&worker.stdout, self.stdout_open),
@@ -148,10 +135,7 @@ impl Capture {
             loop {
                 match read_nonblocking(fd, buf) {
                     Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        let chunk = buf[..n].to_vec();
-                        self.push(stream, &chunk).await;
-                    }
+                    Ok(n) => self.push(stream, &buf[..n]),
                 }
             }
         }

@@ -193,7 +193,7 @@ async fn wait(
                 if let Ok(mut guard) = ready {
                     match guard.try_io(|fd| read_nonblocking(fd, buf)) {
                         Ok(Ok(0)) | Ok(Err(_)) => capture.stdout_open = false,
-                        Ok(Ok(n)) => capture.push(Stream::Stdout, &buf[..n]).await,
+                        Ok(Ok(n)) => capture.push(Stream::Stdout, &buf[..n]),
                         Err(_would_block) => {}
                     }
                 }
@@ -202,7 +202,7 @@ async fn wait(
                 if let Ok(mut guard) = ready {
                     match guard.try_io(|fd| read_nonblocking(fd, buf)) {
                         Ok(Ok(0)) | Ok(Err(_)) => capture.stderr_open = false,
-                        Ok(Ok(n)) => capture.push(Stream::Stderr, &buf[..n]).await,
+                        Ok(Ok(n)) => capture.push(Stream::Stderr, &buf[..n]),
                         Err(_would_block) => {}
                     }
                 }

@@ -4,7 +4,8 @@
 //! - [`worker`]: one forked worker (kill on drop), its job socket and workspace.
 //! - [`run`]: one job on one worker, with deadline, capture and verdict; `drive`: the
 //!   wait for its output, tool calls and result.
-//! - [`capture`]: bounded output buffers.
+//! - [`capture`]: bounded output buffers; [`output_feed`]: a run's output on its way to a
+//!   streaming client, which the run never waits for.
 //! - [`session`]: a worker kept for a session (run, reset, inspect); [`cpu_budget`]: its
 //!   CPU-time budget for each of them, enforced by the kernel or, without the capability
 //!   that takes, by `cpu_watchdog`.
@@ -73,6 +74,7 @@ mod fd;
 pub mod generation;
 mod idle;
 mod keeper;
+pub mod output_feed;
 mod probe;
 mod refill;
 mod rollover;
@@ -97,7 +99,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use snakecage_worker::protocol::{Job, Layer, ZygoteInfo};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use self::checkout::{AbandonGuard, BusyGuard};
@@ -108,9 +110,10 @@ use self::events::{KillReason, PoolEvents, Rejection};
 use self::generation::{Generation, Generations};
 pub use self::generation::{GenerationLease, RetiredGeneration};
 pub use self::keeper::check_required;
+use self::output_feed::OutputSender;
 pub use self::rollover::{PrepareError, Prepared, RolloverStage};
 use self::root::WorkspaceRoot;
-use self::run::{OutputChunk, RunError, RunLimits, RunOutcome};
+use self::run::{RunError, RunLimits, RunOutcome};
 use self::session::SessionWorker;
 use self::slots::Slots;
 pub use self::status::{PoolCounters, PoolStatus, TierState, TierStatus, ZygoteStatus};
@@ -317,7 +320,7 @@ impl Pool {
         &self,
         job: Job,
         limits: &RunLimits,
-        chunks: Option<mpsc::Sender<OutputChunk>>,
+        chunks: Option<OutputSender>,
     ) -> Result<RunOutcome, PoolError> {
         let finished = self.execute_in(job, limits, chunks, &NoStaging).await?;
         Ok(finished.outcome)
@@ -329,7 +332,7 @@ impl Pool {
         &self,
         job: Job,
         limits: &RunLimits,
-        chunks: Option<mpsc::Sender<OutputChunk>>,
+        chunks: Option<OutputSender>,
         stager: &S,
     ) -> Result<Finished<S::Staged>, S::Error> {
         let current = self.inner.generations.current();

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use snakecage_worker::frame::FrameError;
 use snakecage_worker::protocol::{ExitStatus, Job, JobRequest, JobResult};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::capture::{Capture, Finish};
 use super::drive::{Ending, drive};
 use super::events::KillReason;
+use super::output_feed::OutputSender;
 use super::toolcalls::{CallViolation, RunTools};
 use super::worker::{Worker, ZygoteEnd};
 
@@ -198,7 +198,7 @@ pub async fn run(
     worker: &mut Worker,
     mut job: Job,
     limits: &RunLimits,
-    chunks: Option<mpsc::Sender<OutputChunk>>,
+    chunks: Option<OutputSender>,
 ) -> Result<RunOutcome, RunError> {
     let started = Instant::now();
     if limits.background.is_none() {
@@ -234,7 +234,7 @@ pub async fn run(
     // writing, say), it does no more. Everything it wrote before its result (or death) is
     // already in the pipes.
     worker.kill();
-    capture.drain(worker, &mut buf).await;
+    capture.drain(worker, &mut buf);
 
     let violation = match ending {
         Ending::ProtocolViolation(v) => Some(v),
@@ -349,7 +349,7 @@ pub async fn run_in_session(
     worker: &mut Worker,
     mut job: Job,
     limits: &RunLimits,
-    chunks: Option<mpsc::Sender<OutputChunk>>,
+    chunks: Option<OutputSender>,
     interrupt: Interrupt<'_>,
     out_of_cpu_time: &(dyn Fn() -> bool + Sync),
 ) -> Result<SessionRun, RunError> {
@@ -387,7 +387,7 @@ pub async fn run_in_session(
     if !reported {
         worker.kill();
     }
-    capture.drain(worker, &mut buf).await;
+    capture.drain(worker, &mut buf);
     let mut exited = None;
     let mut zygote_end = None;
     let violation = match ending {

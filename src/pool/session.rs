@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use snakecage_worker::frame::FrameError;
 use snakecage_worker::protocol::{ExitStatus, Job, JobRequest, Variable, WorkerMessage};
-use tokio::sync::mpsc;
 
 use super::cpu_budget::CpuBudget;
-use super::run::{self, Interrupt, OutputChunk, RunError, RunLimits, SessionRun};
+use super::output_feed::OutputSender;
+use super::run::{self, Interrupt, RunError, RunLimits, SessionRun};
 use super::worker::{Worker, ZygoteEnd};
 
 /// Why a session's worker can no longer be used; its state is gone.
@@ -96,7 +96,7 @@ impl SessionWorker {
         &mut self,
         job: Job,
         limits: &RunLimits,
-        chunks: Option<mpsc::Sender<OutputChunk>>,
+        chunks: Option<OutputSender>,
         interrupt: Interrupt<'_>,
     ) -> Result<SessionRun, RunError> {
         self.start_request();

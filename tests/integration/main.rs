@@ -57,6 +57,7 @@ mod session_queue;
 mod sessions;
 mod shutdown_kills;
 mod snapshot;
+mod stalled_reader;
 mod starting;
 mod stream;
 mod streamed;
