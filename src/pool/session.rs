@@ -32,7 +32,7 @@ pub struct SessionWorker {
 /// A session's user globals as its worker described them.
 #[derive(Debug, Default)]
 pub struct Listed {
-    /// The first of them (the runner describes at most 500).
+    /// The first of them (at most 500, and 50,000 characters of text).
     pub variables: Vec<Variable>,
     /// How many there are.
     pub total: usize,
