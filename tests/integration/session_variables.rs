@@ -149,3 +149,37 @@ async fn hostile_names_and_types_leave_the_session_alive_and_its_listing_bounded
     let r = run(&s, &id, "print('calls =', calls)").await;
     assert_eq!(r["stdout"], "calls = 0\n", "{r}");
 }
+
+#[tokio::test]
+async fn a_listing_the_job_broke_says_so_and_the_session_lives() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    // The job replaces the runner's listing in its own process: it raises, then answers
+    // entries that are not descriptions. Before: the worker exited with status 71.
+    let broken = "import sys\nlisting = sys.modules['_snakecage_variables']\nlisting.variables = lambda namespace: 1 / 0\nx = 1";
+    let r = run(&s, &id, broken).await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    assert!(r["notice"].is_null(), "{r}");
+    let (status, info) = get(&s, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(
+        info["variables"],
+        json!([{"name": "?", "type": "?", "repr": "<variables not listed: ZeroDivisionError>"}]),
+        "{info}"
+    );
+    let garbled = "listing.variables = lambda namespace: ([object(), {'name': 5}, {'name': 'y' * 10**6, 'type': 't', 'repr': 'r'}], 3)";
+    let r = run(&s, &id, garbled).await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    let (status, info) = get(&s, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 200, "{info}");
+    let unknown = json!({"name": "?", "type": "?", "repr": "<not described: the listing gave an unreadable entry>"});
+    assert_eq!(info["variables"][0], unknown, "{info}");
+    assert_eq!(info["variables"][1], unknown, "{info}");
+    assert_eq!(
+        info["variables"][2]["name"],
+        format!("{}…", "y".repeat(99)),
+        "{info}"
+    );
+    let r = run(&s, &id, "print(x + 1)").await;
+    assert_eq!(r["stdout"], "2\n", "{r}");
+}
