@@ -79,8 +79,7 @@ impl SessionWorker {
         }
         Some(match status? {
             ExitStatus::Signal(sig) if sig == libc::SIGXCPU => self.budget.exhausted(sig),
-            ExitStatus::Signal(sig) => format!("its worker was killed by signal {sig}"),
-            ExitStatus::Code(code) => format!("its worker exited with status {code}"),
+            status => format!("its worker {}", run::how_it_ended(status)),
         })
     }
 
@@ -186,8 +185,7 @@ impl SessionWorker {
         let why = match e {
             FrameError::Io(_) | FrameError::Truncated { .. } => {
                 match self.worker.exit_status(run::EXIT_STATUS_WAIT).await {
-                    Some(ExitStatus::Signal(sig)) => format!("it was killed by signal {sig}"),
-                    Some(ExitStatus::Code(code)) => format!("it exited with status {code}"),
+                    Some(status) => format!("it {}", run::how_it_ended(status)),
                     None => e.to_string(),
                 }
             }

@@ -357,6 +357,25 @@ async fn a_session_whose_idle_worker_is_killed_says_how_it_died() {
 }
 
 #[tokio::test]
+async fn a_session_whose_job_closes_its_job_socket_says_that_is_what_killed_it() {
+    let s = Server::start().await;
+    let id = create(&s, json!({})).await;
+    run(&s, &id, "x = 1").await;
+    // The worker's job socket is fd 3: closing it loses the worker. Before, the notice said
+    // only "its worker was killed by signal 9".
+    let r = run(&s, &id, "import os, time\nos.close(3)\ntime.sleep(1)").await;
+    let notice = r["notice"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no notice: {r}"));
+    assert!(notice.contains("The session is gone"), "{r}");
+    assert!(notice.contains("job socket"), "{r}");
+    assert!(notice.contains("fd 3"), "{r}");
+    let (status, r) = exec(&s, &id, json!({ "code": "print(x)" })).await;
+    assert_eq!(status, 410, "{r}");
+    assert!(r["detail"].as_str().unwrap().contains("job socket"), "{r}");
+}
+
+#[tokio::test]
 async fn a_session_whose_worker_is_killed_answers_410() {
     let s =
         Server::start_with(Options::default().env("SNAKECAGE_SESSIONS__INTERRUPT_GRACE_MS", 500))
