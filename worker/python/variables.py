@@ -69,6 +69,9 @@ _type_dict_slot = type.__dict__["__dict__"].__get__
 _function_qualname_slot = types.FunctionType.__dict__["__qualname__"].__get__
 _module_dict_slot = types.ModuleType.__dict__["__dict__"].__get__
 
+_NOTHING = object()
+"""What no value's type is: the class looked for when it is not imported."""
+
 _HEAPTYPE = 1 << 9
 """``Py_TPFLAGS_HEAPTYPE``: a class made by a ``class`` statement or ``type()``."""
 
@@ -176,46 +179,55 @@ def _module_own_name(module):
     return "?"
 
 
-def _known_class(module, name):
-    """``module.name`` if that module is imported and is a real module, else ``None``."""
+_WANTED = {"numpy": ("ndarray",), "pandas": ("DataFrame", "Series")}
+"""The classes whose values are described by their shape, by module."""
+
+
+def _known_classes():
+    """``{name: class}`` of the ``_WANTED`` classes of the modules imported so far.
+
+    ``sys.modules`` and the modules' namespaces are scanned, never looked up: a lookup
+    compares the key with any key of equal hash, and a job can put a key with a
+    hostile ``__eq__`` in either. Once per listing.
+    """
+    known = {}
     modules = sys.modules
     if type(modules) is not dict:
-        return None
-    found = dict.get(modules, module)
-    if type(found) is not types.ModuleType:
-        return None
-    cls = dict.get(_module_dict_slot(found), name)
-    return cls if type(cls) is type else None
+        return known
+    for key, module in list(dict.items(modules)):
+        if type(key) is not str or key not in _WANTED or type(module) is not types.ModuleType:
+            continue
+        wanted = _WANTED[key]
+        for name, value in list(dict.items(_module_dict_slot(module))):
+            if type(name) is str and name in wanted and type(value) is type:
+                known[name] = value
+    return known
 
 
-def _is_exactly(cls, module, name):
-    known = _known_class(module, name)
-    return known is not None and cls is known
-
-
-def _array_description(value):
+def _array_description(value, known):
     """``(shape, text)`` for a numpy array (of any subclass, read through ``ndarray``'s own
     slots) or a DataFrame or Series (of exactly that type: a subclass's methods are its
     author's), else ``None``."""
     cls = type(value)
-    ndarray = _known_class("numpy", "ndarray")
+    ndarray = known.get("ndarray")
     if ndarray is not None and any(c is ndarray for c in _type_mro_slot(cls)):
         shape = [int(n) for n in ndarray.__dict__["shape"].__get__(value)]
         dtype = ndarray.__dict__["dtype"].__get__(value)
         return shape, "ndarray of shape %s, dtype %s" % (tuple(shape), dtype)
-    if _is_exactly(cls, "pandas", "DataFrame"):
+    if cls is known.get("DataFrame", _NOTHING):
         shape = [int(n) for n in value.shape]
         return shape, "DataFrame with %d rows × %d columns" % tuple(shape)
-    if _is_exactly(cls, "pandas", "Series"):
+    if cls is known.get("Series", _NOTHING):
         shape = [int(n) for n in value.shape]
         return shape, "Series of %d %s values" % (shape[0], value.dtype)
     return None
 
 
-def describe(name, value):
-    """``{"name", "type", "repr", "shape"?}`` for one variable, without user code."""
+def describe(name, value, known):
+    """``{"name", "type", "repr", "shape"?}`` for one variable, without user code;
+    ``known``: ``_known_classes()``."""
     entry = {"name": name, "type": _cut(type_name(type(value)), TYPE_CHARS)}
-    described = _array_description(value)
+    described = _array_description(value, known)
     if described is not None:
         entry["shape"], text = described
     else:
@@ -239,6 +251,7 @@ def variables(namespace):
     total = 0
     room = LISTING_CHARS
     deadline = time.monotonic() + LISTING_SECONDS
+    known = _known_classes()
     with Alarm() as alarm:
         for name, value in list(dict.items(namespace)):
             if not issubclass(type(name), str):
@@ -248,21 +261,21 @@ def variables(namespace):
                 continue
             total += 1
             if len(entries) < MAX_VARIABLES and room > 0:
-                entry = _describe_in_time(_cut(name, NAME_CHARS), value, alarm, deadline)
+                entry = _describe_in_time(_cut(name, NAME_CHARS), value, known, alarm, deadline)
                 room -= len(entry["name"]) + len(entry["type"]) + len(entry["repr"])
                 if room >= 0:
                     entries.append(entry)
     return entries, total
 
 
-def _describe_in_time(name, value, alarm, deadline):
+def _describe_in_time(name, value, known, alarm, deadline):
     cls = type(value)
     if id(cls) in _slow_types or time.monotonic() >= deadline:
         return _not_described(name, value, "too slow to describe")
     try:
         alarm.arm(VARIABLE_SECONDS)
         try:
-            return describe(name, value)
+            return describe(name, value, known)
         finally:
             alarm.disarm()
     except (TooSlow, KeyboardInterrupt):

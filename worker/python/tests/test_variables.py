@@ -93,10 +93,10 @@ def test_a_value_whose_description_raises_is_listed_without_one(runner, variable
     run(session, "class Bad:\n    pass\navant = 1\nbad = Bad()\naprès = 2\n")
     describe = variables.describe
 
-    def failing(name, value):
+    def failing(name, value, known):
         if name == "bad":
             raise RecursionError("deep")
-        return describe(name, value)
+        return describe(name, value, known)
 
     monkeypatch.setattr(variables, "describe", failing)
     listing = listed(session)
@@ -110,14 +110,14 @@ def test_a_slow_description_is_cut_short_and_its_type_skipped_later(runner, vari
     describe = variables.describe
     slow = []
 
-    def sleeping(name, value):
+    def sleeping(name, value, known):
         if name == "lent":
             slow.append(name)
             try:
                 time.sleep(30)
             except BaseException:
                 time.sleep(30)  # the timer repeats: a caught first alarm does not hold it
-        return describe(name, value)
+        return describe(name, value, known)
 
     monkeypatch.setattr(variables, "describe", sleeping)
     monkeypatch.setattr(variables, "VARIABLE_SECONDS", 0.1)
@@ -338,3 +338,38 @@ def test_the_listing_stops_at_its_size_in_characters_and_counts_the_rest(runner,
     assert entries[-1]["name"].endswith("n…") and len(entries[-1]["repr"]) == 63
     assert size + 166 > variables.LISTING_CHARS
     assert len(entries) < 450
+
+
+def test_imported_modules_are_scanned_not_looked_up(runner, capsys):
+    pytest.importorskip("numpy")
+    session = runner.Session()
+    # A key whose hash is that of "pandas" put in sys.modules before "pandas": a lookup of
+    # "pandas" would compare it (its ``__eq__``) first.
+    code = HITS + (
+        "import sys, types, numpy\n"
+        "class Collides:\n"
+        "    def __hash__(self):\n        return hash('pandas')\n"
+        "    def __eq__(self, other):\n        hits.append('__eq__')\n        return False\n"
+        "class Fake(types.ModuleType):\n"
+        "    def __getattr__(self, name):\n        hits.append(name)\n        raise AttributeError(name)\n"
+        "saved = sys.modules.pop('pandas', None)\n"
+        "key = Collides()\n"
+        "sys.modules[key] = None\n"
+        "sys.modules['pandas'] = Fake('pandas')\n"
+        "arr = numpy.zeros((2, 3))\n"
+    )
+    try:
+        namespace = run(session, code)
+        namespace["hits"].clear()  # the job's own imports looked modules up: not the listing
+        listing = listed(session)
+        hits = list(namespace["hits"])
+    finally:
+        namespace = session._module.__dict__
+        del sys.modules[namespace["key"]]
+        sys.modules.pop("pandas", None)
+        if namespace.get("saved") is not None:
+            sys.modules["pandas"] = namespace["saved"]
+    assert hits == []
+    assert listing["arr"]["shape"] == [2, 3]
+    assert listing["arr"]["repr"] == "ndarray of shape (2, 3), dtype float64"
+    assert listing["key"]["repr"] == "<__main__.Collides object>"
