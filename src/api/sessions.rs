@@ -52,8 +52,8 @@ pub struct SessionDetail {
     /// `null` while a run is in progress (`status: busy`): its worker is running it; and
     /// while a replay session waits for its next run to rebuild it (`replay_pending`).
     pub variables: Option<Vec<Variable>>,
-    /// How many user globals there are: more than `variables` lists when past the runner's
-    /// bound (500). `null` with `variables`.
+    /// How many user globals there are: more than `variables` lists when past the
+    /// listing's bounds (500 entries, 50,000 characters). `null` with `variables`.
     pub variables_total: Option<usize>,
 }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use snakecage_worker::frame::FrameError;
-use snakecage_worker::protocol::{ExitStatus, Job, JobRequest, JobResult};
+use snakecage_worker::protocol::{EXIT_PROTOCOL, ExitStatus, Job, JobRequest, JobResult};
 use tokio_util::sync::CancellationToken;
 
 use super::capture::{Capture, Finish};
@@ -421,12 +421,12 @@ pub async fn run_in_session(
             // A kill for its CPU-time budget is explained by its session worker, which
             // knows what the budget covered and who enforced it.
             let (signal, why) = match worker.exit_status(EXIT_STATUS_WAIT).await {
-                Some(ExitStatus::Signal(sig)) => {
-                    (Some(sig), format!("its worker was killed by signal {sig}"))
+                Some(status @ ExitStatus::Signal(sig)) => {
+                    (Some(sig), format!("its worker {}", how_it_ended(status)))
                 }
-                Some(ExitStatus::Code(code)) => {
+                Some(status @ ExitStatus::Code(code)) => {
                     exited = Some(code);
-                    (None, format!("its worker exited with status {code}"))
+                    (None, format!("its worker {}", how_it_ended(status)))
                 }
                 None => {
                     zygote_end = worker.zygote_end();
@@ -488,6 +488,29 @@ fn timeout_ms(limits: &RunLimits) -> u64 {
     u64::try_from(limits.timeout.as_millis())
         .unwrap_or(u64::MAX)
         .max(1)
+}
+
+/// How a worker that died ended, for a session's reason ("its worker {this}"): what its
+/// exit status means, not the number alone.
+pub fn how_it_ended(status: ExitStatus) -> String {
+    match status {
+        ExitStatus::Signal(libc::SIGKILL) => "was killed by signal 9 (SIGKILL: sent by the \
+             service when its job socket closed or broke, which a job closing or writing to \
+             fd 3 causes; by the kernel when memory ran out; or from outside)"
+            .to_owned(),
+        ExitStatus::Signal(sig) => {
+            let name = nix::sys::signal::Signal::try_from(sig).map_or("unknown", |s| s.as_str());
+            format!("was killed by signal {sig} ({name})")
+        }
+        ExitStatus::Code(EXIT_PROTOCOL) => format!(
+            "failed (status {EXIT_PROTOCOL}): its job socket broke, which a job closing or \
+             writing to fd 3 causes, or it could not serve the request; its own error is in the \
+             service's log"
+        ),
+        ExitStatus::Code(code) => {
+            format!("exited with status {code} (os._exit() ends the process at once)")
+        }
+    }
 }
 
 /// Why a session lost its worker with the worker's zygote (a session's reason, "the

@@ -33,7 +33,7 @@ pub struct SessionWorker {
 /// A session's user globals as its worker described them.
 #[derive(Debug, Default)]
 pub struct Listed {
-    /// The first of them (the runner describes at most 500).
+    /// The first of them (at most 500, and 50,000 characters of text).
     pub variables: Vec<Variable>,
     /// How many there are.
     pub total: usize,
@@ -86,8 +86,7 @@ impl SessionWorker {
             return Some(why);
         }
         Some(match status? {
-            ExitStatus::Signal(sig) => format!("its worker was killed by signal {sig}"),
-            ExitStatus::Code(code) => format!("its worker exited with status {code}"),
+            status => format!("its worker {}", run::how_it_ended(status)),
         })
     }
 
@@ -198,11 +197,11 @@ impl SessionWorker {
         let why = match e {
             FrameError::Io(_) | FrameError::Truncated { .. } => {
                 match self.worker.exit_status(run::EXIT_STATUS_WAIT).await {
-                    Some(ExitStatus::Signal(sig)) => self
+                    Some(status @ ExitStatus::Signal(sig)) => self
                         .budget
                         .why_killed(Some(sig), true)
-                        .unwrap_or_else(|| format!("it was killed by signal {sig}")),
-                    Some(ExitStatus::Code(code)) => format!("it exited with status {code}"),
+                        .unwrap_or_else(|| format!("it {}", run::how_it_ended(status))),
+                    Some(status) => format!("it {}", run::how_it_ended(status)),
                     None => e.to_string(),
                 }
             }

@@ -54,6 +54,7 @@ mod rollover_unchanged;
 mod s3_store;
 mod session_cpu;
 mod session_queue;
+mod session_variables;
 mod sessions;
 mod shutdown_kills;
 mod snapshot;

@@ -240,7 +240,7 @@ fn serve_session(runner: &Runner<'_>) -> Result<(), ChildError> {
                 WorkerMessage::ResetDone
             }
             JobRequest::Inspect => {
-                let (variables, total) = session.variables()?;
+                let (variables, total) = session.variables();
                 WorkerMessage::Variables { variables, total }
             }
             JobRequest::StartSession => return Err(ChildError::Protocol("a second StartSession")),

@@ -1,10 +1,8 @@
-"""Tests for worker/python/display.py through the runner: the rich ``results`` of a job
-and the variable listing of a session."""
+"""Tests for worker/python/display.py through the runner: the rich ``results`` of a job."""
 
 import base64
 import signal
 import sys
-import time
 
 import pytest
 
@@ -253,119 +251,6 @@ def test_display_outside_a_job_only_prints(runner, capsys):
     display.display("late")
     assert capsys.readouterr().out == "'late'\n"
     assert display.end() == []
-
-
-# --------------------------------------------------------------------------
-# Session variables
-
-
-def test_session_variables_list_names_types_and_shapes(runner, capsys):
-    pytest.importorskip("pandas")
-    session = runner.Session()
-    code = (
-        "import numpy as np, pandas as pd\n"
-        "x = 42\n"
-        "name = 'y' * 500\n"
-        "arr = np.zeros((3, 4))\n"
-        "df = pd.DataFrame({'a': range(10)})\n"
-        "_hidden = 1\n"
-        "class Loud:\n"
-        "    def __repr__(self):\n        raise SystemExit('repr was called')\n"
-        "loud = Loud()\n"
-        "items = [1, loud]\n"
-    )
-    assert session.run(job(code))["exit_code"] == 0
-    entries, total = session.variables()
-    listing = {v["name"]: v for v in entries}
-    assert total == len(entries) == 9  # np, pd, x, name, arr, df, Loud, loud, items
-    assert listing["x"] == {"name": "x", "type": "int", "repr": "42"}
-    assert listing["name"]["type"] == "str" and len(listing["name"]["repr"]) <= 100
-    assert listing["arr"]["shape"] == [3, 4] and listing["arr"]["type"] == "ndarray"
-    assert listing["df"]["shape"] == [10, 1] and listing["df"]["type"] == "DataFrame"
-    assert listing["np"]["type"] == "module"
-    assert listing["loud"]["repr"] == "<__main__.Loud object>"
-    assert listing["items"]["repr"] == "[1, <__main__.Loud object>]"
-    assert "_hidden" not in listing and "__name__" not in listing
-
-
-def test_session_variables_run_no_name_method_and_survive_a_value_that_raises(runner, capsys):
-    pytest.importorskip("numpy")
-    session = runner.Session()
-    code = (
-        "import numpy\n"
-        "class Nom(str):\n"
-        "    def startswith(self, *a):\n        raise SystemExit('startswith was called')\n"
-        "globals()[Nom('nommé')] = 1\n"
-        "globals()[Nom('_caché')] = 2\n"
-        "class Piège:\n"
-        "    @property\n"
-        "    def __class__(self):\n        raise SystemExit('__class__ was read')\n"
-        "piège = Piège()\n"
-        "après = 'ok'\n"
-    )
-    assert session.run(job(code))["exit_code"] == 0
-    listing = {v["name"]: v for v in session.variables()[0]}
-    assert listing["nommé"] == {"name": "nommé", "type": "int", "repr": "1"}
-    assert type(listing["nommé"]["name"]) is str
-    assert "_caché" not in listing
-    assert listing["piège"] == {"name": "piège", "type": "Piège", "repr": "<not described: SystemExit>"}
-    assert listing["après"]["repr"] == "'ok'"
-
-
-def test_a_slow_value_is_listed_without_a_description_and_hides_nothing(runner, capsys):
-    variables = sys.modules["_snakecage_variables"]
-    session = runner.Session()
-    code = (
-        "import time\n"
-        "avant = 'à'\n"
-        "class Lent:\n"
-        "    looks = 0\n"
-        "    @property\n"
-        "    def __class__(self):\n"
-        "        Lent.looks += 1\n"
-        "        try:\n"
-        "            time.sleep(30)\n"
-        "        except BaseException:\n"
-        "            time.sleep(30)  # a second timer ends this one too\n"
-        "        return int\n"
-        "lent = Lent()\n"
-        "après = 'ok'\n"
-    )
-    assert session.run(job(code))["exit_code"] == 0
-    started = time.monotonic()
-    entries, total = session.variables()
-    first = time.monotonic() - started
-    listing = {v["name"]: v for v in entries}
-    assert total == 5 and set(listing) == {"time", "avant", "Lent", "lent", "après"}
-    assert listing["lent"] == {"name": "lent", "type": "Lent", "repr": "<not described: too slow to describe>"}
-    assert listing["après"]["repr"] == "'ok'" and listing["avant"]["repr"] == "'à'"
-    assert first < 10, first  # not the 30 s the property sleeps (a bound, not a timing)
-    looks = session._module.__dict__["Lent"].looks
-    # Its type is remembered: the next listing does not wait for it again.
-    again = {v["name"]: v for v in session.variables()[0]}
-    assert again["lent"]["repr"] == "<not described: too slow to describe>"
-    assert session._module.__dict__["Lent"].looks == looks
-    # The timer and handler are put back as they were.
-    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
-    variables._slow_types.clear()
-
-
-def test_every_user_global_is_counted_past_the_listing_bound(runner, capsys):
-    variables = sys.modules["_snakecage_variables"]
-    session = runner.Session()
-    code = "g = globals()\nfor i in range(1200):\n    g[f'v{i}é'] = i\n"
-    assert session.run(job(code))["exit_code"] == 0
-    entries, total = session.variables()
-    assert len(entries) == variables.MAX_VARIABLES == 500
-    assert total == 1202  # v0é… v1199é, g and i
-
-
-def test_session_reset_empties_the_listing(runner, capsys):
-    session = runner.Session()
-    session.run(job("x = 1"))
-    session.reset()
-    assert session.variables() == ([], 0)
 
 
 def test_an_array_shows_its_shape_and_dtype_then_numpys_summary(runner, capsys):

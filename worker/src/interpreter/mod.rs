@@ -1,8 +1,10 @@
 //! CPython inside the zygote: isolated PyConfig start-up with `site` off (`start`), the
 //! runner modules (`worker/python/`), preloads, the warm-up job and `gc.freeze()`
 //! (`prepare`); then the calls a worker makes into the runner, for one job or a session
-//! (`runner`), and what they return, framed to be sent (`results`).
+//! (`runner`), and what they return, framed to be sent (`results`), a session's variable
+//! listing read as hostile text (`listing`).
 
+mod listing;
 mod prepare;
 mod results;
 mod runner;

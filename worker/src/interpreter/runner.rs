@@ -7,8 +7,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyModule};
 use snakecage_worker::protocol::{ErrorInfo, Job, JobResult, Variable, WarmUp};
 
+use super::listing;
 use super::prepare::warm_up_source;
-use super::results::{job_result, user_text};
+use super::results::job_result;
 use super::{InterpreterError, py_err};
 
 const TOOLS_SOURCE: &str = include_str!("../../python/tools.py");
@@ -202,42 +203,23 @@ impl<'py> Session<'py> {
         }
     }
 
-    /// The user globals, bounded by the runner, and how many there are; none when
-    /// interrupted.
-    pub fn variables(&self) -> Result<(Vec<Variable>, u64), InterpreterError> {
-        let listed = (|| -> PyResult<(Vec<Variable>, u64)> {
-            let (list, total): (Bound<'_, PyAny>, u64) =
-                self.object.call_method0("variables")?.extract()?;
-            let mut out = Vec::new();
-            for item in list.try_iter()? {
-                let item = item?;
-                let d = item.cast::<PyDict>()?;
-                let text = |key: &str| -> PyResult<String> {
-                    Ok(match d.get_item(key)? {
-                        Some(v) => user_text(&v)?,
-                        None => String::new(),
-                    })
-                };
-                let shape = match d.get_item("shape")? {
-                    Some(v) if !v.is_none() => Some(v.extract::<Vec<u64>>()?),
-                    _ => None,
-                };
-                out.push(Variable {
-                    name: text("name")?,
-                    kind: text("type")?,
-                    repr: text("repr")?,
-                    shape,
-                });
-            }
-            Ok((out, total))
-        })();
+    /// The user globals, bounded, and how many there are; none when interrupted.
+    ///
+    /// It never fails, so a listing never costs a session its worker: what the runner
+    /// answers is read as hostile (a job can replace the runner's functions in its own
+    /// process), an entry that cannot be read is listed as unknown, and a listing that
+    /// fails as a whole is one entry saying so. The runner's bounds are enforced again here
+    /// ([`listing`]).
+    pub fn variables(&self) -> (Vec<Variable>, u64) {
+        let listed = self
+            .object
+            .call_method0("variables")
+            .and_then(|answer| answer.extract::<(Bound<'_, PyAny>, u64)>())
+            .and_then(|(list, total)| Ok((listing::read(&list)?, total)));
         match listed {
-            Ok(v) => Ok(v),
-            Err(e) if is_interrupt(&e) => Ok((Vec::new(), 0)),
-            Err(source) => Err(InterpreterError::Python {
-                doing: "listing session variables",
-                source,
-            }),
+            Ok(listed) => listed,
+            Err(e) if is_interrupt(&e) => (Vec::new(), 0),
+            Err(e) => (vec![listing::failed(&e)], 0),
         }
     }
 }
