@@ -133,3 +133,32 @@ async fn the_official_sdk_reads_big_results_and_the_facts_an_agent_needs() {
         "{skipped}"
     );
 }
+
+#[tokio::test]
+async fn mcp_calls_log_no_rmcp_chatter_and_a_failed_run_has_its_requests_id() {
+    let s = Server::start().await;
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "run_python", "arguments": {"code": "1 / 0"}}});
+    let response = post_mcp(&s, &call).await;
+    let id = response.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(response.text().await.unwrap().contains("ZeroDivisionError"));
+    let (_, status) = s.get_json("/v1/status").await;
+    let failures = status["recent_failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{status}");
+    assert_eq!(failures[0]["request_id"], id.as_str(), "{status}");
+
+    // An argument mistake is the client's (-32602), not a warning of the service.
+    let mistake = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "run_python", "arguments": {"code": "1", "stdin": "x"}}});
+    let answer = post_mcp(&s, &mistake).await.text().await.unwrap();
+    assert!(answer.contains("-32602"), "{answer}");
+    // rmcp's INFO lines for each POST (one a dump of the client's parameters) and its WARN
+    // for each error answer are filtered out; the service's own lines stay.
+    let log = s.log();
+    assert!(log.contains(r#""path":"/mcp""#), "{log}");
+    let rmcp: Vec<&str> = log.lines().filter(|l| l.contains("rmcp::")).collect();
+    assert!(rmcp.is_empty(), "{rmcp:#?}");
+}
