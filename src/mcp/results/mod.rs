@@ -96,7 +96,9 @@ fn run_result(body: &Value) -> CallToolResult {
                 &render_carriage_returns(plain),
                 // At least a note's room is free (reserved before); the block's own fields
                 // take the rest of it.
-                BUNDLE_TEXT_BUDGET.min(RESULT_BUDGET.saturating_sub(used + reserved)) - 64,
+                BUNDLE_TEXT_BUDGET
+                    .min(RESULT_BUDGET.saturating_sub(used + reserved))
+                    .saturating_sub(64),
                 "of this output",
             )),
             (None, None) => continue,
