@@ -99,9 +99,28 @@ async fn main() -> ExitCode {
     }
 }
 
+/// rmcp's serve loop logs every MCP POST at INFO (three lines, one a dump of the client's
+/// `initialize` params) and every error answer of a call at WARN (a client's argument
+/// mistake, a call its client cancelled); its own failures are ERRORs, and stay.
+const QUIET_RMCP: &str = "rmcp::service=error";
+
+/// `spec` (`RUST_LOG` or `log.level`) with [`QUIET_RMCP`] added, unless it names an rmcp
+/// target itself (an operator debugging MCP gets what they asked for).
+fn with_quiet_rmcp(spec: &str) -> String {
+    if spec.contains("rmcp") {
+        spec.to_owned()
+    } else if spec.trim().is_empty() {
+        QUIET_RMCP.to_owned()
+    } else {
+        format!("{spec},{QUIET_RMCP}")
+    }
+}
+
 fn init_logging(config: &Config) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.log.level));
+    let filter = std::env::var(EnvFilter::DEFAULT_ENV)
+        .ok()
+        .and_then(|spec| EnvFilter::try_new(with_quiet_rmcp(&spec)).ok())
+        .unwrap_or_else(|| EnvFilter::new(with_quiet_rmcp(&config.log.level)));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         // A log line that cannot be written (stderr a pipe whose reader is gone) is dropped.

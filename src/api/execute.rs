@@ -365,6 +365,11 @@ async fn run_prepared(
     let mut response = ExecuteResponse::from(finished.outcome);
     response.files = collected.files;
     response.skipped_files = collected.skipped;
+    super::timeout::explain(
+        &mut response,
+        limits.timeout,
+        state.config().limits.max_timeout_ms,
+    );
     Ok(response)
 }
 

@@ -19,6 +19,7 @@ mod sessions;
 pub mod starting;
 mod status;
 mod stream;
+mod timeout;
 mod upload_name;
 mod whole_number;
 

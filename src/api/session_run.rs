@@ -288,6 +288,11 @@ async fn run_in(
     }
     response.files = collected.files;
     response.skipped_files = collected.skipped;
+    super::timeout::explain(
+        &mut response,
+        limits.timeout,
+        state.config().limits.max_timeout_ms,
+    );
     if let Some((runs, reason)) = &replayed {
         response.replayed = Some(*runs);
         notices.insert(0, replayed_notice(*runs, reason));

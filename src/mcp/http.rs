@@ -276,8 +276,12 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
         error_response(
             StatusCode::PAYLOAD_TOO_LARGE,
             &format!(
-                "the request body is over {limit} bytes (limits.max_request_bytes); upload large \
-                 data with POST /v1/files and stage it into the run with `files`"
+                "the request body is over {limit} bytes (limits.max_request_bytes). MCP has no \
+                 tool to upload data: send less in one call, e.g. split the code over several \
+                 run_in_session calls (a session from create_python_session keeps its variables \
+                 between them), or have the code generate or compute large data rather than \
+                 embed it. A client of the HTTP API can upload it with POST /v1/files and \
+                 stage it with `files`."
             ),
             INVALID_REQUEST,
         )

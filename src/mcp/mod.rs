@@ -34,10 +34,14 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData as McpError, ServerHandler};
 use serde_json::Value;
 use tower::ServiceExt;
+use tower_http::request_id::RequestId;
 
 use self::calls::{Client, InFlight};
 use self::results::tool_result;
 use crate::tools::{self, ToolCallError, ToolContext};
+
+/// The header of a request's id (set on every request in front of the router).
+const X_REQUEST_ID: &str = "x-request-id";
 
 /// Largest API answer a tool call reads (a run's response with its rich outputs).
 const MAX_TOOL_RESPONSE: usize = 64 << 20;
@@ -68,12 +72,15 @@ impl McpServer {
     }
 
     /// Sends the request a tool call maps to through the API; returns status and JSON body.
-    /// `authorization` is the MCP request's own header, so the call is made as its caller.
+    /// `authorization` is the MCP request's own header, so the call is made as its caller;
+    /// `request_id` is the MCP request's id, so the run is recorded under it (the status
+    /// page's failures, the metrics' exemplars) as a REST request's run is.
     async fn call_api(
         &self,
         name: &str,
         arguments: &Value,
         authorization: Option<&HeaderValue>,
+        request_id: Option<&RequestId>,
     ) -> Result<(StatusCode, Value), McpError> {
         let invalid = |e: ToolCallError| McpError::invalid_params(e.to_string(), None);
         let spec = tools::catalog(&(self.context)())
@@ -93,19 +100,17 @@ impl McpServer {
             }
             None => Body::empty(),
         };
-        let request = builder
-            .body(body)
-            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
-        let response = self
-            .api
-            .clone()
-            .oneshot(request)
-            .await
-            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+        if let Some(id) = request_id {
+            builder = builder
+                .header(X_REQUEST_ID, id.header_value())
+                .extension(id.clone());
+        }
+        let request = builder.body(body).map_err(internal)?;
+        let response = self.api.clone().oneshot(request).await.map_err(internal)?;
         let status = response.status();
         let bytes = axum::body::to_bytes(response.into_body(), MAX_TOOL_RESPONSE)
             .await
-            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+            .map_err(internal)?;
         let json = if bytes.is_empty() {
             Value::Null
         } else {
@@ -151,10 +156,9 @@ impl ServerHandler for McpServer {
     ) -> Result<CallToolResponse, McpError> {
         let arguments = Value::Object(request.arguments.unwrap_or_default());
         // The streamable HTTP transport puts the HTTP request's parts in the context.
-        let headers = context
-            .extensions
-            .get::<axum::http::request::Parts>()
-            .map(|parts| &parts.headers);
+        let parts = context.extensions.get::<axum::http::request::Parts>();
+        let headers = parts.map(|parts| &parts.headers);
+        let request_id = parts.and_then(|parts| parts.extensions.get::<RequestId>());
         let authorization = headers.and_then(|h| h.get(header::AUTHORIZATION));
         // rmcp cancels `context.ct` when the client goes away (the response stream is
         // dropped); a `notifications/cancelled` of the client cancels it through `calls`.
@@ -171,7 +175,7 @@ impl ServerHandler for McpServer {
                 format!("{}: the call was cancelled and its run stopped", request.name),
                 None,
             )),
-            answer = self.call_api(&request.name, &arguments, authorization) => {
+            answer = self.call_api(&request.name, &arguments, authorization, request_id) => {
                 let (status, body) = answer?;
                 Ok(tool_result(&request.name, status, &body).into())
             }
@@ -188,6 +192,13 @@ impl ServerHandler for McpServer {
     ) -> Result<CustomResult, McpError> {
         Err(malformed_request(&request.method, request.params.as_ref()))
     }
+}
+
+/// A failure of the service in carrying out a call, logged here: rmcp's own line for an
+/// error answer is filtered out with the clients' mistakes (see `main`'s log filter).
+fn internal(e: impl std::fmt::Display) -> McpError {
+    tracing::error!(error = %e, "an MCP tool call failed inside the service");
+    McpError::internal_error(e.to_string(), None)
 }
 
 /// The error for a request whose params rmcp could not read (or whose method is unknown).

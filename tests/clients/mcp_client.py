@@ -1,7 +1,7 @@
 """Drives snakecage's /mcp endpoint with the official MCP Python SDK, as an agent would,
 and prints what it saw as JSON for the Rust integration test to assert on.
 
-Usage: mcp_client.py URL stateless|session|cancel|large [API_KEY]
+Usage: mcp_client.py URL stateless|session|cancel|large|bulky [API_KEY]
        mcp_client.py URL foreign API_KEY SESSION_ID   (runs in a session that is not the key's)
 """
 
@@ -120,6 +120,31 @@ async def large(s, out):
         out["over"] = {"code": e.error.code, "message": e.error.message}
 
 
+async def bulky(s, out):
+    """Results that would not fit one SSE event of the SDK (1 MiB) whole, and what an agent
+    needs to read of a run: a timeout's limit, files not stored, a progress bar's last frame."""
+
+    async def call(name, code, timeout_ms=30000):
+        try:
+            out[name] = summary(await s.call_tool("run_python", {"code": code, "timeout_ms": timeout_ms}))
+        except Exception as e:  # what the agent would get instead of a result
+            out[name] = {"failed": f"{type(e).__name__}: {e}"}
+
+    # Both streams at limits.max_output_bytes, of control characters (six bytes of JSON each).
+    await call("streams", "import sys\nprint('START')\nprint('\\x01' * 2_000_000)\n"
+                          "sys.stderr.write('ERRSTART\\n' + '\\x02' * 2_000_000)")
+    # A detailed figure (a PNG of over a megabyte), then a small one.
+    await call("figures", "import numpy as np, matplotlib.pyplot as plt\n"
+                          "rng = np.random.default_rng(0)\nplt.figure(figsize=(10, 10), dpi=100)\n"
+                          "plt.scatter(rng.random(40_000), rng.random(40_000), s=1, c=rng.random(40_000))\n"
+                          "plt.figure(figsize=(2, 2))\nplt.plot([1, 2, 3])\nprint('plotted')")
+    await call("progress", "import sys\nfor i in range(1000):\n"
+                           "    sys.stdout.write('\\r%3d%%|%s|' % (i // 10, '#' * (i // 25)))\n"
+                           "print()\nprint('ANSWER = 42')")
+    await call("timeout", "import time\ntime.sleep(30)", timeout_ms=300)
+    await call("skipped", "import os\nopen('kept.txt', 'w').write('ok')\nos.symlink('/etc/passwd', 'link')")
+
+
 async def describe(s, out):
     """Only the listing main() already records (the tool descriptions)."""
 
@@ -138,7 +163,7 @@ async def main(url, scenario, key):
                 out["tools"] = [t.name for t in tools]
                 out["run_python_description"] = next(t.description for t in tools if t.name == "run_python")
                 await {"stateless": stateless, "session": session, "foreign": foreign, "describe": describe,
-                       "cancel": cancel, "large": large}[scenario](s, out)
+                       "cancel": cancel, "large": large, "bulky": bulky}[scenario](s, out)
     out["warnings"] = warnings.messages
     print(json.dumps(out))
 

@@ -28,6 +28,7 @@ mod keys_rotation;
 mod kubernetes;
 mod load;
 mod mcp;
+mod mcp_results;
 mod min_idle;
 mod observability;
 mod overload;

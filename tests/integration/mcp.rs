@@ -194,6 +194,11 @@ async fn mcp_reads_requests_up_to_the_limit_and_refuses_larger_ones_with_json_it
         detail.contains("over 10485760 bytes (limits.max_request_bytes)"),
         "{detail}"
     );
+    // What an MCP client can do about it: it has no tool to upload a file.
+    assert!(
+        detail.contains("MCP has no tool to upload data: send less in one call"),
+        "{detail}"
+    );
     // The same object is a JSON-RPC error, which MCP clients show their user.
     assert_eq!(body["error"]["code"], -32600);
     assert_eq!(body["error"]["message"], detail);

@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::harness::{Options, Server, process_exists, repo_root};
 use crate::stream::read_events;
@@ -110,4 +110,31 @@ async fn ten_minute_runs_are_allowed_stated_to_agents_and_killed_when_the_client
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     assert_eq!(s.run("print('next')").await["stdout"], "next\n");
+}
+
+#[tokio::test]
+async fn a_timed_out_run_says_the_limit_it_hit_and_the_most_allowed_wherever_it_ran() {
+    let s = Server::start().await;
+    let said = "the run exceeded its timeout of 300 ms (timeout_ms; the most allowed is 60000 \
+                ms, limits.max_timeout_ms)";
+    let expected = json!({"type": "TimeoutError", "message": said});
+    // Stateless: its worker is killed at the deadline and reports nothing itself.
+    let body = json!({"code": "import time\ntime.sleep(30)", "timeout_ms": 300});
+    let r = s.run_with(body.clone()).await;
+    assert_eq!(r["verdict"], "timeout", "{r}");
+    assert_eq!(r["error"], expected, "{r}");
+    // Streamed: the same result event.
+    let response = s.post_response("/v1/execute/stream", &body).await;
+    let events = read_events(response, Instant::now(), |_| false).await;
+    let result = &events.iter().find(|e| e.event == "result").unwrap().data;
+    assert_eq!(result["error"], expected, "{result}");
+    // A session's run is interrupted (a KeyboardInterrupt on stderr): the same error.
+    let sid = s.new_session().await;
+    let (status, r) = s.post(&format!("/v1/sessions/{sid}/execute"), &body).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["verdict"], "timeout", "{r}");
+    assert_eq!(r["error"], expected, "{r}");
+    // A run that ends in time keeps its own error, or none.
+    assert_eq!(s.run("print(1)").await["error"], Value::Null);
+    assert_eq!(s.run("1 / 0").await["error"]["type"], "ZeroDivisionError");
 }
