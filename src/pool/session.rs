@@ -85,9 +85,7 @@ impl SessionWorker {
         if let Some(why) = self.budget.why_killed(signal, false) {
             return Some(why);
         }
-        Some(match status? {
-            status => format!("its worker {}", run::how_it_ended(status)),
-        })
+        Some(format!("its worker {}", run::how_it_ended(status?)))
     }
 
     /// Runs one job in the session's namespace; see [`run::run_in_session`].
