@@ -129,6 +129,16 @@ pub struct WorkspaceConfig {
     pub max_total_mb: u64,
     /// The most workspace entries (files and directories) looked at after a run.
     pub max_entries: usize,
+    /// Mount a tmpfs of the service's own over its workspace root at start, bounding all
+    /// its workspaces together (needs CAP_SYS_ADMIN; without it the workspaces share the
+    /// base directory's file system and `/health` says why).
+    pub mount: bool,
+    /// That tmpfs's size; 0: a quarter of RAM, at most the size of the file system `dir`
+    /// is on.
+    pub size_mb: u64,
+    /// That tmpfs's inodes (files and directories of all workspaces); 0: one per 32 KiB
+    /// of its size.
+    pub max_inodes: u64,
 }
 
 /// Stateful Python sessions (`/v1/sessions`).
@@ -321,6 +331,9 @@ impl Default for WorkspaceConfig {
             dir: None,
             max_total_mb: 500,
             max_entries: 10_000,
+            mount: true,
+            size_mb: 0,
+            max_inodes: 0,
         }
     }
 }

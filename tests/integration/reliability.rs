@@ -207,7 +207,14 @@ async fn while_workers_cannot_start_health_says_so_requests_get_503_and_it_recov
     assert_eq!(s.run("print(1)").await["verdict"], "ok");
     let root = workspace_root(&s);
     assert!(root.is_dir(), "{}", root.display());
-    // A file where the workspace root was: no workspace can be made until it goes.
+    // A file where the workspace root was: no workspace can be made until it goes. (Its
+    // bounded tmpfs detached first, where the service could mount one: a mount point
+    // cannot be removed.)
+    let _ = std::process::Command::new("umount")
+        .arg("-l")
+        .arg(root.join("mount"))
+        .stderr(std::process::Stdio::null())
+        .status();
     std::fs::remove_dir_all(&root).unwrap();
     std::fs::write(&root, "in the way").unwrap();
 
@@ -260,6 +267,16 @@ async fn while_workers_cannot_start_health_says_so_requests_get_503_and_it_recov
     let health = s.health().await;
     assert_eq!(health["status"], "ok", "{health}");
     assert!(health["last_spawn_error"].is_null(), "{health}");
+    // Recreated as a plain directory (the zygotes' namespaces would not see a new mount),
+    // which health tells.
+    assert_eq!(health["workspace"]["bounded"], false, "{health}");
+    assert!(
+        health["workspace"]["unbounded_because"]
+            .as_str()
+            .unwrap()
+            .contains("restart the service"),
+        "{health}"
+    );
 }
 
 /// A second instance in another PID namespace (as in a container) sharing the workspace

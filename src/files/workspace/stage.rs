@@ -70,9 +70,11 @@ pub enum StageError {
         super::shown(path)
     )]
     NameTooLong { path: String },
-    /// The workspace's file system is full (ENOSPC, EDQUOT).
+    /// The file system all of the service's workspaces share is full (ENOSPC, EDQUOT):
+    /// a condition of the service, not of the caller's request, which frees itself as the
+    /// running jobs end.
     #[error(
-        "cannot stage file at {}: the workspace has no space left for the staged files",
+        "cannot stage file at {}: the service's workspace space is exhausted (shared by all running jobs and sessions, freed as they end); retry later",
         super::shown(path)
     )]
     NoSpace { path: String },

@@ -1,0 +1,210 @@
+//! The instance's workspace bound: its own tmpfs over its workspace root, sized by
+//! `workspace.size_mb`; what a job that writes past it gets, what other tenants get while
+//! it is full (a 503 that blames the service, not them; `/health` degraded), two
+//! instances on one base, and the mount a SIGKILLed instance leaves behind. Mounting needs
+//! root: without it the tests are skipped.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::files::upload;
+use crate::harness::{Options, Server};
+use crate::reliability::eventually;
+
+const MIB: u64 = 1 << 20;
+
+/// The mount points (as this process's namespace lists them) at or below `under`.
+fn mounts_under(under: &Path) -> Vec<PathBuf> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|point| point.starts_with(under))
+        .collect()
+}
+
+fn root_of(base: &Path, s: &Server) -> PathBuf {
+    base.join(format!("workspaces-{}", s.pid()))
+}
+
+fn bounded(size_mb: u64) -> Options {
+    Options::default().env("SNAKECAGE_WORKSPACE__SIZE_MB", size_mb)
+}
+
+#[tokio::test]
+async fn a_job_writing_past_the_bound_gets_enospc_and_others_are_told_the_service_is_full() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let s = Server::start_with(bounded(64)).await;
+    let root = root_of(s.state_dir(), &s);
+    assert_eq!(mounts_under(&root), vec![root.join("mount")]);
+    let health = s.health().await;
+    let ws = &health["workspace"];
+    assert_eq!(ws["bounded"], true, "{health}");
+    assert_eq!(ws["size_bytes"], 64 * MIB, "{health}");
+    assert_eq!(health["status"], "ok", "{health}");
+
+    // One job cannot write more than the bound, however long its deadline.
+    let r = s
+        .run("open('big.bin', 'wb').write(b'x' * (100 << 20))")
+        .await;
+    assert_eq!(r["verdict"], "error", "{r}");
+    assert!(
+        r["stderr"].as_str().unwrap().contains("No space left"),
+        "{r}"
+    );
+
+    // A session that holds most of it: the service says it is nearly full.
+    let id = s.new_session().await;
+    let r = s
+        .session_run(&id, "open('hold.bin', 'wb').write(b'x' * (60 << 20))")
+        .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    let health = s.health().await;
+    assert_eq!(health["status"], "degraded", "{health}");
+    assert_eq!(health["workspace"]["nearly_full"], true, "{health}");
+    assert!(
+        health["workspace"]["used_bytes"].as_u64().unwrap() >= 60 * MIB,
+        "{health}"
+    );
+    let (_, _, metrics) = s.get("/metrics").await;
+    assert!(
+        metrics.contains("snakecage_workspace_bounded 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!("snakecage_workspace_size_bytes {}", 64 * MIB)),
+        "{metrics}"
+    );
+
+    // Another tenant's staged file does not fit: the service's condition, retry later.
+    let file = upload(&s, "in.bin", vec![7u8; 10 << 20]).await;
+    let body = json!({
+        "code": "import os\nprint(os.path.getsize('in.bin'))",
+        "files": [{"path": "in.bin", "file_id": file["file_id"]}],
+    });
+    let resp = s.post_response("/v1/execute", &body).await;
+    let status = resp.status().as_u16();
+    let retry = resp.headers().get("retry-after").cloned();
+    let refused: Value = resp.json().await.unwrap();
+    assert_eq!(status, 503, "{refused}");
+    assert_eq!(refused["code"], "unavailable", "{refused}");
+    assert!(retry.is_some(), "503 without Retry-After: {refused}");
+    let detail = refused["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("the service's workspace space is exhausted")
+            && detail.contains("retry later"),
+        "{refused}"
+    );
+
+    // Once the space is given back, the same request works and the service is healthy.
+    let deleted = s
+        .client
+        .delete(format!("{}/v1/sessions/{id}", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+    eventually(30, "the workspace no longer nearly full", async || {
+        s.health().await["status"] == "ok"
+    })
+    .await;
+    let r = s.run_with(body).await;
+    assert_eq!(r["stdout"], format!("{}\n", 10 * MIB), "{r}");
+    drop(s);
+    assert!(
+        mounts_under(&root).is_empty(),
+        "the mount outlived its instance"
+    );
+}
+
+#[tokio::test]
+async fn two_instances_on_one_base_are_bounded_apart_and_a_killed_ones_mount_goes_next_start() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    // Workers (another uid) reach their workspace by its path through the base.
+    std::fs::set_permissions(
+        base.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )
+    .unwrap();
+    let on_base = |size_mb| bounded(size_mb).env("SNAKECAGE_WORKSPACE__DIR", base.path().display());
+    let a = Server::start_with(on_base(32)).await;
+    let b = Server::start_with(on_base(48)).await;
+    let (a_root, b_root) = (root_of(base.path(), &a), root_of(base.path(), &b));
+    assert_eq!(mounts_under(&a_root), vec![a_root.join("mount")]);
+    assert_eq!(mounts_under(&b_root), vec![b_root.join("mount")]);
+    assert_eq!(a.health().await["workspace"]["size_bytes"], 32 * MIB);
+    assert_eq!(b.health().await["workspace"]["size_bytes"], 48 * MIB);
+
+    // What A holds is A's alone: B's file system stays empty.
+    let id = a.new_session().await;
+    let r = a
+        .session_run(&id, "open('hold.bin', 'wb').write(b'x' * (20 << 20))")
+        .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    assert!(
+        a.health().await["workspace"]["used_bytes"]
+            .as_u64()
+            .unwrap()
+            >= 20 * MIB
+    );
+    assert!(
+        b.health().await["workspace"]["used_bytes"]
+            .as_u64()
+            .unwrap()
+            < MIB
+    );
+
+    // A dies without shutting down: its mount (and the 20 MiB in it) stays...
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(a.pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let _ = a.stop();
+    assert_eq!(mounts_under(&a_root), vec![a_root.join("mount")]);
+    // ...until the next instance on the base starts: it unmounts and removes A's root,
+    // and leaves B's, alive, alone.
+    let c = Server::start_with(on_base(16)).await;
+    assert!(
+        mounts_under(&a_root).is_empty(),
+        "A's stale mount is still there"
+    );
+    assert!(!a_root.exists());
+    assert_eq!(mounts_under(&b_root), vec![b_root.join("mount")]);
+    assert_eq!(b.run("print('b')").await["stdout"], "b\n");
+    assert_eq!(c.run("print('c')").await["stdout"], "c\n");
+    let c_root = root_of(base.path(), &c);
+    drop(b);
+    drop(c);
+    assert!(mounts_under(&b_root).is_empty() && mounts_under(&c_root).is_empty());
+}
+
+#[tokio::test]
+async fn without_the_mount_the_workspaces_are_unbounded_and_health_says_so() {
+    let s = Server::start_with(Options::default().env("SNAKECAGE_WORKSPACE__MOUNT", "false")).await;
+    let root = root_of(s.state_dir(), &s);
+    assert!(mounts_under(&root).is_empty());
+    let health = s.health().await;
+    let ws = &health["workspace"];
+    assert_eq!(ws["bounded"], false, "{health}");
+    assert_eq!(
+        ws["unbounded_because"], "workspace.mount is false",
+        "{health}"
+    );
+    assert!(ws["size_bytes"].as_u64().unwrap() > 0, "{health}");
+    let (_, _, metrics) = s.get("/metrics").await;
+    assert!(
+        metrics.contains("snakecage_workspace_bounded 0"),
+        "{metrics}"
+    );
+    assert_eq!(s.run("print(1)").await["stdout"], "1\n");
+}
