@@ -277,6 +277,7 @@ async fn run_in(
     )
     .await;
     guard.baseline = workspace::snapshot(&ws, state.config().workspace.max_entries).await;
+    let over_bound = over_bound(&state, &guard.baseline);
     // The service is going: a replay session's history goes with it.
     let shutting_down = ran.outcome.zygote_end == Some(ZygoteEnd::ShutDown);
     let mut response = ExecuteResponse::from(ran.outcome);
@@ -296,6 +297,8 @@ async fn run_in(
     }
     let lost = match ran.lost {
         Some(reason) => Some(reason),
+        // Ended below, for good: neither journalled nor listed.
+        None if over_bound.is_some() => None,
         None => {
             if let (true, Some(job), Some(journal)) = (succeeded, &kept, guard.journal.as_mut()) {
                 let recorded = recorder.map(|r| r.take());
@@ -311,7 +314,21 @@ async fn run_in(
             }
         }
     };
-    if let Some(reason) = lost {
+    if let Some(reason) = over_bound {
+        tracing::warn!(session = %id, %reason, "session ended: its workspace is over its bound");
+        // Not replayed: replaying its runs would write the same files again.
+        let reason = format!("it was ended because {reason}");
+        state.sessions.lose(&id, reason.clone());
+        guard.mark_dead(reason.clone());
+        let note = format!(
+            "The session is gone: {reason}. Its variables are lost and further calls on it get \
+             410; the files its runs wrote were stored (see files). Start a new session and \
+             stage only the files it needs, or keep large data in the file store."
+        );
+        response.stderr.push('\n');
+        response.stderr.push_str(&note);
+        notices.push(note);
+    } else if let Some(reason) = lost {
         tracing::warn!(session = %id, %reason, "session worker lost");
         let note = if !shutting_down && guard.mark_lost(reason.clone()) {
             let runs = guard.journal.as_ref().map_or(0, |j| j.runs());
@@ -339,6 +356,16 @@ async fn run_in(
         response.notice = Some(notices.join(" "));
     }
     Ok(Some(response))
+}
+
+/// Why the session's workspace, as its snapshot after the run measured it, is past its
+/// bound (`sessions.max_workspace_mb`, `workspace.max_entries`), if it is.
+fn over_bound(state: &SharedState, baseline: &workspace::Staged) -> Option<String> {
+    let config = state.config();
+    let max_bytes = config.sessions.max_workspace_mb.saturating_mul(1 << 20);
+    baseline
+        .footprint()?
+        .over(max_bytes, config.workspace.max_entries)
 }
 
 fn replayed_notice(runs: usize, reason: &str) -> String {

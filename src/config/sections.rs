@@ -161,6 +161,12 @@ pub struct SessionsConfig {
     /// The same bound on the bytes those runs hold: code (and stdin, args), and their tool
     /// calls' arguments and answers.
     pub replay_max_bytes: usize,
+    /// The most a session's workspace may take (bytes allocated, sparse files as what they
+    /// cost), checked after each of its runs: past it (or past `workspace.max_entries`
+    /// entries) the session is ended, which frees the space; what its runs wrote is in the
+    /// file store already. Without it a session could hold the instance's workspace space
+    /// for its whole life (`max_ttl_seconds`).
+    pub max_workspace_mb: u64,
 }
 
 /// The isolation layers (SECURITY.md describes each one).
@@ -298,6 +304,7 @@ impl Default for SessionsConfig {
             interrupt_grace_ms: 2_000,
             replay_max_runs: 200,
             replay_max_bytes: 1 << 20,
+            max_workspace_mb: 1024,
         }
     }
 }

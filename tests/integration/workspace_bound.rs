@@ -1,14 +1,15 @@
 //! The instance's workspace bound: its own tmpfs over its workspace root, sized by
 //! `workspace.size_mb`; what a job that writes past it gets, what other tenants get while
 //! it is full (a 503 that blames the service, not them; `/health` degraded), two
-//! instances on one base, and the mount a SIGKILLed instance leaves behind. Mounting needs
-//! root: without it the tests are skipped.
+//! instances on one base, and the mount a SIGKILLed instance leaves behind (mounting needs
+//! root: without it those tests are skipped); and a session's own bound, checked after each
+//! of its runs.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::files::upload;
+use crate::files::{download_bytes, upload};
 use crate::harness::{Options, Server};
 use crate::reliability::eventually;
 
@@ -207,4 +208,59 @@ async fn without_the_mount_the_workspaces_are_unbounded_and_health_says_so() {
         "{metrics}"
     );
     assert_eq!(s.run("print(1)").await["stdout"], "1\n");
+}
+
+#[tokio::test]
+async fn a_session_whose_workspace_grows_past_its_bound_is_ended_and_its_files_are_kept() {
+    let s =
+        Server::start_with(Options::default().env("SNAKECAGE_SESSIONS__MAX_WORKSPACE_MB", 8)).await;
+    let id = s.new_session().await;
+    // Counted as allocated: a sparse file of 20 MiB (past the bound in length) costs
+    // (almost) nothing.
+    let r = s
+        .session_run(
+            &id,
+            "with open('sparse.bin', 'wb') as f:\n    f.truncate(20 << 20)\nx = 1",
+        )
+        .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    assert!(r["notice"].is_null(), "{r}");
+    assert_eq!(r["session"]["names"], json!(["f", "x"]), "{r}");
+
+    // Past the bound: the run is answered, its file stored, and the session ended.
+    let r = s
+        .session_run(&id, "open('data.bin', 'wb').write(b'd' * (10 << 20))")
+        .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    let notice = r["notice"].as_str().unwrap_or_default();
+    assert!(
+        notice.contains("over the 8 MiB") && notice.contains("sessions.max_workspace_mb"),
+        "{r}"
+    );
+    assert!(notice.contains("Start a new session"), "{r}");
+    let data = r["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == "data.bin")
+        .unwrap_or_else(|| panic!("data.bin not stored: {r}"));
+    let stored = download_bytes(&s, data["file_id"].as_str().unwrap()).await;
+    assert_eq!(stored.len(), 10 << 20);
+    let (status, body) = s
+        .post(
+            &format!("/v1/sessions/{id}/execute"),
+            &json!({"code": "print(x)"}),
+        )
+        .await;
+    assert_eq!(status, 410, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("sessions.max_workspace_mb"),
+        "{body}"
+    );
+    // A new session works.
+    let id = s.new_session().await;
+    assert_eq!(s.session_run(&id, "print(2)").await["stdout"], "2\n");
 }

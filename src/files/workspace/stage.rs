@@ -14,6 +14,7 @@ use nix::unistd::UnlinkatFlags;
 
 use super::MAX_PATH_BYTES;
 use super::beneath::{MAX_DEPTH, Root, list, open_dir_at};
+use super::footprint::Footprint;
 use crate::files::{FileStore, StoreError};
 
 /// A stored file to place in the workspace at a normalised relative `path`.
@@ -32,6 +33,16 @@ pub struct Staged {
     /// Entries that are never stored (links, fifos, names that are not UTF-8), so a
     /// session reports each as skipped once, and again only when it is replaced.
     pub(super) others: HashMap<String, Fingerprint>,
+    /// What the workspace takes, when this is a [`snapshot`] that could read it.
+    pub(super) footprint: Option<Footprint>,
+}
+
+impl Staged {
+    /// What the workspace took when this snapshot was taken; `None` for staged inputs, or
+    /// a workspace that could not be opened.
+    pub fn footprint(&self) -> Option<Footprint> {
+        self.footprint
+    }
 }
 
 /// Enough of a file's status to notice any write: a write or `utime` changes ctime, which
@@ -284,6 +295,7 @@ pub async fn snapshot(workspace: &Path, max_entries: usize) -> Staged {
     };
     tokio::task::spawn_blocking(move || {
         let mut staged = Staged::default();
+        let mut footprint = Footprint::default();
         let mut seen = 0usize;
         // As the scan goes: each directory opened from its parent's descriptor, no deeper
         // than it looks, names that are not UTF-8 kept apart and not descended.
@@ -291,14 +303,21 @@ pub async fn snapshot(workspace: &Path, max_entries: usize) -> Staged {
         while let Some((prefix, dir)) = pending.pop() {
             let left = max_entries.saturating_sub(seen).saturating_add(1);
             let Ok(entries) = list(&dir, left) else {
+                footprint.whole = false;
                 continue;
             };
             for (name, meta) in entries {
                 seen += 1;
                 if seen > max_entries {
+                    footprint.whole = false;
+                    staged.footprint = Some(footprint);
                     return staged;
                 }
-                let Ok(meta) = meta else { continue };
+                let Ok(meta) = meta else {
+                    footprint.whole = false;
+                    continue;
+                };
+                footprint.add(&meta);
                 let Some(utf8) = name.to_str() else {
                     staged
                         .others
@@ -317,6 +336,8 @@ pub async fn snapshot(workspace: &Path, max_entries: usize) -> Staged {
                         && let Ok(fd) = open_dir_at(dir.as_ref(), utf8)
                     {
                         pending.push((rel, Arc::new(fd)));
+                    } else {
+                        footprint.whole = false;
                     }
                 } else if meta.file_type().is_file() {
                     staged.files.insert(rel, Fingerprint::of(&meta));
@@ -325,6 +346,7 @@ pub async fn snapshot(workspace: &Path, max_entries: usize) -> Staged {
                 }
             }
         }
+        staged.footprint = Some(footprint);
         staged
     })
     .await
