@@ -322,7 +322,8 @@ async fn run_in(
         guard.mark_dead(reason.clone());
         let note = format!(
             "The session is gone: {reason}. Its variables are lost and further calls on it get \
-             410; the files its runs wrote were stored (see files). Start a new session and \
+             410; the files its runs wrote were stored, within the limits of what a run may store \
+             (see files and skipped_files). Start a new session and \
              stage only the files it needs, or keep large data in the file store."
         );
         response.stderr.push('\n');
@@ -359,13 +360,15 @@ async fn run_in(
 }
 
 /// Why the session's workspace, as its snapshot after the run measured it, is past its
-/// bound (`sessions.max_workspace_mb`, `workspace.max_entries`), if it is.
+/// bound (`sessions.max_workspace_mb`, `workspace.max_entries`), if it is. The bound is
+/// at most a quarter of the workspace file system, so that one session cannot keep a
+/// small one (a container's) full past its run.
 fn over_bound(state: &SharedState, baseline: &workspace::Staged) -> Option<String> {
+    let footprint = baseline.footprint()?;
     let config = state.config();
-    let max_bytes = config.sessions.max_workspace_mb.saturating_mul(1 << 20);
-    baseline
-        .footprint()?
-        .over(max_bytes, config.workspace.max_entries)
+    let quarter = (state.pool.workspace_usage()).map_or(u64::MAX, |fs| fs.size_bytes / 4);
+    let max_bytes = (config.sessions.max_workspace_mb.saturating_mul(1 << 20)).min(quarter);
+    footprint.over(max_bytes, config.workspace.max_entries)
 }
 
 fn replayed_notice(runs: usize, reason: &str) -> String {

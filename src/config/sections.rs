@@ -162,7 +162,8 @@ pub struct SessionsConfig {
     /// calls' arguments and answers.
     pub replay_max_bytes: usize,
     /// The most a session's workspace may take (bytes allocated, sparse files as what they
-    /// cost), checked after each of its runs: past it (or past `workspace.max_entries`
+    /// cost; at most a quarter of the workspace file system), checked after each of its
+    /// runs: past it (or past `workspace.max_entries`
     /// entries) the session is ended, which frees the space; what its runs wrote is in the
     /// file store already. Without it a session could hold the instance's workspace space
     /// for its whole life (`max_ttl_seconds`).

@@ -59,12 +59,18 @@ async fn a_job_writing_past_the_bound_gets_enospc_and_others_are_told_the_servic
         "{r}"
     );
 
-    // A session that holds most of it: the service says it is nearly full.
-    let id = s.new_session().await;
-    let r = s
-        .session_run(&id, "open('hold.bin', 'wb').write(b'x' * (60 << 20))")
-        .await;
-    assert_eq!(r["verdict"], "ok", "{r}");
+    // Sessions that hold most of it, each within its bound (a quarter of the 64 MiB): the
+    // service says it is nearly full.
+    let mut sessions = Vec::new();
+    for _ in 0..4 {
+        let id = s.new_session().await;
+        let r = s
+            .session_run(&id, "open('hold.bin', 'wb').write(b'x' * (15 << 20))")
+            .await;
+        assert_eq!(r["verdict"], "ok", "{r}");
+        assert!(r["notice"].is_null(), "{r}");
+        sessions.push(id);
+    }
     let health = s.health().await;
     assert_eq!(health["status"], "degraded", "{health}");
     assert_eq!(health["workspace"]["nearly_full"], true, "{health}");
@@ -103,13 +109,15 @@ async fn a_job_writing_past_the_bound_gets_enospc_and_others_are_told_the_servic
     );
 
     // Once the space is given back, the same request works and the service is healthy.
-    let deleted = s
-        .client
-        .delete(format!("{}/v1/sessions/{id}", s.base))
-        .send()
-        .await
-        .unwrap();
-    assert!(deleted.status().is_success(), "{}", deleted.status());
+    for id in sessions {
+        let deleted = s
+            .client
+            .delete(format!("{}/v1/sessions/{id}", s.base))
+            .send()
+            .await
+            .unwrap();
+        assert!(deleted.status().is_success(), "{}", deleted.status());
+    }
     eventually(30, "the workspace no longer nearly full", async || {
         s.health().await["status"] == "ok"
     })
@@ -148,14 +156,14 @@ async fn two_instances_on_one_base_are_bounded_apart_and_a_killed_ones_mount_goe
     // What A holds is A's alone: B's file system stays empty.
     let id = a.new_session().await;
     let r = a
-        .session_run(&id, "open('hold.bin', 'wb').write(b'x' * (20 << 20))")
+        .session_run(&id, "open('hold.bin', 'wb').write(b'x' * (6 << 20))")
         .await;
     assert_eq!(r["verdict"], "ok", "{r}");
     assert!(
         a.health().await["workspace"]["used_bytes"]
             .as_u64()
             .unwrap()
-            >= 20 * MIB
+            >= 6 * MIB
     );
     assert!(
         b.health().await["workspace"]["used_bytes"]
@@ -164,7 +172,7 @@ async fn two_instances_on_one_base_are_bounded_apart_and_a_killed_ones_mount_goe
             < MIB
     );
 
-    // A dies without shutting down: its mount (and the 20 MiB in it) stays...
+    // A dies without shutting down: its mount (and the 6 MiB in it) stays...
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(a.pid() as i32),
         nix::sys::signal::Signal::SIGKILL,
@@ -263,4 +271,28 @@ async fn a_session_whose_workspace_grows_past_its_bound_is_ended_and_its_files_a
     // A new session works.
     let id = s.new_session().await;
     assert_eq!(s.session_run(&id, "print(2)").await["stdout"], "2\n");
+}
+
+#[tokio::test]
+async fn a_session_may_hold_at_most_a_quarter_of_the_instance_bound() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    // sessions.max_workspace_mb (1024) is more than the whole bound: a quarter of it wins.
+    let s = Server::start_with(bounded(40)).await;
+    let id = s.new_session().await;
+    let r = s
+        .session_run(&id, "open('hold.bin', 'wb').write(b'x' * (12 << 20))")
+        .await;
+    assert_eq!(r["verdict"], "ok", "{r}");
+    let notice = r["notice"].as_str().unwrap_or_default();
+    assert!(notice.contains("over the 10 MiB"), "{r}");
+    eventually(30, "the ended session's space given back", async || {
+        s.health().await["workspace"]["used_bytes"]
+            .as_u64()
+            .unwrap()
+            < MIB
+    })
+    .await;
 }

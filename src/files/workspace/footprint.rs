@@ -29,6 +29,19 @@ impl Default for Footprint {
 }
 
 impl Footprint {
+    /// An entry the walk could not read: not whole, unless it was only swapped or removed
+    /// since it was listed (the session's own threads go on between runs), in which case
+    /// what it became is counted where the walk finds it.
+    pub(super) fn unreadable(&mut self, e: &std::io::Error) {
+        let raced = matches!(
+            e.raw_os_error(),
+            Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)
+        );
+        if !raced {
+            self.whole = false;
+        }
+    }
+
     pub(super) fn add(&mut self, meta: &std::fs::Metadata) {
         self.bytes = self.bytes.saturating_add(meta.blocks().saturating_mul(512));
         self.entries += 1;
@@ -46,7 +59,7 @@ impl Footprint {
         } else if self.bytes > max_bytes {
             Some(format!(
                 "its workspace takes {} MiB, over the {} MiB a session's workspace may hold \
-                 (sessions.max_workspace_mb)",
+                 (sessions.max_workspace_mb, at most a quarter of the workspace file system)",
                 mib(self.bytes),
                 mib(max_bytes)
             ))

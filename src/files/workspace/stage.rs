@@ -302,9 +302,12 @@ pub async fn snapshot(workspace: &Path, max_entries: usize) -> Staged {
         let mut pending = vec![(String::new(), Arc::new(top))];
         while let Some((prefix, dir)) = pending.pop() {
             let left = max_entries.saturating_sub(seen).saturating_add(1);
-            let Ok(entries) = list(&dir, left) else {
-                footprint.whole = false;
-                continue;
+            let entries = match list(&dir, left) {
+                Ok(entries) => entries,
+                Err(e) => {
+                    footprint.unreadable(&e);
+                    continue;
+                }
             };
             for (name, meta) in entries {
                 seen += 1;
@@ -313,9 +316,12 @@ pub async fn snapshot(workspace: &Path, max_entries: usize) -> Staged {
                     staged.footprint = Some(footprint);
                     return staged;
                 }
-                let Ok(meta) = meta else {
-                    footprint.whole = false;
-                    continue;
+                let meta = match meta {
+                    Ok(meta) => meta,
+                    Err(e) => {
+                        footprint.unreadable(&e);
+                        continue;
+                    }
                 };
                 footprint.add(&meta);
                 let Some(utf8) = name.to_str() else {
@@ -331,13 +337,13 @@ pub async fn snapshot(workspace: &Path, max_entries: usize) -> Staged {
                 };
                 if meta.file_type().is_dir() {
                     staged.dirs.insert(rel.clone());
-                    if rel.len() <= MAX_PATH_BYTES
-                        && rel.split('/').count() <= MAX_DEPTH
-                        && let Ok(fd) = open_dir_at(dir.as_ref(), utf8)
-                    {
-                        pending.push((rel, Arc::new(fd)));
-                    } else {
+                    if rel.len() > MAX_PATH_BYTES || rel.split('/').count() > MAX_DEPTH {
                         footprint.whole = false;
+                        continue;
+                    }
+                    match open_dir_at(dir.as_ref(), utf8) {
+                        Ok(fd) => pending.push((rel, Arc::new(fd))),
+                        Err(e) => footprint.unreadable(&e),
                     }
                 } else if meta.file_type().is_file() {
                     staged.files.insert(rel, Fingerprint::of(&meta));
