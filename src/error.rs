@@ -359,7 +359,7 @@ impl From<StageError> for ApiError {
             e @ StageError::NotFound { .. } => ApiError::FileNotFound(e.to_string()),
             e @ StageError::Conflict { .. } => ApiError::Validation(e.to_string()),
             e @ StageError::NameTooLong { .. } => ApiError::Validation(e.to_string()),
-            e @ StageError::NoSpace { .. } => ApiError::InsufficientStorage(e.to_string()),
+            e @ StageError::NoSpace { .. } => ApiError::Unavailable(e.to_string()),
             StageError::Store { source, .. } => source.into(),
             e @ StageError::Io { .. } => ApiError::Internal(e.to_string()),
         }

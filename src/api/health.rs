@@ -4,7 +4,10 @@
 //! a zygote is down or workers cannot be started, (`pool.tiers[].start_error`) while a
 //! tier's zygote cannot start, and (`file_store.detail`) while the file store cannot
 //! serve (with `file_store.last_recovery` once a local store's directory had to be
-//! recreated). A tier whose zygote is still preloading is `starting`: not a fault.
+//! recreated), and (`workspace.nearly_full`) while the workspace file system is at least
+//! 90% full ([`crate::pool::bound::NEARLY_FULL_PERCENT`]): staging is about to be refused
+//! and runs to fail writing. `workspace` also says whether it is the service's own bounded
+//! tmpfs, and why not. A tier whose zygote is still preloading is `starting`: not a fault.
 //!
 //! `GET /ready` (for load balancers and Kubernetes probes): 200 when every request is
 //! served correctly without waiting for a zygote: some tier serves (its zygote is up and
@@ -32,10 +35,12 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
     let alive = pool.zygote.as_ref().is_some_and(|z| z.alive);
     let store = state.store_watch.state();
     let no_tier_failed = pool.tiers.iter().all(|t| t.state != TierState::Failed);
+    let workspace = state.pool.workspace_usage();
     let healthy = alive
         && no_tier_failed
         && pool.last_spawn_error.is_none()
-        && !matches!(store, StoreState::Unavailable(_));
+        && !matches!(store, StoreState::Unavailable(_))
+        && !workspace.as_ref().is_some_and(|ws| ws.nearly_full);
     let cpu_budget = state.pool.session_cpu_budget();
     let sandbox: serde_json::Map<String, Value> = zygote
         .sandbox
@@ -66,6 +71,7 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
         },
         "generation": state.generation(),
         "file_store": file_store(&state, store),
+        "workspace": workspace,
         "sandbox": sandbox,
     }))
 }

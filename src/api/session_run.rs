@@ -275,6 +275,7 @@ async fn run_in(
     )
     .await;
     guard.baseline = workspace::snapshot(&ws, state.config().workspace.max_entries).await;
+    let over_bound = over_bound(&state, &guard.baseline);
     // The service is going: a replay session's history goes with it.
     let shutting_down = ran.outcome.zygote_end == Some(ZygoteEnd::ShutDown);
     let mut response = ExecuteResponse::from(ran.outcome);
@@ -299,6 +300,8 @@ async fn run_in(
     }
     let lost = match ran.lost {
         Some(reason) => Some(reason),
+        // Ended below, for good: neither journalled nor listed.
+        None if over_bound.is_some() => None,
         None => {
             if let (true, Some(job), Some(journal)) = (succeeded, &kept, guard.journal.as_mut()) {
                 let recorded = recorder.map(|r| r.take());
@@ -314,7 +317,22 @@ async fn run_in(
             }
         }
     };
-    if let Some(reason) = lost {
+    if let Some(reason) = over_bound {
+        tracing::warn!(session = %id, %reason, "session ended: its workspace is over its bound");
+        // Not replayed: replaying its runs would write the same files again.
+        let reason = format!("it was ended because {reason}");
+        state.sessions.lose(&id, reason.clone());
+        guard.mark_dead(reason.clone());
+        let note = format!(
+            "The session is gone: {reason}. Its variables are lost and further calls on it get \
+             410; the files its runs wrote were stored, within the limits of what a run may store \
+             (see files and skipped_files). Start a new session and \
+             stage only the files it needs, or keep large data in the file store."
+        );
+        response.stderr.push('\n');
+        response.stderr.push_str(&note);
+        notices.push(note);
+    } else if let Some(reason) = lost {
         tracing::warn!(session = %id, %reason, "session worker lost");
         let note = if !shutting_down && guard.mark_lost(reason.clone()) {
             let runs = guard.journal.as_ref().map_or(0, |j| j.runs());
@@ -342,6 +360,18 @@ async fn run_in(
         response.notice = Some(notices.join(" "));
     }
     Ok(Some(response))
+}
+
+/// Why the session's workspace, as its snapshot after the run measured it, is past its
+/// bound (`sessions.max_workspace_mb`, `workspace.max_entries`), if it is. The bound is
+/// at most a quarter of the workspace file system, so that one session cannot keep a
+/// small one (a container's) full past its run.
+fn over_bound(state: &SharedState, baseline: &workspace::Staged) -> Option<String> {
+    let footprint = baseline.footprint()?;
+    let config = state.config();
+    let quarter = (state.pool.workspace_usage()).map_or(u64::MAX, |fs| fs.size_bytes / 4);
+    let max_bytes = (config.sessions.max_workspace_mb.saturating_mul(1 << 20)).min(quarter);
+    footprint.over(max_bytes, config.workspace.max_entries)
 }
 
 fn replayed_notice(runs: usize, reason: &str) -> String {

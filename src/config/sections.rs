@@ -146,6 +146,16 @@ pub struct WorkspaceConfig {
     pub max_total_mb: u64,
     /// The most workspace entries (files and directories) looked at after a run.
     pub max_entries: usize,
+    /// Mount a tmpfs of the service's own over its workspace root at start, bounding all
+    /// its workspaces together (needs CAP_SYS_ADMIN; without it the workspaces share the
+    /// base directory's file system and `/health` says why).
+    pub mount: bool,
+    /// That tmpfs's size; 0: a quarter of RAM, at most the size of the file system `dir`
+    /// is on.
+    pub size_mb: u64,
+    /// That tmpfs's inodes (files and directories of all workspaces); 0: one per 32 KiB
+    /// of its size.
+    pub max_inodes: u64,
 }
 
 /// Stateful Python sessions (`/v1/sessions`).
@@ -168,6 +178,13 @@ pub struct SessionsConfig {
     /// The same bound on the bytes those runs hold: code (and stdin, args), and their tool
     /// calls' arguments and answers.
     pub replay_max_bytes: usize,
+    /// The most a session's workspace may take (bytes allocated, sparse files as what they
+    /// cost; at most a quarter of the workspace file system), checked after each of its
+    /// runs: past it (or past `workspace.max_entries`
+    /// entries) the session is ended, which frees the space; what its runs wrote is in the
+    /// file store already. Without it a session could hold the instance's workspace space
+    /// for its whole life (`max_ttl_seconds`).
+    pub max_workspace_mb: u64,
 }
 
 /// The isolation layers (SECURITY.md describes each one).
@@ -306,6 +323,7 @@ impl Default for SessionsConfig {
             interrupt_grace_ms: 2_000,
             replay_max_runs: 200,
             replay_max_bytes: 1 << 20,
+            max_workspace_mb: 1024,
         }
     }
 }
@@ -339,6 +357,9 @@ impl Default for WorkspaceConfig {
             dir: None,
             max_total_mb: 500,
             max_entries: 10_000,
+            mount: true,
+            size_mb: 0,
+            max_inodes: 0,
         }
     }
 }

@@ -1,9 +1,12 @@
 //! The gauges the alerts need to say the service is healthy: ready or not, each sandbox
-//! layer active or not, and the file store's quota. Read when scraped, like the other
+//! layer active or not, the file store's quota, and the workspace file system's bound and
+//! usage. Read when scraped, like the other
 //! state gauges, from what `/ready` and `/health` report.
 
 use prometheus::{IntGauge, IntGaugeVec};
 use snakecage_worker::protocol::{Layer, LayerReport, LayerState};
+
+use crate::pool::WorkspaceUsage;
 
 use super::Registrar;
 use super::names::{self, label};
@@ -20,6 +23,9 @@ pub struct HealthReport<'a> {
     pub sandbox: &'a [LayerReport],
     /// The file store's quota (`files.quota_mb`); `None`: no quota.
     pub files_quota_bytes: Option<u64>,
+    /// The workspace file system now; `None`: it could not be read (the gauges keep
+    /// their last values).
+    pub workspace: Option<WorkspaceUsage>,
 }
 
 pub(super) struct HealthGauges {
@@ -27,6 +33,11 @@ pub(super) struct HealthGauges {
     file_store_available: IntGauge,
     sandbox_layer_active: IntGaugeVec,
     files_quota_bytes: IntGauge,
+    workspace_bounded: IntGauge,
+    workspace_size_bytes: IntGauge,
+    workspace_used_bytes: IntGauge,
+    workspace_inodes: IntGauge,
+    workspace_used_inodes: IntGauge,
 }
 
 impl HealthGauges {
@@ -48,6 +59,26 @@ impl HealthGauges {
             files_quota_bytes: reg.gauge(
                 names::FILES_QUOTA_BYTES,
                 "The file store's quota (files.quota_mb) in bytes; 0: no quota.",
+            ),
+            workspace_bounded: reg.gauge(
+                names::WORKSPACE_BOUNDED,
+                "1 while the workspaces are on the service's own bounded tmpfs, 0 while they share the base file system (GET /health says why).",
+            ),
+            workspace_size_bytes: reg.gauge(
+                names::WORKSPACE_SIZE_BYTES,
+                "Size of the file system holding the workspaces (the bound, workspace.size_mb, when bounded).",
+            ),
+            workspace_used_bytes: reg.gauge(
+                names::WORKSPACE_USED_BYTES,
+                "Bytes used on the file system holding the workspaces.",
+            ),
+            workspace_inodes: reg.gauge(
+                names::WORKSPACE_INODES,
+                "Inodes of the file system holding the workspaces (workspace.max_inodes when bounded).",
+            ),
+            workspace_used_inodes: reg.gauge(
+                names::WORKSPACE_USED_INODES,
+                "Inodes used on the file system holding the workspaces.",
             ),
         };
         // Every layer starts at 0 (not active) until a zygote has said otherwise.
@@ -75,6 +106,15 @@ impl HealthGauges {
         let quota = report.files_quota_bytes.unwrap_or(0);
         self.files_quota_bytes
             .set(quota.try_into().unwrap_or(i64::MAX));
+        if let Some(ws) = &report.workspace {
+            let set =
+                |gauge: &IntGauge, value: u64| gauge.set(value.try_into().unwrap_or(i64::MAX));
+            self.workspace_bounded.set(i64::from(ws.bounded));
+            set(&self.workspace_size_bytes, ws.size_bytes);
+            set(&self.workspace_used_bytes, ws.used_bytes);
+            set(&self.workspace_inodes, ws.inodes);
+            set(&self.workspace_used_inodes, ws.inodes_used);
+        }
     }
 }
 
@@ -115,6 +155,15 @@ mod tests {
             file_store_available: true,
             sandbox: &sandbox,
             files_quota_bytes: Some(5 << 20),
+            workspace: Some(WorkspaceUsage {
+                bounded: true,
+                unbounded_because: None,
+                size_bytes: 100 << 20,
+                used_bytes: 95 << 20,
+                inodes: 4096,
+                inodes_used: 12,
+                nearly_full: true,
+            }),
         });
         let text = m.encode();
         assert!(text.contains("snakecage_ready 1"), "{text}");
@@ -131,6 +180,15 @@ mod tests {
             text.contains("snakecage_files_quota_bytes 5242880"),
             "{text}"
         );
+        for series in [
+            "snakecage_workspace_bounded 1",
+            "snakecage_workspace_size_bytes 104857600",
+            "snakecage_workspace_used_bytes 99614720",
+            "snakecage_workspace_inodes 4096",
+            "snakecage_workspace_used_inodes 12",
+        ] {
+            assert!(text.contains(series), "{series} missing:\n{text}");
+        }
     }
 
     #[test]
@@ -142,6 +200,7 @@ mod tests {
             file_store_available: true,
             sandbox: &active,
             files_quota_bytes: Some(1),
+            workspace: None,
         });
         // A restarted zygote that could not set the layer up again.
         let lost = [report(Layer::Seccomp, LayerState::Unavailable)];
@@ -150,6 +209,7 @@ mod tests {
             file_store_available: false,
             sandbox: &lost,
             files_quota_bytes: None,
+            workspace: None,
         });
         let text = m.encode();
         assert!(

@@ -74,6 +74,17 @@ pub const FILES_STORED_BYTES: &str = "snakecage_files_stored_bytes";
 /// The file store's quota (`files.quota_mb`) in bytes; 0 when there is none.
 pub const FILES_QUOTA_BYTES: &str = "snakecage_files_quota_bytes";
 
+/// 1 while the workspaces are on the service's own bounded tmpfs (`workspace.mount`),
+/// 0 while they share the base directory's file system (`/health` says why).
+pub const WORKSPACE_BOUNDED: &str = "snakecage_workspace_bounded";
+/// The size of the file system holding the workspaces (the bound, when bounded).
+pub const WORKSPACE_SIZE_BYTES: &str = "snakecage_workspace_size_bytes";
+/// The bytes all workspaces take on it now (for an unbounded one: everything on it).
+pub const WORKSPACE_USED_BYTES: &str = "snakecage_workspace_used_bytes";
+/// Its inodes (`workspace.max_inodes`, when bounded).
+pub const WORKSPACE_INODES: &str = "snakecage_workspace_inodes";
+/// The inodes used on it now.
+pub const WORKSPACE_USED_INODES: &str = "snakecage_workspace_used_inodes";
 /// 1 while `/ready` answers 200, else 0 (no worker yet, zygote down, shutting down).
 pub const READY: &str = "snakecage_ready";
 /// 0 while the file store's last background check failed (`/health` says why), else 1.
@@ -136,7 +147,7 @@ pub mod label {
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
 /// Every metric family name, for checks that nothing refers to a name that does not exist.
-pub const ALL: [&str; 44] = [
+pub const ALL: [&str; 49] = [
     TOOL_CALLS_TOTAL,
     TOOL_CALL_DURATION_SECONDS,
     EXECUTIONS_TOTAL,
@@ -168,6 +179,11 @@ pub const ALL: [&str; 44] = [
     FILES_STORED,
     FILES_STORED_BYTES,
     FILES_QUOTA_BYTES,
+    WORKSPACE_BOUNDED,
+    WORKSPACE_SIZE_BYTES,
+    WORKSPACE_USED_BYTES,
+    WORKSPACE_INODES,
+    WORKSPACE_USED_INODES,
     READY,
     FILE_STORE_AVAILABLE,
     SANDBOX_LAYER_ACTIVE,

@@ -17,6 +17,7 @@
 //!   queue; `refill`: forking ahead of demand; `keeper`: starting and restarting zygotes;
 //!   `fd`: pipes and fds on the supervisor's side.
 //! - [`root`]: the workspace root this instance owns (locked), recreated if it vanishes.
+//! - [`bound`]: the instance's own tmpfs under it, bounding all its workspaces together.
 //! - [`toolcalls`]: tool calls answered while a job runs (Code Mode);
 //!   [`cancel_cause`]: why a pending call was cancelled, said as it is.
 //! - [`generation`]: the generations (one zygote per tier each), the current one, the
@@ -63,6 +64,7 @@
 //! may hold at most `size − 1` slots (1 when `size` is 1), so stateless traffic always has
 //! a slot to flow through however many sessions are busy.
 
+pub mod bound;
 pub mod cancel_cause;
 pub mod capture;
 pub mod checkout;
@@ -102,6 +104,7 @@ use snakecage_worker::protocol::{Job, Layer, ZygoteInfo};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+pub use self::bound::{BoundSettings, WorkspaceUsage};
 use self::checkout::{AbandonGuard, BusyGuard};
 pub use self::checkout::{Checkout, Finished, NoStaging, SessionSlot, Stager};
 use self::cpu_budget::{CpuBudget, Enforcement};
@@ -129,8 +132,11 @@ pub struct PoolSettings {
     pub queue_timeout: Duration,
     pub spawn_timeout: Duration,
     pub worker_binary: PathBuf,
-    /// Parent of the per-worker workspaces; created at start, removed at shutdown.
+    /// The instance's workspace root (`<base>/workspaces-<pid>`), claimed at start (the
+    /// workspaces are made in its `mount` directory from then on), removed at shutdown.
     pub workspace_root: PathBuf,
+    /// The tmpfs bounding every workspace of the instance.
+    pub bound: BoundSettings,
     /// The tiers, lightest first; at least one.
     pub tiers: Vec<TierSettings>,
     /// The index in `tiers` of the tier sessions start on.
@@ -197,6 +203,12 @@ impl Pool {
     /// which alone describes them.
     pub fn zygote_info(&self) -> ZygoteInfo {
         self.inner.generations.current().zygote_info()
+    }
+
+    /// The workspace file system's bound and usage now (`/health`, the metrics); `None`
+    /// when it cannot be read (the root removed under us: recreated at the next spawn).
+    pub fn workspace_usage(&self) -> Option<WorkspaceUsage> {
+        self.inner.root.usage().ok()
     }
 
     /// Who enforces the CPU-time budget of each run of a new session's worker (`/health`).

@@ -29,13 +29,14 @@ impl Pool {
         mut settings: PoolSettings,
         events: Arc<dyn PoolEvents>,
     ) -> Result<Self, PoolError> {
-        let root = WorkspaceRoot::claim(&settings.workspace_root).map_err(|source| {
-            PoolError::WorkspaceRoot {
-                path: settings.workspace_root.clone(),
-                source,
-            }
-        })?;
-        settings.workspace_root = root.path().to_path_buf();
+        let root =
+            WorkspaceRoot::claim(&settings.workspace_root, &settings.bound).map_err(|source| {
+                PoolError::WorkspaceRoot {
+                    path: settings.workspace_root.clone(),
+                    source,
+                }
+            })?;
+        settings.workspace_root = root.workspaces();
         let first = Arc::new(Generation::starting(settings.clone(), 1, settings.size));
         let shutdown = CancellationToken::new();
         let inner = Arc::new(Inner {

@@ -18,7 +18,7 @@ use crate::files::s3::S3StoreSettings;
 use crate::files::{LocalStore, S3Store, SharedStore, StoreError};
 use crate::metrics::Metrics;
 use crate::pool::cpu_budget::Enforcement;
-use crate::pool::{PoolSettings, TierSettings};
+use crate::pool::{BoundSettings, PoolSettings, TierSettings};
 use crate::sessions::SessionSettings;
 
 /// The configured keys, and whether the service may listen where it does with them: beyond
@@ -117,6 +117,12 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
         spawn_timeout: Duration::from_millis(config.pool.spawn_timeout_ms),
         worker_binary: config.worker_binary(),
         workspace_root: config.workspace_root(),
+        bound: BoundSettings {
+            mount: config.workspace.mount,
+            size_bytes: (config.workspace.size_mb > 0)
+                .then_some(config.workspace.size_mb.saturating_mul(1 << 20)),
+            inodes: (config.workspace.max_inodes > 0).then_some(config.workspace.max_inodes),
+        },
         tiers,
         session_tier: config.tiers.session_tier(),
         min_idle: config.tiers.min_idle,

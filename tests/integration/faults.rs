@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 
 use crate::files::{download_bytes, upload};
 use crate::harness::{Options, Server, descendants_of, process_exists};
-use crate::reliability::{eventually, workspace_root};
+use crate::reliability::{detach_workspaces, eventually, workspace_root};
 
 /// What happened to the requests of one fault, as RELIABILITY.md reports it.
 #[derive(Debug, Default)]
@@ -253,6 +253,7 @@ async fn the_workspace_root_deleted_under_a_running_service_is_recreated() {
             let (mut deletions, mut recovery) = (0, Duration::ZERO);
             while deleting.load(Ordering::Relaxed) && deletions < 5 {
                 tokio::time::sleep(Duration::from_millis(300)).await;
+                detach_workspaces(&root);
                 if std::fs::remove_dir_all(&root).is_err() {
                     continue;
                 }
@@ -287,6 +288,7 @@ async fn the_workspace_root_deleted_under_a_running_service_is_recreated() {
     assert_eq!(after.count("ok"), 20, "{:?}", after.outcomes);
     assert!(root.join(".lock").is_file(), "the root was not re-claimed");
     // A session started right after a deletion gets a worker with a workspace.
+    detach_workspaces(&root);
     std::fs::remove_dir_all(&root).unwrap();
     let (status, created) = s.post("/v1/sessions", &json!({})).await;
     assert_eq!(status, 201, "{created}");

@@ -78,4 +78,5 @@ mod tools_mcp_limits;
 mod tools_mcp_reconnect;
 mod unencodable;
 mod upload_names;
+mod workspace_bound;
 mod zygote_death;

@@ -201,6 +201,21 @@ pub fn workspace_root(s: &Server) -> std::path::PathBuf {
     s.state_dir().join(format!("workspaces-{}", s.pid()))
 }
 
+/// The directory its workspaces are made in: the root's `mount` (the instance's tmpfs).
+pub fn workspaces_dir(s: &Server) -> std::path::PathBuf {
+    workspace_root(s).join("mount")
+}
+
+/// Detaches the instance's tmpfs from `root`, as a test that removes the root must first
+/// (a mount point cannot be removed); nothing where none is mounted.
+pub fn detach_workspaces(root: &std::path::Path) {
+    let _ = std::process::Command::new("umount")
+        .arg("-l")
+        .arg(root.join("mount"))
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
 #[tokio::test]
 async fn while_workers_cannot_start_health_says_so_requests_get_503_and_it_recovers() {
     let s = Server::start().await;
@@ -208,6 +223,7 @@ async fn while_workers_cannot_start_health_says_so_requests_get_503_and_it_recov
     let root = workspace_root(&s);
     assert!(root.is_dir(), "{}", root.display());
     // A file where the workspace root was: no workspace can be made until it goes.
+    detach_workspaces(&root);
     std::fs::remove_dir_all(&root).unwrap();
     std::fs::write(&root, "in the way").unwrap();
 
@@ -260,6 +276,16 @@ async fn while_workers_cannot_start_health_says_so_requests_get_503_and_it_recov
     let health = s.health().await;
     assert_eq!(health["status"], "ok", "{health}");
     assert!(health["last_spawn_error"].is_null(), "{health}");
+    // Recreated as a plain directory (the zygotes' namespaces would not see a new mount),
+    // which health tells.
+    assert_eq!(health["workspace"]["bounded"], false, "{health}");
+    assert!(
+        health["workspace"]["unbounded_because"]
+            .as_str()
+            .unwrap()
+            .contains("restart the service"),
+        "{health}"
+    );
 }
 
 /// A second instance in another PID namespace (as in a container) sharing the workspace
@@ -334,7 +360,7 @@ async fn a_second_instance_in_another_pid_namespace_leaves_the_first_alone() {
 #[tokio::test]
 async fn every_finished_jobs_workspace_is_removed_and_what_it_left_is_reported() {
     let s = Server::start().await;
-    let root = workspace_root(&s);
+    let root = workspaces_dir(&s);
     let jobs = [
         ("print(1)", vec![]),
         (
@@ -366,7 +392,7 @@ async fn every_finished_jobs_workspace_is_removed_and_what_it_left_is_reported()
         let health = s.health().await;
         let pool = &health["pool"];
         let unused = pool["idle"].as_u64().unwrap() + pool["spawning"].as_u64().unwrap();
-        // The root also holds the instance's lock file.
+        // Only the workspaces are in it (the instance's lock file is beside it).
         let left: Vec<_> = std::fs::read_dir(&root)
             .unwrap()
             .flatten()

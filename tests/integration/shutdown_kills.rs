@@ -10,7 +10,7 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 
 use crate::harness::{Options, Server};
-use crate::reliability::{eventually, workspace_root};
+use crate::reliability::{eventually, workspaces_dir};
 
 /// What every run below writes in its workspace once it has printed: the moment to stop.
 const MARKER: &str = "started.txt";
@@ -26,7 +26,7 @@ fn long_run() -> Value {
 
 /// How many workspaces hold [`MARKER`].
 fn started(s: &Server) -> usize {
-    std::fs::read_dir(workspace_root(s))
+    std::fs::read_dir(workspaces_dir(s))
         .into_iter()
         .flatten()
         .flatten()

@@ -14,7 +14,7 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 
 use crate::harness::Server;
-use crate::reliability::{eventually, workspace_root};
+use crate::reliability::{eventually, workspaces_dir};
 use crate::tools::server_with_tools;
 
 /// What every job below writes in its workspace once it runs: the moment to kill.
@@ -53,7 +53,7 @@ async fn run_with_timeout_while_its_zygote_dies(
 
 /// Waits until a job has created [`MARKER`] in its workspace; returns the workspace.
 pub async fn job_started(s: &Server) -> PathBuf {
-    let root = workspace_root(s);
+    let root = workspaces_dir(s);
     let found = || {
         std::fs::read_dir(&root)
             .into_iter()

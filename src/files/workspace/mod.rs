@@ -9,12 +9,15 @@
 //! - [`paths`]: the paths a request names, checked and normalised.
 //! - [`stage`]: stored files into the workspace before the run.
 //! - [`collect`]: new and changed files out of it after the run.
+//! - [`footprint`]: the space a session's workspace takes, for its bound.
 
 mod beneath;
 mod collect;
+mod footprint;
 mod paths;
 mod stage;
 
 pub use collect::{CollectLimits, Collected, EntryKind, SkippedFile, WorkspaceFile, collect};
+pub use footprint::Footprint;
 pub use paths::{MAX_PATH_BYTES, NAME_MAX, RESERVED_NAME, normalize_path, shown};
 pub use stage::{StageError, StageInput, Staged, snapshot, stage};

@@ -14,6 +14,7 @@ use nix::unistd::UnlinkatFlags;
 
 use super::MAX_PATH_BYTES;
 use super::beneath::{MAX_DEPTH, Root, list, open_dir_at};
+use super::footprint::Footprint;
 use crate::files::{FileStore, StoreError};
 
 /// A stored file to place in the workspace at a normalised relative `path`.
@@ -32,6 +33,16 @@ pub struct Staged {
     /// Entries that are never stored (links, fifos, names that are not UTF-8), so a
     /// session reports each as skipped once, and again only when it is replaced.
     pub(super) others: HashMap<String, Fingerprint>,
+    /// What the workspace takes, when this is a [`snapshot`] that could read it.
+    pub(super) footprint: Option<Footprint>,
+}
+
+impl Staged {
+    /// What the workspace took when this snapshot was taken; `None` for staged inputs, or
+    /// a workspace that could not be opened.
+    pub fn footprint(&self) -> Option<Footprint> {
+        self.footprint
+    }
 }
 
 /// Enough of a file's status to notice any write: a write or `utime` changes ctime, which
@@ -70,9 +81,11 @@ pub enum StageError {
         super::shown(path)
     )]
     NameTooLong { path: String },
-    /// The workspace's file system is full (ENOSPC, EDQUOT).
+    /// The file system all of the service's workspaces share is full (ENOSPC, EDQUOT):
+    /// a condition of the service, not of the caller's request, which frees itself as the
+    /// running jobs end.
     #[error(
-        "cannot stage file at {}: the workspace has no space left for the staged files",
+        "cannot stage file at {}: the service's workspace space is exhausted (shared by all running jobs and sessions, freed as they end); retry later",
         super::shown(path)
     )]
     NoSpace { path: String },
@@ -282,21 +295,35 @@ pub async fn snapshot(workspace: &Path, max_entries: usize) -> Staged {
     };
     tokio::task::spawn_blocking(move || {
         let mut staged = Staged::default();
+        let mut footprint = Footprint::default();
         let mut seen = 0usize;
         // As the scan goes: each directory opened from its parent's descriptor, no deeper
         // than it looks, names that are not UTF-8 kept apart and not descended.
         let mut pending = vec![(String::new(), Arc::new(top))];
         while let Some((prefix, dir)) = pending.pop() {
             let left = max_entries.saturating_sub(seen).saturating_add(1);
-            let Ok(entries) = list(&dir, left) else {
-                continue;
+            let entries = match list(&dir, left) {
+                Ok(entries) => entries,
+                Err(e) => {
+                    footprint.unreadable(&e);
+                    continue;
+                }
             };
             for (name, meta) in entries {
                 seen += 1;
                 if seen > max_entries {
+                    footprint.whole = false;
+                    staged.footprint = Some(footprint);
                     return staged;
                 }
-                let Ok(meta) = meta else { continue };
+                let meta = match meta {
+                    Ok(meta) => meta,
+                    Err(e) => {
+                        footprint.unreadable(&e);
+                        continue;
+                    }
+                };
+                footprint.add(&meta);
                 let Some(utf8) = name.to_str() else {
                     staged
                         .others
@@ -310,11 +337,13 @@ pub async fn snapshot(workspace: &Path, max_entries: usize) -> Staged {
                 };
                 if meta.file_type().is_dir() {
                     staged.dirs.insert(rel.clone());
-                    if rel.len() <= MAX_PATH_BYTES
-                        && rel.split('/').count() <= MAX_DEPTH
-                        && let Ok(fd) = open_dir_at(dir.as_ref(), utf8)
-                    {
-                        pending.push((rel, Arc::new(fd)));
+                    if rel.len() > MAX_PATH_BYTES || rel.split('/').count() > MAX_DEPTH {
+                        footprint.whole = false;
+                        continue;
+                    }
+                    match open_dir_at(dir.as_ref(), utf8) {
+                        Ok(fd) => pending.push((rel, Arc::new(fd))),
+                        Err(e) => footprint.unreadable(&e),
                     }
                 } else if meta.file_type().is_file() {
                     staged.files.insert(rel, Fingerprint::of(&meta));
@@ -323,6 +352,7 @@ pub async fn snapshot(workspace: &Path, max_entries: usize) -> Staged {
                 }
             }
         }
+        staged.footprint = Some(footprint);
         staged
     })
     .await

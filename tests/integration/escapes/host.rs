@@ -97,7 +97,11 @@ pub(super) fn plant_secrets_in_workspaces(state_dir: &Path) -> usize {
         {
             continue;
         }
-        for ws in std::fs::read_dir(root.path()).unwrap().flatten() {
+        // The workspaces are in the root's `mount` directory (the instance's tmpfs).
+        for ws in std::fs::read_dir(root.path().join("mount"))
+            .unwrap()
+            .flatten()
+        {
             if std::fs::write(ws.path().join("secret.txt"), "other tenant\n").is_ok() {
                 planted += 1;
             }
