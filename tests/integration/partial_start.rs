@@ -116,6 +116,27 @@ async fn checkouts_during<F: Future<Output = Value>>(
     (value, moved)
 }
 
+/// Runs [`PANDAS_JOB`] (routed to `gated`) and checks that it ran, on tier `tier`.
+async fn pandas_job_runs_on(s: &Server, tier: &str) {
+    let (r, moved) = checkouts_during(
+        s,
+        s.run_with(json!({ "code": PANDAS_JOB, "timeout_ms": 60_000 })),
+    )
+    .await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout"], "6\n", "{r}");
+    assert_eq!(moved, [pair(tier, "gated")]);
+}
+
+/// A preloaded module that kills its zygote, saying `words` on stderr, while the gate is
+/// shut.
+fn dies_while_the_gate_is_shut(module: &str, words: &str) -> String {
+    format!(
+        "import os, sys\nif not os.path.exists(GATE):\n    \
+         sys.stderr.write('{module}: {words}\\n')\n    sys.stderr.flush()\n    os._exit(3)\n"
+    )
+}
+
 fn pair(tier: &str, routed: &str) -> (String, String) {
     (tier.to_owned(), routed.to_owned())
 }
@@ -150,14 +171,7 @@ async fn a_job_routed_to_a_tier_still_starting_runs_on_one_that_serves() {
     assert_eq!(state("bare", "serving"), 1.0);
 
     // A job whose imports pick the gated tier runs on bare, which imports pandas itself.
-    let (r, moved) = checkouts_during(
-        &s,
-        s.run_with(json!({ "code": PANDAS_JOB, "timeout_ms": 60_000 })),
-    )
-    .await;
-    assert_eq!(r["exit_code"], 0, "{r}");
-    assert_eq!(r["stdout"], "6\n", "{r}");
-    assert_eq!(moved, [pair("bare", "gated")]);
+    pandas_job_runs_on(&s, "bare").await;
 
     // So does a session (its tier, the fullest, is the gated one), and it keeps its worker
     // once the gated tier is up: it lives on the lighter tier.
@@ -175,13 +189,7 @@ async fn a_job_routed_to_a_tier_still_starting_runs_on_one_that_serves() {
         tier(h, "gated")["state"] == "serving" && tier(h, "gated")["idle"].as_u64() >= Some(1)
     })
     .await;
-    let (r, moved) = checkouts_during(
-        &s,
-        s.run_with(json!({ "code": PANDAS_JOB, "timeout_ms": 60_000 })),
-    )
-    .await;
-    assert_eq!(r["stdout"], "6\n", "{r}");
-    assert_eq!(moved, [pair("gated", "gated")]);
+    pandas_job_runs_on(&s, "gated").await;
     let r = s.session_run(&id, "print(int(s.sum()))").await;
     assert_eq!(r["stdout"], "3\n", "{r}");
     let scrape = s.scrape().await;
@@ -201,9 +209,7 @@ async fn a_fuller_tier_that_cannot_start_degrades_the_service_which_serves_and_r
     let (config, options, gate) = gated_config(
         dir.path(),
         "snakecage_broken_model",
-        "import os, sys\nif not os.path.exists(GATE):\n    \
-         sys.stderr.write('snakecage_broken_model: le modèle est introuvable\\n')\n    \
-         sys.stderr.flush()\n    os._exit(3)\n",
+        &dies_while_the_gate_is_shut("snakecage_broken_model", "le modèle est introuvable"),
     );
     let s = crate::rollover::start(&config, options).await;
 
@@ -232,13 +238,7 @@ async fn a_fuller_tier_that_cannot_start_degrades_the_service_which_serves_and_r
     );
     // Every request is still served correctly: ready, and its jobs run on bare.
     wait_until_ready(&s).await;
-    let (r, moved) = checkouts_during(
-        &s,
-        s.run_with(json!({ "code": PANDAS_JOB, "timeout_ms": 60_000 })),
-    )
-    .await;
-    assert_eq!(r["stdout"], "6\n", "{r}");
-    assert_eq!(moved, [pair("bare", "gated")]);
+    pandas_job_runs_on(&s, "bare").await;
 
     // The cause goes away: a retry brings the tier up, and the service is healthy again.
     std::fs::write(&gate, "").unwrap();
@@ -263,9 +263,7 @@ async fn a_fuller_tier_whose_zygote_dies_and_cannot_restart_leaves_the_service_r
     let (config, options, gate) = gated_config(
         dir.path(),
         "snakecage_flaky_model",
-        "import os, sys\nif not os.path.exists(GATE):\n    \
-         sys.stderr.write('snakecage_flaky_model: le modèle a disparu\\n')\n    \
-         sys.stderr.flush()\n    os._exit(3)\n",
+        &dies_while_the_gate_is_shut("snakecage_flaky_model", "le modèle a disparu"),
     );
     std::fs::write(&gate, "").unwrap();
     let s = crate::rollover::start(&config, options).await;
@@ -297,13 +295,7 @@ async fn a_fuller_tier_whose_zygote_dies_and_cannot_restart_leaves_the_service_r
     let (status, _, body) = s.get("/ready").await;
     assert_eq!((status, body.as_str()), (200, r#"{"status":"ready"}"#));
     assert_eq!(health["ready"], true, "{health}");
-    let (r, moved) = checkouts_during(
-        &s,
-        s.run_with(json!({ "code": PANDAS_JOB, "timeout_ms": 60_000 })),
-    )
-    .await;
-    assert_eq!(r["stdout"], "6\n", "{r}");
-    assert_eq!(moved, [pair("bare", "gated")]);
+    pandas_job_runs_on(&s, "bare").await;
 
     // The cause goes away: a retry brings the tier back, and its jobs go to it again.
     std::fs::write(&gate, "").unwrap();
@@ -318,11 +310,5 @@ async fn a_fuller_tier_whose_zygote_dies_and_cannot_restart_leaves_the_service_r
         "{health}"
     );
     assert_eq!(tier(&health, "gated")["zygote"]["restarts"], 1, "{health}");
-    let (r, moved) = checkouts_during(
-        &s,
-        s.run_with(json!({ "code": PANDAS_JOB, "timeout_ms": 60_000 })),
-    )
-    .await;
-    assert_eq!(r["stdout"], "6\n", "{r}");
-    assert_eq!(moved, [pair("gated", "gated")]);
+    pandas_job_runs_on(&s, "gated").await;
 }
