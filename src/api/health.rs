@@ -2,12 +2,13 @@
 //! generation serving (id, reason, when; sessions per generation), the file store and the
 //! state of every sandbox layer; `"degraded"` with the reason (`last_spawn_error`) while
 //! a zygote is down or workers cannot be started, (`pool.tiers[].start_error`) while a
-//! tier's zygote cannot start, and (`file_store.detail`) while the file store cannot
-//! serve (with `file_store.last_recovery` once a local store's directory had to be
-//! recreated), and (`workspace.nearly_full`) while the workspace file system is at least
-//! 90% full ([`crate::pool::bound::NEARLY_FULL_PERCENT`]): staging is about to be refused
-//! and runs to fail writing. `workspace` also says whether it is the service's own bounded
-//! tmpfs, and why not. A tier whose zygote is still preloading is `starting`: not a fault.
+//! tier's zygote cannot start or be restarted, and (`file_store.detail`) while the file
+//! store cannot serve (with `file_store.last_recovery` once a local store's directory had
+//! to be recreated), and (`workspace.nearly_full`) while the workspace file system is at
+//! least 90% full ([`crate::pool::bound::NEARLY_FULL_PERCENT`]): staging is about to be
+//! refused and runs to fail writing. `workspace` also says whether it is the service's own
+//! bounded tmpfs, and why not. A tier whose zygote is still preloading is `starting`: not
+//! a fault.
 //!
 //! `GET /ready` (for load balancers and Kubernetes probes): 200 when every request is
 //! served correctly without waiting for a zygote: some tier serves (its zygote is up and
