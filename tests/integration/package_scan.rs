@@ -8,8 +8,8 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::harness::{Options, Server, repo_root, site_packages};
-use crate::rollover::{generation, reload, start, write_config};
+use crate::harness::{Options, repo_root, site_packages};
+use crate::rollover::{generation, listed_packages, reload, start, write_config};
 
 /// Writes `site/<dir_name>.dist-info` with this METADATA and a RECORD listing `record`.
 fn dist_info(site: &Path, dir_name: &str, metadata: &[u8], record: &str) {
@@ -17,24 +17,6 @@ fn dist_info(site: &Path, dir_name: &str, metadata: &[u8], record: &str) {
     std::fs::create_dir_all(&info).unwrap();
     std::fs::write(info.join("METADATA"), metadata).unwrap();
     std::fs::write(info.join("RECORD"), record).unwrap();
-}
-
-/// Each package `/v1/packages` lists: its name, whether it is installed, its version.
-async fn listed(s: &Server) -> Vec<(String, bool, Option<String>)> {
-    let (status, body) = s.get_json("/v1/packages").await;
-    assert_eq!(status, 200, "{body}");
-    body["packages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p["name"].as_str().unwrap().to_owned(),
-                p["installed"].as_bool().unwrap(),
-                p["version"].as_str().map(str::to_owned),
-            )
-        })
-        .collect()
 }
 
 /// The version of numpy in the repository's venv, as its `.dist-info` directory names it.
@@ -134,7 +116,7 @@ async fn the_listed_packages_are_what_the_files_on_the_path_say_and_each_generat
     let s = start(&config, Options::default()).await;
     let numpy = venv_numpy_version();
     assert_eq!(
-        listed(&s).await,
+        listed_packages(&s).await,
         [
             entry("numpy", true, Some(&numpy)),
             // A standard-library module: importable, no distribution.
@@ -174,7 +156,7 @@ async fn the_listed_packages_are_what_the_files_on_the_path_say_and_each_generat
     let (status, body) = reload(&s, None).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(generation(&s).await, 2);
-    let now = listed(&s).await;
+    let now = listed_packages(&s).await;
     let find = |name: &str| now.iter().find(|p| p.0 == name).cloned();
     assert_eq!(
         find("scanprobe_plain"),

@@ -97,13 +97,28 @@ pub async fn reload_at(s: &Server, path: &str, key: Option<&str>) -> (u16, Value
 
 /// The names `/v1/packages` lists as third-party packages user code may import.
 pub async fn allowed_packages(s: &Server) -> Vec<String> {
+    listed_packages(s)
+        .await
+        .into_iter()
+        .map(|(name, ..)| name)
+        .collect()
+}
+
+/// Each package `/v1/packages` lists: its name, whether it is installed, its version.
+pub async fn listed_packages(s: &Server) -> Vec<(String, bool, Option<String>)> {
     let (status, body) = s.get_json("/v1/packages").await;
     assert_eq!(status, 200, "{body}");
     body["packages"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| p["name"].as_str().unwrap().to_owned())
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_owned(),
+                p["installed"].as_bool().unwrap(),
+                p["version"].as_str().map(str::to_owned),
+            )
+        })
         .collect()
 }
 
