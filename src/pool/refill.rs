@@ -304,7 +304,9 @@ async fn spawn_worker(
     let waited = {
         let mut ready = std::pin::pin!(ready);
         let mut periods = 0;
-        let mut before = SchedStat::of(pid);
+        // Counted from the fork: a new process starts with no CPU time, so a worker that
+        // is ready in time costs no read of `/proc`.
+        let mut before = Some(SchedStat::FORKED);
         loop {
             periods += 1;
             if let Ok(message) = tokio::time::timeout(timeout, ready.as_mut()).await {

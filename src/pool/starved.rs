@@ -24,6 +24,12 @@ pub(super) struct SchedStat {
 }
 
 impl SchedStat {
+    /// A process just forked: no CPU time yet.
+    pub const FORKED: Self = Self {
+        on_cpu: Duration::ZERO,
+        runnable: true,
+    };
+
     /// The state and CPU time of process `pid` (a worker has one thread while it starts);
     /// `None` when it is gone.
     pub fn of(pid: i32) -> Option<Self> {
@@ -89,6 +95,13 @@ mod tests {
         let period = Duration::from_secs(30);
         assert!(starved(stat(5, true), stat(40, true), period));
         assert!(starved(stat(5, false), stat(15_004, true), period));
+        // Counted from the fork: the whole life of a worker that never got half a period.
+        assert!(starved(Some(SchedStat::FORKED), stat(14_999, true), period));
+        assert!(!starved(
+            Some(SchedStat::FORKED),
+            stat(15_000, true),
+            period
+        ));
         // Blocked or stopped: stuck, whatever CPU it had.
         assert!(!starved(stat(5, true), stat(5, false), period));
         // Spinning with the CPU it asks for: stuck too.
