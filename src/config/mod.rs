@@ -227,6 +227,16 @@ impl Config {
         if self.workspace.max_entries == 0 {
             return bad("workspace.max_entries must be at least 1");
         }
+        if self.workspace.max_files == 0 {
+            return bad("workspace.max_files must be at least 1");
+        }
+        if !(1..=100).contains(&self.files.key_share_percent) {
+            return Err(ConfigError::Invalid(format!(
+                "files.key_share_percent is {} but must be from 1 to 100 (the percentage of \
+                 files.quota_mb an API key without max_stored_mb may hold; 100: all of it)",
+                self.files.key_share_percent
+            )));
+        }
         if self.sessions.idle_timeout_seconds == 0 || self.sessions.max_ttl_seconds == 0 {
             return bad(
                 "sessions.idle_timeout_seconds and sessions.max_ttl_seconds must be positive",

@@ -283,9 +283,13 @@ async fn every_dashboard_panel_and_every_rule_works_against_a_real_prometheus() 
     let layers = answer(&answers, "Sandbox layers active", "A");
     assert_eq!(layers.len(), 9, "{layers:?}");
     assert!(layers.iter().all(|l| l.last() == 1.0), "{layers:?}");
-    // Four uploads of 200 kB against a 1 MiB quota.
+    // Four uploads of 200 kB against a 1 MiB quota, each charged its 4 KiB blocks and one
+    // more.
     let used = answer(&answers, "File store used (of quota)", "A")[0].last();
-    assert!((used - 800_000.0 / 1_048_576.0).abs() < 1e-9, "{used}");
+    assert!(
+        (used - 4.0 * 204_800.0 / 1_048_576.0).abs() < 1e-9,
+        "{used}"
+    );
     // Killed and rejected runs spent budget; the burn rate panels read the recording rules.
     let budget = answer(&answers, "Availability error budget left", "A")[0].last();
     assert!(budget < 1.0, "{budget}");
