@@ -386,6 +386,27 @@ mod tests {
     }
 
     #[test]
+    fn a_key_share_outside_1_to_100_percent_and_no_files_per_run_are_refused() {
+        let with = |edit: &dyn Fn(&mut Config)| {
+            let mut c = Config::default();
+            edit(&mut c);
+            c.validate().err().map(|e| e.to_string())
+        };
+        for bad in [0, 101] {
+            let e = with(&|c| c.files.key_share_percent = bad).unwrap();
+            assert!(
+                e.contains(&format!(
+                    "files.key_share_percent is {bad} but must be from 1 to 100"
+                )),
+                "{e}"
+            );
+        }
+        assert_eq!(with(&|c| c.files.key_share_percent = 100), None);
+        let e = with(&|c| c.workspace.max_files = 0).unwrap();
+        assert!(e.contains("workspace.max_files must be at least 1"), "{e}");
+    }
+
+    #[test]
     fn defaults_are_valid_and_documented_values() {
         let c = Config::default();
         c.validate().unwrap();

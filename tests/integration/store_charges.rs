@@ -272,3 +272,51 @@ async fn an_old_store_opens_with_its_files_counted_in_charges() {
     assert_eq!(body["usage"]["charged_bytes"], 6 * 4096, "{body}");
     assert_eq!(download_bytes(&s, &ids[2]).await, vec![b'x'; 5000]);
 }
+
+/// The store's and a key's file counts: an upload past a key's is its 429, past the
+/// store's a 507, and a run's file past either is skipped saying which.
+#[tokio::test]
+async fn file_counts_bound_each_key_and_the_store() {
+    let (s, t, _dir) = with_keys(
+        &[("alice", &[]), ("bob", &[])],
+        Options::default()
+            .env("SNAKECAGE_FILES__MAX_FILES", 3)
+            .env("SNAKECAGE_FILES__MAX_FILES_PER_KEY", 2),
+    )
+    .await;
+    let (alice, bob) = (&t[0], &t[1]);
+    for name in ["eins-ä.txt", "zwei-ö.txt"] {
+        let (status, body) = alice.upload(name, b"1".to_vec()).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let (status, body) = alice.upload("drei.txt", b"3".to_vec()).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(
+        body["detail"],
+        "API key 'alice' holds 2 files, the most a key may hold (files.max_files_per_key); \
+         delete files you no longer need and retry"
+    );
+    let r = run(alice, "open('noch-einer.txt', 'w').write('x')").await;
+    assert_eq!(r["files"], json!([]), "{r}");
+    assert_eq!(
+        r["skipped_files"],
+        json!([{"path": "noch-einer.txt", "reason": "the API key holds 2 stored files, the \
+                most a key may hold (files.max_files_per_key)"}])
+    );
+    let (status, body) = bob.upload("b.txt", b"b".to_vec()).await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = bob.upload("c.txt", b"c".to_vec()).await;
+    assert_eq!(status, 507, "{body}");
+    assert_eq!(
+        body["detail"],
+        "The file store holds 3 files, the most it may hold (files.max_files); delete files \
+         you no longer need and retry"
+    );
+    let r = run(bob, "open('d.txt', 'w').write('d')").await;
+    assert_eq!(
+        r["skipped_files"],
+        json!([{"path": "d.txt", "reason": "the file store holds 3 files, the most it may \
+                hold (files.max_files)"}])
+    );
+    drop(s);
+}
