@@ -12,7 +12,7 @@ use crate::envs::bytecode::BytecodeError;
 use crate::envs::spec::SpecError;
 use crate::envs::uv::UvError;
 use crate::files::workspace::StageError;
-use crate::files::{StoreError, UploadSize, over_quota_detail};
+use crate::files::{DELETE_AND_RETRY, QuotaWords, StoreError, over_quota_detail, size_text};
 use crate::pool::PoolError;
 use crate::sessions::SessionError;
 
@@ -260,28 +260,79 @@ impl From<StoreError> for ApiError {
                 quota_bytes,
                 stored_bytes,
                 upload,
-            } => quota_refusal(
-                ("file storage", "files.quota_mb"),
-                quota_bytes,
-                stored_bytes,
-                upload,
-                ApiError::InsufficientStorage,
-            ),
+                charge,
+                holders,
+            } => {
+                let remedy = match holders {
+                    None => DELETE_AND_RETRY.to_owned(),
+                    Some(h) if h.caller_rank.is_some() => {
+                        format!("{}; {DELETE_AND_RETRY}", h.describe())
+                    }
+                    Some(h) => format!(
+                        "{}; retry once files expire or an operator makes room",
+                        h.describe()
+                    ),
+                };
+                quota_refusal(
+                    &QuotaWords {
+                        whose: "file storage",
+                        quota: &format!("its quota of {} (files.quota_mb)", size_text(quota_bytes)),
+                        quota_bytes,
+                        stored_bytes,
+                        upload,
+                        charge,
+                        remedy: &remedy,
+                    },
+                    ApiError::InsufficientStorage,
+                )
+            }
             StoreError::OwnerQuotaExceeded {
                 owner,
                 quota_bytes,
                 stored_bytes,
                 upload,
+                charge,
+                own,
             } => quota_refusal(
-                (&format!("API key '{owner}'"), "max_stored_mb"),
-                quota_bytes,
-                stored_bytes,
-                upload,
+                &QuotaWords {
+                    whose: &format!("API key '{owner}'"),
+                    quota: &if own {
+                        format!("its own quota of {} (max_stored_mb)", size_text(quota_bytes))
+                    } else {
+                        format!(
+                            "its own share of the store, {} (files.key_share_percent of \
+                             files.quota_mb, for a key without max_stored_mb)",
+                            size_text(quota_bytes)
+                        )
+                    },
+                    quota_bytes,
+                    stored_bytes,
+                    upload,
+                    charge,
+                    remedy: DELETE_AND_RETRY,
+                },
                 |detail| ApiError::TenantLimit {
                     detail,
                     retry_after_secs: 60,
                 },
             ),
+            StoreError::TooManyFiles {
+                owner: Some(owner),
+                max_files,
+            } => ApiError::TenantLimit {
+                detail: format!(
+                    "API key '{owner}' holds {max_files} files, the most a key may hold \
+                     (files.max_files_per_key); {DELETE_AND_RETRY}"
+                ),
+                retry_after_secs: 60,
+            },
+            StoreError::TooManyFiles {
+                owner: None,
+                max_files,
+            } => ApiError::InsufficientStorage(format!(
+                "The file store holds {max_files} files, the most it may hold \
+                 (files.max_files); {DELETE_AND_RETRY}"
+            )),
             e if e.is_out_of_space() => ApiError::InsufficientStorage(
                 "The file store has no space left (its disk is full or read-only); stored files are unaffected. Retry later".into(),
             ),
@@ -296,20 +347,13 @@ impl From<StoreError> for ApiError {
     }
 }
 
-/// A quota's refusal of a file (`quota`: whose quota and the setting that sets it, as
-/// [`over_quota_detail`] names them): one larger than the whole quota is too large (413),
-/// now and after any wait, so nothing says to retry; one that only does not fit beside
-/// what is stored is `fits_later`'s (the store's 507, the API key's 429), which deletions
-/// lift.
-fn quota_refusal(
-    (whose, setting): (&str, &str),
-    quota_bytes: u64,
-    stored_bytes: u64,
-    upload: UploadSize,
-    fits_later: impl FnOnce(String) -> ApiError,
-) -> ApiError {
-    let detail = over_quota_detail(whose, setting, quota_bytes, stored_bytes, upload);
-    if upload.larger_than(quota_bytes) {
+/// A quota's refusal of a file (in the words of [`over_quota_detail`]): one larger than
+/// the whole quota is too large (413), now and after any wait, so nothing says to retry;
+/// one that only does not fit beside what is stored is `fits_later`'s (the store's 507,
+/// the API key's 429), which deletions lift.
+fn quota_refusal(words: &QuotaWords<'_>, fits_later: impl FnOnce(String) -> ApiError) -> ApiError {
+    let detail = over_quota_detail(words);
+    if words.upload.larger_than(words.quota_bytes, words.charge) {
         ApiError::PayloadTooLarge(detail)
     } else {
         fits_later(detail)
@@ -624,16 +668,22 @@ mod tests {
     /// `Retry-After`). The detail is the quota's own either way.
     #[test]
     fn a_file_larger_than_a_whole_quota_is_too_large_not_a_limit_to_wait_out() {
+        use crate::files::UploadSize;
+        let charge = crate::files::Charge::default();
         let key = |upload| StoreError::OwnerQuotaExceeded {
             owner: "bob".into(),
             quota_bytes: 1 << 20,
             stored_bytes: 700 << 10,
             upload,
+            charge,
+            own: true,
         };
         let store = |upload| StoreError::QuotaExceeded {
             quota_bytes: 1 << 20,
             stored_bytes: 700 << 10,
             upload,
+            charge,
+            holders: None,
         };
         for (error, status, retry_after) in [
             (key(UploadSize::Whole(2 << 20)), 413, None),
@@ -642,7 +692,9 @@ mod tests {
             (key(UploadSize::AtLeast(400 << 10)), 429, Some("60")),
             (store(UploadSize::Whole(2 << 20)), 413, None),
             (store(UploadSize::AtLeast((1 << 20) + 1)), 413, None),
-            (store(UploadSize::Whole(1 << 20)), 507, None),
+            // Only its charge (one block more) is larger than the quota.
+            (store(UploadSize::Whole(1 << 20)), 413, None),
+            (store(UploadSize::Whole((1 << 20) - 4096)), 507, None),
         ] {
             let error = ApiError::from(error);
             let detail = error.to_string();
@@ -663,5 +715,91 @@ mod tests {
                 "{detail}"
             );
         }
+    }
+
+    /// A key's own quota says it is its own; its default share says so and where it comes
+    /// from; a full store tells a key how it compares and names no other key; file counts
+    /// are the key's 429 or the store's 507.
+    #[test]
+    fn store_refusals_say_whose_bound_it_is() {
+        use crate::files::{Charge, Holders, UploadSize};
+        let detail = |e: StoreError| {
+            let api = ApiError::from(e);
+            (api.status().as_u16(), api.to_string())
+        };
+        let owner = |own| StoreError::OwnerQuotaExceeded {
+            owner: "ana".into(),
+            quota_bytes: 1 << 20,
+            stored_bytes: 1000 << 10,
+            upload: UploadSize::Whole(1),
+            charge: Charge::default(),
+            own,
+        };
+        assert_eq!(
+            detail(owner(true)),
+            (
+                429,
+                "This file would take API key 'ana' past its own quota of 1 MB \
+                 (max_stored_mb): 1000 KB is used and the file is 1 bytes, counted as 8 KB; \
+                 delete files you no longer need and retry"
+                    .into()
+            )
+        );
+        assert_eq!(
+            detail(owner(false)).1,
+            "This file would take API key 'ana' past its own share of the store, 1 MB \
+             (files.key_share_percent of files.quota_mb, for a key without max_stored_mb): \
+             1000 KB is used and the file is 1 bytes, counted as 8 KB; delete files you no \
+             longer need and retry"
+        );
+        let full = |caller_rank, caller| StoreError::QuotaExceeded {
+            quota_bytes: 10 << 20,
+            stored_bytes: 10 << 20,
+            upload: UploadSize::Whole(100),
+            charge: Charge::default(),
+            holders: Some(Holders {
+                caller,
+                caller_rank,
+                largest: 6 << 20,
+                keys: 3,
+            }),
+        };
+        assert_eq!(
+            detail(full(None, 0)),
+            (
+                507,
+                "This file would take file storage past its quota of 10 MB (files.quota_mb): \
+                 10 MB is used and the file is 100 bytes, counted as 8 KB; this API key holds \
+                 nothing of it; the largest holder, another key, holds 6 MB; retry once files \
+                 expire or an operator makes room"
+                    .into()
+            )
+        );
+        assert_eq!(
+            detail(full(Some(1), 6 << 20)).1,
+            "This file would take file storage past its quota of 10 MB (files.quota_mb): 10 MB \
+             is used and the file is 100 bytes, counted as 8 KB; this API key holds 6 MB of it, \
+             the most of the 3 key(s) holding files; delete files you no longer need and retry"
+        );
+        assert_eq!(
+            detail(StoreError::TooManyFiles {
+                owner: Some("ana".into()),
+                max_files: 10
+            }),
+            (
+                429,
+                "API key 'ana' holds 10 files, the most a key may hold \
+                 (files.max_files_per_key); delete files you no longer need and retry"
+                    .into()
+            )
+        );
+        assert_eq!(
+            detail(StoreError::TooManyFiles {
+                owner: None,
+                max_files: 10
+            })
+            .0,
+            507
+        );
     }
 }

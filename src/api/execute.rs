@@ -494,6 +494,7 @@ pub fn collect_limits(state: &SharedState) -> CollectLimits {
     CollectLimits {
         max_entries: ws.max_entries,
         max_total_bytes: ws.max_total_mb << 20,
+        max_files: ws.max_files,
     }
 }
 

@@ -236,6 +236,7 @@ pub async fn list(
         })?),
     };
     let mut metas = state.store.list(caller.owner()).await?;
+    let usage = usage_of(&state, &caller, &metas);
     metas.sort_unstable_by(|a, b| a.file_id.cmp(&b.file_id));
     if let Some(after) = &after {
         metas.retain(|m| &m.file_id > after);
@@ -249,10 +250,37 @@ pub async fn list(
         .flatten();
     let files: Vec<FileEntry> = metas.into_iter().map(FileEntry::from).collect();
     if paged {
-        Ok(Json(json!({ "files": files, "next_after": next_after })))
+        Ok(Json(
+            json!({ "files": files, "next_after": next_after, "usage": usage }),
+        ))
     } else {
-        Ok(Json(json!({ "files": files })))
+        Ok(Json(json!({ "files": files, "usage": usage })))
     }
+}
+
+/// What the caller's files (all of them, whatever page is asked) count against its bounds:
+/// `files`, `charged_bytes` (each file its size in whole blocks of the store plus one
+/// block), and the bounds that apply to it (`null`: none). Without keys the store's own.
+fn usage_of(state: &SharedState, caller: &Caller, files: &[FileMeta]) -> Value {
+    let (charge, bounds) = state.store.charging();
+    let charged: u64 = files.iter().map(|m| charge.of(m.size_bytes)).sum();
+    let owner = caller.file_owner();
+    let (quota, max_files) = match owner.name {
+        Some(name) => (
+            bounds
+                .owner_quota(Some(name), owner.quota_bytes)
+                .map(|q| q.bytes),
+            bounds.max_files_per_key,
+        ),
+        None => (bounds.quota_bytes, bounds.max_files),
+    };
+    json!({
+        "files": files.len(),
+        "charged_bytes": charged,
+        "quota_bytes": quota,
+        "max_files": max_files,
+        "block_bytes": charge.block,
+    })
 }
 
 /// The file's bytes: all of them (200), or the one range a GET's `Range` asks for (206,

@@ -24,9 +24,10 @@ pub async fn observe(state: &SharedState) {
     let listed = state.store.list_all().await;
     // Logged once per outage, not on every scrape.
     state.store_watch.usage_listed(listed.as_ref().map(drop));
+    let (charge, _) = state.store.charging();
     let usage = listed.ok().map(|files| StoreUsage {
         files: files.len() as u64,
-        bytes: files.iter().map(|f| f.size_bytes).sum(),
+        bytes: files.iter().map(|f| charge.of(f.size_bytes)).sum(),
     });
     state.metrics.observe(&state.pool.status(), usage);
     let zygote = state.pool.zygote_info();

@@ -227,6 +227,16 @@ impl Config {
         if self.workspace.max_entries == 0 {
             return bad("workspace.max_entries must be at least 1");
         }
+        if self.workspace.max_files == 0 {
+            return bad("workspace.max_files must be at least 1");
+        }
+        if !(1..=100).contains(&self.files.key_share_percent) {
+            return Err(ConfigError::Invalid(format!(
+                "files.key_share_percent is {} but must be from 1 to 100 (the percentage of \
+                 files.quota_mb an API key without max_stored_mb may hold; 100: all of it)",
+                self.files.key_share_percent
+            )));
+        }
         if self.sessions.idle_timeout_seconds == 0 || self.sessions.max_ttl_seconds == 0 {
             return bad(
                 "sessions.idle_timeout_seconds and sessions.max_ttl_seconds must be positive",
@@ -373,6 +383,27 @@ mod tests {
         }
         let e = with("snakecage=loud").unwrap_err().to_string();
         assert!(e.contains("log.level"), "{e}");
+    }
+
+    #[test]
+    fn a_key_share_outside_1_to_100_percent_and_no_files_per_run_are_refused() {
+        let with = |edit: &dyn Fn(&mut Config)| {
+            let mut c = Config::default();
+            edit(&mut c);
+            c.validate().err().map(|e| e.to_string())
+        };
+        for bad in [0, 101] {
+            let e = with(&|c| c.files.key_share_percent = bad).unwrap();
+            assert!(
+                e.contains(&format!(
+                    "files.key_share_percent is {bad} but must be from 1 to 100"
+                )),
+                "{e}"
+            );
+        }
+        assert_eq!(with(&|c| c.files.key_share_percent = 100), None);
+        let e = with(&|c| c.workspace.max_files = 0).unwrap();
+        assert!(e.contains("workspace.max_files must be at least 1"), "{e}");
     }
 
     #[test]

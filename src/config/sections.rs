@@ -129,9 +129,17 @@ pub struct FilesConfig {
     pub max_file_size_mb: u64,
     /// Stored files are deleted this long after they were stored; 0 keeps them.
     pub ttl_seconds: u64,
-    /// Total size of all stored files; a store that would grow past it answers 507.
-    /// 0 means no quota.
+    /// What all stored files may be charged together (each file its size rounded up to
+    /// whole blocks of the store, plus one block for its metadata); a store that would grow
+    /// past it answers 507. 0 means no quota.
     pub quota_mb: u64,
+    /// Files the store may hold in all (each costs inodes, whatever its size); 0: no bound.
+    pub max_files: u64,
+    /// Files one API key may hold; 0: no bound.
+    pub max_files_per_key: u64,
+    /// The percentage of `quota_mb` an API key without its own `max_stored_mb` may hold
+    /// (1 to 100; 100: as much as the store).
+    pub key_share_percent: u64,
 }
 
 /// The per-run workspace directories.
@@ -146,6 +154,8 @@ pub struct WorkspaceConfig {
     pub max_total_mb: u64,
     /// The most workspace entries (files and directories) looked at after a run.
     pub max_entries: usize,
+    /// The most files one run's collection stores; the rest are reported as skipped.
+    pub max_files: usize,
     /// Mount a tmpfs of the service's own over its workspace root at start, bounding all
     /// its workspaces together (needs CAP_SYS_ADMIN; without it the workspaces share the
     /// base directory's file system and `/health` says why).
@@ -347,6 +357,9 @@ impl Default for FilesConfig {
             max_file_size_mb: 100,
             ttl_seconds: 3600,
             quota_mb: 10 << 10,
+            max_files: 100_000,
+            max_files_per_key: 10_000,
+            key_share_percent: 25,
         }
     }
 }
@@ -357,6 +370,7 @@ impl Default for WorkspaceConfig {
             dir: None,
             max_total_mb: 500,
             max_entries: 10_000,
+            max_files: 1_000,
             mount: true,
             size_mb: 0,
             max_inodes: 0,

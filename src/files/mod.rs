@@ -14,6 +14,7 @@
 //! both backends implement it the same way; `tests/integration/file_store.rs` runs one
 //! conformance suite against each.
 
+pub mod charge;
 pub mod local;
 pub mod names;
 pub mod observed;
@@ -31,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+pub use self::charge::{Charge, Held, Holders, OwnerQuota, StoreBounds};
 pub use self::local::LocalStore;
 pub use self::names::{
     MAX_NAME_BYTES, canonical_file_id, clean_filename, clean_filename_within, mime_for,
@@ -83,26 +85,42 @@ pub enum StoreError {
     NotFound(String),
     #[error("the file is larger than the maximum of {max_bytes} bytes")]
     TooLarge { max_bytes: u64 },
-    /// The file would take the store past its quota (`files.quota_mb`).
+    /// The file would take the store past its quota (`files.quota_mb`). Sizes are
+    /// charges ([`Charge`]): `stored_bytes` is what the stored files are charged, the
+    /// upload's charge is `charge.of(upload)`.
     #[error(
         "the file would take the store past its quota of {quota_bytes} bytes \
-         ({stored_bytes} bytes stored, the file {upload})"
+         ({stored_bytes} bytes charged, the file {upload})"
     )]
     QuotaExceeded {
         quota_bytes: u64,
         stored_bytes: u64,
         upload: UploadSize,
+        charge: Charge,
+        /// How much the largest holders hold, as the uploading key may see it; `None`
+        /// without keys.
+        holders: Option<Holders>,
     },
-    /// The file would take its owner past its own quota (`max_stored_mb` of its API key).
+    /// The file would take its owner past its quota: its API key's own `max_stored_mb`
+    /// (`own`), or the default share of a key without one (`files.key_share_percent`).
     #[error(
         "the file would take API key {owner:?} past its quota of {quota_bytes} bytes \
-         ({stored_bytes} bytes stored, the file {upload})"
+         ({stored_bytes} bytes charged, the file {upload})"
     )]
     OwnerQuotaExceeded {
         owner: String,
         quota_bytes: u64,
         stored_bytes: u64,
         upload: UploadSize,
+        charge: Charge,
+        own: bool,
+    },
+    /// The store (`owner` `None`: `files.max_files`) or the API key `owner`
+    /// (`files.max_files_per_key`) holds as many files as it may.
+    #[error("{} holds {max_files} files, the most it may", owner.as_deref().map_or("the file store".to_owned(), |o| format!("API key {o:?}")))]
+    TooManyFiles {
+        owner: Option<String>,
+        max_files: u64,
     },
     /// The source of a `put` failed (a client that went away mid-upload, say).
     #[error("reading the file to store: {0}")]
@@ -169,21 +187,29 @@ impl StoreError {
                 quota_bytes,
                 stored_bytes,
                 upload,
+                charge,
+                holders,
             } => StoreError::QuotaExceeded {
                 quota_bytes,
                 stored_bytes,
                 upload: whole_of(upload),
+                charge,
+                holders,
             },
             StoreError::OwnerQuotaExceeded {
                 owner,
                 quota_bytes,
                 stored_bytes,
                 upload,
+                charge,
+                own,
             } => StoreError::OwnerQuotaExceeded {
                 owner,
                 quota_bytes,
                 stored_bytes,
                 upload: whole_of(upload),
+                charge,
+                own,
             },
             other => other,
         }
@@ -205,11 +231,11 @@ impl UploadSize {
         }
     }
 
-    /// Whether the file is known to be larger than a whole quota of `quota_bytes`: no
-    /// deletion and no wait makes room for it (a streamed file refused part-way is known
-    /// only once what was read passes the quota).
-    pub fn larger_than(self, quota_bytes: u64) -> bool {
-        self.bytes() > quota_bytes
+    /// Whether the file, charged as `charge` says, is known to be larger than a whole
+    /// quota of `quota_bytes`: no deletion and no wait makes room for it (a streamed file
+    /// refused part-way is known only once what was read passes the quota).
+    pub fn larger_than(self, quota_bytes: u64, charge: Charge) -> bool {
+        charge.of(self.bytes()) > quota_bytes
     }
 }
 
@@ -223,40 +249,60 @@ impl std::fmt::Display for UploadSize {
     }
 }
 
-/// The words of a refusal for a quota: whose quota (`file storage`, `API key 'bob'`), the
-/// setting that sets it, and the numbers. A file larger than the whole quota cannot be
-/// stored by deleting others, so it says so instead of suggesting that.
-pub fn over_quota_detail(
-    whose: &str,
-    setting: &str,
-    quota_bytes: u64,
-    stored_bytes: u64,
-    upload: UploadSize,
-) -> String {
-    let quota = size_text(quota_bytes);
-    let head = format!("This file would take {whose} past its quota of {quota} ({setting})");
-    match upload {
-        // A streamed file is refused part-way: its size is known only to be over the quota.
-        UploadSize::AtLeast(_) if upload.larger_than(quota_bytes) => {
-            format!("{head}: the file is larger than the whole quota; upload a smaller file")
-        }
-        UploadSize::Whole(n) if upload.larger_than(quota_bytes) => format!(
-            "{head}: the file ({}) is larger than the whole quota; upload a smaller file",
-            size_text(n)
-        ),
-        UploadSize::Whole(n) | UploadSize::AtLeast(n) => format!(
-            "{head}: {} is stored and the file is {}{}; delete files you no longer need and \
-             retry",
-            size_text(stored_bytes),
-            if matches!(upload, UploadSize::AtLeast(_)) {
-                "at least "
-            } else {
-                ""
-            },
-            size_text(n)
-        ),
-    }
+/// The words of a refusal for a quota: whose (`file storage`, `API key 'bob'`), which quota
+/// with the setting that sets it (`its quota of 1 MB (files.quota_mb)`; `quota_bytes`, its
+/// size), what is charged and the file's charge, and what the caller may do (`remedy`).
+/// A file larger than the whole quota cannot be stored by deleting others, so it says so
+/// instead.
+pub struct QuotaWords<'a> {
+    pub whose: &'a str,
+    pub quota: &'a str,
+    pub quota_bytes: u64,
+    pub stored_bytes: u64,
+    pub upload: UploadSize,
+    pub charge: Charge,
+    pub remedy: &'a str,
 }
+
+pub fn over_quota_detail(w: &QuotaWords<'_>) -> String {
+    let head = format!("This file would take {} past {}", w.whose, w.quota);
+    let n = w.upload.bytes();
+    let charged = w.charge.of(n);
+    let (size, counted) = (size_text(n), size_text(charged));
+    let file = if size != counted {
+        format!("{size}, counted as {counted}")
+    } else if n <= w.quota_bytes && charged > w.quota_bytes {
+        // Rounded alike, and only the charge does not fit: the exact charge says why.
+        format!("{size}, counted as {charged} bytes")
+    } else {
+        size
+    };
+    if w.upload.larger_than(w.quota_bytes, w.charge) {
+        return match w.upload {
+            // A streamed file is refused part-way: its size is known only to be over the
+            // quota.
+            UploadSize::AtLeast(_) => {
+                format!("{head}: the file is larger than the whole quota; upload a smaller file")
+            }
+            UploadSize::Whole(_) => format!(
+                "{head}: the file ({file}) is larger than the whole quota; upload a smaller file"
+            ),
+        };
+    }
+    let at_least = if matches!(w.upload, UploadSize::AtLeast(_)) {
+        "at least "
+    } else {
+        ""
+    };
+    format!(
+        "{head}: {} is used and the file is {at_least}{file}; {}",
+        size_text(w.stored_bytes),
+        w.remedy
+    )
+}
+
+/// What a refused caller may do when deleting its own files makes room.
+pub const DELETE_AND_RETRY: &str = "delete files you no longer need and retry";
 
 /// A size in the units people read: `512 bytes`, `700 KB`, `1.4 MB` (KB and MB of 1024).
 pub fn size_text(bytes: u64) -> String {
@@ -327,6 +373,10 @@ pub trait FileStore: Send + Sync + 'static {
     async fn check(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    /// How this store charges a file, and the bounds it holds files to (to report usage
+    /// as the quotas count it).
+    fn charging(&self) -> (Charge, StoreBounds);
 
     /// The last time the store had to be rebuilt under the running service (its directory
     /// removed from outside), for `/health`; `None` if it never had to.
@@ -423,31 +473,53 @@ mod tests {
     }
 
     #[test]
-    fn a_quota_refusal_says_the_numbers_and_never_that_the_quota_is_used_up() {
-        use super::{UploadSize, over_quota_detail};
-        // 700 KB stored, 700 KB more: it would pass the quota, which is not full.
+    fn a_quota_refusal_says_the_numbers_in_charges_and_never_that_the_quota_is_used_up() {
+        use super::{Charge, DELETE_AND_RETRY, QuotaWords, UploadSize, over_quota_detail};
+        let words = |stored_bytes, upload, charge| QuotaWords {
+            whose: "file storage",
+            quota: "its quota of 1 MB (files.quota_mb)",
+            quota_bytes: 1 << 20,
+            stored_bytes,
+            upload,
+            charge,
+            remedy: DELETE_AND_RETRY,
+        };
+        // 700 KB used, 700 KB more: it would pass the quota, which is not full.
         assert_eq!(
-            over_quota_detail(
-                "file storage",
-                "files.quota_mb",
-                1 << 20,
+            over_quota_detail(&words(
                 700 << 10,
-                UploadSize::Whole(700 << 10)
-            ),
+                UploadSize::Whole(700 << 10),
+                Charge::BYTES
+            )),
             "This file would take file storage past its quota of 1 MB \
-             (files.quota_mb): 700 KB is stored and the file is 700 KB; delete files you no \
+             (files.quota_mb): 700 KB is used and the file is 700 KB; delete files you no \
              longer need and retry"
+        );
+        // Charged: its blocks and one more.
+        assert_eq!(
+            over_quota_detail(&words(1000 << 10, UploadSize::Whole(1), Charge::default())),
+            "This file would take file storage past its quota of 1 MB \
+             (files.quota_mb): 1000 KB is used and the file is 1 bytes, counted as 8 KB; \
+             delete files you no longer need and retry"
+        );
+        // Only its charge is larger than the whole quota: still larger.
+        assert_eq!(
+            over_quota_detail(&words(0, UploadSize::Whole(1 << 20), Charge::default())),
+            "This file would take file storage past its quota of 1 MB (files.quota_mb): the \
+             file (1 MB, counted as 1052672 bytes) is larger than the whole quota; upload a smaller file"
         );
         // Nothing stored and a streamed file larger than the quota: deleting cannot help.
         assert_eq!(
-            over_quota_detail(
-                "API key 'bob'",
-                "max_stored_mb",
-                1 << 20,
-                0,
-                UploadSize::AtLeast((1 << 20) + (64 << 10))
-            ),
-            "This file would take API key 'bob' past its quota of 1 MB \
+            over_quota_detail(&QuotaWords {
+                whose: "API key 'bob'",
+                quota: "its own quota of 1 MB (max_stored_mb)",
+                ..words(
+                    0,
+                    UploadSize::AtLeast((1 << 20) + (64 << 10)),
+                    Charge::default()
+                )
+            }),
+            "This file would take API key 'bob' past its own quota of 1 MB \
              (max_stored_mb): the file is larger than the whole quota; upload a smaller file"
         );
     }

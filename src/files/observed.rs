@@ -103,4 +103,8 @@ impl<S: FileStore> FileStore for Observed<S> {
     fn last_recovery(&self) -> Option<StoreRecovery> {
         self.inner.last_recovery()
     }
+
+    fn charging(&self) -> (crate::files::Charge, crate::files::StoreBounds) {
+        self.inner.charging()
+    }
 }

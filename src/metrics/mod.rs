@@ -254,7 +254,11 @@ impl Metrics {
                 "Sessions whose worker died or was killed.",
             ),
             files_stored: reg.gauge(names::FILES_STORED, "Files in the file store."),
-            files_stored_bytes: reg.gauge(names::FILES_STORED_BYTES, "Bytes in the file store."),
+            files_stored_bytes: reg.gauge(
+                names::FILES_STORED_BYTES,
+                "Bytes the files in the file store are charged against files.quota_mb (each \
+                 its size in whole blocks, plus one block).",
+            ),
             http_requests: reg.counter_vec(
                 names::HTTP_REQUESTS_TOTAL,
                 "HTTP requests answered, by route template and status code.",

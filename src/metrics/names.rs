@@ -68,7 +68,8 @@ pub const SESSIONS_LOST_TOTAL: &str = "snakecage_sessions_lost_total";
 
 /// Files in the file store.
 pub const FILES_STORED: &str = "snakecage_files_stored";
-/// Bytes in the file store.
+/// What the files in the file store are charged against its quota (each its size in
+/// whole blocks plus one block).
 pub const FILES_STORED_BYTES: &str = "snakecage_files_stored_bytes";
 
 /// The file store's quota (`files.quota_mb`) in bytes; 0 when there is none.

@@ -15,7 +15,7 @@ use crate::config::{Config, ConfigError};
 use crate::files::local::LocalStoreSettings;
 use crate::files::observed::Observed;
 use crate::files::s3::S3StoreSettings;
-use crate::files::{LocalStore, S3Store, SharedStore, StoreError};
+use crate::files::{Charge, LocalStore, S3Store, SharedStore, StoreBounds, StoreError};
 use crate::metrics::Metrics;
 use crate::pool::cpu_budget::Enforcement;
 use crate::pool::{BoundSettings, PoolSettings, TierSettings};
@@ -171,13 +171,30 @@ pub fn open_store(config: &Config, metrics: Arc<Metrics>) -> Result<SharedStore,
     let files = &config.files;
     let max_file_bytes = files.max_file_size_mb << 20;
     let quota_bytes = (files.quota_mb > 0).then_some(files.quota_mb << 20);
+    let bounds = StoreBounds {
+        quota_bytes,
+        max_files: (files.max_files > 0).then_some(files.max_files),
+        max_files_per_key: (files.max_files_per_key > 0).then_some(files.max_files_per_key),
+        // Without keys there is one owner, and the store's quota is its.
+        key_share_bytes: quota_bytes
+            .filter(|_| files.key_share_percent < 100)
+            .map(|quota| (u128::from(quota) * u128::from(files.key_share_percent) / 100) as u64),
+    };
     let ttl = (files.ttl_seconds > 0).then(|| Duration::from_secs(files.ttl_seconds));
     Ok(match files.backend {
         FilesBackend::Local => {
+            let dir = config.files_dir();
+            // The file system is the one the directory is on once it exists.
+            std::fs::create_dir_all(&dir).map_err(|source| StoreError::Io {
+                doing: "creating",
+                path: dir.clone(),
+                source,
+            })?;
             let store = LocalStore::open(LocalStoreSettings {
-                dir: config.files_dir(),
+                charge: Charge::for_dir(&dir),
+                dir,
                 max_file_bytes,
-                quota_bytes,
+                bounds,
                 ttl,
             })?;
             Arc::new(Observed::new(store, metrics))
@@ -185,7 +202,8 @@ pub fn open_store(config: &Config, metrics: Arc<Metrics>) -> Result<SharedStore,
         FilesBackend::S3 => {
             let settings = S3StoreSettings {
                 max_file_bytes,
-                quota_bytes,
+                bounds,
+                charge: Charge::default(),
                 ttl,
             };
             Arc::new(Observed::new(S3Store::open(&config.s3, settings)?, metrics))

@@ -53,14 +53,14 @@ async fn two_tenants_with(
 }
 
 /// A client that sends one tenant's key.
-struct Tenant {
+pub struct Tenant {
     base: String,
     key: String,
     client: reqwest::Client,
 }
 
 impl Tenant {
-    fn new(base: &str, key: &str) -> Self {
+    pub fn new(base: &str, key: &str) -> Self {
         let mut headers = HeaderMap::new();
         headers.insert(
             AUTHORIZATION,
@@ -88,14 +88,14 @@ impl Tenant {
         (status, headers, body)
     }
 
-    async fn get(&self, path: &str) -> (u16, Value) {
+    pub async fn get(&self, path: &str) -> (u16, Value) {
         let (s, _, b) = self
             .send(self.client.get(format!("{}{path}", self.base)))
             .await;
         (s, b)
     }
 
-    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         let (s, _, b) = self
             .send(self.client.post(format!("{}{path}", self.base)).json(&body))
             .await;
@@ -108,7 +108,7 @@ impl Tenant {
             .0
     }
 
-    async fn upload(&self, name: &str, bytes: Vec<u8>) -> (u16, Value) {
+    pub async fn upload(&self, name: &str, bytes: Vec<u8>) -> (u16, Value) {
         let (s, _, b) = self.upload_with_headers(name, bytes).await;
         (s, b)
     }
@@ -493,7 +493,7 @@ async fn per_key_limits_answer_429_and_leave_other_keys_alone() {
             .await,
         "2 MB",
         "API key 'alice'",
-        "max_stored_mb",
+        "its own quota of 1 MB (max_stored_mb)",
     );
     let (status, body) = alice.upload("a.bin", vec![1u8; 700 << 10]).await;
     assert_eq!(status, 201, "{body}");
@@ -506,9 +506,9 @@ async fn per_key_limits_answer_429_and_leave_other_keys_alone() {
     let detail = body["detail"].as_str().unwrap();
     assert!(
         detail.starts_with(
-            "This file would take API key 'alice' past its quota of 1 MB \
-             (max_stored_mb): 700 KB is stored and the file is 700 KB; delete files you no \
-             longer need and retry"
+            "This file would take API key 'alice' past its own quota of 1 MB \
+             (max_stored_mb): 704 KB is used and the file is 700 KB, counted as 704 KB; \
+             delete files you no longer need and retry"
         ),
         "{detail}"
     );
@@ -519,7 +519,7 @@ async fn per_key_limits_answer_429_and_leave_other_keys_alone() {
             .await,
         "2 MB",
         "API key 'alice'",
-        "max_stored_mb",
+        "its own quota of 1 MB (max_stored_mb)",
     );
     let (status, body) = bob.upload("b.bin", vec![1u8; 700 << 10]).await;
     assert_eq!(status, 201, "{body}");

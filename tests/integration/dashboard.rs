@@ -32,10 +32,11 @@ const OUTCOMES: [&str; 7] = [
 ];
 
 /// A server with one API key (so the per-key panel has data), a file-store quota (so the
-/// quota panels have data), two workers and room for one waiting request (so 429 is easy).
+/// quota panels have data; the key's own quota is the store's, not its default share of
+/// it), two workers and room for one waiting request (so 429 is easy).
 async fn server(keys_dir: &std::path::Path) -> Server {
     let keys = keys_dir.join("keys.toml");
-    let key = keys_add(&keys, "ops-dashboard", &[]);
+    let key = keys_add(&keys, "ops-dashboard", &["--max-stored-mb", "1"]);
     let mut s = Server::start_with(
         Options::default()
             .env("SNAKECAGE_AUTH__KEYS_FILE", keys.display())
@@ -283,9 +284,13 @@ async fn every_dashboard_panel_and_every_rule_works_against_a_real_prometheus() 
     let layers = answer(&answers, "Sandbox layers active", "A");
     assert_eq!(layers.len(), 9, "{layers:?}");
     assert!(layers.iter().all(|l| l.last() == 1.0), "{layers:?}");
-    // Four uploads of 200 kB against a 1 MiB quota.
+    // Four uploads of 200 kB and the sleeper's empty marker file against a 1 MiB quota,
+    // each charged its 4 KiB blocks and one more.
     let used = answer(&answers, "File store used (of quota)", "A")[0].last();
-    assert!((used - 800_000.0 / 1_048_576.0).abs() < 1e-9, "{used}");
+    assert!(
+        (used - (4.0 * 204_800.0 + 4096.0) / 1_048_576.0).abs() < 1e-9,
+        "{used}"
+    );
     // Killed and rejected runs spent budget; the burn rate panels read the recording rules.
     let budget = answer(&answers, "Availability error budget left", "A")[0].last();
     assert!(budget < 1.0, "{budget}");

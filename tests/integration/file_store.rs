@@ -8,7 +8,9 @@ use std::time::Duration;
 use object_store::aws::AmazonS3Builder;
 use snakecage::files::local::LocalStoreSettings;
 use snakecage::files::s3::S3StoreSettings;
-use snakecage::files::{FileOwner, FileStore, LocalStore, S3Store, StoreError};
+use snakecage::files::{
+    Charge, FileOwner, FileStore, LocalStore, S3Store, StoreBounds, StoreError,
+};
 use tokio::io::AsyncReadExt;
 
 use crate::backing::{ACCESS_KEY, BUCKET, SECRET_KEY, Seaweed};
@@ -28,7 +30,8 @@ fn local(dir: std::path::PathBuf) -> Open {
             LocalStore::open(LocalStoreSettings {
                 dir: dir.clone(),
                 max_file_bytes: l.max,
-                quota_bytes: l.quota,
+                bounds: StoreBounds::quota(l.quota),
+                charge: Charge::BYTES,
                 ttl: l.ttl,
             })
             .unwrap(),
@@ -50,7 +53,8 @@ fn s3(endpoint: String, prefix: String) -> Open {
             .unwrap();
         let settings = S3StoreSettings {
             max_file_bytes: l.max,
-            quota_bytes: l.quota,
+            bounds: StoreBounds::quota(l.quota),
+            charge: Charge::BYTES,
             ttl: l.ttl,
         };
         Arc::new(S3Store::with_store(Arc::new(client), &prefix, settings, 0)) as Arc<dyn FileStore>

@@ -19,7 +19,8 @@ pub async fn try_upload(s: &Server, name: &str, bytes: Vec<u8>) -> (u16, Value) 
 }
 
 /// The refusal of a file of `size` (as the detail writes it) larger than a whole quota of
-/// 1 MB (`whose`, set by `setting`, as the detail names them), refused as it streamed in,
+/// 1 MB (`whose`, and `quota`, the quota with its setting, as the detail names them),
+/// refused as it streamed in,
 /// whatever else is stored: 413 without `Retry-After` (no deletion and no wait makes room
 /// for it), and a detail that says so with the file's whole size (the rest of the body is
 /// read before the answer).
@@ -27,7 +28,7 @@ pub fn assert_larger_than_the_whole_quota(
     (status, headers, body): (u16, reqwest::header::HeaderMap, Value),
     size: &str,
     whose: &str,
-    setting: &str,
+    quota: &str,
 ) {
     assert_eq!(status, 413, "{body}");
     assert_eq!(body["code"], "payload_too_large", "{body}");
@@ -35,8 +36,8 @@ pub fn assert_larger_than_the_whole_quota(
     assert_eq!(
         body["detail"],
         format!(
-            "This file would take {whose} past its quota of 1 MB ({setting}): the file \
-             ({size}) is larger than the whole quota; upload a smaller file"
+            "This file would take {whose} past {quota}: the file ({size}) is larger than the \
+             whole quota; upload a smaller file"
         ),
         "{body}"
     );
@@ -242,7 +243,10 @@ async fn the_list_comes_in_pages_that_cover_it_once_in_order() {
         .get_json(&format!("/v1/files?after={}", ids.last().unwrap()))
         .await;
     assert_eq!(status, 200, "{page}");
-    assert_eq!(page, json!({ "files": [], "next_after": null }));
+    assert_eq!(page["files"], json!([]), "{page}");
+    assert_eq!(page["next_after"], Value::Null, "{page}");
+    // Usage is of every file, whatever the page.
+    assert_eq!(page["usage"]["files"], ids.len(), "{page}");
     for bad in ["limit=0", "limit=10001", "limit=deux", "limit=-1"] {
         let (status, body) = s.get_json(&format!("/v1/files?{bad}")).await;
         assert_eq!(status, 400, "{bad}: {body}");
@@ -628,8 +632,8 @@ async fn files_expire_after_their_ttl_and_a_full_store_answers_507() {
     assert!(
         detail.starts_with(
             "This file would take file storage past its quota of 1 MB \
-             (files.quota_mb): 600 KB is stored and the file is 600 KB; delete files you no \
-             longer need and retry"
+             (files.quota_mb): 604 KB is used and the file is 600 KB, counted as 604 KB; \
+             delete files you no longer need and retry"
         ),
         "{detail}"
     );
@@ -666,7 +670,7 @@ async fn a_file_larger_than_the_whole_store_quota_is_413_one_that_does_not_fit_5
         try_upload_with_headers(&s, "huge.bin", vec![0; 2 << 20]).await,
         "2 MB",
         "file storage",
-        "files.quota_mb",
+        "its quota of 1 MB (files.quota_mb)",
     );
     upload(&s, "a.bin", vec![0; 600 << 10]).await;
     let (status, headers, body) = try_upload_with_headers(&s, "b.bin", vec![0; 600 << 10]).await;
@@ -675,8 +679,9 @@ async fn a_file_larger_than_the_whole_store_quota_is_413_one_that_does_not_fit_5
     assert!(headers.get("retry-after").is_none(), "{headers:?}");
     assert_eq!(
         body["detail"],
-        "This file would take file storage past its quota of 1 MB (files.quota_mb): 600 KB \
-         is stored and the file is 600 KB; delete files you no longer need and retry",
+        "This file would take file storage past its quota of 1 MB (files.quota_mb): 604 KB \
+         is used and the file is 600 KB, counted as 604 KB; delete files you no longer need \
+         and retry",
         "{body}"
     );
     // With files stored, the store refuses a larger file as soon as what it read passes
@@ -685,15 +690,15 @@ async fn a_file_larger_than_the_whole_store_quota_is_413_one_that_does_not_fit_5
         try_upload_with_headers(&s, "ünïcode-huge.bin", vec![0; 2 << 20]).await,
         "2 MB",
         "file storage",
-        "files.quota_mb",
+        "its quota of 1 MB (files.quota_mb)",
     );
     // The same for a file a run writes: its size on disk is whole.
     let r = s.run("open('grand.bin', 'wb').write(bytes(3 << 20))\nopen('petit.bin', 'wb').write(bytes(500 << 10))").await;
     assert_eq!(
         r["skipped_files"],
         json!([
-            {"path": "grand.bin", "reason": "larger (3 MB) than the whole quota of file storage, 1 MB"},
-            {"path": "petit.bin", "reason": "it would take file storage past its quota of 1 MB (600 KB stored)"},
+            {"path": "grand.bin", "reason": "larger (3 MB) than the whole quota of file storage, 1 MB (files.quota_mb)"},
+            {"path": "petit.bin", "reason": "it would take file storage past its quota of 1 MB (files.quota_mb; 604 KB used)"},
         ]),
         "{r}"
     );

@@ -61,6 +61,7 @@ mod shutdown_kills;
 mod snapshot;
 mod stalled_reader;
 mod starting;
+mod store_charges;
 mod stream;
 mod streamed;
 mod tiers;

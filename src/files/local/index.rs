@@ -5,40 +5,77 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::{io_err, valid_id};
-use crate::files::{FileMeta, StoreError};
+use crate::files::{Charge, FileMeta, Held, StoreError};
 
-#[derive(Default)]
+/// The index. What it holds is counted in charges ([`Charge`]): computed from each file's
+/// size whenever the store opens, so a store written before files were charged (or under
+/// another block size) is counted as it costs now, and nothing on disk changes.
 pub(super) struct State {
     pub(super) files: HashMap<String, FileMeta>,
-    /// Bytes of every stored file plus the reservations of commits in progress.
-    pub(super) used_bytes: u64,
-    /// The same, per owner (tenants with keys).
-    used_by: HashMap<String, u64>,
+    pub(super) charge: Charge,
+    /// Every stored file plus the reservations of commits in progress.
+    pub(super) all: Held,
+    /// The same, per owner (`None`: files stored without keys).
+    by_owner: HashMap<Option<String>, Held>,
 }
 
 impl State {
-    pub(super) fn add(&mut self, owner: Option<&str>, bytes: u64) {
-        self.used_bytes += bytes;
-        if let Some(owner) = owner {
-            *self.used_by.entry(owner.to_owned()).or_default() += bytes;
+    fn new(charge: Charge) -> Self {
+        Self {
+            files: HashMap::new(),
+            charge,
+            all: Held::default(),
+            by_owner: HashMap::new(),
         }
     }
 
-    pub(super) fn sub(&mut self, owner: Option<&str>, bytes: u64) {
-        self.used_bytes -= bytes;
-        if let Some(used) = owner.and_then(|o| self.used_by.get_mut(o)) {
-            *used -= bytes;
+    /// Counts a file of `size` bytes of `owner` (its charge, and one file).
+    pub(super) fn add(&mut self, owner: Option<&str>, size: u64) {
+        let charged = self.charge.of(size);
+        for held in [
+            &mut self.all,
+            self.by_owner.entry(owner.map(str::to_owned)).or_default(),
+        ] {
+            held.files += 1;
+            held.charged = held.charged.saturating_add(charged);
         }
     }
 
-    pub(super) fn used_by(&self, owner: Option<&str>) -> u64 {
-        owner.map_or(0, |o| self.used_by.get(o).copied().unwrap_or(0))
+    pub(super) fn sub(&mut self, owner: Option<&str>, size: u64) {
+        let charged = self.charge.of(size);
+        let key = owner.map(str::to_owned);
+        let mut held = vec![&mut self.all];
+        if let Some(mine) = self.by_owner.get_mut(&key) {
+            held.push(mine);
+        }
+        for held in held {
+            held.files = held.files.saturating_sub(1);
+            held.charged = held.charged.saturating_sub(charged);
+        }
+        if self.by_owner.get(&key).is_some_and(|h| h.files == 0) {
+            self.by_owner.remove(&key);
+        }
+    }
+
+    /// What `owner` holds.
+    pub(super) fn held_by(&self, owner: Option<&str>) -> Held {
+        self.by_owner
+            .get(&owner.map(str::to_owned))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Every owner's charge.
+    pub(super) fn charges(&self) -> impl Iterator<Item = (Option<&str>, u64)> {
+        self.by_owner
+            .iter()
+            .map(|(owner, held)| (owner.as_deref(), held.charged))
     }
 }
 
 /// Creates the store's directories under `dir` if needed, empties `tmp/`, loads the
 /// metadata and removes what a crash left half-written.
-pub(super) fn load(dir: &Path) -> Result<State, StoreError> {
+pub(super) fn load(dir: &Path, charge: Charge) -> Result<State, StoreError> {
     for sub in ["objects", "meta", "tmp"] {
         let path = dir.join(sub);
         std::fs::create_dir_all(&path).map_err(io_err("creating", &path))?;
@@ -48,7 +85,7 @@ pub(super) fn load(dir: &Path) -> Result<State, StoreError> {
         let path = entry.map_err(io_err("listing", &tmp))?.path();
         let _ = std::fs::remove_file(&path);
     }
-    let mut state = State::default();
+    let mut state = State::new(charge);
     let meta_dir = dir.join("meta");
     for entry in std::fs::read_dir(&meta_dir).map_err(io_err("listing", &meta_dir))? {
         let path = entry.map_err(io_err("listing", &meta_dir))?.path();
@@ -87,7 +124,7 @@ pub(super) fn load(dir: &Path) -> Result<State, StoreError> {
     tracing::info!(
         dir = %dir.display(),
         files = state.files.len(),
-        bytes = state.used_bytes,
+        charged_bytes = state.all.charged,
         "file store opened"
     );
     Ok(state)

@@ -39,17 +39,19 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 use self::index::State;
 use self::recover::Recovery;
 use super::{
-    ByteReader, FileMeta, FileOwner, FileStore, StoreError, StoreRecovery, UploadSize,
-    canonical_file_id, clean_filename, mime_for, now_unix_ms,
+    ByteReader, Charge, FileMeta, FileOwner, FileStore, Holders, StoreBounds, StoreError,
+    StoreRecovery, UploadSize, canonical_file_id, clean_filename, mime_for, now_unix_ms,
 };
 use crate::state_lock::{DirLock, Lock};
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct LocalStoreSettings {
     pub dir: PathBuf,
     pub max_file_bytes: u64,
-    /// `None`: no quota.
-    pub quota_bytes: Option<u64>,
+    /// The quotas and file counts.
+    pub bounds: StoreBounds,
+    /// What a file costs ([`Charge::for_dir`] for the store's own file system).
+    pub charge: Charge,
     /// `None`: files are kept until deleted.
     pub ttl: Option<Duration>,
 }
@@ -81,7 +83,7 @@ impl LocalStore {
                 return Err(StoreError::InUse { dir: dir.clone() });
             }
         };
-        let state = index::load(dir)?;
+        let state = index::load(dir, settings.charge)?;
         Ok(Self {
             settings,
             state: Mutex::new(state),
@@ -128,36 +130,32 @@ impl LocalStore {
         Ok(meta.clone())
     }
 
-    /// Whether `upload` more bytes of `owner` would pass the store's quota or the owner's.
+    /// Whether one more file of `owner` of `upload` bytes would pass the store's bounds or
+    /// the owner's.
     fn over_quota(
         &self,
         state: &State,
         owner: FileOwner<'_>,
         upload: UploadSize,
     ) -> Option<StoreError> {
-        let extra = upload.bytes();
-        if let Some(quota) = self.settings.quota_bytes
-            && state.used_bytes.saturating_add(extra) > quota
-        {
-            return Some(StoreError::QuotaExceeded {
-                quota_bytes: quota,
-                stored_bytes: state.used_bytes,
-                upload,
-            });
-        }
-        match (owner.name, owner.quota_bytes) {
-            (Some(name), Some(quota))
-                if state.used_by(Some(name)).saturating_add(extra) > quota =>
-            {
-                Some(StoreError::OwnerQuotaExceeded {
-                    owner: name.to_owned(),
-                    quota_bytes: quota,
-                    stored_bytes: state.used_by(Some(name)),
-                    upload,
-                })
-            }
-            _ => None,
-        }
+        self.settings.bounds.refusal(
+            state.charge,
+            owner,
+            (state.all, state.held_by(owner.name)),
+            upload,
+            || {
+                let name = owner.name?;
+                let mut charges: Vec<(Option<&str>, u64)> = state.charges().collect();
+                // The operator's log names the largest holders; the caller is told only
+                // how it compares.
+                charges.sort_by_key(|c| std::cmp::Reverse(c.1));
+                tracing::warn!(
+                    largest_holders = ?&charges[..charges.len().min(3)],
+                    "the file store is at its quota (files.quota_mb)"
+                );
+                Some(Holders::of(name, charges))
+            },
+        )
     }
 
     /// Streams `body` into `tmp`, enforcing the size limit and (optimistically) the quota.
@@ -167,6 +165,14 @@ impl LocalStore {
         owner: FileOwner<'_>,
         body: &mut (dyn AsyncRead + Send + Unpin),
     ) -> Result<u64, StoreError> {
+        // A file that cannot fit whatever its size (too many files, or not even an empty
+        // file's charge): refused before its first byte.
+        if let Some(refused) = {
+            let state = self.state.lock().expect("store lock");
+            self.over_quota(&state, owner, UploadSize::AtLeast(0))
+        } {
+            return Err(refused);
+        }
         let mut file = tokio::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -346,6 +352,10 @@ impl FileStore for LocalStore {
 
     fn last_recovery(&self) -> Option<StoreRecovery> {
         self.recovery.lock().expect("recovery lock").last.clone()
+    }
+
+    fn charging(&self) -> (Charge, StoreBounds) {
+        (self.settings.charge, self.settings.bounds)
     }
 
     async fn delete(&self, file_id: &str, owner: Option<&str>) -> Result<(), StoreError> {

@@ -32,8 +32,8 @@ use tokio_util::io::StreamReader;
 use self::keys::Keys;
 use self::usage::{Scope, Usage};
 use super::{
-    ByteReader, FileMeta, FileOwner, FileStore, StoreError, UploadSize, canonical_file_id,
-    clean_filename_within, mime_for,
+    ByteReader, Charge, FileMeta, FileOwner, FileStore, Held, Holders, StoreBounds, StoreError,
+    UploadSize, canonical_file_id, clean_filename_within, mime_for,
 };
 use crate::config::S3Config;
 
@@ -45,11 +45,13 @@ const COMPLETING: &str = "completing the upload";
 /// File locations remembered by a replica.
 const MAX_LOCATED: usize = 100_000;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct S3StoreSettings {
     pub max_file_bytes: u64,
-    /// `None`: no quota.
-    pub quota_bytes: Option<u64>,
+    /// The quotas and file counts.
+    pub bounds: StoreBounds,
+    /// What an object costs (its per-object record, and its size in whole blocks).
+    pub charge: Charge,
     /// `None`: files are kept until deleted.
     pub ttl: Option<Duration>,
 }
@@ -142,8 +144,8 @@ impl S3Store {
         Self {
             store,
             keys: Keys::new(prefix),
+            usage: Usage::new(Duration::from_millis(usage_cache_ms), settings.charge),
             settings,
-            usage: Usage::new(Duration::from_millis(usage_cache_ms)),
             located: Mutex::default(),
         }
     }
@@ -226,37 +228,99 @@ impl S3Store {
         self.located.lock().expect("located lock").remove(file_id);
     }
 
-    /// The quota scopes an upload by `owner` counts in, with each one's limit.
-    fn quotas(&self, owner: FileOwner<'_>) -> Vec<(Scope, u64)> {
-        let mut quotas = Vec::new();
-        if let Some(quota) = self.settings.quota_bytes {
-            quotas.push((Scope::All, quota));
+    /// The scopes an upload by `owner` is counted in: those that have a bound.
+    fn scopes(&self, owner: FileOwner<'_>) -> Vec<Scope> {
+        let bounds = &self.settings.bounds;
+        let mut scopes = Vec::new();
+        if bounds.quota_bytes.is_some() || bounds.max_files.is_some() {
+            scopes.push(Scope::All);
         }
-        if let (Some(name), Some(quota)) = (owner.name, owner.quota_bytes) {
-            quotas.push((Scope::Owner(Some(name.to_owned())), quota));
+        if let Some(name) = owner.name
+            && (bounds.max_files_per_key.is_some()
+                || bounds.owner_quota(Some(name), owner.quota_bytes).is_some())
+        {
+            scopes.push(Scope::Owner(Some(name.to_owned())));
         }
-        quotas
+        scopes
     }
 
-    /// What `scope` holds now, from a listing at most `usage_cache_ms` old.
-    async fn listed_bytes(&self, scope: &Scope) -> Result<u64, StoreError> {
-        if let Some(bytes) = self.usage.cached(scope) {
-            return Ok(bytes);
+    /// What `scope` holds now, from a listing at most `usage_cache_ms` old (a listing of
+    /// the whole store also notes every owner's charge).
+    async fn listed_held(&self, scope: &Scope) -> Result<Held, StoreError> {
+        if let Some(held) = self.usage.cached(scope) {
+            return Ok(held);
         }
         let dir = match scope {
             Scope::All => self.keys.root().clone(),
             Scope::Owner(owner) => self.keys.owner_dir(owner.as_deref()),
         };
         let now = super::now_unix_ms();
-        let bytes = self
-            .list_under(&dir)
-            .await?
-            .iter()
-            .filter(|m| !m.expired(self.settings.ttl, now))
-            .map(|m| m.size_bytes)
-            .sum();
-        self.usage.listed(scope.clone(), bytes);
-        Ok(bytes)
+        let mut held = Held::default();
+        let mut holders: HashMap<Option<String>, u64> = HashMap::new();
+        for meta in self.list_under(&dir).await? {
+            if meta.expired(self.settings.ttl, now) {
+                continue;
+            }
+            let charged = self.settings.charge.of(meta.size_bytes);
+            held.files += 1;
+            held.charged = held.charged.saturating_add(charged);
+            *holders.entry(meta.owner).or_default() += charged;
+        }
+        if *scope == Scope::All {
+            self.usage.listed_holders(holders);
+        }
+        self.usage.listed(scope.clone(), held);
+        Ok(held)
+    }
+
+    /// Why one more file of `owner`, `written` bytes so far, does not fit beside what the
+    /// listings (`listed`) and the uploads in flight here (this one included) hold.
+    fn refusal(
+        &self,
+        owner: FileOwner<'_>,
+        listed: &[(Scope, Held)],
+        written: u64,
+    ) -> Option<StoreError> {
+        let this = Held {
+            files: 1,
+            charged: self.settings.charge.of(written),
+        };
+        let held_in = |wanted: &Scope| {
+            listed.iter().find(|(scope, _)| scope == wanted).map_or(
+                Held::default(),
+                |(scope, listed)| {
+                    // Held besides this upload: listed, and what other uploads in flight
+                    // here add.
+                    let total = self.usage.total(scope, *listed);
+                    Held {
+                        files: total.files.saturating_sub(this.files),
+                        charged: total.charged.saturating_sub(this.charged),
+                    }
+                },
+            )
+        };
+        let all = held_in(&Scope::All);
+        let mine = held_in(&Scope::Owner(owner.name.map(str::to_owned)));
+        self.settings.bounds.refusal(
+            self.settings.charge,
+            owner,
+            (all, mine),
+            UploadSize::AtLeast(written),
+            || {
+                let name = owner.name?;
+                let charges = self.usage.holders();
+                let mut sorted = charges.clone();
+                sorted.sort_by_key(|c| std::cmp::Reverse(c.1));
+                tracing::warn!(
+                    largest_holders = ?&sorted[..sorted.len().min(3)],
+                    "the file store is at its quota (files.quota_mb)"
+                );
+                Some(Holders::of(
+                    name,
+                    charges.iter().map(|(o, c)| (o.as_deref(), *c)),
+                ))
+            },
+        )
     }
 
     /// Streams `body` into `writer`, stopping at the size limit or a quota, and completes
@@ -265,40 +329,24 @@ impl S3Store {
         &self,
         writer: &mut BufWriter,
         owner: FileOwner<'_>,
-        quotas: &[(Scope, u64, u64)],
+        listed: &[(Scope, Held)],
         body: &mut (dyn AsyncRead + Send + Unpin),
     ) -> Result<u64, StoreError> {
         let mut upload = self
             .usage
-            .upload(quotas.iter().map(|(scope, _, _)| scope.clone()).collect());
+            .upload(listed.iter().map(|(scope, _)| scope.clone()).collect());
+        // A file that cannot fit whatever its size (too many files, or not even an empty
+        // file's charge): refused before its first byte.
+        if let Some(refused) = self.refusal(owner, listed, 0) {
+            return Err(refused);
+        }
         let written = super::copy_upload(
             body,
             writer,
             self.settings.max_file_bytes,
             |written, chunk| {
                 upload.add(chunk);
-                for (scope, quota, listed) in quotas {
-                    let total = self.usage.total(scope, *listed);
-                    if total > *quota {
-                        // Stored here: listed, and what other uploads in flight added.
-                        let stored_bytes = total.saturating_sub(written);
-                        let upload = UploadSize::AtLeast(written);
-                        return Err(match scope {
-                            Scope::All => StoreError::QuotaExceeded {
-                                quota_bytes: *quota,
-                                stored_bytes,
-                                upload,
-                            },
-                            Scope::Owner(_) => StoreError::OwnerQuotaExceeded {
-                                owner: owner.name.unwrap_or_default().to_owned(),
-                                quota_bytes: *quota,
-                                stored_bytes,
-                                upload,
-                            },
-                        });
-                    }
-                }
-                Ok(())
+                self.refusal(owner, listed, written).map_or(Ok(()), Err)
             },
             |e| StoreError::Unavailable {
                 doing: "uploading",
@@ -326,10 +374,10 @@ impl FileStore for S3Store {
         filename: &str,
         body: &mut (dyn AsyncRead + Send + Unpin),
     ) -> Result<FileMeta, StoreError> {
-        let mut quotas = Vec::new();
-        for (scope, quota) in self.quotas(owner) {
-            let listed = self.listed_bytes(&scope).await?;
-            quotas.push((scope, quota, listed));
+        let mut listed = Vec::new();
+        for scope in self.scopes(owner) {
+            let held = self.listed_held(&scope).await?;
+            listed.push((scope, held));
         }
         let filename = clean_filename_within(filename, Keys::name_bytes);
         let id = keys::new_file_id();
@@ -339,7 +387,7 @@ impl FileStore for S3Store {
         attributes.insert(Attribute::ContentType, mime_type.clone().into());
         let mut writer = BufWriter::with_capacity(self.store.clone(), key, PART_BYTES)
             .with_attributes(attributes);
-        let size = match self.receive(&mut writer, owner, &quotas, body).await {
+        let size = match self.receive(&mut writer, owner, &listed, body).await {
             Ok(size) => size,
             Err(e) => {
                 // A writer that failed to complete is shut down already (`abort` would
@@ -352,8 +400,8 @@ impl FileStore for S3Store {
                 return Err(e);
             }
         };
-        let scopes: Vec<Scope> = quotas.into_iter().map(|(scope, _, _)| scope).collect();
-        self.usage.adjust(&scopes, size, true);
+        let owner_scope = Scope::Owner(owner.name.map(str::to_owned));
+        self.usage.adjust(&[Scope::All, owner_scope], size, true);
         let meta = FileMeta {
             created_unix_ms: keys::created_ms(&id).unwrap_or_else(super::now_unix_ms),
             file_id: id.clone(),
@@ -435,6 +483,10 @@ impl FileStore for S3Store {
             self.forget(&meta.file_id);
         }
         Ok(expired.len())
+    }
+
+    fn charging(&self) -> (Charge, StoreBounds) {
+        (self.settings.charge, self.settings.bounds)
     }
 
     /// Lists an empty prefix: one small request that fails when the store is down, the

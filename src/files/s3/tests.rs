@@ -12,13 +12,16 @@ use tokio::io::AsyncReadExt;
 
 use super::*;
 
+/// A store that charges file bytes alone (the quota's own arithmetic; what a file is
+/// charged is tested apart).
 fn store(inner: &Arc<InMemory>, max: u64, quota: Option<u64>, ttl: Option<Duration>) -> S3Store {
     S3Store::with_store(
         inner.clone(),
         "deploy",
         S3StoreSettings {
             max_file_bytes: max,
-            quota_bytes: quota,
+            bounds: StoreBounds::quota(quota),
+            charge: Charge::BYTES,
             ttl,
         },
         0,
@@ -233,7 +236,8 @@ async fn an_upload_refused_as_it_completes_is_unavailable_and_leaves_nothing() {
     let refusing = Arc::new(RefusesPuts(inner.clone()));
     let settings = S3StoreSettings {
         max_file_bytes: 1 << 20,
-        quota_bytes: Some(1 << 20),
+        bounds: StoreBounds::quota(Some(1 << 20)),
+        charge: Charge::default(),
         ttl: None,
     };
     let s = S3Store::with_store(refusing, "deploy", settings, 0);
@@ -248,4 +252,74 @@ async fn an_upload_refused_as_it_completes_is_unavailable_and_leaves_nothing() {
     );
     assert!(keys_in(&inner).await.is_empty());
     assert!(s.list(None).await.unwrap().is_empty());
+}
+
+/// Objects are charged as the local store charges files, counted by every replica from
+/// the listing: tiny files fill a quota by their blocks, and a key's file count holds.
+#[tokio::test]
+async fn objects_are_charged_their_blocks_and_counted_by_every_replica() {
+    let inner = Arc::new(InMemory::new());
+    let open = || {
+        S3Store::with_store(
+            inner.clone(),
+            "deploy",
+            S3StoreSettings {
+                max_file_bytes: 1 << 20,
+                bounds: StoreBounds {
+                    quota_bytes: Some(40 << 10),
+                    max_files_per_key: Some(3),
+                    key_share_bytes: Some(24 << 10),
+                    ..StoreBounds::default()
+                },
+                charge: Charge::default(),
+                ttl: None,
+            },
+            0,
+        )
+    };
+    let a = open();
+    let key = |name| FileOwner {
+        name: Some(name),
+        quota_bytes: None,
+    };
+    for i in 0..3 {
+        a.put(key("ana"), &format!("{i}.txt"), &mut &b"x"[..])
+            .await
+            .unwrap();
+    }
+    // Three one-byte files are 24 KiB: ana's share, and its count.
+    let b = open();
+    let refused = b
+        .put(key("ana"), "3.txt", &mut &b"x"[..])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, StoreError::TooManyFiles { owner: Some(o), max_files: 3 } if o == "ana"),
+        "{refused:?}"
+    );
+    b.put(key("bo"), "1.txt", &mut &b"x"[..]).await.unwrap();
+    // 32 KiB held; 9000 bytes more would be 16 KiB: over the store's 40 KiB.
+    let refused = b
+        .put(key("bo"), "2.txt", &mut &[1u8; 9000][..])
+        .await
+        .unwrap_err();
+    let StoreError::QuotaExceeded {
+        stored_bytes,
+        holders: Some(holders),
+        ..
+    } = refused
+    else {
+        panic!("{refused:?}");
+    };
+    assert_eq!(stored_bytes, 32 << 10);
+    assert_eq!(
+        holders,
+        Holders {
+            caller: 8 << 10,
+            caller_rank: Some(2),
+            largest: 24 << 10,
+            keys: 2
+        }
+    );
+    assert_eq!(keys_in(&inner).await.len(), 4);
 }

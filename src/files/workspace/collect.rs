@@ -1,8 +1,11 @@
 //! Collection: after a run, every new or changed regular file of the workspace stored
 //! (and every new directory listed), by a bounded scan that never follows a link.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::io;
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -15,7 +18,7 @@ use nix::fcntl::OFlag;
 use super::MAX_PATH_BYTES;
 use super::beneath::{MAX_DEPTH, Root, list, open_dir_at};
 use super::stage::{Fingerprint, Staged, odd_key};
-use crate::files::{FileMeta, FileOwner, FileStore, StoreError, UploadSize, size_text};
+use crate::files::{Charge, FileMeta, FileOwner, FileStore, StoreError, UploadSize, size_text};
 
 /// One entry of an execute response's `files`.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -50,6 +53,8 @@ pub struct CollectLimits {
     pub max_entries: usize,
     /// Bytes stored in total.
     pub max_total_bytes: u64,
+    /// Files stored (`workspace.max_files`).
+    pub max_files: usize,
 }
 
 #[derive(Debug, Default)]
@@ -106,39 +111,73 @@ pub async fn collect(
         skipped: scan.skipped,
     };
     let mut in_flight = futures_util::stream::FuturesOrdered::new();
-    let (mut stored, mut in_flight_bytes) = (0u64, 0u64);
+    let mut aliases = scan.aliases;
+    // Stored so far, and sent to the store; files, then bytes.
+    let (mut stored, mut sent) = ((0usize, 0u64), (0usize, 0u64));
     for entry in scan.entries {
         let (path, len) = match entry {
             Found::Directory(path) => {
-                in_flight.push_back(Either::Left(std::future::ready((path, 0, None))));
+                let done = Done {
+                    path,
+                    len: 0,
+                    names: Vec::new(),
+                    stored: None,
+                };
+                in_flight.push_back(Either::Left(std::future::ready(done)));
                 continue;
             }
             Found::File { path, len } => (path, len),
         };
-        while stored + in_flight_bytes + len > limits.max_total_bytes
+        let names = aliases.remove(&path).unwrap_or_default();
+        while stored.1 + sent.1 + len > limits.max_total_bytes
+            || stored.0 + sent.0 >= limits.max_files
             || in_flight.len() >= STORE_CONCURRENCY
         {
             let Some(done) = in_flight.next().await else {
                 break;
             };
-            in_flight_bytes -= done.1;
-            stored += record(&mut out, done);
+            if done.stored.is_some() {
+                sent.0 -= 1;
+                sent.1 -= done.len;
+            }
+            let (files, bytes) = record(&mut out, done);
+            stored.0 += files;
+            stored.1 += bytes;
         }
-        if stored + len > limits.max_total_bytes {
-            out.skipped.push(SkippedFile {
-                reason: format!(
-                    "the run's files exceed the workspace budget of {} MB",
-                    limits.max_total_bytes >> 20
-                ),
-                path,
-            });
+        let over = if stored.0 >= limits.max_files {
+            Some(format!(
+                "the run left more than {} files to store (workspace.max_files); the first {} \
+                 in path order were stored",
+                limits.max_files, limits.max_files
+            ))
+        } else if stored.1 + len > limits.max_total_bytes {
+            Some(format!(
+                "the run's files exceed the workspace budget of {} MB",
+                limits.max_total_bytes >> 20
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = over {
+            for path in std::iter::once(path).chain(names) {
+                out.skipped.push(SkippedFile {
+                    reason: reason.clone(),
+                    path,
+                });
+            }
             continue;
         }
-        in_flight_bytes += len;
+        sent.0 += 1;
+        sent.1 += len;
         let root = &root;
         in_flight.push_back(Either::Right(async move {
             let result = store_one(store, owner, root, &path, len).await;
-            (path, len, Some(result))
+            Done {
+                path,
+                len,
+                names,
+                stored: Some(result),
+            }
         }));
     }
     while let Some(done) = in_flight.next().await {
@@ -147,12 +186,23 @@ pub async fn collect(
     out
 }
 
-/// Adds a finished entry (a directory, or a file with its store's answer) to `out`;
-/// returns the bytes stored.
-fn record(
-    out: &mut Collected,
-    (path, len, stored): (String, u64, Option<Result<FileMeta, StoreError>>),
-) -> u64 {
+/// An entry whose turn came: a directory (`stored` `None`), or a file with the store's
+/// answer and the other names it has in the workspace (hard links).
+struct Done {
+    path: String,
+    len: u64,
+    names: Vec<String>,
+    stored: Option<Result<FileMeta, Unstored>>,
+}
+
+/// Adds a finished entry to `out`; returns the files and bytes stored.
+fn record(out: &mut Collected, done: Done) -> (usize, u64) {
+    let Done {
+        path,
+        len,
+        names,
+        stored,
+    } = done;
     match stored {
         None => {
             out.files.push(WorkspaceFile {
@@ -162,40 +212,118 @@ fn record(
                 size_bytes: None,
                 mime_type: None,
             });
-            0
+            (0, 0)
         }
         Some(Ok(meta)) => {
             let size = meta.size_bytes;
-            out.files.push(WorkspaceFile {
-                path,
-                kind: EntryKind::File,
-                file_id: Some(meta.file_id),
-                size_bytes: Some(size),
-                mime_type: Some(meta.mime_type),
-            });
-            size
+            // Every name of the file, each with the one stored copy's id.
+            for path in std::iter::once(path).chain(names) {
+                out.files.push(WorkspaceFile {
+                    path,
+                    kind: EntryKind::File,
+                    file_id: Some(meta.file_id.clone()),
+                    size_bytes: Some(size),
+                    mime_type: Some(meta.mime_type.clone()),
+                });
+            }
+            (1, size)
         }
-        Some(Err(e)) => {
-            // The worker is gone: the file's size on disk is its whole size.
-            let reason = skip_reason(&path, &e.with_whole_size(len));
-            out.skipped.push(SkippedFile { path, reason });
-            0
+        Some(Err(unstored)) => {
+            let reason = match unstored {
+                // The worker is gone: the file's size on disk is its whole size.
+                Unstored::Store(e) => skip_reason(&path, &e.with_whole_size(len)),
+                Unstored::Sparse { data } => format!(
+                    "a sparse file: {} long, of which only {} is data and the rest holes; a \
+                     file more than half holes (and over {} of them) is not stored, as it \
+                     would be stored and counted at its whole length",
+                    size_text(len),
+                    size_text(data),
+                    size_text(SPARSE_HOLES_BYTES)
+                ),
+            };
+            for path in std::iter::once(path).chain(names) {
+                out.skipped.push(SkippedFile {
+                    path,
+                    reason: reason.clone(),
+                });
+            }
+            (0, 0)
         }
     }
 }
 
+/// Why a file was not stored: the store refused it, or it is sparse.
+#[derive(Debug)]
+enum Unstored {
+    Store(StoreError),
+    /// Only `data` bytes of it are not holes.
+    Sparse {
+        data: u64,
+    },
+}
+
+impl From<StoreError> for Unstored {
+    fn from(e: StoreError) -> Self {
+        Unstored::Store(e)
+    }
+}
+
+/// The holes a file may have and still be stored (when it is more than half holes).
+pub const SPARSE_HOLES_BYTES: u64 = 1 << 20;
+
+/// Whether a file of `len` bytes with `data` bytes that are not holes is too sparse to
+/// store: more than half holes, and more than [`SPARSE_HOLES_BYTES`] of them.
+fn too_sparse(len: u64, data: u64) -> bool {
+    let holes = len.saturating_sub(data);
+    holes > SPARSE_HOLES_BYTES && holes > len / 2
+}
+
+/// The bytes of `file` (of `len` bytes) that are data, not holes, as `SEEK_DATA` and
+/// `SEEK_HOLE` find them; `None` when the file system cannot say or the file has too many
+/// extents to walk.
+fn data_bytes(file: &std::fs::File, len: u64) -> Option<u64> {
+    use nix::unistd::{Whence, lseek};
+    const MAX_EXTENTS: usize = 4096;
+    let (mut data, mut pos) = (0u64, 0i64);
+    for _ in 0..MAX_EXTENTS {
+        if pos as u64 >= len {
+            return Some(data);
+        }
+        let start = match lseek(file, pos, Whence::SeekData) {
+            Ok(start) => start,
+            // No data past `pos`: the rest is a hole.
+            Err(nix::errno::Errno::ENXIO) => return Some(data),
+            Err(_) => return None,
+        };
+        let end = lseek(file, start, Whence::SeekHole).ok()?;
+        data += (end.min(len as i64) - start).max(0) as u64;
+        pos = end;
+    }
+    None
+}
+
+/// Whose quota refused a file: `whose` (`file storage`, `the API key`), the quota's name
+/// (`quota`, `own quota`) and the setting that sets it.
+type QuotaName<'a> = (&'a str, &'a str, &'a str);
+
 /// Why a quota refused a file: larger than the whole quota (no deletion makes room), or
-/// past what is left of it.
-fn quota_reason(whose: &str, quota_bytes: u64, stored_bytes: u64, upload: UploadSize) -> String {
-    if upload.larger_than(quota_bytes) {
+/// past what is left of it. Sizes are charges (a file's blocks and one more).
+fn quota_reason(
+    (whose, quota_name, setting): QuotaName<'_>,
+    quota_bytes: u64,
+    stored_bytes: u64,
+    upload: UploadSize,
+    charge: Charge,
+) -> String {
+    if upload.larger_than(quota_bytes, charge) {
         format!(
-            "larger ({}) than the whole quota of {whose}, {}",
-            size_text(upload.bytes()),
+            "larger ({}) than the whole {quota_name} of {whose}, {} ({setting})",
+            size_text(charge.of(upload.bytes())),
             size_text(quota_bytes)
         )
     } else {
         format!(
-            "it would take {whose} past its quota of {} ({} stored)",
+            "it would take {whose} past its {quota_name} of {} ({setting}; {} used)",
             size_text(quota_bytes),
             size_text(stored_bytes)
         )
@@ -218,13 +346,56 @@ fn skip_reason(path: &str, e: &StoreError) -> String {
             quota_bytes,
             stored_bytes,
             upload,
-        } => quota_reason("file storage", *quota_bytes, *stored_bytes, *upload),
+            charge,
+            holders,
+        } => {
+            let reason = quota_reason(
+                ("file storage", "quota", "files.quota_mb"),
+                *quota_bytes,
+                *stored_bytes,
+                *upload,
+                *charge,
+            );
+            match holders {
+                Some(h) => format!("{reason}; {}", h.describe()),
+                None => reason,
+            }
+        }
         StoreError::OwnerQuotaExceeded {
             quota_bytes,
             stored_bytes,
             upload,
+            charge,
+            own,
             ..
-        } => quota_reason("the API key", *quota_bytes, *stored_bytes, *upload),
+        } => quota_reason(
+            if *own {
+                ("the API key", "own quota", "max_stored_mb")
+            } else {
+                (
+                    "the API key",
+                    "own share of the store",
+                    "files.key_share_percent",
+                )
+            },
+            *quota_bytes,
+            *stored_bytes,
+            *upload,
+            *charge,
+        ),
+        StoreError::TooManyFiles {
+            owner: Some(_),
+            max_files,
+        } => format!(
+            "the API key holds {max_files} stored files, the most a key may hold \
+             (files.max_files_per_key)"
+        ),
+        StoreError::TooManyFiles {
+            owner: None,
+            max_files,
+        } => format!(
+            "the file store holds {max_files} files, the most it may hold (files.max_files)"
+        ),
         e if e.is_out_of_space() => {
             tracing::warn!(path, error = %e, "the file store has no space left");
             "the file store has no space left (full or read-only)".into()
@@ -246,7 +417,7 @@ async fn store_one(
     root: &Root,
     path: &str,
     len: u64,
-) -> Result<FileMeta, StoreError> {
+) -> Result<FileMeta, Unstored> {
     let io_err = |source| StoreError::Io {
         doing: "reading",
         path: path.into(),
@@ -257,14 +428,24 @@ async fn store_one(
     let file = root
         .open_file(path, OFlag::O_RDONLY | OFlag::O_NONBLOCK)
         .map_err(io_err)?;
-    if !file.metadata().map_err(io_err)?.is_file() {
-        return Err(io_err(io::Error::other("no longer a regular file")));
+    let meta = file.metadata().map_err(io_err)?;
+    if !meta.is_file() {
+        return Err(io_err(io::Error::other("no longer a regular file")).into());
+    }
+    // Blocks allocated say whether it may have holes; SEEK_DATA says whether it has (a
+    // file system that compresses allocates fewer blocks for data too).
+    let allocated = meta.blocks().saturating_mul(512);
+    if too_sparse(len, allocated)
+        && let Some(data) = data_bytes(&file, len).or(Some(allocated))
+        && too_sparse(len, data)
+    {
+        return Err(Unstored::Sparse { data });
     }
     // What the scan measured, no more: the budget was decided on it, and a file the
     // program is still writing cannot take more of it (its first `len` bytes are stored).
     let mut file = tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(file), len);
     let name = path.rsplit('/').next().unwrap_or(path);
-    store.put(owner, name, &mut file).await
+    Ok(store.put(owner, name, &mut file).await?)
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -277,6 +458,9 @@ enum Found {
 struct Scan {
     entries: Vec<Found>,
     skipped: Vec<SkippedFile>,
+    /// A file with several names (hard links): its first name in scan order (its entry)
+    /// and the others, which have no entry of their own. It is stored once.
+    aliases: HashMap<String, Vec<String>>,
 }
 
 /// Depth-first pre-order, names sorted, a directory before its contents; never follows a
@@ -296,6 +480,8 @@ fn scan(root: &Root, staged: &Staged, limits: CollectLimits) -> Scan {
     }
     let mut out = Scan::default();
     let mut seen = 0usize;
+    // The first name of each file with several (by device and inode).
+    let mut first_names: HashMap<(u64, u64), String> = HashMap::new();
     // Past `max_entries` no directory is read any more; the entries read until then are
     // still handled (a flat directory of too many files keeps the ones read).
     let mut full = false;
@@ -339,6 +525,18 @@ fn scan(root: &Root, staged: &Staged, limits: CollectLimits) -> Scan {
                     }
                 } else if kind.is_file() {
                     if staged.files.get(&rel) != Some(&Fingerprint::of(&meta)) {
+                        if meta.nlink() > 1 {
+                            match first_names.entry((meta.dev(), meta.ino())) {
+                                Entry::Occupied(first) => {
+                                    out.aliases
+                                        .entry(first.get().clone())
+                                        .or_default()
+                                        .push(rel);
+                                    continue;
+                                }
+                                Entry::Vacant(v) => drop(v.insert(rel.clone())),
+                            }
+                        }
                         out.entries.push(Found::File {
                             path: rel,
                             len: meta.len(),
@@ -455,6 +653,7 @@ mod tests {
         CollectLimits {
             max_entries: 100,
             max_total_bytes: 1 << 20,
+            max_files: 1000,
         }
     }
 
@@ -503,7 +702,8 @@ mod tests {
             crate::files::local::LocalStore::open(crate::files::local::LocalStoreSettings {
                 dir: store_dir.path().to_path_buf(),
                 max_file_bytes: 200,
-                quota_bytes: None,
+                bounds: crate::files::StoreBounds::default(),
+                charge: crate::files::Charge::default(),
                 ttl: None,
             })
             .unwrap();
@@ -522,6 +722,7 @@ mod tests {
         let limits = CollectLimits {
             max_entries: 1000,
             max_total_bytes: 500,
+            max_files: 1000,
         };
         let owner = FileOwner::default();
         let got = collect(&store, owner, root, &Staged::default(), limits).await;
@@ -592,6 +793,7 @@ mod tests {
             CollectLimits {
                 max_entries: 10,
                 max_total_bytes: 1 << 20,
+                max_files: 1000,
             },
         );
         // The entries read before the limit are kept (the staged `in` may be one of them).
@@ -603,7 +805,8 @@ mod tests {
         crate::files::local::LocalStore::open(crate::files::local::LocalStoreSettings {
             dir: dir.to_path_buf(),
             max_file_bytes: 1 << 20,
-            quota_bytes: None,
+            bounds: crate::files::StoreBounds::default(),
+            charge: crate::files::Charge::default(),
             ttl: None,
         })
         .unwrap()
@@ -635,7 +838,7 @@ mod tests {
         let store_dir = tempfile::tempdir().unwrap();
         let store = local_store(store_dir.path());
         let got = store_one(&store, FileOwner::default(), &root, "d/secret.txt", 4).await;
-        let Err(StoreError::Io { source, .. }) = got else {
+        let Err(Unstored::Store(StoreError::Io { source, .. })) = got else {
             panic!("read through the link: {got:?}");
         };
         assert_eq!(source.raw_os_error(), Some(libc::ENOTDIR));
@@ -648,7 +851,10 @@ mod tests {
         )
         .unwrap();
         let got = store_one(&store, FileOwner::default(), &root, "d/secret.txt", 4).await;
-        assert!(matches!(got, Err(StoreError::Io { .. })), "{got:?}");
+        assert!(
+            matches!(got, Err(Unstored::Store(StoreError::Io { .. }))),
+            "{got:?}"
+        );
         assert!(store.list_all().await.unwrap().is_empty());
     }
 
@@ -677,6 +883,7 @@ mod tests {
         let limits = CollectLimits {
             max_entries: 1000,
             max_total_bytes: 1 << 20,
+            max_files: 1000,
         };
         let found = scan(&Root::open(ws.path()).unwrap(), &Staged::default(), limits);
         let dirs = found
@@ -713,5 +920,132 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(meta.size_bytes, 4);
+    }
+
+    /// A file with two names is stored once; both names are listed with its one id, and
+    /// it counts once against the run's bound of files.
+    #[tokio::test]
+    async fn hard_links_are_stored_once_and_listed_under_every_name() {
+        let ws = tempfile::tempdir().unwrap();
+        std::fs::write(ws.path().join("a_données.bin"), "même").unwrap();
+        std::fs::create_dir(ws.path().join("b")).unwrap();
+        std::fs::hard_link(
+            ws.path().join("a_données.bin"),
+            ws.path().join("b/lien.bin"),
+        )
+        .unwrap();
+        std::fs::write(ws.path().join("c.txt"), "c").unwrap();
+        let store_dir = tempfile::tempdir().unwrap();
+        let store = local_store(store_dir.path());
+        let limits = CollectLimits {
+            max_files: 2,
+            ..limits()
+        };
+        let got = collect(
+            &store,
+            FileOwner::default(),
+            ws.path(),
+            &Staged::default(),
+            limits,
+        )
+        .await;
+        assert!(got.skipped.is_empty(), "{:?}", got.skipped);
+        let files: Vec<(&str, Option<&str>)> = got
+            .files
+            .iter()
+            .filter(|f| f.kind == EntryKind::File)
+            .map(|f| (f.path.as_str(), f.file_id.as_deref()))
+            .collect();
+        assert_eq!(files.len(), 3, "{files:?}");
+        assert_eq!(files[0].0, "a_données.bin");
+        assert_eq!(files[1].0, "b/lien.bin");
+        assert_eq!(files[0].1, files[1].1);
+        assert_eq!(files[2].0, "c.txt");
+        assert_eq!(store.list_all().await.unwrap().len(), 2);
+    }
+
+    /// Past `max_files` the rest is skipped, each saying why; the first in path order are
+    /// stored.
+    #[tokio::test]
+    async fn a_run_stores_at_most_max_files() {
+        let ws = tempfile::tempdir().unwrap();
+        for i in 0..7 {
+            std::fs::write(ws.path().join(format!("f{i}_ü")), "x").unwrap();
+        }
+        let store_dir = tempfile::tempdir().unwrap();
+        let store = local_store(store_dir.path());
+        let limits = CollectLimits {
+            max_files: 4,
+            ..limits()
+        };
+        let got = collect(
+            &store,
+            FileOwner::default(),
+            ws.path(),
+            &Staged::default(),
+            limits,
+        )
+        .await;
+        let stored: Vec<&str> = got.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(stored, ["f0_ü", "f1_ü", "f2_ü", "f3_ü"]);
+        let skipped: Vec<&str> = got.skipped.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(skipped, ["f4_ü", "f5_ü", "f6_ü"]);
+        assert_eq!(
+            got.skipped[0].reason,
+            "the run left more than 4 files to store (workspace.max_files); the first 4 in \
+             path order were stored"
+        );
+        assert_eq!(store.list_all().await.unwrap().len(), 4);
+    }
+
+    /// A file mostly holes is not stored; one with few holes, or a small one, is.
+    #[tokio::test]
+    async fn a_sparse_file_is_skipped_saying_so() {
+        use std::io::{Seek, SeekFrom, Write};
+        let ws = tempfile::tempdir().unwrap();
+        let mut sparse = std::fs::File::create(ws.path().join("creux.bin")).unwrap();
+        sparse.seek(SeekFrom::Start(99 << 20)).unwrap();
+        sparse.write_all(b"!").unwrap();
+        let small = std::fs::File::create(ws.path().join("petit.bin")).unwrap();
+        small.set_len(512 << 10).unwrap();
+        std::fs::write(ws.path().join("plein.bin"), vec![1u8; 900 << 10]).unwrap();
+        let store_dir = tempfile::tempdir().unwrap();
+        let store = local_store(store_dir.path());
+        let limits = CollectLimits {
+            max_total_bytes: 200 << 20,
+            ..limits()
+        };
+        let got = collect(
+            &store,
+            FileOwner::default(),
+            ws.path(),
+            &Staged::default(),
+            limits,
+        )
+        .await;
+        let stored: Vec<&str> = got.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(stored, ["petit.bin", "plein.bin"]);
+        assert_eq!(got.skipped.len(), 1, "{:?}", got.skipped);
+        assert_eq!(got.skipped[0].path, "creux.bin");
+        // The data is a byte, or its block, as the file system counts it.
+        let reason = &got.skipped[0].reason;
+        assert!(
+            reason.starts_with("a sparse file: 99 MB long, of which only ")
+                && reason.ends_with(
+                    " is data and the rest holes; a file more than half holes (and over 1 MB \
+                     of them) is not stored, as it would be stored and counted at its whole \
+                     length"
+                ),
+            "{reason}"
+        );
+        assert!(store.list_all().await.unwrap().len() == 2);
+    }
+
+    #[test]
+    fn too_sparse_is_more_than_half_holes_and_over_a_mib_of_them() {
+        assert!(too_sparse(100 << 20, 4096));
+        assert!(!too_sparse(1 << 20, 0));
+        assert!(!too_sparse(4 << 20, 2 << 20));
+        assert!(too_sparse(4 << 20, (2 << 20) - 1));
     }
 }

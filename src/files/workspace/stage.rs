@@ -420,7 +420,8 @@ mod tests {
         let store = LocalStore::open(LocalStoreSettings {
             dir: store_dir.path().to_path_buf(),
             max_file_bytes: 1 << 20,
-            quota_bytes: None,
+            bounds: crate::files::StoreBounds::default(),
+            charge: crate::files::Charge::default(),
             ttl: None,
         })
         .unwrap();
