@@ -67,7 +67,8 @@ pub struct LimitsConfig {
     pub max_timeout_ms: u64,
     /// Memory a job may allocate on top of the preloaded interpreter.
     pub memory_limit_mb: u64,
-    /// Per stream (stdout, stderr); the rest is cut with `\n...[truncated]`.
+    /// Per stream (stdout, stderr); a longer stream keeps its first and last halves of
+    /// this, its middle cut and marked with the count of the bytes left out.
     pub max_output_bytes: usize,
     /// Largest request body.
     pub max_request_bytes: usize,
