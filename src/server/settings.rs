@@ -27,6 +27,9 @@ pub fn load_keys(config: &Config, listening: SocketAddr) -> Result<Keys, ServeEr
     let keys = Keys::load(&config.auth)?.listening_on(listening);
     if keys.enabled() {
         tracing::info!(keys = keys.names().count(), "API keys required");
+        for warning in keys.sessions_above_global(config.sessions.max_sessions) {
+            tracing::warn!("{warning}");
+        }
     } else if !listening.ip().is_loopback() {
         if !config.auth.allow_unauthenticated {
             return Err(ServeError::Unauthenticated(listening));
