@@ -152,7 +152,7 @@ pub struct WorkspaceConfig {
     /// base directory's file system and `/health` says why).
     pub mount: bool,
     /// That tmpfs's size; 0: a quarter of RAM, at most the size of the file system `dir`
-    /// is on.
+    /// is on. More than the RAM or than that file system is refused at start.
     pub size_mb: u64,
     /// That tmpfs's inodes (files and directories of all workspaces); 0: one per 32 KiB
     /// of its size.
