@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use crate::files::{download_bytes, upload};
 use crate::harness::{Options, Server};
+use crate::observability::{chromium, dom_value};
 use crate::reliability::eventually;
 
 const MIB: u64 = 1 << 20;
@@ -74,6 +75,20 @@ async fn a_job_writing_past_the_bound_gets_enospc_and_others_are_told_the_servic
     let health = s.health().await;
     assert_eq!(health["status"], "degraded", "{health}");
     assert_eq!(health["workspace"]["nearly_full"], true, "{health}");
+    // The status page says so too, in red, with the numbers.
+    let dom = chromium(
+        &["--virtual-time-budget=5000", "--dump-dom"],
+        &format!("{}/", s.base),
+    );
+    assert_eq!(dom_value(&dom, "ws-nearly-full"), "true");
+    assert!(
+        dom.contains("id=\"ws-nearly-full\" data-value=\"true\" class=\"bad\""),
+        "{dom}"
+    );
+    assert_eq!(dom_value(&dom, "ws-bounded"), "true");
+    assert_eq!(dom_value(&dom, "ws-size-bytes"), (64 * MIB).to_string());
+    let used: u64 = dom_value(&dom, "ws-used-bytes").parse().unwrap();
+    assert!(used >= 60 * MIB, "{used}");
     assert!(
         health["workspace"]["used_bytes"].as_u64().unwrap() >= 60 * MIB,
         "{health}"
