@@ -311,3 +311,36 @@ async fn a_session_may_hold_at_most_a_quarter_of_the_instance_bound() {
     })
     .await;
 }
+
+/// A text file written on a full workspace and never closed: the `ENOSPC` comes from its
+/// finaliser, which CPython 3.12 silences (3.13 reports it). The run's stderr says it as
+/// 3.13 does, so the program that ends `ok` with an empty file says why; a file closed
+/// with `with` raises as ever.
+#[tokio::test]
+async fn a_write_lost_to_a_full_workspace_in_a_finaliser_is_reported_on_stderr() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let s = Server::start_with(bounded(16)).await;
+    let code = "try:\n    open('fill.bin', 'wb').write(b'x' * (32 << 20))\nexcept OSError as e:\n    \
+                print('filled:', e.strerror)\nopen('résultat.txt', 'w').write('hé')\n\
+                import os\nprint(os.path.getsize('résultat.txt'))\n\
+                with open('autre.txt', 'w') as f:\n    f.write('hé')";
+    let r = s.run(code).await;
+    assert_eq!(r["stdout"], "filled: No space left on device\n0\n", "{r}");
+    let stderr = r["stderr"].as_str().unwrap();
+    assert!(
+        stderr.starts_with(
+            "Exception ignored in: <_io.TextIOWrapper name='résultat.txt' mode='w' \
+             encoding='utf-8'>\nOSError: [Errno 28] No space left on device\n"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.ends_with("OSError: [Errno 28] No space left on device\n"),
+        "{stderr}"
+    );
+    assert_eq!(r["error"]["type"], "OSError", "{r}");
+    assert_eq!(r["verdict"], "error", "{r}");
+}
