@@ -135,7 +135,7 @@ impl ToolContext {
             "Python {py} in an isolated sandbox: no network access, no subprocesses, files only in \
              the working directory. Available: {packages}; call list_packages for the exact list. \
              Each call may run up to {timeout} ms by default (timeout_ms up to {max} ms) and \
-             allocate up to {mem} MB; stdout and stderr are each cut after {out} bytes. A call, its \
+             allocate up to {mem} MB; stdout and stderr are each kept to {out} bytes (the start and the end of a longer one). A call, its \
              code and other arguments together, may be up to {req} bytes: pass larger data as \
              stored files. What the code prints to stdout is what you see, so print the results you need; a bare last \
              expression is printed too, as in a notebook. matplotlib figures and DataFrames left \

@@ -14,7 +14,7 @@ use snakecage_worker::protocol::PreloadedModule;
 use super::SharedState;
 use crate::metrics::labels::{Kind, Outcome};
 use crate::metrics::recent::{Failure, Percentiles};
-use crate::pool::PoolStatus;
+use crate::pool::{PoolStatus, WorkspaceUsage};
 
 const PAGE: &str = include_str!("status.html");
 
@@ -40,6 +40,9 @@ pub struct Status {
     /// with the store's error in `detail`, `unchecked`) and, once a local store's directory
     /// had to be recreated, `last_recovery`.
     pub file_store: serde_json::Value,
+    /// The workspace file system as `/health` reports it (`bounded`, `unbounded_because`,
+    /// bytes and inodes with their use, `nearly_full`); `null` when it cannot be read.
+    pub workspace: Option<WorkspaceUsage>,
     /// Third-party packages user code can import (installed ones), with their versions: the
     /// same list as `GET /v1/packages`.
     pub packages: Vec<PreloadedModule>,
@@ -104,6 +107,7 @@ pub async fn status(State(state): State<SharedState>) -> Json<Status> {
         },
         sandbox_layers: metrics.build().sandbox_layers,
         file_store: super::health::file_store(&state, state.store_watch.state()),
+        workspace: state.pool.workspace_usage(),
         packages: state
             .packages()
             .installed()

@@ -154,6 +154,15 @@ impl Keys {
         !self.tenants.is_empty()
     }
 
+    /// One warning for each key whose `max_sessions` is above `global`, the service's
+    /// `sessions.max_sessions`, which wins over it (see [`sessions_above_global`]).
+    pub fn sessions_above_global(&self, global: usize) -> Vec<String> {
+        self.tenants
+            .iter()
+            .filter_map(|t| sessions_above_global(&t.name, t.max_sessions, global))
+            .collect()
+    }
+
     /// The tenant names (a closed set, usable as a metric label).
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tenants.iter().map(|t| t.name.as_str())
@@ -182,6 +191,22 @@ impl Keys {
             _ => false,
         }
     }
+}
+
+/// What an operator should be told about key `name` when its `max_sessions` is above the
+/// service's `sessions.max_sessions` (`global`): the key is accepted, but every session
+/// counts against both limits, so it can never hold more than `global`.
+pub fn sessions_above_global(
+    name: &str,
+    max_sessions: Option<usize>,
+    global: usize,
+) -> Option<String> {
+    let max = max_sessions.filter(|&max| max > global)?;
+    Some(format!(
+        "API key '{name}' has max_sessions = {max}, above the service's sessions.max_sessions \
+         = {global}: it can hold at most {global} sessions (fewer while other keys hold some); \
+         lower its max_sessions or raise sessions.max_sessions"
+    ))
 }
 
 /// The caller of a request: its tenant, or `None` when the service runs without keys.

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::auth::{ADMIN_SCOPE, KeyEntry, KeysError, KeysFile};
+use crate::auth::{ADMIN_SCOPE, KeyEntry, KeysError, KeysFile, sessions_above_global};
 use crate::config::Config;
 
 #[derive(Debug, clap::Subcommand)]
@@ -85,6 +85,11 @@ pub fn run(command: KeysCommand, config: &Config) -> Result<String, String> {
                 "snakecage: added key {name:?} to {} (only its SHA-256 is stored; this is the only time the key is shown)",
                 path.display()
             );
+            if let Some(warning) =
+                sessions_above_global(&name, max_sessions, config.sessions.max_sessions)
+            {
+                eprintln!("snakecage: warning: {warning}");
+            }
             Ok(format!("{key}\n"))
         }
         KeysCommand::List { keys_file } => {
@@ -95,6 +100,12 @@ pub fn run(command: KeysCommand, config: &Config) -> Result<String, String> {
             let file = KeysFile::read_checked(&path, &inline).map_err(|e| e.to_string())?;
             if file.keys.is_empty() {
                 eprintln!("snakecage: {}", KeysError::Empty { path: path.clone() });
+            }
+            for key in &file.keys {
+                let global = config.sessions.max_sessions;
+                if let Some(warning) = sessions_above_global(&key.name, key.max_sessions, global) {
+                    eprintln!("snakecage: warning: {warning}");
+                }
             }
             Ok(file.keys.iter().map(|k| format!("{}\n", k.name)).collect())
         }

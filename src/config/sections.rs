@@ -67,7 +67,8 @@ pub struct LimitsConfig {
     pub max_timeout_ms: u64,
     /// Memory a job may allocate on top of the preloaded interpreter.
     pub memory_limit_mb: u64,
-    /// Per stream (stdout, stderr); the rest is cut with `\n...[truncated]`.
+    /// Per stream (stdout, stderr); a longer stream keeps its first and last halves of
+    /// this, its middle cut and marked with the count of the bytes left out.
     pub max_output_bytes: usize,
     /// Largest request body.
     pub max_request_bytes: usize,
@@ -161,7 +162,7 @@ pub struct WorkspaceConfig {
     /// base directory's file system and `/health` says why).
     pub mount: bool,
     /// That tmpfs's size; 0: a quarter of RAM, at most the size of the file system `dir`
-    /// is on.
+    /// is on. More than the RAM or than that file system is refused at start.
     pub size_mb: u64,
     /// That tmpfs's inodes (files and directories of all workspaces); 0: one per 32 KiB
     /// of its size.

@@ -68,11 +68,57 @@ pub struct WorkspaceUsage {
 /// bounded by `limits.memory_mb`) and the host need the rest, and a bound larger than the
 /// file system it replaces would bound nothing.
 pub fn default_size(base: &Path) -> u64 {
-    let ram = nix::sys::sysinfo::sysinfo().map_or(u64::MAX, |info| info.ram_total());
-    let base_total = nix::sys::statvfs::statvfs(base).map_or(u64::MAX, |st| {
-        st.blocks().saturating_mul(st.fragment_size())
-    });
-    (ram / 4).min(base_total)
+    let host = HostRoom::of(base);
+    (host.ram / 4).min(host.base)
+}
+
+/// What this host has for the workspaces' tmpfs, in bytes (`u64::MAX` where it cannot be
+/// read): its RAM, where a tmpfs lives, and the size of the base file system it stands in
+/// for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostRoom {
+    pub ram: u64,
+    pub base: u64,
+}
+
+impl HostRoom {
+    /// The host's, for the base directory `base` (or, while it does not exist yet, the
+    /// nearest directory above it that does: it will be made there).
+    pub fn of(base: &Path) -> Self {
+        let existing = base.ancestors().find(|dir| dir.exists()).unwrap_or(base);
+        Self {
+            ram: nix::sys::sysinfo::sysinfo().map_or(u64::MAX, |info| info.ram_total()),
+            base: nix::sys::statvfs::statvfs(existing).map_or(u64::MAX, |st| {
+                st.blocks().saturating_mul(st.fragment_size())
+            }),
+        }
+    }
+}
+
+/// Refuses a tmpfs size (`workspace.size_mb`, given explicitly) beyond what the host has:
+/// above its RAM the bound bounds nothing (the host runs out of memory before the tmpfs
+/// is full), and, as for [`default_size`], above the base file system it is larger than
+/// what it replaces. The refusal says both numbers and what to set instead. Without the
+/// mount (`workspace.mount = false`) the size is not used, and not checked.
+pub fn check_size(settings: &BoundSettings, base: &Path, host: HostRoom) -> Result<(), String> {
+    let Some(size) = settings.size_bytes.filter(|_| settings.mount) else {
+        return Ok(());
+    };
+    let most = host.ram.min(host.base);
+    if size <= most {
+        return Ok(());
+    }
+    let mb = |bytes: u64| bytes >> 20;
+    Err(format!(
+        "workspace.size_mb is {} but this host has {} MB of RAM (the workspaces' tmpfs lives \
+         in memory) and the file system of {} holds {} MB: set workspace.size_mb to at most \
+         {}, or to 0 for the default (a quarter of RAM, at most that file system's size)",
+        mb(size),
+        mb(host.ram),
+        base.display(),
+        mb(host.base),
+        mb(most)
+    ))
 }
 
 /// One inode per 32 KiB of size: a tmpfs inode costs about 1 KiB of kernel memory that its
@@ -188,6 +234,49 @@ mod tests {
         assert_eq!(size, (ram / 4).min(base_total));
         assert_eq!(default_inodes(1 << 30), 32_768);
         assert_eq!(default_inodes(1 << 20), 1024);
+    }
+
+    #[test]
+    fn an_explicit_size_beyond_the_hosts_ram_or_base_file_system_is_refused() {
+        let host = HostRoom {
+            ram: 8 << 30,
+            base: 4 << 30,
+        };
+        let base = Path::new("/dev/shm/snakecage");
+        let asked = |mb: u64, mount: bool| BoundSettings {
+            mount,
+            size_bytes: Some(mb << 20),
+            inodes: None,
+        };
+        assert_eq!(check_size(&asked(4096, true), base, host), Ok(()));
+        assert_eq!(
+            check_size(&asked(4097, true), base, host),
+            Err(
+                "workspace.size_mb is 4097 but this host has 8192 MB of RAM (the workspaces' \
+                 tmpfs lives in memory) and the file system of /dev/shm/snakecage holds 4096 \
+                 MB: set workspace.size_mb to at most 4096, or to 0 for the default (a quarter \
+                 of RAM, at most that file system's size)"
+                    .to_owned()
+            )
+        );
+        // The RAM bounds it too, where the base file system is larger (a disk).
+        let disk = HostRoom {
+            ram: 8 << 30,
+            base: 1 << 40,
+        };
+        assert!(
+            check_size(&asked(8193, true), base, disk)
+                .unwrap_err()
+                .contains("at most 8192,")
+        );
+        // Not mounted, or the default: nothing to refuse.
+        assert_eq!(check_size(&asked(1 << 30, false), base, host), Ok(()));
+        let default = BoundSettings {
+            mount: true,
+            size_bytes: None,
+            inodes: None,
+        };
+        assert_eq!(check_size(&default, base, host), Ok(()));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use snakecage_worker::frame::FrameError;
 use snakecage_worker::protocol::{EXIT_PROTOCOL, ExitStatus, Job, JobRequest, JobResult};
 use tokio_util::sync::CancellationToken;
 
-use super::capture::{Capture, Finish};
+use super::capture::Capture;
 use super::drive::{Ending, drive};
 use super::events::KillReason;
 use super::output_feed::OutputSender;
@@ -300,8 +300,7 @@ pub async fn run(
     } else {
         Some(KillReason::Crashed)
     };
-    let (stdout, stdout_truncated) = capture.stdout.finish();
-    let (stderr, stderr_truncated) = capture.stderr.finish();
+    let ((stdout, stdout_truncated), (stderr, stderr_truncated)) = capture.finish();
     Ok(RunOutcome {
         stdout,
         stderr,
@@ -452,8 +451,7 @@ pub async fn run_in_session(
         None => RunVerdict::Killed,
         Some(_) => verdict(result.as_ref(), false, capture.truncated()),
     };
-    let (stdout, stdout_truncated) = capture.stdout.finish();
-    let (stderr, stderr_truncated) = capture.stderr.finish();
+    let ((stdout, stdout_truncated), (stderr, stderr_truncated)) = capture.finish();
     Ok(SessionRun {
         outcome: RunOutcome {
             stdout,

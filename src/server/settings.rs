@@ -17,6 +17,7 @@ use crate::files::observed::Observed;
 use crate::files::s3::S3StoreSettings;
 use crate::files::{Charge, LocalStore, S3Store, SharedStore, StoreBounds, StoreError};
 use crate::metrics::Metrics;
+use crate::pool::bound::{self, HostRoom};
 use crate::pool::cpu_budget::Enforcement;
 use crate::pool::{BoundSettings, PoolSettings, TierSettings};
 use crate::sessions::SessionSettings;
@@ -27,6 +28,9 @@ pub fn load_keys(config: &Config, listening: SocketAddr) -> Result<Keys, ServeEr
     let keys = Keys::load(&config.auth)?.listening_on(listening);
     if keys.enabled() {
         tracing::info!(keys = keys.names().count(), "API keys required");
+        for warning in keys.sessions_above_global(config.sessions.max_sessions) {
+            tracing::warn!("{warning}");
+        }
     } else if !listening.ip().is_loopback() {
         if !config.auth.allow_unauthenticated {
             return Err(ServeError::Unauthenticated(listening));
@@ -110,19 +114,23 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
             },
         })
         .collect();
+    let workspace_root = config.workspace_root();
+    let bound = BoundSettings {
+        mount: config.workspace.mount,
+        size_bytes: (config.workspace.size_mb > 0)
+            .then_some(config.workspace.size_mb.saturating_mul(1 << 20)),
+        inodes: (config.workspace.max_inodes > 0).then_some(config.workspace.max_inodes),
+    };
+    let base = workspace_root.parent().unwrap_or(&workspace_root);
+    bound::check_size(&bound, base, HostRoom::of(base)).map_err(ConfigError::Invalid)?;
     Ok(PoolSettings {
         size: config.pool.size,
         queue_length: config.pool.queue_length,
         queue_timeout: Duration::from_millis(config.pool.queue_timeout_ms),
         spawn_timeout: Duration::from_millis(config.pool.spawn_timeout_ms),
         worker_binary: config.worker_binary(),
-        workspace_root: config.workspace_root(),
-        bound: BoundSettings {
-            mount: config.workspace.mount,
-            size_bytes: (config.workspace.size_mb > 0)
-                .then_some(config.workspace.size_mb.saturating_mul(1 << 20)),
-            inodes: (config.workspace.max_inodes > 0).then_some(config.workspace.max_inodes),
-        },
+        workspace_root,
+        bound,
         tiers,
         session_tier: config.tiers.session_tier(),
         min_idle: config.tiers.min_idle,

@@ -138,8 +138,9 @@ async def bulky(s, out):
                           "rng = np.random.default_rng(0)\nplt.figure(figsize=(10, 10), dpi=100)\n"
                           "plt.scatter(rng.random(40_000), rng.random(40_000), s=1, c=rng.random(40_000))\n"
                           "plt.figure(figsize=(2, 2))\nplt.plot([1, 2, 3])\nprint('plotted')")
-    await call("progress", "import sys\nfor i in range(1000):\n"
-                           "    sys.stdout.write('\\r%3d%%|%s|' % (i // 10, '#' * (i // 25)))\n"
+    # Drawn fast: far more than limits.max_output_bytes of frames before the answer.
+    await call("progress", "import sys\nfor i in range(200_000):\n"
+                           "    sys.stdout.write('\\r%3d%%|%s|' % (i // 2000, '#' * (i // 5000)))\n"
                            "print()\nprint('ANSWER = 42')")
     await call("timeout", "import time\ntime.sleep(30)", timeout_ms=300)
     await call("skipped", "import os\nopen('kept.txt', 'w').write('ok')\nos.symlink('/etc/passwd', 'link')")

@@ -585,14 +585,24 @@ async fn a_keys_file_with_no_keys_is_refused_at_start() {
 }
 
 /// At `sessions.max_sessions`, a tenant that keeps creating sessions evicts its own, least
-/// recently used first, never the one session another tenant holds.
+/// recently used first, never the one session another tenant holds. A key's own
+/// `max_sessions` above the global one is taken, with a warning at start: the global wins.
 #[tokio::test]
 async fn a_full_session_table_evicts_from_the_tenant_that_holds_the_most() {
-    let (_s, alice, bob, _dir) = two_tenants_with(
-        &[],
+    let (s, alice, bob, _dir) = two_tenants_with(
+        &["--max-sessions", "5"],
         Options::default().env("SNAKECAGE_SESSIONS__MAX_SESSIONS", 3),
     )
     .await;
+    let log = s.log();
+    assert!(
+        log.contains(
+            "API key 'alice' has max_sessions = 5, above the service's sessions.max_sessions = \
+             3: it can hold at most 3 sessions"
+        ),
+        "{log}"
+    );
+    assert!(!log.contains("API key 'bob' has max_sessions"), "{log}");
     let create = async |tenant: &Tenant| {
         let (status, body) = tenant.post("/v1/sessions", json!({})).await;
         assert_eq!(status, 201, "{body}");

@@ -194,3 +194,24 @@ fn wrong_types_unknown_sections_ports_and_venvs_are_named_as_the_user_gave_them(
         )
     );
 }
+
+/// A `workspace.size_mb` above what the host has (its RAM, where the tmpfs lives) would
+/// bound nothing: the service refuses to start, saying the numbers and what to set.
+#[test]
+fn a_workspace_bound_larger_than_the_host_is_refused_at_start() {
+    let stderr = refused(&[], &[("SNAKECAGE_WORKSPACE__SIZE_MB", "100000000")]);
+    let ram_mb = nix::sys::sysinfo::sysinfo().unwrap().ram_total() >> 20;
+    // The last line, after what the log said while starting.
+    let refusal = stderr.lines().last().unwrap_or_default();
+    assert!(
+        refusal.starts_with(&format!(
+            "snakecage: configuration: workspace.size_mb is 100000000 but this host has \
+             {ram_mb} MB of RAM (the workspaces' tmpfs lives in memory) and the file system of "
+        )),
+        "{stderr}"
+    );
+    assert!(
+        refusal.contains(" MB: set workspace.size_mb to at most "),
+        "{stderr}"
+    );
+}

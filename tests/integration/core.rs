@@ -214,11 +214,55 @@ async fn flooding_output_is_truncated_and_the_service_stays_small() {
     assert_eq!(r["stderr_truncated"], false);
     assert_eq!(r["verdict"], "output_limit");
     assert_eq!(r["exit_code"], 0);
-    assert!(out.ends_with("\n...[truncated]"));
-    assert_eq!(out.len(), 1_000_000 + "\n...[truncated]".len());
+    // Its first and last 500,000 bytes, and how many went between them.
+    let mark = "\n...[49000000 bytes truncated]...\n";
+    assert_eq!(
+        out,
+        format!("{}{mark}{}", "y".repeat(500_000), "y".repeat(500_000))
+    );
     assert_eq!(r["stderr"], "done\n");
     // The supervisor never held the 50 MB: its peak RSS grew far less than that.
     assert_peak_rss_grew_little(s.pid(), base, "50 MB of output");
+}
+
+/// A progress bar drawn fast (200,000 redraws with `\r`, of three-byte characters) and
+/// then the answer: the output is cut in its middle, so the answer, at its end, survives,
+/// in a one-shot run and in a session (which goes on with its state). The head, the count
+/// of bytes left out and the tail add up to what the program wrote, and neither cut splits
+/// a character.
+#[tokio::test]
+async fn the_answer_printed_after_a_fast_progress_bar_survives_the_output_limit() {
+    let s = Server::start_with(Options::default().env("SNAKECAGE_LIMITS__MAX_OUTPUT_BYTES", 4096))
+        .await;
+    let code = "import sys\nwritten = 0\nfor i in range(200_000):\n    \
+                frame = '\\r%3d%% %s' % (i // 2000, '█' * (i % 7))\n    \
+                sys.stdout.write(frame)\n    written += len(frame.encode())\n\
+                answer = '\\nréponse = 42 ✓\\n'\nsys.stdout.write(answer)\n\
+                print(written + len(answer.encode()), file=sys.stderr)";
+    let session = s.new_session().await;
+    for r in [s.run(code).await, s.session_run(&session, code).await] {
+        assert_eq!(r["verdict"], "output_limit", "{r}");
+        assert_eq!(r["stdout_truncated"], true);
+        let out = r["stdout"].as_str().unwrap();
+        assert!(out.ends_with("\r 99% ██\nréponse = 42 ✓\n"), "{out}");
+        assert!(out.starts_with("\r  0% \r  0% █\r  0% ██"), "{out:.40}");
+        assert!(
+            !out.contains('\u{fffd}'),
+            "a character was cut in half: {out}"
+        );
+        let (head, rest) = out.split_once("\n...[").unwrap();
+        let (count, tail) = rest.split_once(" bytes truncated]...\n").unwrap();
+        assert!(head.len() <= 2048 && tail.len() <= 2048, "{out}");
+        let written: usize = r["stderr"].as_str().unwrap().trim().parse().unwrap();
+        assert_eq!(
+            head.len() + count.parse::<usize>().unwrap() + tail.len(),
+            written
+        );
+    }
+    assert_eq!(
+        s.session_run(&session, "print(written > 0)").await["stdout"],
+        "True\n"
+    );
 }
 
 #[tokio::test]

@@ -291,6 +291,24 @@ async fn every_dashboard_panel_and_every_rule_works_against_a_real_prometheus() 
         (used - (4.0 * 204_800.0 + 4096.0) / 1_048_576.0).abs() < 1e-9,
         "{used}"
     );
+    // The workspace file system: its own tmpfs where the service may mount (as root), with
+    // room left, its inodes in use (the idle workers' workspaces; empty, on a tmpfs they
+    // take no bytes).
+    let bounded = answer(&answers, "Workspaces bounded", "A")[0].last();
+    assert_eq!(
+        bounded == 1.0,
+        nix::unistd::geteuid().is_root(),
+        "{bounded}"
+    );
+    let ws_used = answer(&answers, "Workspace used (of its bound)", "A")[0].last();
+    assert!((0.0..0.9).contains(&ws_used), "{ws_used}");
+    let inodes_used = answer(&answers, "Workspace inodes used", "A")[0].last();
+    assert!(inodes_used > 0.0 && inodes_used < 0.9, "{inodes_used}");
+    let space = answer(&answers, "Workspace space", "A")[0].last();
+    let size = answer(&answers, "Workspace space", "B")[0].last();
+    assert!(size > 0.0 && space < size, "{space} of {size}");
+    let inodes = answer(&answers, "Workspace inodes", "B")[0].last();
+    assert!(answer(&answers, "Workspace inodes", "A")[0].last() < inodes);
     // Killed and rejected runs spent budget; the burn rate panels read the recording rules.
     let budget = answer(&answers, "Availability error budget left", "A")[0].last();
     assert!(budget < 1.0, "{budget}");

@@ -222,6 +222,11 @@ fn the_grafana_dashboard_imports_and_queries_only_metrics_that_exist() {
         names::WORKERS_KILLED_TOTAL,
         names::SESSIONS_ACTIVE,
         names::QUEUE_REJECTIONS_TOTAL,
+        names::WORKSPACE_BOUNDED,
+        names::WORKSPACE_SIZE_BYTES,
+        names::WORKSPACE_USED_BYTES,
+        names::WORKSPACE_INODES,
+        names::WORKSPACE_USED_INODES,
     ] {
         assert!(
             queried.contains(needed),

@@ -285,3 +285,47 @@ async fn keys_add_refuses_a_name_the_configuration_already_gives_inline() {
     let (code, stdout, stderr) = keys_cli(&["list"], &path, &env);
     assert_eq!((code, stdout.as_str()), (Some(0), "carol\n"), "{stderr}");
 }
+
+/// A key allowed more sessions than the service holds (`sessions.max_sessions`) is added,
+/// and the operator is told, with both numbers, that the global limit wins; `list` says
+/// it again. A key within the limit gets no warning.
+#[test]
+fn a_key_allowed_more_sessions_than_the_service_holds_is_added_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys.toml");
+    let keys = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_snakecage"))
+            .env("SNAKECAGE_SESSIONS__MAX_SESSIONS", "4")
+            .args(args)
+            .arg("--keys-file")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let warning = "snakecage: warning: API key 'zoe' has max_sessions = 10, above the \
+                   service's sessions.max_sessions = 4: it can hold at most 4 sessions (fewer \
+                   while other keys hold some); lower its max_sessions or raise \
+                   sessions.max_sessions\n";
+    let (key, stderr) = keys(&["keys", "add", "zoe", "--max-sessions", "10"]);
+    assert!(key.starts_with("sc_"), "{key}");
+    assert!(stderr.ends_with(warning), "{stderr}");
+    assert!(
+        std::fs::read_to_string(&path)
+            .unwrap()
+            .contains("max_sessions = 10")
+    );
+    let (_, stderr) = keys(&["keys", "add", "yann", "--max-sessions", "4"]);
+    assert!(!stderr.contains("warning"), "{stderr}");
+    let (names, stderr) = keys(&["keys", "list"]);
+    assert_eq!(names, "zoe\nyann\n");
+    assert_eq!(stderr, warning);
+}

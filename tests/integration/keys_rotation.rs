@@ -357,13 +357,26 @@ async fn editing_a_keys_entry_and_reloading_keeps_its_running_executions_counted
     };
     refused(&erin).await;
 
-    // Only max_sessions changes.
+    // Only max_sessions changes, to more than the service's sessions.max_sessions (64):
+    // taken, and the log says the global limit wins.
     let text = std::fs::read_to_string(&keys).unwrap();
     assert_eq!(text.matches("max_sessions = 1").count(), 1, "{text}");
-    std::fs::write(&keys, text.replace("max_sessions = 1", "max_sessions = 2")).unwrap();
+    std::fs::write(
+        &keys,
+        text.replace("max_sessions = 1", "max_sessions = 100"),
+    )
+    .unwrap();
     let (status, body) = reload(&s, Some(&admin)).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["keys"]["changed"], json!(["erin"]), "{body}");
+    let log = s.log();
+    assert!(
+        log.contains(
+            "API key 'erin' has max_sessions = 100, above the service's sessions.max_sessions \
+             = 64: it can hold at most 64 sessions"
+        ),
+        "{log}"
+    );
     refused(&erin).await;
 
     // A new secret for erin: the same tenant, whose run `a` still counts.

@@ -353,7 +353,8 @@ fn stocked(pool: &Value) -> bool {
         })
 }
 
-/// What of `/health`'s pool changes when a worker starts, stops or is taken.
+/// What of `/health`'s pool changes when a worker starts, stops or is taken (its workspace
+/// with it).
 fn pool_state(health: &Value) -> Value {
     let pool = &health["pool"];
     json!([
@@ -363,13 +364,15 @@ fn pool_state(health: &Value) -> Value {
         pool["queue_depth"],
         pool["workers_spawned"],
         pool["spawn_failures"],
-        pool["zygote_restarts"]
+        pool["zygote_restarts"],
+        health["workspace"]["used_bytes"],
+        health["workspace"]["inodes_used"]
     ])
 }
 
 /// Runs headless Chromium with `args` on `url` (bounded in time: a start on a busy machine
 /// takes tens of seconds); its stdout.
-fn chromium(args: &[&str], url: &str) -> String {
+pub fn chromium(args: &[&str], url: &str) -> String {
     let profile = tempfile::tempdir().unwrap();
     let mut child = Command::new("chromium")
         .args([
@@ -410,7 +413,7 @@ fn chromium(args: &[&str], url: &str) -> String {
 }
 
 /// The `data-value` of the element with `id` in a DOM dump.
-fn dom_value(dom: &str, id: &str) -> String {
+pub fn dom_value(dom: &str, id: &str) -> String {
     let at = dom
         .find(&format!("id=\"{id}\""))
         .unwrap_or_else(|| panic!("no #{id} in the page:\n{dom}"));
@@ -530,6 +533,24 @@ async fn the_status_page_shows_the_numbers_the_metrics_have() {
         dom_number(&dom, "zygote-restarts"),
         m.get(names::ZYGOTE_RESTARTS_TOTAL, &[])
     );
+    // The workspace file system: the five gauges, and that it has room. (The idle workers'
+    // empty workspaces take inodes; on a tmpfs no bytes.)
+    for (id, metric) in [
+        ("ws-size-bytes", names::WORKSPACE_SIZE_BYTES),
+        ("ws-used-bytes", names::WORKSPACE_USED_BYTES),
+        ("ws-inodes", names::WORKSPACE_INODES),
+        ("ws-used-inodes", names::WORKSPACE_USED_INODES),
+    ] {
+        assert_eq!(dom_number(&dom, id), m.get(metric, &[]), "{id}");
+    }
+    for id in ["ws-size-bytes", "ws-inodes", "ws-used-inodes"] {
+        assert!(dom_number(&dom, id) > 0.0, "{id}");
+    }
+    let bounded = m.get(names::WORKSPACE_BOUNDED, &[]) == 1.0;
+    assert_eq!(dom_value(&dom, "ws-bounded"), bounded.to_string());
+    // A root on this host mounts its tmpfs; elsewhere the page says it is unbounded.
+    assert_eq!(bounded, nix::unistd::geteuid().is_root());
+    assert_eq!(dom_value(&dom, "ws-nearly-full"), "false");
 
     // p50 and p99 (over the recent runs) agree with the histogram: at least half of the
     // runs took no longer than the first bucket bound at or above the p50, and the p99

@@ -31,8 +31,9 @@ This module owns the entry points and one job's life around the user code
 It is loaded last; the parts it imports are loaded before it, in this order:
 ``alarm.py`` (the runner's own time limits), ``aio.py`` (asyncio in the sandbox, the loop top-level ``await`` runs on),
 ``display.py`` (rich outputs), ``variables.py`` (a session's variables), ``report.py`` (how a job ends: results, exit
-status, tracebacks), ``program.py`` (reading and compiling the program) and
-``state.py`` (interpreter state set once, per child, around a warm-up).
+status, tracebacks), ``program.py`` (reading and compiling the program), ``files.py``
+(the ``open`` user code calls) and ``state.py`` (interpreter state set once, per child,
+around a warm-up).
 """
 
 import builtins
@@ -201,12 +202,14 @@ def prepare_zygote():
 
     fd 1 and 2 become the worker's pipes after fork; the stream objects wrapping
     them are inherited, so making them line-buffered here makes every worker's
-    output stream line by line. Signal dispositions and builtins are inherited too.
+    output stream line by line. Signal dispositions and builtins (``open`` among them)
+    are inherited too.
     """
     for stream in (sys.stdout, sys.stderr):
         _state.line_buffer(stream)
     _state.install_python_signal_defaults()
     _state.install_site_builtins()
+    _state.install_reporting_open()
 
 
 def prepare_child():

@@ -1,9 +1,9 @@
 """Owns the interpreter state around jobs: process-wide settings every child inherits, per-child reseeding, and the state a warm-up puts back.
 
 Loaded by the zygote as the module ``_snakecage_state`` (code objects named
-``snakecage/state.py``) after ``program.py``.  The zygote makes the std streams
+``snakecage/state.py``) after ``files.py``.  The zygote makes the std streams
 line-buffered and installs the signal dispositions and builtins that ``python``
-(with ``site``) would have; each child reseeds the random generators it shares
+(with ``site``) would have, and the ``open`` of ``files.py``; each child reseeds the random generators it shares
 with its siblings; a warm-up saves and restores what a job touches.
 
 Only the standard library is imported here.
@@ -11,11 +11,13 @@ Only the standard library is imported here.
 
 import _sitebuiltins
 import builtins
+import io
 import linecache
 import os
 import signal
 import sys
 
+import _snakecage_files as _files
 import _snakecage_program as _program
 import _snakecage_report as _report
 
@@ -59,6 +61,13 @@ def install_python_signal_defaults():
                 signal.signal(signum, signal.SIG_IGN)
         except (OSError, ValueError):
             pass
+
+
+def install_reporting_open():
+    """Make ``open`` (``builtins.open`` and ``io.open``) the one of ``files.py``, whose
+    files opened for writing report a close their finaliser could not do."""
+    builtins.open = _files.open
+    io.open = _files.open
 
 
 def install_site_builtins():

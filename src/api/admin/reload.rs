@@ -114,6 +114,9 @@ pub(crate) async fn reload_service(
         .map_err(RolloverError::into_api)?;
     let keys = keys.map(|(keys, change)| {
         if !change.is_empty() {
+            for warning in keys.sessions_above_global(state.sessions.settings().max_sessions) {
+                tracing::warn!(by, "{warning}");
+            }
             state.metrics.set_tenants(keys.names());
             state.keys.store(keys);
             tracing::info!(

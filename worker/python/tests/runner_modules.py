@@ -11,7 +11,7 @@ import types
 from pathlib import Path
 
 PYTHON_DIR = Path(__file__).resolve().parents[1]
-IMPORTED_BY_RUNNER = ("alarm", "aio", "display", "variables", "report", "program", "state")
+IMPORTED_BY_RUNNER = ("alarm", "aio", "display", "variables", "report", "program", "files", "state")
 """The modules ``runner.py`` imports, in load order (each imports only those before it)."""
 
 RUNNER_FILES = [PYTHON_DIR / f"{name}.py" for name in (*IMPORTED_BY_RUNNER, "runner")]

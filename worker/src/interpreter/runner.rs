@@ -18,13 +18,14 @@ const TOOLS_SOURCE: &str = include_str!("../../python/tools.py");
 /// imports only those before it. `(name, source)`: executed as the module
 /// `_snakecage_<name>`, its code objects named `snakecage/<name>.py`. Executing a code
 /// module registers it in `sys.modules`, where the next ones import it.
-const RUNNER_MODULES: [(&str, &str); 8] = [
+const RUNNER_MODULES: [(&str, &str); 9] = [
     ("alarm", include_str!("../../python/alarm.py")),
     ("aio", include_str!("../../python/aio.py")),
     ("display", include_str!("../../python/display.py")),
     ("variables", include_str!("../../python/variables.py")),
     ("report", include_str!("../../python/report.py")),
     ("program", include_str!("../../python/program.py")),
+    ("files", include_str!("../../python/files.py")),
     ("state", include_str!("../../python/state.py")),
     ("runner", include_str!("../../python/runner.py")),
 ];
