@@ -437,6 +437,45 @@ mod tests {
     }
 
     #[test]
+    fn the_worker_uid_range_fits_the_most_workers_alive_at_once() {
+        let mut c = Config::default();
+        c.pool.size = 4;
+        // 64 sessions, 2 × 4 running or being reaped, 2 × (4 + 4 tiers × (1 + 2)) idle,
+        // 4 rollover probes.
+        assert_eq!(c.most_workers(), 108);
+        assert_eq!(c.uid_count(), 128, "and the probe's, in blocks of 64");
+        c.validate().unwrap();
+        c.sandbox.uid_count = Some(108);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("set sandbox.uid_count to at least 109"), "{e}");
+        c.sandbox.uid_count = Some(109);
+        c.validate().unwrap();
+        c.sandbox.uid = Some(u32::MAX - 100);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("runs past the largest uid (4294967294)"), "{e}");
+        c.sandbox.uid = Some(0);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("must not be 0 (root)"), "{e}");
+        // Unset, the range is a block of 40000-59999: a count beyond it needs sandbox.uid.
+        c.sandbox.uid = None;
+        c.sandbox.uid_count = None;
+        c.sessions.max_sessions = 30_000;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("do not fit in 40000–59999") && e.contains("set sandbox.uid"),
+            "{e}"
+        );
+        c.sandbox.uid = Some(100_000);
+        c.validate().unwrap();
+        c.limits.max_processes = 23;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("limits.max_processes is 23 but must be at least 24"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn defaults_are_valid_and_documented_values() {
         let c = Config::default();
         c.validate().unwrap();
