@@ -402,28 +402,42 @@ impl Drop for UidLease {
     }
 }
 
-/// The leases of workers whose zygote died before reporting their exit: each is dropped
-/// once no process of its uid is left (the kernel killed them with their zygote, and
-/// whoever inherited them reaps them: until then they still count against RLIMIT_NPROC).
-/// Two scans in a row must find none, the first after the zygote is known to be dead: a
-/// child forked just before could still have been changing its uid during one.
-pub fn release_when_gone(leases: Vec<Arc<UidLease>>) {
+/// The leases of workers whose zygote died before reporting their exit (with their pids,
+/// where the zygote had reported the fork): each is dropped once no process of its uid is
+/// left (the kernel killed them with their zygote, and whoever inherited them reaps them:
+/// until then they still count against RLIMIT_NPROC). Two scans in a row must find none,
+/// the first after the zygote is known to be dead: a child forked just before could still
+/// have been changing its uid during one.
+///
+/// As PID 1 of a PID namespace (a container without an init) the orphans are this
+/// process's to reap: each known pid is reaped here, once (nothing else reaps in this
+/// process but tokio, which waits for its own children's pids only).
+pub fn release_when_gone(leases: Vec<(Option<i32>, Arc<UidLease>)>) {
     if leases.is_empty() {
         return;
     }
+    let init = std::process::id() == 1;
     let wait = move || {
-        let mut waiting: Vec<(Arc<UidLease>, u8)> = leases.into_iter().map(|l| (l, 0)).collect();
+        let mut waiting: Vec<(Option<i32>, Arc<UidLease>, u8)> =
+            leases.into_iter().map(|(pid, l)| (pid, l, 0)).collect();
         let mut pause = Duration::from_millis(20);
         while !waiting.is_empty() {
+            if init {
+                for (pid, _, _) in &mut waiting {
+                    if pid.is_some_and(reaped) {
+                        *pid = None;
+                    }
+                }
+            }
             let present = uids_of_processes();
-            for (lease, clean) in &mut waiting {
+            for (_, lease, clean) in &mut waiting {
                 *clean = if present.contains(&lease.uid) {
                     0
                 } else {
                     *clean + 1
                 };
             }
-            waiting.retain(|(_, clean)| *clean < 2);
+            waiting.retain(|(_, _, clean)| *clean < 2);
             if waiting.is_empty() {
                 break;
             }
@@ -435,6 +449,15 @@ pub fn release_when_gone(leases: Vec<Arc<UidLease>>) {
         Ok(rt) => drop(rt.spawn_blocking(wait)),
         Err(_) => wait(),
     }
+}
+
+/// Reaps `pid` if it is an exited child of this process; whether it was.
+fn reaped(pid: i32) -> bool {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    matches!(
+        waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)),
+        Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..))
+    )
 }
 
 /// Every uid (real, effective, saved, file system) of every process in /proc.

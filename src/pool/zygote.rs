@@ -403,9 +403,12 @@ async fn read_replies(
         let mut routes = routes.lock().expect("routes lock");
         alive.store(false, Ordering::Release);
         let routes = &mut *routes;
-        let forks = routes.forks.drain().map(|(_, (_, uid))| uid);
-        let exits = routes.exits.drain().map(|(_, (_, uid))| uid);
-        forks.chain(exits).flatten().collect::<Vec<_>>()
+        let forks = routes.forks.drain().map(|(_, (_, uid))| (None, uid));
+        let exits = routes.exits.drain().map(|(pid, (_, uid))| (Some(pid), uid));
+        let orphans = forks.chain(exits);
+        orphans
+            .filter_map(|(pid, uid)| Some((pid, uid?)))
+            .collect::<Vec<_>>()
     };
     // Its workers were killed with it, and are reaped by whoever inherits them; their uids
     // wait until they are gone.

@@ -188,9 +188,38 @@ fn tiny(options: Options) -> Options {
 
 #[tokio::test]
 async fn uids_come_back_once_their_workers_are_reaped_also_when_their_zygote_dies() {
-    let s =
-        Server::start_with(tiny(small(Options::default())).env("SNAKECAGE_SANDBOX__UID_COUNT", 11))
-            .await;
+    uids_come_back(Options::default()).await;
+}
+
+/// The same as PID 1 of a PID namespace (a container without an init): the workers its
+/// dead zygotes leave are the service's own to reap, or their zombies would keep their ids.
+#[tokio::test]
+async fn uids_come_back_when_the_service_is_pid_1_and_reaps_its_dead_zygotes_workers() {
+    uids_come_back(Options::default().wrapper(&[
+        "unshare",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--kill-child=SIGTERM",
+    ]))
+    .await;
+}
+
+/// The host pid of the process below `service` whose pid in its own namespace is `pid`.
+fn host_pid(service: u32, pid: i64) -> i32 {
+    descendants_of(service)
+        .into_iter()
+        .find(|p| {
+            let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+            let nspid = status.lines().find(|l| l.starts_with("NSpid:"));
+            nspid.and_then(|l| l.split_whitespace().last()) == Some(pid.to_string().as_str())
+        })
+        .map(|p| p as i32)
+        .unwrap_or_else(|| panic!("no process below {service} is {pid} in its namespace"))
+}
+
+async fn uids_come_back(options: Options) {
+    let s = Server::start_with(tiny(small(options)).env("SNAKECAGE_SANDBOX__UID_COUNT", 11)).await;
     let health = s.health().await;
     let (first, last) = uids(&health);
     assert_eq!(last - first + 1, 11, "{health}");
@@ -210,14 +239,14 @@ async fn uids_come_back_once_their_workers_are_reaped_also_when_their_zygote_die
     // The zygote dies (its workers with it, reaped by whoever inherits them) ten times:
     // their ids come back once they are gone, or the tier could not start workers.
     for _ in 0..10 {
-        let pid = s.health().await["pool"]["zygote"]["pid"].as_i64().unwrap() as i32;
+        let pid = s.health().await["pool"]["zygote"]["pid"].as_i64().unwrap();
         nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
+            nix::unistd::Pid::from_raw(host_pid(s.pid(), pid)),
             nix::sys::signal::Signal::SIGKILL,
         )
         .unwrap();
         s.wait_for_pool("a new zygote", |p| {
-            p["zygote"]["pid"].as_i64().is_some_and(|p| p as i32 != pid) && p["idle"] != 0
+            p["zygote"]["pid"].as_i64().is_some_and(|p| p != pid) && p["idle"] != 0
         })
         .await;
         let r = s.run("import os\nprint(os.getuid())").await;
@@ -258,14 +287,17 @@ async fn two_instances_never_share_worker_uids_and_a_taken_range_is_refused() {
         .unwrap();
     assert!(a_first < ua && ua <= a_last);
 
-    // A range set by hand that another instance holds: start-up fails, naming it.
+    // A range set by hand inside the one A holds (and no other's): start-up fails, naming
+    // A.
     let state = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_snakecage"))
         .args(["--listen", "127.0.0.1:0"])
         .env("SNAKECAGE_WORKER__STATE_DIR", state.path())
         .env("SNAKECAGE_WORKSPACE__DIR", state.path())
+        .env("SNAKECAGE_POOL__SIZE", "1")
+        .env("SNAKECAGE_SESSIONS__MAX_SESSIONS", "1")
         .env("SNAKECAGE_SANDBOX__UID", (a_first + 5).to_string())
-        .env("SNAKECAGE_SANDBOX__UID_COUNT", "200")
+        .env("SNAKECAGE_SANDBOX__UID_COUNT", "50")
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -273,7 +305,7 @@ async fn two_instances_never_share_worker_uids_and_a_taken_range_is_refused() {
     let wanted = format!(
         "worker uids {}–{} are claimed by another snakecage instance (pid {})",
         a_first + 5,
-        a_first + 204,
+        a_first + 54,
         a.pid()
     );
     assert!(stderr.contains(&wanted), "{stderr}");
