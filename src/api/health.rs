@@ -43,7 +43,7 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
         && !matches!(store, StoreState::Unavailable(_))
         && !workspace.as_ref().is_some_and(|ws| ws.nearly_full);
     let cpu_budget = state.pool.session_cpu_budget();
-    let sandbox: serde_json::Map<String, Value> = zygote
+    let mut sandbox: serde_json::Map<String, Value> = zygote
         .sandbox
         .iter()
         .map(|r| {
@@ -51,6 +51,7 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
             (r.layer.as_str().to_owned(), entry)
         })
         .collect();
+    sandbox.insert("worker_uids".into(), worker_uids(&state));
     Json(json!({
         "status": if healthy { "ok" } else { "degraded" },
         "last_spawn_error": pool.last_spawn_error,
@@ -75,6 +76,30 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
         "workspace": workspace,
         "sandbox": sandbox,
     }))
+}
+
+/// The range of worker uids this instance claimed and how many are in use (leased to a
+/// worker not yet reaped or whose workspace is not removed yet), or that workers keep the
+/// service's uid.
+fn worker_uids(state: &SharedState) -> Value {
+    match state.pool.uid_status() {
+        Some(uids) => json!({
+            "per_worker": true,
+            "first": uids.first,
+            "last": uids.last,
+            "count": uids.count,
+            "in_use": uids.in_use,
+            "withheld": uids.withheld,
+            "lock_file": uids.lock_file,
+        }),
+        None => json!({
+            "per_worker": false,
+            "detail": format!(
+                "workers keep the service's uid {} (it does not run as root, or drop_privileges is switched off)",
+                nix::unistd::getuid()
+            ),
+        }),
+    }
 }
 
 /// `{"backend", "state", "detail"}`: the state and error as the last background check

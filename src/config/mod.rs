@@ -254,8 +254,12 @@ impl Config {
         if self.limits.max_bundle_bytes < 1024 {
             return bad("limits.max_bundle_bytes must be at least 1024");
         }
-        if self.limits.max_processes < 2 * self.pool.size as u64 {
-            return bad("limits.max_processes must be at least 2 × pool.size (workers share it)");
+        let threads = u64::from(self.tools.max_concurrent_calls) + 16;
+        if self.limits.max_processes < threads {
+            return Err(ConfigError::Invalid(format!(
+                "limits.max_processes is {} but must be at least {threads} (tools.max_concurrent_calls + 16): it bounds one worker's threads, and each tool call in flight has one",
+                self.limits.max_processes
+            )));
         }
         if let Some(layer) = self
             .sandbox
@@ -268,8 +272,11 @@ impl Config {
                 layer.as_str()
             )));
         }
-        if self.sandbox.uid == 0 || self.sandbox.gid == 0 {
+        if self.sandbox.uid == Some(0) || self.sandbox.gid == 0 {
             return bad("sandbox.uid and sandbox.gid must not be 0 (root)");
+        }
+        if let Some(problem) = self.uid_range_problem() {
+            return Err(ConfigError::Invalid(problem));
         }
         if self.files.backend == FilesBackend::S3
             && let Some(problem) = self.s3.problem()
@@ -284,6 +291,60 @@ impl Config {
         }
         self.tools.validate().map_err(ConfigError::Invalid)?;
         self.tiers.validate()
+    }
+
+    /// The most workers that can be alive at once, each with a uid of its own: a worker
+    /// per session; the stateless runs of every slot, and as many just killed and not yet
+    /// reaped; every tier's idle workers (`pool.size` spread by demand, `tiers.min_idle`
+    /// each, one of margin before the idle are retired and one warmed to replace a cold
+    /// one), twice over while a rollover stocks the next generation beside the serving
+    /// one; and a rollover's probe worker per tier.
+    pub fn most_workers(&self) -> u64 {
+        let size = self.pool.size as u64;
+        let tiers = self.tiers.profile.len() as u64;
+        let idle = size + tiers * (self.tiers.min_idle as u64 + 2);
+        self.sessions.max_sessions as u64 + 2 * size + 2 * idle + tiers
+    }
+
+    /// `sandbox.uid_count`, or the default: [`Config::most_workers`] and the probe's, in
+    /// blocks of 64 (at most what a u32 holds: an unusable count is refused by
+    /// [`Config::validate`]).
+    pub fn uid_count(&self) -> u32 {
+        match self.sandbox.uid_count {
+            Some(count) => count,
+            None => u32::try_from((self.most_workers() + 1).div_ceil(64) * 64).unwrap_or(u32::MAX),
+        }
+    }
+
+    fn uid_range_problem(&self) -> Option<String> {
+        let need = self.most_workers() + 1;
+        let count = u64::from(self.uid_count());
+        if count < need {
+            return Some(format!(
+                "sandbox.uid_count is {count} but up to {} workers can be alive at once (sessions.max_sessions {}, pool.size {} and {} tiers with tiers.min_idle {}), each with a uid of its own, and one is the start-up probe's: set sandbox.uid_count to at least {need}, or leave it unset",
+                need - 1,
+                self.sessions.max_sessions,
+                self.pool.size,
+                self.tiers.profile.len(),
+                self.tiers.min_idle
+            ));
+        }
+        let first = u64::from(self.sandbox.uid.unwrap_or(crate::pool::uids::AUTO_FIRST));
+        let last = first + count - 1;
+        if last >= u64::from(u32::MAX) {
+            return Some(format!(
+                "sandbox.uid {first} + sandbox.uid_count {count} runs past the largest uid ({}): lower sandbox.uid",
+                u32::MAX - 1
+            ));
+        }
+        if self.sandbox.uid.is_none() && last > u64::from(crate::pool::uids::AUTO_LAST) {
+            return Some(format!(
+                "{count} worker uids do not fit in {}–{}, where an unset sandbox.uid takes them: set sandbox.uid to the first id of a free range",
+                crate::pool::uids::AUTO_FIRST,
+                crate::pool::uids::AUTO_LAST
+            ));
+        }
+        None
     }
 
     /// Where stored files live.
@@ -407,6 +468,45 @@ mod tests {
     }
 
     #[test]
+    fn the_worker_uid_range_fits_the_most_workers_alive_at_once() {
+        let mut c = Config::default();
+        c.pool.size = 4;
+        // 64 sessions, 2 × 4 running or being reaped, 2 × (4 + 4 tiers × (1 + 2)) idle,
+        // 4 rollover probes.
+        assert_eq!(c.most_workers(), 108);
+        assert_eq!(c.uid_count(), 128, "and the probe's, in blocks of 64");
+        c.validate().unwrap();
+        c.sandbox.uid_count = Some(108);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("set sandbox.uid_count to at least 109"), "{e}");
+        c.sandbox.uid_count = Some(109);
+        c.validate().unwrap();
+        c.sandbox.uid = Some(u32::MAX - 100);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("runs past the largest uid (4294967294)"), "{e}");
+        c.sandbox.uid = Some(0);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("must not be 0 (root)"), "{e}");
+        // Unset, the range is a block of 40000-59999: a count beyond it needs sandbox.uid.
+        c.sandbox.uid = None;
+        c.sandbox.uid_count = None;
+        c.sessions.max_sessions = 30_000;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("do not fit in 40000–59999") && e.contains("set sandbox.uid"),
+            "{e}"
+        );
+        c.sandbox.uid = Some(100_000);
+        c.validate().unwrap();
+        c.limits.max_processes = 23;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("limits.max_processes is 23 but must be at least 24"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn defaults_are_valid_and_documented_values() {
         let c = Config::default();
         c.validate().unwrap();
@@ -435,7 +535,7 @@ mod tests {
         let c = Config::load(Some(&file), &Overrides::default()).unwrap();
         assert_eq!(c.sandbox.require, vec![Layer::Landlock, Layer::Seccomp]);
         assert_eq!(c.sandbox.layers_off, vec![Layer::AuditHook]);
-        assert_eq!((c.sandbox.uid, c.sandbox.gid), (1234, 65534));
+        assert_eq!((c.sandbox.uid, c.sandbox.gid), (Some(1234), 65534));
         let z = c.sandbox.zygote_config();
         assert!(!z.wants(Layer::AuditHook) && z.wants(Layer::Seccomp));
         std::fs::write(&file, "[sandbox]\nlayers_off = [\"firewall\"]\n").unwrap();

@@ -16,8 +16,13 @@ pub const RELOADABLE: &[&str] = &["python", "sandbox", "tiers", "limits"];
 /// change to them alone starts no generation.
 pub const APPLIED_APART: &[&str] = &["auth.keys"];
 
-/// Keys that are fixed once the router is built, even inside a reloadable section.
-const FIXED_WITHIN: &[&str] = &["limits.max_request_bytes"];
+/// Keys that are fixed once the router is built (or, the worker uids, claimed at start),
+/// even inside a reloadable section.
+const FIXED_WITHIN: &[&str] = &[
+    "limits.max_request_bytes",
+    "sandbox.uid",
+    "sandbox.uid_count",
+];
 
 /// The dotted keys whose value differs between `old` and `new` and that a reload cannot
 /// apply, sorted.

@@ -79,9 +79,11 @@ pub struct LimitsConfig {
     /// The largest rich output (one MIME bundle of a run's `results`); a bigger one is
     /// replaced by a note saying so.
     pub max_bundle_bytes: u64,
-    /// RLIMIT_NPROC for workers: processes and threads of the worker uid, counted over all
-    /// workers together (they share the uid). Stops thread bombs; leave room for
-    /// `pool.size` × 2 workers plus the threads a job may legitimately start.
+    /// RLIMIT_NPROC for workers: processes and threads of the worker's uid. Each worker has
+    /// a uid of its own (`sandbox.uid`), so this bounds one worker: its threads, a thread
+    /// bomb's included, never take another's. At least `tools.max_concurrent_calls` + 16
+    /// (a thread per tool call in flight, and the worker's own). Where the service does not
+    /// run as root, workers keep its uid and the kernel counts every process of that uid.
     pub max_processes: u64,
     /// Where the service cannot renew the kernel's CPU-time limit of a session's worker
     /// for each run (it lacks CAP_SYS_RESOURCE) and enforces each run's budget itself:
@@ -206,8 +208,16 @@ pub struct SandboxSettings {
     pub require: Vec<Layer>,
     /// Layers switched off, for benchmarking only; every one is logged as a warning.
     pub layers_off: Vec<Layer>,
-    /// The unprivileged uid and gid workers drop to when the service runs as root.
-    pub uid: u32,
+    /// Where the service runs as root, each worker drops to a uid of its own, from the
+    /// range of `uid_count` ids starting here (the first is the start-up probe's), claimed
+    /// for this instance with a lock in `/run/snakecage`. Unset: the first free block of
+    /// ids 40000–59999 that the service's user namespace maps. The range must hold no
+    /// account's id.
+    pub uid: Option<u32>,
+    /// How many ids; unset: enough for the most workers that can live at once
+    /// ([`super::Config::most_workers`]), and one for the probe, in blocks of 64.
+    pub uid_count: Option<u32>,
+    /// The gid every worker drops to, with no supplementary groups.
     pub gid: u32,
     /// Third-party top-level packages user code may import (the standard library ones are
     /// in `python-stdlib-allowlist`).
@@ -220,7 +230,8 @@ impl Default for SandboxSettings {
         Self {
             require: Vec::new(),
             layers_off: Vec::new(),
-            uid: defaults.uid,
+            uid: None,
+            uid_count: None,
             gid: defaults.gid,
             allowed_packages: defaults.allowed_packages,
         }
@@ -231,7 +242,8 @@ impl SandboxSettings {
     /// What the zygote is told.
     pub fn zygote_config(&self) -> SandboxConfig {
         SandboxConfig {
-            uid: self.uid,
+            // The probe's uid: the range's first, once claimed (`pool::uids`).
+            uid: self.uid.unwrap_or(crate::pool::uids::AUTO_FIRST),
             gid: self.gid,
             layers_off: self.layers_off.clone(),
             allowed_packages: self.allowed_packages.clone(),
@@ -319,7 +331,7 @@ impl Default for LimitsConfig {
             max_file_size_mb: 100,
             max_open_files: 256,
             max_bundle_bytes: 2 << 20,
-            max_processes: 512,
+            max_processes: 256,
             max_session_cpu_seconds: 3_600,
         }
     }

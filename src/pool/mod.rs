@@ -18,6 +18,7 @@
 //!   `fd`: pipes and fds on the supervisor's side.
 //! - [`root`]: the workspace root this instance owns (locked), recreated if it vanishes.
 //! - [`bound`]: the instance's own tmpfs under it, bounding all its workspaces together.
+//! - [`uids`]: the range of worker uids this instance claims, one uid per live worker.
 //! - [`toolcalls`]: tool calls answered while a job runs (Code Mode);
 //!   [`cancel_cause`]: why a pending call was cancelled, said as it is.
 //! - [`generation`]: the generations (one zygote per tier each), the current one, the
@@ -92,6 +93,7 @@ mod tier;
 mod tiers;
 pub mod toolcalls;
 mod tree;
+pub mod uids;
 pub mod worker;
 pub mod zygote;
 
@@ -145,6 +147,18 @@ pub struct PoolSettings {
     pub min_idle: usize,
     /// Sandbox layers that must be active; a zygote without one of them is not used.
     pub require: Vec<Layer>,
+    /// The worker uids to claim where workers drop privileges.
+    pub uids: UidSettings,
+}
+
+/// `sandbox.uid` and `sandbox.uid_count`, as the pool claims them (see [`uids`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UidSettings {
+    /// The first id; `None`: a free block of [`uids::AUTO_FIRST`]–[`uids::AUTO_LAST`].
+    pub first: Option<u32>,
+    pub count: u32,
+    /// Where the claim is locked ([`uids::LOCK_FILE`]).
+    pub lock_file: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -169,6 +183,8 @@ pub enum PoolError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("worker uids: {0}")]
+    Uids(String),
 }
 
 /// Code longer than this is scanned for its imports on a blocking thread.
@@ -195,6 +211,8 @@ struct Inner {
     events: Arc<dyn PoolEvents>,
     /// Enforces the CPU-time budgets of session workers where the kernel cannot.
     watchdog: Arc<Watchdog>,
+    /// The claimed worker uids, where workers drop privileges (the service runs as root).
+    uids: Option<Arc<uids::WorkerUids>>,
 }
 
 impl Pool {
@@ -209,6 +227,12 @@ impl Pool {
     /// when it cannot be read (the root removed under us: recreated at the next spawn).
     pub fn workspace_usage(&self) -> Option<WorkspaceUsage> {
         self.inner.root.usage().ok()
+    }
+
+    /// The worker uids claimed and how many are in use (`/health`); `None` where workers
+    /// keep the service's uid.
+    pub fn uid_status(&self) -> Option<uids::UidStatus> {
+        self.inner.uids.as_ref().map(|uids| uids.status())
     }
 
     /// Who enforces the CPU-time budget of each run of a new session's worker (`/health`).

@@ -29,6 +29,8 @@ enum SpawnError {
     Zygote(#[from] ZygoteError),
     #[error("worker {pid} did not become ready: {reason}")]
     NotReady { pid: i32, reason: String },
+    #[error("{0}")]
+    NoUid(String),
 }
 
 /// Keeps `idle + spawning == target` in every tier of the current generation (and of the
@@ -247,12 +249,23 @@ async fn spawn_worker(
     warm_up: bool,
 ) -> Result<Worker, SpawnError> {
     let id = inner.next_worker_id.fetch_add(1, Ordering::Relaxed);
-    let owner = workspace_owner(tier, zygote);
+    // A uid no other live worker has, where workers drop to one: waited for when every one
+    // is in use (workers not reaped yet, workspaces not removed yet), never shared.
+    let uid = match (&inner.uids, drops_privileges(zygote)) {
+        (Some(uids), true) => Some(
+            uids.lease(inner.settings.spawn_timeout)
+                .await
+                .map_err(SpawnError::NoUid)?,
+        ),
+        _ => None,
+    };
+    let gid = tier.zygote_config.sandbox.gid;
+    let owner = || uid.clone().map(|uid| (uid, gid));
     let root = &inner.settings.workspace_root;
-    let (workspace, workspace_fd) = match Workspace::create(root, id, owner) {
+    let (workspace, workspace_fd) = match Workspace::create(root, id, owner()) {
         Ok(created) => created,
         // The root was removed under us (by hand, by another program): recreate it.
-        Err(_) if inner.root.ensure()? => Workspace::create(root, id, owner)?,
+        Err(_) if inner.root.ensure()? => Workspace::create(root, id, owner())?,
         Err(e) => return Err(e.into()),
     };
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
@@ -268,7 +281,7 @@ async fn spawn_worker(
         None
     };
     let fds = [OwnedFd::from(theirs), stdout_w, stderr_w, workspace_fd];
-    let forked = zygote.fork(id, warm_up, fds).await?;
+    let forked = zygote.fork(id, warm_up, uid, fds).await?;
     let pid = forked.pid;
     let channel = JobChannel::new(OwnedFd::from(ours))?;
     let mut worker = Worker::new(
@@ -341,14 +354,12 @@ async fn spawn_worker(
     Err(SpawnError::NotReady { pid, reason })
 }
 
-/// The uid and gid a new worker's workspace belongs to: the sandbox ids when workers drop
-/// to them, else none (the workspace stays ours, which is also the workers' uid).
-fn workspace_owner(tier: &Tier, zygote: &ZygoteHandle) -> Option<(u32, u32)> {
-    let drops = zygote
+/// Whether `zygote`'s workers drop to a uid of their own (else the workspace stays ours,
+/// which is also the workers' uid).
+fn drops_privileges(zygote: &ZygoteHandle) -> bool {
+    zygote
         .info
         .sandbox
         .iter()
-        .any(|r| r.layer == Layer::DropPrivileges && r.state == LayerState::Active);
-    let sandbox = &tier.zygote_config.sandbox;
-    drops.then_some((sandbox.uid, sandbox.gid))
+        .any(|r| r.layer == Layer::DropPrivileges && r.state == LayerState::Active)
 }

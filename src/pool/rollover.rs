@@ -113,6 +113,9 @@ impl Pool {
         settings.worker_binary = inner.settings.worker_binary.clone();
         settings.workspace_root = inner.settings.workspace_root.clone();
         settings.spawn_timeout = inner.settings.spawn_timeout;
+        if let Some(uids) = &inner.uids {
+            super::uids::probe_with(&mut settings, uids.first());
+        }
         let id = inner.generations.next_id();
         tracing::info!(generation = id, %reason, "starting a new generation");
         let generation = Generation::start(settings, id, inner.settings.size, ZYGOTE_PATIENCE)

@@ -14,7 +14,29 @@ use super::generation::{Generation, Generations};
 use super::root::WorkspaceRoot;
 use super::slots::Slots;
 use super::status::PoolCounters;
+use super::uids::{self, UidRange, WorkerUids};
 use super::{Inner, Pool, PoolError, PoolSettings, keeper, refill};
+
+/// The worker uids, claimed where workers will drop to them: the service runs as root and
+/// `drop_privileges` is not switched off.
+fn claim_uids(settings: &PoolSettings) -> Result<Option<Arc<WorkerUids>>, PoolError> {
+    let drops = nix::unistd::geteuid().is_root()
+        && settings
+            .tiers
+            .iter()
+            .any(|t| (t.zygote.sandbox).wants(snakecage_worker::protocol::Layer::DropPrivileges));
+    if !drops {
+        return Ok(None);
+    }
+    let u = &settings.uids;
+    let range = UidRange::claim(u.first, u.count, &u.lock_file).map_err(PoolError::Uids)?;
+    tracing::info!(
+        first = range.first,
+        last = range.last(),
+        "worker uids claimed: each worker runs under one of its own"
+    );
+    Ok(Some(WorkerUids::new(range)))
+}
 
 impl Pool {
     /// Starts every tier's zygote, the refill and the restart tasks; returns once the
@@ -37,6 +59,10 @@ impl Pool {
                 }
             })?;
         settings.workspace_root = root.workspaces();
+        let uids = claim_uids(&settings)?;
+        if let Some(uids) = &uids {
+            uids::probe_with(&mut settings, uids.first());
+        }
         let first = Arc::new(Generation::starting(settings.clone(), 1, settings.size));
         let shutdown = CancellationToken::new();
         let inner = Arc::new(Inner {
@@ -56,6 +82,7 @@ impl Pool {
             counters: PoolCounters::default(),
             events,
             watchdog: Arc::default(),
+            uids,
         });
         let pool = Self {
             inner: inner.clone(),

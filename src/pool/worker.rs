@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 
 use super::fd::async_fd;
 pub(super) use super::fd::read_nonblocking;
+use super::uids::UidLease;
 use super::zygote::Forked;
 
 /// A forked, hardened worker, warmed up unless it skipped the warm-up.
@@ -276,22 +277,30 @@ impl JobChannel {
 /// A worker's private directory, removed when dropped.
 pub struct Workspace {
     pub path: PathBuf,
+    /// The worker's uid, which owns what is in here: not handed to another worker before
+    /// the directory is removed.
+    uid: Option<Arc<UidLease>>,
 }
 
 impl Workspace {
-    /// Creates the directory (mode 0700), owned by `owner` (uid, gid) when the worker will
-    /// drop to it, so the worker can write there and no other uid can look in.
+    /// Creates the directory (mode 0700), owned by `owner` (the worker's uid, and gid)
+    /// when the worker will drop to it, so the worker can write there and no other uid can
+    /// look in.
     pub fn create(
         root: &Path,
         worker_id: u64,
-        owner: Option<(u32, u32)>,
+        owner: Option<(Arc<UidLease>, u32)>,
     ) -> io::Result<(Self, OwnedFd)> {
         use std::os::unix::fs::DirBuilderExt;
         let path = root.join(format!("w{worker_id}"));
         std::fs::DirBuilder::new().mode(0o700).create(&path)?;
-        let workspace = Self { path };
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::chown(&workspace.path, Some(uid), Some(gid))?;
+        let (uid, gid) = match owner {
+            Some((lease, gid)) => (Some(lease), Some(gid)),
+            None => (None, None),
+        };
+        let workspace = Self { path, uid };
+        if let (Some(lease), Some(gid)) = (&workspace.uid, gid) {
+            std::os::unix::fs::chown(&workspace.path, Some(lease.uid()), Some(gid))?;
         }
         let dir = std::fs::File::open(&workspace.path)?;
         Ok((workspace, OwnedFd::from(dir)))
@@ -301,6 +310,7 @@ impl Workspace {
 impl Drop for Workspace {
     fn drop(&mut self) {
         let path = std::mem::take(&mut self.path);
+        let uid = self.uid.take();
         // Most jobs leave their workspace empty: one rmdir, here, saves the trip to a
         // blocking thread and back.
         match std::fs::remove_dir(&path) {
@@ -308,12 +318,17 @@ impl Drop for Workspace {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return,
             Err(_) => {}
         }
+        // The uid goes back (with the last of its holders) once the tree is gone.
         let remove = move || {
             if let Err(e) = super::tree::remove_tree(&path)
                 && e.kind() != io::ErrorKind::NotFound
             {
                 tracing::warn!(path = %path.display(), error = %e, "could not remove a workspace");
+                if let Some(uid) = &uid {
+                    uid.withhold();
+                }
             }
+            drop(uid);
         };
         // A job may leave thousands of files: remove them off the async threads.
         match tokio::runtime::Handle::try_current() {

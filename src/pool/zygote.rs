@@ -18,6 +18,8 @@ use snakecage_worker::protocol::{
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, oneshot};
 
+use super::uids::{UidLease, release_when_gone};
+
 /// The zygote's replies are small; a bigger record is a protocol violation.
 const MAX_REPLY: usize = 64 << 10;
 
@@ -56,10 +58,13 @@ pub struct Forked {
 
 type ForkReply = Result<Forked, ZygoteError>;
 
+/// Each fork and each exit the zygote has yet to report, with the worker's uid: held until
+/// the zygote reports the worker reaped (or the fork failed), so the id is not handed to
+/// another worker while a process or thread of this one may remain.
 #[derive(Default)]
 struct Routes {
-    forks: HashMap<u64, oneshot::Sender<ForkReply>>,
-    exits: HashMap<i32, oneshot::Sender<ExitStatus>>,
+    forks: HashMap<u64, (oneshot::Sender<ForkReply>, Option<Arc<UidLease>>)>,
+    exits: HashMap<i32, (oneshot::Sender<ExitStatus>, Option<Arc<UidLease>>)>,
 }
 
 /// One running zygote. Dropping the last handle does not kill it; [`ZygoteHandle::shutdown`]
@@ -243,22 +248,27 @@ impl ZygoteHandle {
 
     /// Asks for one worker; `fds` are its job socket, stdout and stderr write ends and its
     /// workspace directory, closed here once sent. `warm_up: false` skips the tier's
-    /// warm-up jobs in it.
+    /// warm-up jobs in it. `uid`: the worker's own uid, held here until it is reaped.
     pub async fn fork(
         &self,
         worker_id: u64,
         warm_up: bool,
+        uid: Option<Arc<UidLease>>,
         fds: [OwnedFd; 4],
     ) -> Result<Forked, ZygoteError> {
         let (tx, rx) = oneshot::channel();
+        let request = ControlRequest::Fork {
+            worker_id,
+            warm_up,
+            uid: uid.as_ref().map(|lease| lease.uid()),
+        };
         {
             let mut routes = self.routes.lock().expect("routes lock");
             if !self.is_alive() {
                 return Err(ZygoteError::Gone);
             }
-            routes.forks.insert(worker_id, tx);
+            routes.forks.insert(worker_id, (tx, uid));
         }
-        let request = ControlRequest::Fork { worker_id, warm_up };
         if let Err(e) = self.send(&request, &fds).await {
             self.routes
                 .lock()
@@ -388,13 +398,21 @@ async fn read_replies(
             }
         }
     }
-    {
+    let orphaned_uids = {
         // Fail pending forks and close exit channels: waiters see the zygote is gone.
         let mut routes = routes.lock().expect("routes lock");
         alive.store(false, Ordering::Release);
-        routes.forks.clear();
-        routes.exits.clear();
-    }
+        let routes = &mut *routes;
+        let forks = routes.forks.drain().map(|(_, (_, uid))| (None, uid));
+        let exits = routes.exits.drain().map(|(pid, (_, uid))| (Some(pid), uid));
+        let orphans = forks.chain(exits);
+        orphans
+            .filter_map(|(pid, uid)| Some((pid, uid?)))
+            .collect::<Vec<_>>()
+    };
+    // Its workers were killed with it, and are reaped by whoever inherits them; their uids
+    // wait until they are gone.
+    release_when_gone(orphaned_uids);
     died.notify_waiters();
     let _ = child.start_kill();
     match child.wait().await {
@@ -413,24 +431,31 @@ fn route(
     match reply {
         ControlReply::Forked { worker_id, pid } => {
             let (exit_tx, exit_rx) = oneshot::channel();
-            routes.exits.insert(pid, exit_tx);
+            let (tx, uid) = match routes.forks.remove(&worker_id) {
+                Some((tx, uid)) => (Some(tx), uid),
+                None => (None, None),
+            };
+            routes.exits.insert(pid, (exit_tx, uid));
             let forked = Forked {
                 pid,
                 pidfd: fds.into_iter().next(),
                 exit: exit_rx,
                 zygote_shut_down: shut_down.clone(),
             };
-            if let Some(tx) = routes.forks.remove(&worker_id) {
+            if let Some(tx) = tx {
                 let _ = tx.send(Ok(forked));
             }
         }
         ControlReply::ForkFailed { worker_id, reason } => {
-            if let Some(tx) = routes.forks.remove(&worker_id) {
+            // No process was made: its uid is free again.
+            if let Some((tx, _uid)) = routes.forks.remove(&worker_id) {
                 let _ = tx.send(Err(ZygoteError::ForkFailed(reason)));
             }
         }
         ControlReply::Exited { pid, status } => {
-            if let Some(tx) = routes.exits.remove(&pid) {
+            // Reaped: no process or thread of it is left, and its uid may serve again once
+            // its workspace is removed too.
+            if let Some((tx, _uid)) = routes.exits.remove(&pid) {
                 let _ = tx.send(status);
             }
         }

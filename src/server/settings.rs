@@ -19,7 +19,7 @@ use crate::files::{Charge, LocalStore, S3Store, SharedStore, StoreBounds, StoreE
 use crate::metrics::Metrics;
 use crate::pool::bound::{self, HostRoom};
 use crate::pool::cpu_budget::Enforcement;
-use crate::pool::{BoundSettings, PoolSettings, TierSettings};
+use crate::pool::{BoundSettings, PoolSettings, TierSettings, UidSettings};
 use crate::sessions::SessionSettings;
 
 /// The configured keys, and whether the service may listen where it does with them: beyond
@@ -135,6 +135,11 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
         session_tier: config.tiers.session_tier(),
         min_idle: config.tiers.min_idle,
         require: config.sandbox.require.clone(),
+        uids: UidSettings {
+            first: config.sandbox.uid,
+            count: config.uid_count(),
+            lock_file: crate::pool::uids::LOCK_FILE.into(),
+        },
     })
 }
 

@@ -79,5 +79,6 @@ mod tools_mcp_limits;
 mod tools_mcp_reconnect;
 mod unencodable;
 mod upload_names;
+mod worker_uids;
 mod workspace_bound;
 mod zygote_death;

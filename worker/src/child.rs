@@ -55,9 +55,10 @@ pub fn run(
     zygote: Pid,
     limits: &WorkerLimits,
     sandbox: &Sandbox,
+    uid: u32,
     warm_up: bool,
 ) -> ! {
-    let warmed = match harden(runner, fds, zygote, limits, sandbox, warm_up) {
+    let warmed = match harden(runner, fds, zygote, limits, sandbox, uid, warm_up) {
         Ok(warmed) => warmed,
         Err(e) => {
             report(&e);
@@ -80,6 +81,7 @@ fn harden(
     zygote: Pid,
     limits: &WorkerLimits,
     sandbox: &Sandbox,
+    uid: u32,
     warm_up: bool,
 ) -> Result<bool, ChildError> {
     // 1. Die with the zygote, then check it is still there: PDEATHSIG set after the parent
@@ -106,7 +108,7 @@ fn harden(
     if sandbox.applies_rlimits() {
         rlimits::apply(limits).map_err(step("setting rlimits"))?;
     }
-    // 4.–6. Drop to the unprivileged uid (PDEATHSIG re-armed: the credential change clears
+    // 4.–6. Drop to this worker's own unprivileged uid (PDEATHSIG re-armed: the credential change clears
     //    it), no_new_privs, Landlock (read-only Python, read-write workspace, scoped signals
     //    and abstract sockets), seccomp last: it would deny the calls of the steps before.
     //    Only the layers the zygote's start-up probe proved are applied; each one that
@@ -115,7 +117,7 @@ fn harden(
     // life of the process.
     let workspace = unsafe { BorrowedFd::borrow_raw(fds::WORKSPACE_FD) };
     sandbox
-        .harden_worker(workspace, zygote)
+        .harden_worker(workspace, zygote, uid)
         .map_err(|(layer, e)| step_named(layer, e))?;
     // 7. Python level: pay this child's copy-on-write faults and first-use costs with
     //    the tier's throwaway warm-up jobs, so the real job does not (unless a job is

@@ -64,6 +64,7 @@ const FORK_DELAY: Duration = Duration::from_millis(2);
 struct PendingFork {
     worker_id: u64,
     warm_up: bool,
+    uid: Option<u32>,
     fds: Vec<OwnedFd>,
     /// When it is made even if no child has exited by then.
     due: Instant,
@@ -236,9 +237,14 @@ impl Zygote<'_, '_> {
                 let request: ControlRequest = frame::decode_exact(&buf[..rec.bytes], MAX_FRAME_LEN)
                     .map_err(|e| ZygoteError::Protocol(e.to_string()))?;
                 match request {
-                    ControlRequest::Fork { worker_id, warm_up } => self.pending.push(PendingFork {
+                    ControlRequest::Fork {
                         worker_id,
                         warm_up,
+                        uid,
+                    } => self.pending.push(PendingFork {
+                        worker_id,
+                        warm_up,
+                        uid,
                         fds: rec.fds,
                         due: Instant::now() + FORK_DELAY,
                     }),
@@ -259,11 +265,12 @@ impl Zygote<'_, '_> {
                 for PendingFork {
                     worker_id,
                     warm_up,
+                    uid,
                     fds,
                     ..
                 } in std::mem::take(&mut self.pending)
                 {
-                    self.fork(worker_id, warm_up, fds)?;
+                    self.fork(worker_id, warm_up, uid, fds)?;
                 }
             }
             // Exits are reported after the forks of the same round, in one burst with their
@@ -285,6 +292,7 @@ impl Zygote<'_, '_> {
         &mut self,
         worker_id: u64,
         warm_up: bool,
+        uid: Option<u32>,
         fds: Vec<OwnedFd>,
     ) -> Result<(), ZygoteError> {
         let fds: [OwnedFd; FORK_FDS] = match fds.try_into() {
@@ -299,8 +307,10 @@ impl Zygote<'_, '_> {
         };
         let zygote_pid = nix::unistd::getpid();
         let (runner, limits, sandbox) = (&self.runner, &self.config.limits, self.sandbox);
-        let forked =
-            fork_interpreter(move || child::run(runner, fds, zygote_pid, limits, sandbox, warm_up));
+        let uid = uid.unwrap_or(self.config.sandbox.uid);
+        let forked = fork_interpreter(move || {
+            child::run(runner, fds, zygote_pid, limits, sandbox, uid, warm_up)
+        });
         let pid = match forked {
             Ok(pid) => pid,
             Err(e) => {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::fixture::WORKER_UID;
+use super::fixture::WORKER_UIDS;
 use crate::harness::Server;
 
 /// Things on the host that hostile code must not reach: a secret file outside any
@@ -110,7 +110,7 @@ pub(super) fn plant_secrets_in_workspaces(state_dir: &Path) -> usize {
     planted
 }
 
-/// Files owned by the worker uid outside any workspace, under `roots`.
+/// Files owned by a worker uid outside any workspace, under `roots`.
 pub(super) fn worker_files_outside_workspaces(roots: &[PathBuf]) -> Vec<PathBuf> {
     fn walk(dir: &Path, found: &mut Vec<PathBuf>, depth: usize) {
         let Ok(entries) = std::fs::read_dir(dir) else {
@@ -124,7 +124,7 @@ pub(super) fn worker_files_outside_workspaces(roots: &[PathBuf]) -> Vec<PathBuf>
             let in_workspace = path
                 .components()
                 .any(|c| c.as_os_str().to_string_lossy().starts_with("workspaces-"));
-            if meta.uid() == WORKER_UID && !in_workspace {
+            if WORKER_UIDS.contains(&meta.uid()) && !in_workspace {
                 found.push(path.clone());
             }
             if meta.is_dir() && !in_workspace && depth < 6 {

@@ -1,7 +1,9 @@
 //! Process attacks: creating processes (fork, exec, spawn, subprocess and the gadgets that
 //! reach it), signalling other processes (the zygote, the supervisor), and privileges.
 
-use super::fixture::{EPERM, Fixture, WORKER_UID, audit, denied, import_denied, prints};
+use super::fixture::{
+    EPERM, Fixture, WORKER_GID, WORKER_UIDS, audit, denied, import_denied, prints,
+};
 
 /// Stopped by the audit hook and the import guard.
 pub(super) fn python_layer(zygote_pid: i64) -> Vec<Fixture> {
@@ -110,8 +112,12 @@ pub(super) fn python_layer(zygote_pid: i64) -> Vec<Fixture> {
         ),
         prints(
             "the worker runs unprivileged with a fixed environment",
-            "import os\nprint(os.getuid(), os.getgid(), os.getgroups(), 'HOST_API_TOKEN' in os.environ)",
-            format!("{WORKER_UID} {WORKER_UID} [] False\n"),
+            format!(
+                "import os\nprint({} <= os.getuid() <= {}, os.getgid(), os.getgroups(), 'HOST_API_TOKEN' in os.environ)",
+                WORKER_UIDS.start(),
+                WORKER_UIDS.end()
+            ),
+            format!("True {WORKER_GID} [] False\n"),
         ),
     ]
 }

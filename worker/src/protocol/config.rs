@@ -120,7 +120,9 @@ pub struct WorkerLimits {
     pub max_file_bytes: u64,
     /// RLIMIT_NOFILE.
     pub max_open_files: u64,
-    /// RLIMIT_NPROC: processes and threads of the workers' uid, all workers together
-    /// (only enforced once a worker has dropped root).
+    /// RLIMIT_NPROC: processes and threads of the worker's uid. Each worker has a uid of
+    /// its own, so this bounds one worker's threads; where workers keep the service's
+    /// uid (not root) it counts every process of that uid. Only enforced once a worker
+    /// is not root.
     pub max_processes: u64,
 }

@@ -13,7 +13,14 @@ pub enum ControlRequest {
     /// write ends of its stdout and stderr pipes, and its workspace directory. Without
     /// `warm_up` the child skips its tier's warm-up jobs: a job is already waiting for it,
     /// so their first-use costs would be paid on that job's time anyway, and twice.
-    Fork { worker_id: u64, warm_up: bool },
+    /// `uid`: the uid this worker drops to, one no other live worker has (the supervisor
+    /// allocates it); `None`: the configured `sandbox.uid`.
+    Fork {
+        worker_id: u64,
+        warm_up: bool,
+        #[serde(default)]
+        uid: Option<u32>,
+    },
     /// Kill every child, reap them, exit.
     Shutdown,
 }

@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 /// How the zygote and its workers isolate user code (see SECURITY.md).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct SandboxConfig {
-    /// Workers drop to this uid when the zygote runs as root.
+    /// When the zygote runs as root: the uid the start-up probe drops to, and a worker
+    /// whose fork request names none drops to (each request of the supervisor names its
+    /// worker's own).
     pub uid: u32,
     /// ... and to this gid, with no supplementary groups.
     pub gid: u32,

@@ -3,7 +3,7 @@
 //! - read (and map for execution): the Python prefix, the configured site-packages, the
 //!   shared libraries extension modules link against, time zones, a few device nodes;
 //! - read-write: beneath its own workspace directory (fd 4), nothing else; in particular
-//!   not another worker's workspace, though every worker runs under the same uid;
+//!   not another worker's workspace (another uid's, as each worker has its own);
 //! - no TCP bind or connect (ABI 4), no connecting to abstract Unix sockets and no signals
 //!   to processes outside its own domain (ABI 6 scopes): not the zygote, not the supervisor,
 //!   not another worker.

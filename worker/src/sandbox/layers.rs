@@ -96,7 +96,7 @@ impl Sandbox {
             None => format!("{} s", limits.cpu_seconds),
         };
         let rlimits = format!(
-            "CPU {cpu}, DATA zygote + {} MiB, FSIZE {} MiB, NOFILE {}, NPROC {} (per uid), CORE 0",
+            "CPU {cpu}, DATA zygote + {} MiB, FSIZE {} MiB, NOFILE {}, NPROC {} (per worker uid), CORE 0",
             limits.memory_limit_bytes >> 20,
             limits.max_file_bytes >> 20,
             limits.max_open_files,
@@ -177,16 +177,18 @@ impl Sandbox {
     /// Steps 4–6 in a worker: drop privileges (then re-arm PDEATHSIG, which a credential
     /// change clears), no_new_privs, Landlock, seccomp last (it would deny the setup
     /// calls before it). Fails on the first layer that does not apply.
+    /// `uid`: the worker's own, which no other live worker has.
     pub fn harden_worker(
         &self,
         workspace: BorrowedFd<'_>,
         zygote: Pid,
+        uid: u32,
     ) -> Result<(), (&'static str, io::Error)> {
         for layer in WORKER_LAYERS {
             if !self.apply.contains(&layer) {
                 continue;
             }
-            self.apply_layer(layer, workspace)
+            self.apply_layer(layer, workspace, uid)
                 .map_err(|e| (layer.as_str(), io::Error::other(e)))?;
             if layer == Layer::DropPrivileges {
                 super::die_with_parent(Some(zygote)).map_err(|e| ("PR_SET_PDEATHSIG again", e))?;
@@ -221,11 +223,21 @@ impl Sandbox {
         self.config.wants(Layer::Rlimits)
     }
 
-    fn apply_layer(&self, layer: Layer, workspace: BorrowedFd<'_>) -> Result<String, String> {
+    fn apply_layer(
+        &self,
+        layer: Layer,
+        workspace: BorrowedFd<'_>,
+        uid: u32,
+    ) -> Result<String, String> {
         let text = |e: io::Error| e.to_string();
         match layer {
-            Layer::DropPrivileges => privileges::drop_to(self.config.uid, self.config.gid)
-                .map(|()| format!("uid {} gid {}, no groups", self.config.uid, self.config.gid))
+            Layer::DropPrivileges => privileges::drop_to(uid, self.config.gid)
+                .map(|()| {
+                    format!(
+                        "a uid of its own for each worker (the probe's: {uid}), gid {}, no groups",
+                        self.config.gid
+                    )
+                })
                 .map_err(text),
             Layer::NoNewPrivs => privileges::no_new_privs()
                 .map(|()| "no_new_privs, not dumpable".to_owned())
@@ -316,7 +328,7 @@ impl Sandbox {
         for &layer in layers {
             let result = match (&zygote_part, layer) {
                 (Err(e), Layer::Seccomp) => Err(e.clone()),
-                _ => self.apply_layer(layer, workspace),
+                _ => self.apply_layer(layer, workspace, self.config.uid),
             };
             results.push((layer, result));
         }

@@ -1,8 +1,8 @@
 //! Dropping root: no supplementary groups, then the gid, then the uid (in that order: once
 //! the uid is gone the others can no longer be changed). Then `PR_SET_NO_NEW_PRIVS`, so no
 //! later execve could regain privileges (and Landlock and seccomp may be installed
-//! unprivileged), and not dumpable, so workers sharing the uid cannot ptrace or read each
-//! other's /proc files.
+//! unprivileged), and not dumpable, so no process of the worker's uid (a worker that had
+//! it before, the zygote's start-up probe) can ptrace it or read its /proc files.
 
 use std::io;
 

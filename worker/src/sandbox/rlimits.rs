@@ -24,8 +24,10 @@ pub fn apply(limits: &WorkerLimits) -> io::Result<()> {
         limits.max_open_files,
         limits.max_open_files,
     )?;
-    // Counted per uid over all workers (and their threads); enforced once a worker has
-    // dropped root. It stops thread bombs; the DATA limit bounds their stacks too.
+    // Counted per uid: each worker has one of its own, so this bounds its own processes
+    // and threads (where workers keep the service's uid, not root, every process of that
+    // uid counts). Enforced once a worker is not root. It stops thread bombs; the DATA
+    // limit bounds their stacks too.
     set(
         Resource::RLIMIT_NPROC,
         limits.max_processes,

@@ -1,0 +1,567 @@
+//! Worker uids: every worker runs under a uid of its own, so what the kernel counts per
+//! uid (RLIMIT_NPROC: processes and threads) bounds one worker, never another tenant's.
+//!
+//! The instance claims a range of ids at start ([`UidRange::claim`]): a write lock on the
+//! range's bytes of one host-wide file ([`LOCK_FILE`]), held for the process's life and
+//! released by the kernel however it dies, so two instances on a host never share a
+//! worker uid. An unset `sandbox.uid` takes the first free block of [`AUTO_FIRST`] to
+//! [`AUTO_LAST`] that this process's user namespace maps (a user-namespaced pod maps only
+//! 0–65535); a configured one is taken as it is, or start-up fails naming the holder.
+//!
+//! [`WorkerUids`] hands the ids out, one per worker ([`UidLease`]), first freed first
+//! reused; the range's first id is kept for the zygotes' start-up probe of the uid drop. A lease is shared by whatever must be gone before the id may serve again: the
+//! zygote's route for the worker's exit (dropped once the zygote has reaped it: no
+//! process or thread of it remains) and its workspace (dropped once the directory is
+//! removed: nothing it wrote remains). When the zygote dies before reporting an exit, the
+//! leases it held wait until no process of their uid is left ([`release_when_gone`]).
+//! Taking and returning an id is a short mutex section: no allocation, no system call.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::Notify;
+
+/// The host-wide file whose byte ranges are the instances' claimed uid ranges (`/run` is
+/// the host's, or the container's own where each container has its own users).
+pub const LOCK_FILE: &str = "/run/snakecage/worker-uids.lock";
+
+/// The ids an unset `sandbox.uid` takes its block from: mapped in a user-namespaced pod
+/// (0–65535), above the accounts a host usually has (1000 and up), below the ids
+/// distributions and systemd reserve (60000 and up: systemd-homed, dynamic users, nobody).
+pub const AUTO_FIRST: u32 = 40_000;
+pub const AUTO_LAST: u32 = 59_999;
+
+/// Blocks of an unset `sandbox.uid` start at multiples of this past [`AUTO_FIRST`].
+const AUTO_ALIGN: u32 = 64;
+
+/// The range this instance claimed, locked until it is dropped.
+#[derive(Debug)]
+pub struct UidRange {
+    pub first: u32,
+    pub count: u32,
+    /// Where the claim is held.
+    pub lock_file: PathBuf,
+    _lock: RangeLock,
+}
+
+impl UidRange {
+    pub fn last(&self) -> u32 {
+        self.first + (self.count - 1)
+    }
+
+    /// Claims `count` ids from `first`, or, with `first` unset, the first free block of
+    /// [`AUTO_FIRST`]–[`AUTO_LAST`] mapped here. `lock_file`: [`LOCK_FILE`] but in tests.
+    pub fn claim(first: Option<u32>, count: u32, lock_file: &Path) -> Result<Self, String> {
+        if count < 2 {
+            return Err("sandbox.uid_count must be at least 2 (the probe's and a worker's)".into());
+        }
+        let mapped = mapped_ids().map_err(|e| format!("reading /proc/self/uid_map: {e}"))?;
+        if let Some(dir) = lock_file.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                format!("creating {} for the worker uids' lock: {e}", dir.display())
+            })?;
+        }
+        let file =
+            open_once(lock_file).map_err(|e| format!("opening {}: {e}", lock_file.display()))?;
+        let claimed = |first: u32, lock: RangeLock| Self {
+            first,
+            count,
+            lock_file: lock_file.to_path_buf(),
+            _lock: lock,
+        };
+        if let Some(first) = first {
+            let last = first
+                .checked_add(count - 1)
+                .filter(|&l| l < u32::MAX)
+                .ok_or_else(|| {
+                    format!(
+                        "sandbox.uid {first} + sandbox.uid_count {count} runs past the largest uid"
+                    )
+                })?;
+            if !is_mapped(&mapped, first, last) {
+                return Err(format!(
+                    "worker uids {first}–{last} (sandbox.uid, sandbox.uid_count) are not all mapped in this user namespace ({}); choose a range inside it",
+                    describe_map(&mapped)
+                ));
+            }
+            return match RangeLock::take(&file, lock_file, first, count) {
+                Ok(Taken::Yes(lock)) => Ok(claimed(first, lock)),
+                Ok(Taken::HeldBy(holder)) => Err(format!(
+                    "worker uids {first}–{last} are claimed by another snakecage instance ({}) in {}: two instances must not share worker uids; set sandbox.uid (and sandbox.uid_count) to a range of its own, or leave sandbox.uid unset to take a free block",
+                    holder.describe(),
+                    lock_file.display()
+                )),
+                Err(e) => Err(format!("locking {}: {e}", lock_file.display())),
+            };
+        }
+        let step = count.div_ceil(AUTO_ALIGN) * AUTO_ALIGN;
+        let mut start = AUTO_FIRST;
+        let mut held = 0;
+        while let Some(last) = start.checked_add(count - 1).filter(|&l| l <= AUTO_LAST) {
+            if is_mapped(&mapped, start, last) {
+                match RangeLock::take(&file, lock_file, start, count) {
+                    Ok(Taken::Yes(lock)) => return Ok(claimed(start, lock)),
+                    Ok(Taken::HeldBy(_)) => held += 1,
+                    Err(e) => return Err(format!("locking {}: {e}", lock_file.display())),
+                }
+            }
+            start += step;
+        }
+        Err(format!(
+            "no free block of {count} worker uids in {AUTO_FIRST}–{AUTO_LAST} mapped here ({}; {held} held by other instances, see {}): set sandbox.uid to the first id of a free range (and sandbox.uid_count)",
+            describe_map(&mapped),
+            lock_file.display()
+        ))
+    }
+}
+
+/// A POSIX write lock on bytes `first..first + count` of the lock file. POSIX locks
+/// belong to the process, so one process never conflicts with itself: the ranges this
+/// process holds are kept in [`HELD`] and checked first, and its lock file is opened once
+/// ([`LOCK_FILES`]: closing any descriptor of it would release every lock of the process).
+#[derive(Debug)]
+struct RangeLock {
+    file: Arc<File>,
+    path: PathBuf,
+    first: u32,
+    count: u32,
+}
+
+enum Taken {
+    Yes(RangeLock),
+    HeldBy(Holder),
+}
+
+/// Who holds a range we wanted.
+enum Holder {
+    /// This very process (a second pool in it).
+    Us,
+    /// Another process, by the pid the kernel reports (0: in a PID namespace we cannot see).
+    Process(i32),
+}
+
+impl Holder {
+    fn describe(&self) -> String {
+        match self {
+            Holder::Us => "this process".into(),
+            Holder::Process(pid) if *pid > 0 => format!("pid {pid}"),
+            Holder::Process(_) => "a process in another PID namespace".into(),
+        }
+    }
+}
+
+/// Each lock file, opened once for the process's life.
+static LOCK_FILES: Mutex<Vec<(PathBuf, Arc<File>)>> = Mutex::new(Vec::new());
+
+fn open_once(path: &Path) -> io::Result<Arc<File>> {
+    let mut files = LOCK_FILES.lock().expect("uid lock files");
+    if let Some((_, file)) = files.iter().find(|(p, _)| p == path) {
+        return Ok(file.clone());
+    }
+    let file = Arc::new(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?,
+    );
+    files.push((path.to_path_buf(), file.clone()));
+    Ok(file)
+}
+
+/// The ranges this process holds, by lock file.
+static HELD: Mutex<Vec<(PathBuf, u32, u32)>> = Mutex::new(Vec::new());
+
+fn flock(kind: libc::c_short, first: u32, count: u32) -> libc::flock {
+    // SAFETY: flock is a plain C struct; all-zero is a valid value of it.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = kind;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = libc::off_t::from(first);
+    lock.l_len = libc::off_t::from(count);
+    lock
+}
+
+impl RangeLock {
+    fn take(file: &Arc<File>, path: &Path, first: u32, count: u32) -> io::Result<Taken> {
+        let mut held = HELD.lock().expect("held uid ranges");
+        let end = u64::from(first) + u64::from(count);
+        if held.iter().any(|(p, f, c)| {
+            p == path && u64::from(*f) < end && u64::from(first) < u64::from(*f) + u64::from(*c)
+        }) {
+            return Ok(Taken::HeldBy(Holder::Us));
+        }
+        let fd = file.as_fd();
+        let want = flock(libc::F_WRLCK as libc::c_short, first, count);
+        match nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETLK(&want)) {
+            Ok(_) => {}
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) => {
+                let mut probe = flock(libc::F_WRLCK as libc::c_short, first, count);
+                nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETLK(&mut probe))?;
+                return Ok(Taken::HeldBy(Holder::Process(probe.l_pid)));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        held.push((path.to_path_buf(), first, count));
+        Ok(Taken::Yes(RangeLock {
+            file: file.clone(),
+            path: path.to_path_buf(),
+            first,
+            count,
+        }))
+    }
+}
+
+impl Drop for RangeLock {
+    fn drop(&mut self) {
+        let mut held = HELD.lock().expect("held uid ranges");
+        let unlock = flock(libc::F_UNLCK as libc::c_short, self.first, self.count);
+        let _ = nix::fcntl::fcntl(self.file.as_fd(), nix::fcntl::FcntlArg::F_SETLK(&unlock));
+        held.retain(|(p, f, c)| (p, *f, *c) != (&self.path, self.first, self.count));
+    }
+}
+
+/// The id ranges this process's user namespace maps (`/proc/self/uid_map`: inside,
+/// outside, length); the whole 32-bit space in the initial namespace.
+fn mapped_ids() -> io::Result<Vec<(u64, u64)>> {
+    let text = std::fs::read_to_string("/proc/self/uid_map")?;
+    Ok(parse_uid_map(&text))
+}
+
+fn parse_uid_map(text: &str) -> Vec<(u64, u64)> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace().map(str::parse::<u64>);
+            let inside = fields.next()?.ok()?;
+            let _outside = fields.next()?.ok()?;
+            let len = fields.next()?.ok()?;
+            Some((inside, len))
+        })
+        .collect()
+}
+
+fn is_mapped(mapped: &[(u64, u64)], first: u32, last: u32) -> bool {
+    let (first, last) = (u64::from(first), u64::from(last));
+    mapped
+        .iter()
+        .any(|&(inside, len)| inside <= first && last < inside + len)
+}
+
+fn describe_map(mapped: &[(u64, u64)]) -> String {
+    let ranges: Vec<String> = mapped
+        .iter()
+        .map(|&(inside, len)| format!("{inside}–{}", (inside + len).saturating_sub(1)))
+        .collect();
+    format!("mapped: {}", ranges.join(", "))
+}
+
+/// Every tier's zygote probes the uid drop with the range's first id, which no worker is
+/// given: the probe shares a uid with no tenant's code.
+pub(super) fn probe_with(settings: &mut super::PoolSettings, first: u32) {
+    for tier in &mut settings.tiers {
+        tier.zygote.sandbox.uid = first;
+    }
+}
+
+/// The ids of the claimed range, handed out one per worker.
+pub struct WorkerUids {
+    range: UidRange,
+    free: Mutex<VecDeque<u32>>,
+    in_use: AtomicUsize,
+    /// Held for good: a workspace that could not be removed keeps its uid out of use.
+    kept: AtomicUsize,
+    freed: Notify,
+}
+
+/// What `/health` shows of the worker uids.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct UidStatus {
+    pub first: u32,
+    pub last: u32,
+    pub count: u32,
+    /// Leased: a worker has it, or has not been reaped yet, or its workspace not removed.
+    pub in_use: usize,
+    /// Out of use for the process's life (a workspace that could not be removed).
+    pub withheld: usize,
+    pub lock_file: PathBuf,
+}
+
+impl WorkerUids {
+    pub fn new(range: UidRange) -> Arc<Self> {
+        // The first id is the zygotes' start-up probe's.
+        let free = (range.first + 1..=range.last()).collect();
+        Arc::new(Self {
+            range,
+            free: Mutex::new(free),
+            in_use: AtomicUsize::new(0),
+            kept: AtomicUsize::new(0),
+            freed: Notify::new(),
+        })
+    }
+
+    pub fn first(&self) -> u32 {
+        self.range.first
+    }
+
+    pub fn status(&self) -> UidStatus {
+        UidStatus {
+            first: self.range.first,
+            last: self.range.last(),
+            count: self.range.count,
+            in_use: self.in_use.load(Ordering::Relaxed),
+            withheld: self.kept.load(Ordering::Relaxed),
+            lock_file: self.range.lock_file.clone(),
+        }
+    }
+
+    /// A free uid at once, or the first one freed within `wait`; never one in use.
+    pub async fn lease(self: &Arc<Self>, wait: Duration) -> Result<Arc<UidLease>, String> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(uid) = self.take() {
+                return Ok(uid);
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return self.take().ok_or_else(|| {
+                    format!(
+                        "every worker uid ({}–{}, sandbox.uid_count = {}) is in use; raise sandbox.uid_count",
+                        self.range.first,
+                        self.range.last(),
+                        self.range.count
+                    )
+                });
+            }
+        }
+    }
+
+    fn take(self: &Arc<Self>) -> Option<Arc<UidLease>> {
+        let uid = self.free.lock().expect("free uids").pop_front()?;
+        self.in_use.fetch_add(1, Ordering::Relaxed);
+        Some(Arc::new(UidLease {
+            uid,
+            owner: self.clone(),
+            kept: AtomicBool::new(false),
+        }))
+    }
+
+    fn give_back(&self, uid: u32) {
+        self.free.lock().expect("free uids").push_back(uid);
+        self.in_use.fetch_sub(1, Ordering::Relaxed);
+        self.freed.notify_one();
+    }
+}
+
+/// One worker's uid, returned to the range when the last holder drops it.
+pub struct UidLease {
+    uid: u32,
+    owner: Arc<WorkerUids>,
+    kept: AtomicBool,
+}
+
+impl std::fmt::Debug for UidLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "UidLease({})", self.uid)
+    }
+}
+
+impl UidLease {
+    pub fn uid(&self) -> u32 {
+        self.uid
+    }
+
+    /// Keeps the uid out of use for good: what the worker left could not be removed, and
+    /// the next worker with the id would own it.
+    pub fn withhold(&self) {
+        if !self.kept.swap(true, Ordering::AcqRel) {
+            self.owner.kept.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for UidLease {
+    fn drop(&mut self) {
+        if self.kept.load(Ordering::Acquire) {
+            tracing::error!(
+                uid = self.uid,
+                "a worker uid stays out of use: its workspace could not be removed"
+            );
+            return;
+        }
+        self.owner.give_back(self.uid);
+    }
+}
+
+/// The leases of workers whose zygote died before reporting their exit (with their pids,
+/// where the zygote had reported the fork): each is dropped once no process of its uid is
+/// left (the kernel killed them with their zygote, and whoever inherited them reaps them:
+/// until then they still count against RLIMIT_NPROC). Two scans in a row must find none,
+/// the first after the zygote is known to be dead: a child forked just before could still
+/// have been changing its uid during one.
+///
+/// As PID 1 of a PID namespace (a container without an init) the orphans are this
+/// process's to reap: each known pid is reaped here, once (nothing else reaps in this
+/// process but tokio, which waits for its own children's pids only).
+pub fn release_when_gone(leases: Vec<(Option<i32>, Arc<UidLease>)>) {
+    if leases.is_empty() {
+        return;
+    }
+    let init = std::process::id() == 1;
+    let wait = move || {
+        let mut waiting: Vec<(Option<i32>, Arc<UidLease>, u8)> =
+            leases.into_iter().map(|(pid, l)| (pid, l, 0)).collect();
+        let mut pause = Duration::from_millis(20);
+        while !waiting.is_empty() {
+            if init {
+                for (pid, _, _) in &mut waiting {
+                    if pid.is_some_and(reaped) {
+                        *pid = None;
+                    }
+                }
+            }
+            let present = uids_of_processes();
+            for (_, lease, clean) in &mut waiting {
+                *clean = if present.contains(&lease.uid) {
+                    0
+                } else {
+                    *clean + 1
+                };
+            }
+            waiting.retain(|(_, _, clean)| *clean < 2);
+            if waiting.is_empty() {
+                break;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(rt.spawn_blocking(wait)),
+        Err(_) => wait(),
+    }
+}
+
+/// Reaps `pid` if it is an exited child of this process; whether it was.
+fn reaped(pid: i32) -> bool {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    matches!(
+        waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)),
+        Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..))
+    )
+}
+
+/// Every uid (real, effective, saved, file system) of every process in /proc.
+fn uids_of_processes() -> std::collections::HashSet<u32> {
+    let mut uids = std::collections::HashSet::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return uids;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        if let Some(line) = status.lines().find(|l| l.starts_with("Uid:")) {
+            uids.extend(
+                line[4..]
+                    .split_whitespace()
+                    .filter_map(|f| f.parse::<u32>().ok()),
+            );
+        }
+    }
+    uids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_uid_map_is_read_as_inside_ranges() {
+        let map = parse_uid_map("         0     100000      65536\n");
+        assert_eq!(map, vec![(0, 65536)]);
+        assert!(is_mapped(&map, 40_000, 40_127));
+        assert!(is_mapped(&map, 65_000, 65_535));
+        assert!(!is_mapped(&map, 65_500, 65_536));
+        let host = parse_uid_map("0 0 4294967295\n");
+        assert!(is_mapped(&host, 100_000, 4_294_967_294));
+        assert!(!is_mapped(&host, 100_000, u32::MAX));
+    }
+
+    #[test]
+    fn claims_in_one_process_never_overlap_and_are_released_when_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("uids.lock");
+        let a = UidRange::claim(None, 100, &lock).unwrap();
+        let b = UidRange::claim(None, 100, &lock).unwrap();
+        assert_eq!(a.first, AUTO_FIRST);
+        assert_eq!(b.first, AUTO_FIRST + 128, "the next aligned block");
+        let err = UidRange::claim(Some(AUTO_FIRST + 50), 10, &lock).unwrap_err();
+        assert!(
+            err.contains("claimed by another snakecage instance (this process)"),
+            "{err}"
+        );
+        assert!(err.contains("set sandbox.uid"), "{err}");
+        drop(a);
+        let again = UidRange::claim(Some(AUTO_FIRST + 50), 10, &lock).unwrap();
+        assert_eq!(
+            (again.first, again.last()),
+            (AUTO_FIRST + 50, AUTO_FIRST + 59)
+        );
+        let err = UidRange::claim(Some(u32::MAX - 5), 10, &lock).unwrap_err();
+        assert!(err.contains("runs past the largest uid"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_uid_is_reused_only_after_every_holder_let_it_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let range = UidRange::claim(Some(3_000_000_000), 3, &dir.path().join("l")).unwrap();
+        let uids = WorkerUids::new(range);
+        assert_eq!(uids.first(), 3_000_000_000, "the probe's, never leased");
+        let a = uids.lease(Duration::ZERO).await.unwrap();
+        let b = uids.lease(Duration::ZERO).await.unwrap();
+        assert_ne!(a.uid(), b.uid());
+        assert_eq!(uids.status().in_use, 2);
+        let err = uids.lease(Duration::from_millis(10)).await.unwrap_err();
+        assert!(
+            err.contains("every worker uid (3000000000–3000000002"),
+            "{err}"
+        );
+        assert!(a.uid() > 3_000_000_000 && b.uid() > 3_000_000_000);
+        assert!(err.contains("raise sandbox.uid_count"), "{err}");
+        // Two holders (the exit route and the workspace): the first to let go frees nothing.
+        let workspace = a.clone();
+        let first = a.uid();
+        drop(a);
+        assert!(uids.lease(Duration::ZERO).await.is_err());
+        // A waiting spawn gets the id as soon as the last holder lets it go.
+        let waiter = {
+            let uids = uids.clone();
+            tokio::spawn(async move { uids.lease(Duration::from_secs(600)).await })
+        };
+        tokio::task::yield_now().await;
+        drop(workspace);
+        let c = waiter.await.unwrap().unwrap();
+        assert_eq!(c.uid(), first);
+        // A withheld one never comes back.
+        c.withhold();
+        drop(c);
+        assert_eq!(uids.status().withheld, 1);
+        assert!(uids.lease(Duration::ZERO).await.is_err());
+        drop(b);
+        assert_eq!(uids.status().in_use, 1);
+    }
+}

@@ -1,0 +1,350 @@
+//! Every worker under a uid of its own: what the kernel counts per uid (RLIMIT_NPROC:
+//! processes and threads) bounds one worker, so a tenant holding threads up to its limit
+//! takes none from another's; the ids come from a range the instance claims for itself,
+//! which another instance on the host never shares, and are reused only once the worker
+//! that had one is reaped and its workspace removed.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::harness::{Options, Server, descendants_of};
+
+/// `limits.max_processes` of these tests: low, so holding every thread a worker may have
+/// is quick; the least the configuration allows is 24 (8 tool calls in flight + 16).
+const MAX_PROCESSES: u32 = 40;
+
+/// Threads with small stacks (the memory limit would otherwise stop them first), started
+/// until the kernel refuses one, and kept: the program prints how many it holds.
+const HOG: &str = "import threading
+threading.stack_size(256 << 10)
+stop = threading.Event()
+held = []
+try:
+    while True:
+        t = threading.Thread(target=stop.wait, daemon=True)
+        t.start()
+        held.append(t)
+except RuntimeError as e:
+    print(f'{e} after {len(held)}')";
+
+/// Another tenant's ordinary program: a few threads, started and joined.
+const TWENTY_THREADS: &str = "import threading
+threading.stack_size(256 << 10)
+done = []
+ts = [threading.Thread(target=done.append, args=(i,)) for i in range(20)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+print(len(done), 'threads ran')";
+
+fn uids(health: &Value) -> (u64, u64) {
+    let uids = &health["sandbox"]["worker_uids"];
+    assert_eq!(uids["per_worker"], true, "{health}");
+    (
+        uids["first"].as_u64().unwrap(),
+        uids["last"].as_u64().unwrap(),
+    )
+}
+
+fn stdout(r: &Value) -> &str {
+    r["stdout"].as_str().unwrap_or_default()
+}
+
+fn small(options: Options) -> Options {
+    options
+        .env("SNAKECAGE_LIMITS__MAX_PROCESSES", MAX_PROCESSES)
+        .env(
+            "SNAKECAGE_SANDBOX__REQUIRE",
+            r#"["drop_privileges", "rlimits"]"#,
+        )
+}
+
+#[tokio::test]
+async fn a_session_holding_every_thread_it_may_have_takes_none_from_another_tenant() {
+    let s = Server::start_with(small(Options::default())).await;
+    let hog = s.new_session().await;
+    // Everything one worker may have but its main thread: the bomb stops, in its worker.
+    let r = s.session_run(&hog, HOG).await;
+    assert_eq!(
+        stdout(&r),
+        format!("can't start new thread after {}\n", MAX_PROCESSES - 1),
+        "{r}"
+    );
+    // Its threads are still there between runs...
+    let r = s
+        .session_run(&hog, "print(sum(t.is_alive() for t in held))")
+        .await;
+    assert_eq!(stdout(&r), format!("{}\n", MAX_PROCESSES - 1), "{r}");
+    // ...and another tenant's runs start theirs: stateless, and in another session
+    // (before, every worker shared one uid and these failed with `can't start new thread`).
+    for _ in 0..3 {
+        let r = s.run(TWENTY_THREADS).await;
+        assert_eq!(stdout(&r), "20 threads ran\n", "{r}");
+        assert_eq!(r["verdict"], "ok", "{r}");
+    }
+    let other = s.new_session().await;
+    let r = s.session_run(&other, TWENTY_THREADS).await;
+    assert_eq!(stdout(&r), "20 threads ran\n", "{r}");
+    // The hog itself stays at its limit.
+    let r = s
+        .session_run(&hog, "threading.Thread(target=stop.wait).start()")
+        .await;
+    let last = r["stderr"].as_str().unwrap().trim_end().lines().last();
+    assert_eq!(last, Some("RuntimeError: can't start new thread"), "{r}");
+}
+
+#[tokio::test]
+async fn each_worker_runs_under_its_own_uid_from_the_claimed_range_and_owns_its_files() {
+    let s = Server::start_with(small(Options::default())).await;
+    let health = s.health().await;
+    let (first, last) = uids(&health);
+    assert!(first >= 40_000 && last <= 59_999, "{health}");
+    assert_eq!(health["sandbox"]["drop_privileges"]["state"], "active");
+    assert!(
+        health["sandbox"]["worker_uids"]["in_use"].as_u64().unwrap() >= 1,
+        "{health}"
+    );
+
+    let code = "import os\nopen('mine-Ω.txt', 'w').write('x')\nprint(os.getuid(), os.stat('mine-Ω.txt').st_uid, os.getgid(), os.getgroups())";
+    let (a, b) = (s.new_session().await, s.new_session().await);
+    let ra = s.session_run(&a, code).await;
+    let rb = s.session_run(&b, code).await;
+    let uid_of = |r: &Value| -> u64 {
+        let out = stdout(r);
+        let fields: Vec<&str> = out.split_whitespace().collect();
+        assert_eq!(fields.len(), 4, "{r}");
+        assert_eq!(fields[0], fields[1], "the file is the worker's own: {r}");
+        assert_eq!(
+            &out[out.find(' ').unwrap()..],
+            format!(" {} 65534 []\n", fields[0])
+        );
+        fields[0].parse().unwrap()
+    };
+    let (ua, ub) = (uid_of(&ra), uid_of(&rb));
+    assert_ne!(ua, ub, "two live workers never share a uid");
+    for uid in [ua, ub] {
+        // The range's first id is the start-up probe's, never a worker's.
+        assert!(
+            first < uid && uid <= last,
+            "{uid} not in {first}+1..={last}"
+        );
+    }
+    // A session keeps its worker, and so its uid, for its life.
+    let again = s.session_run(&a, "import os\nprint(os.getuid())").await;
+    assert_eq!(stdout(&again), format!("{ua}\n"));
+    // Seen from the host: the file in the session's workspace is owned by that uid.
+    let owners = owners_of(s.state_dir(), "mine-Ω.txt");
+    assert!(
+        owners.contains(&(ua as u32)) && owners.contains(&(ub as u32)),
+        "{owners:?}"
+    );
+    // A stateless run's uid is in the range too, and not a live session's.
+    for _ in 0..3 {
+        let r = s.run("import os\nprint(os.getuid())").await;
+        let uid: u64 = stdout(&r).trim().parse().unwrap();
+        assert!(first < uid && uid <= last, "{r}");
+        assert!(uid != ua && uid != ub, "{r}");
+    }
+    let health = s.health().await;
+    let in_use = health["sandbox"]["worker_uids"]["in_use"].as_u64().unwrap();
+    assert!(in_use >= 2 && in_use <= last - first, "{health}");
+}
+
+/// The owners of every file named `name` in the workspaces under `state_dir`.
+fn owners_of(state_dir: &Path, name: &str) -> Vec<u32> {
+    let mut owners = Vec::new();
+    for root in std::fs::read_dir(state_dir).unwrap().flatten() {
+        if !root
+            .file_name()
+            .to_string_lossy()
+            .starts_with("workspaces-")
+        {
+            continue;
+        }
+        for ws in std::fs::read_dir(root.path().join("mount"))
+            .unwrap()
+            .flatten()
+        {
+            if let Ok(meta) = std::fs::metadata(ws.path().join(name)) {
+                owners.push(meta.uid());
+            }
+        }
+    }
+    owners
+}
+
+/// The smallest configuration: one tier, one slot, one session, no idle floor; its most
+/// workers at once is 1 + 2 + 2 × (1 + 2) + 1 = 10, and one id more is the probe's.
+fn tiny(options: Options) -> Options {
+    options
+        .env("SNAKECAGE_POOL__SIZE", 1)
+        .env("SNAKECAGE_SESSIONS__MAX_SESSIONS", 1)
+        .env("SNAKECAGE_TIERS__MIN_IDLE", 0)
+        .env("SNAKECAGE_TIERS__PROFILE", r#"[{name = "bare"}]"#)
+}
+
+#[tokio::test]
+async fn uids_come_back_once_their_workers_are_reaped_also_when_their_zygote_dies() {
+    uids_come_back(Options::default()).await;
+}
+
+/// The same as PID 1 of a PID namespace (a container without an init): the workers its
+/// dead zygotes leave are the service's own to reap, or their zombies would keep their ids.
+#[tokio::test]
+async fn uids_come_back_when_the_service_is_pid_1_and_reaps_its_dead_zygotes_workers() {
+    uids_come_back(Options::default().wrapper(&[
+        "unshare",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--kill-child=SIGTERM",
+    ]))
+    .await;
+}
+
+/// The host pid of the process below `service` whose pid in its own namespace is `pid`.
+fn host_pid(service: u32, pid: i64) -> i32 {
+    descendants_of(service)
+        .into_iter()
+        .find(|p| {
+            let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+            let nspid = status.lines().find(|l| l.starts_with("NSpid:"));
+            nspid.and_then(|l| l.split_whitespace().last()) == Some(pid.to_string().as_str())
+        })
+        .map(|p| p as i32)
+        .unwrap_or_else(|| panic!("no process below {service} is {pid} in its namespace"))
+}
+
+async fn uids_come_back(options: Options) {
+    let s = Server::start_with(tiny(small(options)).env("SNAKECAGE_SANDBOX__UID_COUNT", 11)).await;
+    let health = s.health().await;
+    let (first, last) = uids(&health);
+    assert_eq!(last - first + 1, 11, "{health}");
+    // Three times as many runs as there are ids, each writing a file its workspace keeps
+    // until it is collected: every id is reused, none while its worker lives.
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..30 {
+        let r = s
+            .run(&format!(
+                "import os\nopen('out{i}.txt', 'w').write('x')\nprint(os.getuid())"
+            ))
+            .await;
+        assert_eq!(r["verdict"], "ok", "{r}");
+        seen.insert(stdout(&r).trim().parse::<u64>().unwrap());
+    }
+    assert!(seen.iter().all(|u| first < *u && *u <= last), "{seen:?}");
+    // The zygote dies (its workers with it, reaped by whoever inherits them) ten times:
+    // their ids come back once they are gone, or the tier could not start workers.
+    for _ in 0..10 {
+        let pid = s.health().await["pool"]["zygote"]["pid"].as_i64().unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(host_pid(s.pid(), pid)),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        s.wait_for_pool("a new zygote", |p| {
+            p["zygote"]["pid"].as_i64().is_some_and(|p| p != pid) && p["idle"] != 0
+        })
+        .await;
+        let r = s.run("import os\nprint(os.getuid())").await;
+        assert_eq!(r["verdict"], "ok", "{r}");
+    }
+    // Only live workers hold ids in the end (those of the last zygote's workers come
+    // back as soon as the scan finds them gone).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let health = s.health().await;
+        assert_eq!(health["last_spawn_error"], Value::Null, "{health}");
+        let in_use = health["sandbox"]["worker_uids"]["in_use"].as_u64().unwrap();
+        let live = descendants_of(s.pid()).len() as u64;
+        if in_use <= live {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{in_use} ids in use, {live} processes below the service: {health}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn two_instances_never_share_worker_uids_and_a_taken_range_is_refused() {
+    let a = Server::start_with(small(Options::default()).first_worker_only()).await;
+    let b = Server::start_with(small(Options::default()).first_worker_only()).await;
+    let (a_first, a_last) = uids(&a.health().await);
+    let (b_first, b_last) = uids(&b.health().await);
+    assert!(
+        a_last < b_first || b_last < a_first,
+        "{a_first}–{a_last} and {b_first}–{b_last} overlap"
+    );
+    let ua: u64 = stdout(&a.run("import os\nprint(os.getuid())").await)
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(a_first < ua && ua <= a_last);
+
+    // A range set by hand inside the one A holds (and no other's): start-up fails, naming
+    // A.
+    let state = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["--listen", "127.0.0.1:0"])
+        .env("SNAKECAGE_WORKER__STATE_DIR", state.path())
+        .env("SNAKECAGE_WORKSPACE__DIR", state.path())
+        .env("SNAKECAGE_POOL__SIZE", "1")
+        .env("SNAKECAGE_SESSIONS__MAX_SESSIONS", "1")
+        .env("SNAKECAGE_SANDBOX__UID", (a_first + 5).to_string())
+        .env("SNAKECAGE_SANDBOX__UID_COUNT", "50")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let wanted = format!(
+        "worker uids {}–{} are claimed by another snakecage instance (pid {})",
+        a_first + 5,
+        a_first + 54,
+        a.pid()
+    );
+    assert!(stderr.contains(&wanted), "{stderr}");
+    assert!(stderr.contains("set sandbox.uid"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_uid_range_too_small_or_out_of_bounds_is_refused_at_start_saying_what_to_set() {
+    for (env, wanted) in [
+        (
+            vec![("SNAKECAGE_SANDBOX__UID_COUNT", "20")],
+            "sandbox.uid_count is 20 but up to",
+        ),
+        (
+            vec![("SNAKECAGE_SANDBOX__UID", "0")],
+            "must not be 0 (root)",
+        ),
+        (
+            vec![
+                ("SNAKECAGE_SANDBOX__UID", "4294967200"),
+                ("SNAKECAGE_SANDBOX__UID_COUNT", "200"),
+            ],
+            "runs past the largest uid",
+        ),
+        (
+            vec![("SNAKECAGE_LIMITS__MAX_PROCESSES", "10")],
+            "limits.max_processes is 10 but must be at least 24",
+        ),
+    ] {
+        let state = tempfile::tempdir().unwrap();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_snakecage"));
+        cmd.args(["--listen", "127.0.0.1:0"])
+            .env("SNAKECAGE_WORKER__STATE_DIR", state.path());
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success(), "{env:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(wanted), "{env:?}: {stderr}");
+    }
+}
