@@ -494,6 +494,24 @@ pub fn check_error_body(status: u16, body: &Value) -> String {
     code.to_owned()
 }
 
+/// Every worker's workspace of every instance under `state_dir`: the directories in each
+/// instance root's (`workspaces-<pid>`) `mount` directory, its own tmpfs.
+pub fn workspaces_under(state_dir: &std::path::Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(state_dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|root| {
+            root.file_name()
+                .to_string_lossy()
+                .starts_with("workspaces-")
+        })
+        .filter_map(|root| std::fs::read_dir(root.path().join("mount")).ok())
+        .flat_map(|workspaces| workspaces.flatten().map(|ws| ws.path()))
+        .collect()
+}
+
 /// Processes whose parent is `pid`.
 pub fn children_of(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();

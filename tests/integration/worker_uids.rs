@@ -155,25 +155,11 @@ async fn each_worker_runs_under_its_own_uid_from_the_claimed_range_and_owns_its_
 
 /// The owners of every file named `name` in the workspaces under `state_dir`.
 fn owners_of(state_dir: &Path, name: &str) -> Vec<u32> {
-    let mut owners = Vec::new();
-    for root in std::fs::read_dir(state_dir).unwrap().flatten() {
-        if !root
-            .file_name()
-            .to_string_lossy()
-            .starts_with("workspaces-")
-        {
-            continue;
-        }
-        for ws in std::fs::read_dir(root.path().join("mount"))
-            .unwrap()
-            .flatten()
-        {
-            if let Ok(meta) = std::fs::metadata(ws.path().join(name)) {
-                owners.push(meta.uid());
-            }
-        }
-    }
-    owners
+    crate::harness::workspaces_under(state_dir)
+        .iter()
+        .filter_map(|ws| std::fs::metadata(ws.join(name)).ok())
+        .map(|meta| meta.uid())
+        .collect()
 }
 
 /// The smallest configuration: one tier, one slot, one session, no idle floor; its most

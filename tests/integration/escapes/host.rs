@@ -88,26 +88,10 @@ pub(super) fn workspaces_size(state_dir: &Path) -> u64 {
 }
 
 pub(super) fn plant_secrets_in_workspaces(state_dir: &Path) -> usize {
-    let mut planted = 0;
-    for root in std::fs::read_dir(state_dir).unwrap().flatten() {
-        if !root
-            .file_name()
-            .to_string_lossy()
-            .starts_with("workspaces-")
-        {
-            continue;
-        }
-        // The workspaces are in the root's `mount` directory (the instance's tmpfs).
-        for ws in std::fs::read_dir(root.path().join("mount"))
-            .unwrap()
-            .flatten()
-        {
-            if std::fs::write(ws.path().join("secret.txt"), "other tenant\n").is_ok() {
-                planted += 1;
-            }
-        }
-    }
-    planted
+    crate::harness::workspaces_under(state_dir)
+        .iter()
+        .filter(|ws| std::fs::write(ws.join("secret.txt"), "other tenant\n").is_ok())
+        .count()
 }
 
 /// Files owned by a worker uid outside any workspace, under `roots`.
