@@ -180,6 +180,17 @@ pub struct Holders {
 }
 
 impl Holders {
+    /// For a store at its quota: names the largest holders in the operator's log and
+    /// returns what `caller` may be told (how it compares, never whose the rest is).
+    pub fn of_full_store(caller: &str, mut charges: Vec<(Option<&str>, u64)>) -> Self {
+        charges.sort_by_key(|c| std::cmp::Reverse(c.1));
+        tracing::warn!(
+            largest_holders = ?&charges[..charges.len().min(3)],
+            "the file store is at its quota (files.quota_mb)"
+        );
+        Self::of(caller, charges)
+    }
+
     /// The holders from every key's charge (`None`: files stored without a key).
     pub fn of<'a>(caller: &str, used: impl IntoIterator<Item = (Option<&'a str>, u64)>) -> Self {
         let mut charges: Vec<(u64, bool)> = used

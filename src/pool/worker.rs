@@ -294,10 +294,7 @@ impl Workspace {
         use std::os::unix::fs::DirBuilderExt;
         let path = root.join(format!("w{worker_id}"));
         std::fs::DirBuilder::new().mode(0o700).create(&path)?;
-        let (uid, gid) = match owner {
-            Some((lease, gid)) => (Some(lease), Some(gid)),
-            None => (None, None),
-        };
+        let (uid, gid) = owner.unzip();
         let workspace = Self { path, uid };
         if let (Some(lease), Some(gid)) = (&workspace.uid, gid) {
             std::os::unix::fs::chown(&workspace.path, Some(lease.uid()), Some(gid))?;

@@ -145,15 +145,7 @@ impl LocalStore {
             upload,
             || {
                 let name = owner.name?;
-                let mut charges: Vec<(Option<&str>, u64)> = state.charges().collect();
-                // The operator's log names the largest holders; the caller is told only
-                // how it compares.
-                charges.sort_by_key(|c| std::cmp::Reverse(c.1));
-                tracing::warn!(
-                    largest_holders = ?&charges[..charges.len().min(3)],
-                    "the file store is at its quota (files.quota_mb)"
-                );
-                Some(Holders::of(name, charges))
+                Some(Holders::of_full_store(name, state.charges().collect()))
             },
         )
     }

@@ -309,15 +309,9 @@ impl S3Store {
             || {
                 let name = owner.name?;
                 let charges = self.usage.holders();
-                let mut sorted = charges.clone();
-                sorted.sort_by_key(|c| std::cmp::Reverse(c.1));
-                tracing::warn!(
-                    largest_holders = ?&sorted[..sorted.len().min(3)],
-                    "the file store is at its quota (files.quota_mb)"
-                );
-                Some(Holders::of(
+                Some(Holders::of_full_store(
                     name,
-                    charges.iter().map(|(o, c)| (o.as_deref(), *c)),
+                    charges.iter().map(|(o, c)| (o.as_deref(), *c)).collect(),
                 ))
             },
         )
