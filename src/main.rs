@@ -9,6 +9,8 @@ use nix::sys::signal::{SigHandler, Signal};
 use snakecage::config::{Config, LogFormat, Overrides};
 use snakecage::{hangup, server, shutdown};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// Runs untrusted Python in pre-forked, sandboxed CPython workers behind an HTTP API.
 #[derive(Debug, Parser)]
@@ -129,8 +131,10 @@ fn init_logging(config: &Config) {
         .log_internal_errors(false)
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
+    // A client that leaves an MCP call mid-way is normal, not an ERROR of rmcp's.
+    let quiet = snakecage::mcp::gone_client::QuietGoneClients;
     match config.log.format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().finish().with(quiet).init(),
+        LogFormat::Human => builder.finish().with(quiet).init(),
     }
 }

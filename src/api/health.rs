@@ -7,7 +7,8 @@
 //! to be recreated), and (`workspace.nearly_full`) while the workspace file system is at
 //! least 90% full ([`crate::pool::bound::NEARLY_FULL_PERCENT`]): staging is about to be
 //! refused and runs to fail writing. `workspace` also says whether it is the service's own
-//! bounded tmpfs, and why not. A tier whose zygote is still preloading is `starting`: not
+//! bounded tmpfs, and why not; `degraded` (`workspace.bound_lost`) once that tmpfs is gone
+//! under the running service. A tier whose zygote is still preloading is `starting`: not
 //! a fault.
 //!
 //! `GET /ready` (for load balancers and Kubernetes probes): 200 when every request is
@@ -41,7 +42,9 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
         && no_tier_failed
         && pool.last_spawn_error.is_none()
         && !matches!(store, StoreState::Unavailable(_))
-        && !workspace.as_ref().is_some_and(|ws| ws.nearly_full);
+        && !workspace
+            .as_ref()
+            .is_some_and(|ws| ws.nearly_full || ws.bound_lost);
     let cpu_budget = state.pool.session_cpu_budget();
     let mut sandbox: serde_json::Map<String, Value> = zygote
         .sandbox

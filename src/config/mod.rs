@@ -139,6 +139,10 @@ const ENV_PREFIX: &str = "SNAKECAGE_";
 /// `SNAKECAGE_*` variables that are not configuration keys (flags' and clients' own).
 const ENV_IGNORED: &[&str] = &["config", "allow_unauthenticated", "api_key"];
 
+/// The uid `sandbox.uid` named when it was the one uid every worker ran as (nobody),
+/// before each worker had a uid of its own from a range.
+const NOBODY: u32 = 65_534;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("configuration: {}", explain::load_error_text(.0))]
@@ -274,6 +278,13 @@ impl Config {
         }
         if self.sandbox.uid == Some(0) || self.sandbox.gid == 0 {
             return bad("sandbox.uid and sandbox.gid must not be 0 (root)");
+        }
+        if self.sandbox.uid == Some(NOBODY) {
+            return Err(ConfigError::Invalid(format!(
+                "sandbox.uid = {NOBODY}: sandbox.uid no longer names the one uid every worker runs as (nobody); it is now the first id of a range of sandbox.uid_count ids, one per worker, and {NOBODY} is nobody's own: remove sandbox.uid (each worker then takes a uid of its own from a free block of {}–{}), or set it to the first id of a range that holds no account's id; sandbox.gid stays the group every worker runs as",
+                crate::pool::uids::AUTO_FIRST,
+                crate::pool::uids::AUTO_LAST
+            )));
         }
         if let Some(problem) = self.uid_range_problem() {
             return Err(ConfigError::Invalid(problem));
@@ -487,6 +498,14 @@ mod tests {
         c.sandbox.uid = Some(0);
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("must not be 0 (root)"), "{e}");
+        // The uid of the days when every worker ran as nobody: what changed, what to write.
+        c.sandbox.uid = Some(65_534);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("sandbox.uid = 65534: sandbox.uid no longer names the one uid every worker runs as (nobody); it is now the first id of a range"),
+            "{e}"
+        );
+        assert!(e.contains("remove sandbox.uid"), "{e}");
         // Unset, the range is a block of 40000-59999: a count beyond it needs sandbox.uid.
         c.sandbox.uid = None;
         c.sandbox.uid_count = None;

@@ -211,8 +211,8 @@ pub struct SandboxSettings {
     /// Where the service runs as root, each worker drops to a uid of its own, from the
     /// range of `uid_count` ids starting here (the first is the start-up probe's), claimed
     /// for this instance with a lock in `/run/snakecage`. Unset: the first free block of
-    /// ids 40000–59999 that the service's user namespace maps. The range must hold no
-    /// account's id.
+    /// ids 40000–59999 that the service's user namespace maps and that holds no id the
+    /// system names; a range set here that holds one is refused (`pool::uid_accounts`).
     pub uid: Option<u32>,
     /// How many ids; unset: enough for the most workers that can live at once
     /// ([`super::Config::most_workers`]), and one for the probe, in blocks of 64.

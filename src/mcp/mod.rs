@@ -13,8 +13,10 @@
 //! - [`results`]: an API answer turned into what the model sees.
 //! - [`calls`]: the calls in flight, so a `notifications/cancelled` finds its call.
 //! - [`http`]: the Host check, the body limit, JSON error bodies, the client's token.
+//! - [`gone_client`]: rmcp's ERROR for an answer whose client left, kept out of the log.
 
 pub mod calls;
+pub mod gone_client;
 pub mod http;
 mod results;
 
@@ -170,11 +172,19 @@ impl ServerHandler for McpServer {
         // (counted as abandoned), as for a REST client that leaves.
         tokio::select! {
             biased;
-            () = context.ct.cancelled() => Err(McpError::new(
-                REQUEST_CANCELLED,
-                format!("{}: the call was cancelled and its run stopped", request.name),
-                None,
-            )),
+            () = context.ct.cancelled() => {
+                // Normal: the client left or gave up. Its answer may have no one to go to
+                // (rmcp's ERROR for that is dropped: `gone_client`).
+                tracing::info!(
+                    tool = %request.name,
+                    "an MCP call ended by its client (it left or cancelled the call): its run is stopped"
+                );
+                Err(McpError::new(
+                    REQUEST_CANCELLED,
+                    format!("{}: the call was cancelled and its run stopped", request.name),
+                    None,
+                ))
+            }
             answer = self.call_api(&request.name, &arguments, authorization, request_id) => {
                 let (status, body) = answer?;
                 Ok(tool_result(&request.name, status, &body).into())

@@ -158,6 +158,7 @@ mod tests {
             workspace: Some(WorkspaceUsage {
                 bounded: true,
                 unbounded_because: None,
+                bound_lost: false,
                 size_bytes: 100 << 20,
                 used_bytes: 95 << 20,
                 inodes: 4096,

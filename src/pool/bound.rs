@@ -45,6 +45,9 @@ pub enum Bound {
     Mounted { size_bytes: u64, inodes: u64 },
     /// A plain directory on the base file system; the reason.
     Unbounded(String),
+    /// Mounted at start, and gone since (unmounted, or the root removed, under the
+    /// service): the workspaces share the base file system until a restart; the reason.
+    Lost(String),
 }
 
 /// The workspace file system as `/health` and the metrics report it.
@@ -55,6 +58,9 @@ pub struct WorkspaceUsage {
     /// Why it does not, when it does not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unbounded_because: Option<String>,
+    /// The tmpfs it had at start is gone (`/health` is degraded until a restart).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub bound_lost: bool,
     pub size_bytes: u64,
     pub used_bytes: u64,
     pub inodes: u64,
@@ -166,6 +172,14 @@ pub fn mount(dir: &Path, base: &Path, settings: &BoundSettings) -> Bound {
     }
 }
 
+/// Whether `dir` is still a mount point: a file system other than its parent's (`root`).
+pub fn is_mounted(dir: &Path, root: &Path) -> bool {
+    match (std::fs::metadata(dir), std::fs::metadata(root)) {
+        (Ok(dir), Ok(root)) => dir.dev() != root.dev(),
+        _ => false,
+    }
+}
+
 /// Detaches every mount stacked at `dir` (ours, or one a dead instance left); lazily, so
 /// a process still inside (a zygote's namespace keeps its own copy anyway) does not stop
 /// it. Returns whether there was one.
@@ -210,8 +224,9 @@ pub fn usage(dir: &Path, bound: &Bound) -> io::Result<WorkspaceUsage> {
         bounded: matches!(bound, Bound::Mounted { .. }),
         unbounded_because: match bound {
             Bound::Mounted { .. } => None,
-            Bound::Unbounded(why) => Some(why.clone()),
+            Bound::Unbounded(why) | Bound::Lost(why) => Some(why.clone()),
         },
+        bound_lost: matches!(bound, Bound::Lost(_)),
         size_bytes,
         used_bytes,
         inodes,

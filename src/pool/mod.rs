@@ -19,6 +19,7 @@
 //! - [`root`]: the workspace root this instance owns (locked), recreated if it vanishes.
 //! - [`bound`]: the instance's own tmpfs under it, bounding all its workspaces together.
 //! - [`uids`]: the range of worker uids this instance claims, one uid per live worker.
+//! - [`uid_accounts`]: the ids the system names, which no worker is given.
 //! - [`toolcalls`]: tool calls answered while a job runs (Code Mode);
 //!   [`cancel_cause`]: why a pending call was cancelled, said as it is.
 //! - [`generation`]: the generations (one zygote per tier each), the current one, the
@@ -93,6 +94,7 @@ mod tier;
 mod tiers;
 pub mod toolcalls;
 mod tree;
+pub mod uid_accounts;
 pub mod uids;
 pub mod worker;
 pub mod zygote;

@@ -75,9 +75,21 @@ impl WorkspaceRoot {
         self.path.join(MOUNT_DIR)
     }
 
-    /// The workspace file system's bound and usage now (one `statvfs`).
+    /// The workspace file system's bound and usage now (one `statvfs`, and two `stat`s
+    /// to see that the tmpfs is still there).
     pub fn usage(&self) -> io::Result<WorkspaceUsage> {
-        let bound = self.bound.lock().expect("bound").clone();
+        let bound = {
+            let mut bound = self.bound.lock().expect("bound");
+            if matches!(*bound, Bound::Mounted { .. })
+                && !bound::is_mounted(&self.workspaces(), &self.path)
+            {
+                *bound = lost(format!(
+                    "the workspaces' tmpfs at {} was unmounted under the service",
+                    self.workspaces().display()
+                ));
+            }
+            bound.clone()
+        };
         bound::usage(&self.workspaces(), &bound)
     }
 
@@ -98,12 +110,17 @@ impl WorkspaceRoot {
             Lock::Taken(taken) => {
                 *lock = Some(taken);
                 std::fs::create_dir_all(self.workspaces())?;
-                *self.bound.lock().expect("bound") = Bound::Unbounded(
-                    "the workspace root was removed under the service and recreated without \
-                     its tmpfs (the running zygotes would not see a new mount); restart the \
-                     service to bound it again"
-                        .into(),
+                let mut bound = self.bound.lock().expect("bound");
+                let why = format!(
+                    "the workspace root {} was removed under the service and recreated",
+                    self.path.display()
                 );
+                *bound = match &*bound {
+                    // Already lost: the first cause stays.
+                    Bound::Lost(_) => bound.clone(),
+                    Bound::Mounted { .. } => lost(why),
+                    Bound::Unbounded(before) => Bound::Unbounded(format!("{before}; {why}")),
+                };
                 tracing::warn!(path = %self.path.display(), "the workspace root had been removed; recreated it");
                 Ok(true)
             }
@@ -129,6 +146,20 @@ impl Drop for WorkspaceRoot {
     fn drop(&mut self) {
         self.remove();
     }
+}
+
+/// The bound gone under a running service, saying so. It is not mounted again: a tmpfs
+/// mounted now would not appear in the running zygotes' private mount namespaces, where
+/// workers enter their workspace by its path (they would run with no usable working
+/// directory).
+fn lost(why: String) -> Bound {
+    let why = format!(
+        "{why}: the workspaces now share the base file system, unbounded (a new tmpfs would \
+         not reach the running zygotes' mount namespaces); restart the service to bound them \
+         again"
+    );
+    tracing::error!(why, "the workspaces lost their bound");
+    Bound::Lost(why)
 }
 
 /// Our lock on `dir`, creating it if need be; `None` when a live instance holds it. A
@@ -169,7 +200,7 @@ fn mount_workspaces(root: &Path, settings: &BoundSettings) -> io::Result<Bound> 
         Bound::Mounted { size_bytes, inodes } => {
             tracing::info!(path = %dir.display(), size_bytes, inodes, "the workspaces are bounded by a tmpfs of their own")
         }
-        Bound::Unbounded(why) => {
+        Bound::Unbounded(why) | Bound::Lost(why) => {
             tracing::warn!(path = %dir.display(), why, "the workspaces are not bounded: they share the base file system")
         }
     }

@@ -35,6 +35,12 @@ fn claim_uids(settings: &PoolSettings) -> Result<Option<Arc<WorkerUids>>, PoolEr
         last = range.last(),
         "worker uids claimed: each worker runs under one of its own"
     );
+    if !range.skipped.is_empty() {
+        tracing::info!(
+            skipped = %super::uid_accounts::describe(&range.skipped),
+            "worker uids: ids of the system's accounts were passed over, no worker runs as one"
+        );
+    }
     Ok(Some(WorkerUids::new(range)))
 }
 

@@ -6,7 +6,9 @@
 //! released by the kernel however it dies, so two instances on a host never share a
 //! worker uid. An unset `sandbox.uid` takes the first free block of [`AUTO_FIRST`] to
 //! [`AUTO_LAST`] that this process's user namespace maps (a user-namespaced pod maps only
-//! 0–65535); a configured one is taken as it is, or start-up fails naming the holder.
+//! 0–65535) and that holds no id the system names ([`super::uid_accounts`]: the search
+//! moves on past one); a configured one is taken as it is, or start-up fails naming the
+//! holder, or the accounts it holds.
 //!
 //! [`WorkerUids`] hands the ids out, one per worker ([`UidLease`]), first freed first
 //! reused; the range's first id is kept for the zygotes' start-up probe of the uid drop. A lease is shared by whatever must be gone before the id may serve again: the
@@ -28,6 +30,8 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::Notify;
 
+use super::uid_accounts::{self, Account, Lookup};
+
 /// The host-wide file whose byte ranges are the instances' claimed uid ranges (`/run` is
 /// the host's, or the container's own where each container has its own users).
 pub const LOCK_FILE: &str = "/run/snakecage/worker-uids.lock";
@@ -48,6 +52,8 @@ pub struct UidRange {
     pub count: u32,
     /// Where the claim is held.
     pub lock_file: PathBuf,
+    /// The named ids an unset `sandbox.uid`'s search moved on past.
+    pub skipped: Vec<Account>,
     _lock: RangeLock,
 }
 
@@ -57,8 +63,19 @@ impl UidRange {
     }
 
     /// Claims `count` ids from `first`, or, with `first` unset, the first free block of
-    /// [`AUTO_FIRST`]–[`AUTO_LAST`] mapped here. `lock_file`: [`LOCK_FILE`] but in tests.
+    /// [`AUTO_FIRST`]–[`AUTO_LAST`] mapped here; never an id the system names.
+    /// `lock_file`: [`LOCK_FILE`] but in tests.
     pub fn claim(first: Option<u32>, count: u32, lock_file: &Path) -> Result<Self, String> {
+        Self::claim_with(first, count, lock_file, &uid_accounts::account_of)
+    }
+
+    /// [`UidRange::claim`], asking `account` which ids the system names.
+    fn claim_with(
+        first: Option<u32>,
+        count: u32,
+        lock_file: &Path,
+        account: Lookup<'_>,
+    ) -> Result<Self, String> {
         if count < 2 {
             return Err("sandbox.uid_count must be at least 2 (the probe's and a worker's)".into());
         }
@@ -70,10 +87,11 @@ impl UidRange {
         }
         let file =
             open_once(lock_file).map_err(|e| format!("opening {}: {e}", lock_file.display()))?;
-        let claimed = |first: u32, lock: RangeLock| Self {
+        let claimed = |first: u32, lock: RangeLock, skipped: Vec<Account>| Self {
             first,
             count,
             lock_file: lock_file.to_path_buf(),
+            skipped,
             _lock: lock,
         };
         if let Some(first) = first {
@@ -91,8 +109,15 @@ impl UidRange {
                     describe_map(&mapped)
                 ));
             }
+            let named = uid_accounts::named_in(first, last, account);
+            if !named.is_empty() {
+                return Err(format!(
+                    "worker uids {first}–{last} (sandbox.uid, sandbox.uid_count) include ids of the system's accounts: {}; a worker under one would act as that account on the files it can reach and count against its process limit: set sandbox.uid to the first id of a range that holds no account's id, or leave sandbox.uid unset to take a free block",
+                    uid_accounts::describe(&named)
+                ));
+            }
             return match RangeLock::take(&file, lock_file, first, count) {
-                Ok(Taken::Yes(lock)) => Ok(claimed(first, lock)),
+                Ok(Taken::Yes(lock)) => Ok(claimed(first, lock, Vec::new())),
                 Ok(Taken::HeldBy(holder)) => Err(format!(
                     "worker uids {first}–{last} are claimed by another snakecage instance ({}) in {}: two instances must not share worker uids; set sandbox.uid (and sandbox.uid_count) to a range of its own, or leave sandbox.uid unset to take a free block",
                     holder.describe(),
@@ -104,18 +129,35 @@ impl UidRange {
         let step = count.div_ceil(AUTO_ALIGN) * AUTO_ALIGN;
         let mut start = AUTO_FIRST;
         let mut held = 0;
+        let mut skipped: Vec<Account> = Vec::new();
         while let Some(last) = start.checked_add(count - 1).filter(|&l| l <= AUTO_LAST) {
             if is_mapped(&mapped, start, last) {
+                let named = uid_accounts::named_in(start, last, account);
+                if let Some(highest) = named.last().map(|a| a.uid) {
+                    // On to the first aligned block past the highest named id: no block
+                    // before it can hold `count` ids that name no one.
+                    start =
+                        AUTO_FIRST + (highest - AUTO_FIRST + 1).div_ceil(AUTO_ALIGN) * AUTO_ALIGN;
+                    skipped.extend(named);
+                    continue;
+                }
                 match RangeLock::take(&file, lock_file, start, count) {
-                    Ok(Taken::Yes(lock)) => return Ok(claimed(start, lock)),
+                    Ok(Taken::Yes(lock)) => return Ok(claimed(start, lock, skipped)),
                     Ok(Taken::HeldBy(_)) => held += 1,
                     Err(e) => return Err(format!("locking {}: {e}", lock_file.display())),
                 }
             }
             start += step;
         }
+        let accounts = match skipped.is_empty() {
+            true => String::new(),
+            false => format!(
+                "; ids of the system's accounts skipped: {}",
+                uid_accounts::describe(&skipped)
+            ),
+        };
         Err(format!(
-            "no free block of {count} worker uids in {AUTO_FIRST}–{AUTO_LAST} mapped here ({}; {held} held by other instances, see {}): set sandbox.uid to the first id of a free range (and sandbox.uid_count)",
+            "no free block of {count} worker uids in {AUTO_FIRST}–{AUTO_LAST} mapped here ({}; {held} held by other instances, see {}{accounts}): set sandbox.uid to the first id of a free range (and sandbox.uid_count)",
             describe_map(&mapped),
             lock_file.display()
         ))
@@ -523,6 +565,54 @@ mod tests {
         );
         let err = UidRange::claim(Some(u32::MAX - 5), 10, &lock).unwrap_err();
         assert!(err.contains("runs past the largest uid"), "{err}");
+    }
+
+    #[test]
+    fn ids_the_system_names_are_never_claimed() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("uids.lock");
+        // Accounts at 40010 and 40070: the default search moves on to the first aligned
+        // block past each, and says which it passed over.
+        let accounts = |uid: u32| match uid {
+            40_010 => Some("ana".to_owned()),
+            40_070 => Some("bjørn".to_owned()),
+            _ => None,
+        };
+        let range = UidRange::claim_with(None, 64, &lock, &accounts).unwrap();
+        assert_eq!((range.first, range.last()), (40_128, 40_191));
+        let skipped: Vec<u32> = range.skipped.iter().map(|a| a.uid).collect();
+        assert_eq!(skipped, [40_010, 40_070]);
+        assert_eq!(range.skipped[1].name, "bjørn");
+        // A block held by another claim is passed over as before, the named ones too.
+        let next = UidRange::claim_with(None, 100, &lock, &accounts).unwrap();
+        assert_eq!(next.first, 40_256);
+        // A range set by hand that holds one fails, naming it and the key to change.
+        let err = UidRange::claim_with(Some(40_000), 20, &lock, &accounts).unwrap_err();
+        assert!(
+            err.contains("worker uids 40000–40019 (sandbox.uid, sandbox.uid_count) include ids of the system's accounts: 40010 (ana);"),
+            "{err}"
+        );
+        assert!(
+            err.contains("set sandbox.uid to the first id of a range"),
+            "{err}"
+        );
+        // A few are listed, and how many more there are.
+        let everyone = |uid: u32| Some(format!("user{uid}"));
+        let err = UidRange::claim_with(Some(41_000), 10, &lock, &everyone).unwrap_err();
+        assert!(
+            err.contains("41000 (user41000), 41001 (user41001), 41002 (user41002), 41003 (user41003), 41004 (user41004) and 5 more;"),
+            "{err}"
+        );
+        // Where every id is named there is no block to take: the error says why.
+        let err = UidRange::claim_with(None, 64, &lock, &everyone).unwrap_err();
+        assert!(err.contains("no free block of 64 worker uids"), "{err}");
+        assert!(
+            err.contains("ids of the system's accounts skipped: 40000 (user40000)"),
+            "{err}"
+        );
+        // The system's own lookup: root is named, so a range holding 0 is refused.
+        let err = UidRange::claim(Some(0), 2, &lock).unwrap_err();
+        assert!(err.contains("0 (root)"), "{err}");
     }
 
     #[tokio::test]

@@ -88,7 +88,7 @@ async fn mcp_works_through_a_round_robin_load_balancer_over_two_replicas() {
 }
 
 #[tokio::test]
-async fn an_mcp_call_whose_client_leaves_stops_its_run_at_once() {
+async fn an_mcp_call_whose_client_leaves_stops_its_run_at_once_and_logs_no_error() {
     let s = Server::start().await;
     let killed = r#"snakecage_workers_killed_total{reason="abandoned"}"#;
     let before = metric(&s, killed).await;
@@ -111,6 +111,34 @@ async fn an_mcp_call_whose_client_leaves_stops_its_run_at_once() {
         s.health().await["pool"]["busy"] == 0 && metric(&s, killed).await == before + 1.0
     })
     .await;
+    // A client that leaves is normal: the call says it ended, and no ERROR is logged for
+    // its answer that had no one to go to (rmcp's "failed to send pending response during
+    // drain" was one).
+    eventually(15, "the call's end is logged", async || {
+        s.log().contains("an MCP call ended by its client")
+    })
+    .await;
+    // The service goes on serving MCP (and by the time this call's answer is back, the
+    // left call's answer has long been dropped).
+    let (status, _, answer) = rpc(
+        &s.base,
+        call(
+            json!("ü-2"),
+            "run_python",
+            json!({"code": "print('encore')"}),
+        ),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(texts(&answer["result"]).contains("encore"), "{answer}");
+    let errors: Vec<String> = s
+        .log()
+        .lines()
+        .filter(|l| serde_json::from_str::<Value>(l).is_ok_and(|v| v["level"] == "ERROR"))
+        .map(str::to_owned)
+        .collect();
+    assert!(errors.is_empty(), "{errors:#?}");
 }
 
 #[tokio::test]

@@ -274,11 +274,17 @@ async fn while_workers_cannot_start_health_says_so_requests_get_503_and_it_recov
     .await;
     assert_eq!(s.run("print(2)").await["stdout"], "2\n");
     let health = s.health().await;
-    assert_eq!(health["status"], "ok", "{health}");
     assert!(health["last_spawn_error"].is_null(), "{health}");
     // Recreated as a plain directory (the zygotes' namespaces would not see a new mount),
-    // which health tells.
+    // which health tells: degraded for the bound lost (where there was one), until a
+    // restart.
     assert_eq!(health["workspace"]["bounded"], false, "{health}");
+    let lost = health["workspace"]["bound_lost"] == true;
+    assert_eq!(
+        health["status"],
+        if lost { "degraded" } else { "ok" },
+        "{health}"
+    );
     assert!(
         health["workspace"]["unbounded_because"]
             .as_str()

@@ -320,6 +320,11 @@ async fn a_uid_range_too_small_or_out_of_bounds_is_refused_at_start_saying_what_
             vec![("SNAKECAGE_LIMITS__MAX_PROCESSES", "10")],
             "limits.max_processes is 10 but must be at least 24",
         ),
+        // The configuration of the days when every worker ran as nobody.
+        (
+            vec![("SNAKECAGE_SANDBOX__UID", "65534")],
+            "sandbox.uid = 65534: sandbox.uid no longer names the one uid every worker runs as (nobody); it is now the first id of a range of sandbox.uid_count ids, one per worker",
+        ),
     ] {
         let state = tempfile::tempdir().unwrap();
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_snakecage"));
@@ -328,9 +333,123 @@ async fn a_uid_range_too_small_or_out_of_bounds_is_refused_at_start_saying_what_
         for (k, v) in &env {
             cmd.env(k, v);
         }
-        let out = cmd.output().unwrap();
-        assert!(!out.status.success(), "{env:?}");
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = refused_at_start(cmd);
         assert!(stderr.contains(wanted), "{env:?}: {stderr}");
     }
+}
+
+/// A range set by hand that holds an account's id (nobody's, 65534, on this host) stops
+/// start-up naming the account and the key to change: no worker ever acts as an account.
+#[tokio::test]
+async fn a_uid_range_holding_an_accounts_id_is_refused_at_start_naming_it() {
+    let state = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_snakecage"));
+    cmd.args(["--listen", "127.0.0.1:0"])
+        .env("SNAKECAGE_WORKER__STATE_DIR", state.path())
+        .env("SNAKECAGE_WORKSPACE__DIR", state.path())
+        .env("SNAKECAGE_POOL__SIZE", "1")
+        .env("SNAKECAGE_SESSIONS__MAX_SESSIONS", "1")
+        .env("SNAKECAGE_SANDBOX__UID", "65500")
+        .env("SNAKECAGE_SANDBOX__UID_COUNT", "64");
+    let stderr = refused_at_start(cmd);
+    assert!(
+        stderr.contains("worker uids 65500–65563 (sandbox.uid, sandbox.uid_count) include ids of the system's accounts: 65534 (nobody);"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("set sandbox.uid to the first id of a range that holds no account's id"),
+        "{stderr}"
+    );
+}
+
+/// The default search passes over the ids the system names. Seen through a passwd file
+/// of its own (bind-mounted in a mount namespace of the service's): an account in every
+/// block of 64 of 40000–59999 but a few, so the only blocks left are those few.
+#[tokio::test]
+async fn an_unset_uid_range_passes_over_every_id_the_system_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let free = [40_640u32, 45_056, 52_032];
+    let mut passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    let mut named = Vec::new();
+    for block in (40_000u32..60_000).step_by(64) {
+        if !free.contains(&block) {
+            let uid = block + 5;
+            passwd.push_str(&format!(
+                "tenant-é{uid}:x:{uid}:{uid}::/nonexistent:/usr/sbin/nologin\n"
+            ));
+            named.push(uid);
+        }
+    }
+    let file = dir.path().join("passwd");
+    std::fs::write(&file, passwd).unwrap();
+    let bind = format!("mount --bind {} /etc/passwd && exec \"$@\"", file.display());
+    let s = Server::start_with(
+        tiny(small(Options::default()))
+            .env("SNAKECAGE_SANDBOX__UID_COUNT", 64)
+            .wrapper(&[
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                &bind,
+                "sh",
+            ]),
+    )
+    .await;
+    let (first, last) = uids(&s.health().await);
+    assert!(
+        free.contains(&(first as u32)) && last == first + 63,
+        "{first}–{last}: not one of the blocks that hold no account"
+    );
+    assert!(
+        named
+            .iter()
+            .all(|&u| u64::from(u) < first || u64::from(u) > last)
+    );
+    let r = s.run("import os\nprint(os.getuid())").await;
+    let uid: u64 = stdout(&r).trim().parse().unwrap();
+    assert!(first < uid && uid <= last, "{r}");
+    // The log says what was passed over.
+    let log = s.log();
+    assert!(
+        log.contains("ids of the system's accounts were passed over")
+            && log.contains("40005 (tenant-é40005)"),
+        "{log}"
+    );
+}
+
+/// Runs `cmd` (the service), which must refuse to start: its stderr. One that serves
+/// instead is stopped once it says it listens, and the test fails.
+fn refused_at_start(mut cmd: std::process::Command) -> String {
+    use std::io::BufRead;
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = Vec::new();
+    let mut started = false;
+    for line in std::io::BufReader::new(child.stderr.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+    {
+        started = line.contains("snakecage is listening");
+        lines.push(line);
+        if started {
+            break;
+        }
+    }
+    if started {
+        let _ = child.kill();
+    }
+    let status = child.wait().unwrap();
+    let stderr = lines.join("\n");
+    assert!(
+        !started && !status.success(),
+        "it started instead:\n{stderr}"
+    );
+    stderr
 }

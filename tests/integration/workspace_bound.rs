@@ -344,3 +344,94 @@ async fn a_write_lost_to_a_full_workspace_in_a_finaliser_is_reported_on_stderr()
     assert_eq!(r["error"]["type"], "OSError", "{r}");
     assert_eq!(r["verdict"], "error", "{r}");
 }
+
+/// The bound taken from under a running instance (its tmpfs unmounted, then its root
+/// removed): `/health` turns degraded saying the workspaces are no longer bounded and why, instead of reporting a bound that is gone (before, it said
+/// `bounded: true` and `ok` on the base file system).
+#[tokio::test]
+async fn a_bound_lost_under_a_running_instance_turns_health_degraded_saying_why() {
+    let s = Server::start_with(bounded(64)).await;
+    let root = root_of(s.state_dir(), &s);
+    let mount = root.join("mount");
+    if mounts_under(&root) != [mount.clone()] {
+        eprintln!("skipped: the service could not mount its tmpfs here");
+        return;
+    }
+    let health = s.health().await;
+    assert_eq!(
+        (&health["status"], &health["workspace"]["bounded"]),
+        (&json!("ok"), &json!(true)),
+        "{health}"
+    );
+    // Unmounted under it: the workspaces now live on the base file system.
+    nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH).unwrap();
+    // A job (whether a worker can still be started: what is asserted is what /health says).
+    let _ = s.post("/v1/execute", &json!({"code": "print('là')"})).await;
+    let health = s.health().await;
+    let ws = &health["workspace"];
+    assert_eq!(health["status"], "degraded", "{health}");
+    assert_eq!(ws["bounded"], false, "{health}");
+    assert_eq!(ws["bound_lost"], true, "{health}");
+    let why = ws["unbounded_because"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("was unmounted under the service")
+            && why.contains("restart the service to bound them again"),
+        "{health}"
+    );
+    // Then the root removed as well: recreated for the next workers, still degraded, the
+    // first cause kept.
+    std::fs::remove_dir_all(&root).unwrap();
+    // A job takes an idle worker; the refill finds the root gone and recreates it. (The
+    // running zygotes' workers may not be able to use the recreated root: what is asserted
+    // is what /health says of the bound.)
+    eventually(30, "the root is recreated", async || {
+        let _ = s
+            .post("/v1/execute", &json!({"code": "print('encore')"}))
+            .await;
+        root.join("mount").is_dir()
+    })
+    .await;
+    let health = s.health().await;
+    assert_eq!(health["status"], "degraded", "{health}");
+    assert_eq!(health["workspace"]["bound_lost"], true, "{health}");
+    assert!(
+        health["workspace"]["unbounded_because"]
+            .as_str()
+            .is_some_and(|why| why.contains("was unmounted under the service")),
+        "{health}"
+    );
+    let (_, _, metrics) = s.get("/metrics").await;
+    assert!(
+        metrics.contains("snakecage_workspace_bounded 0"),
+        "{metrics}"
+    );
+}
+
+/// The root removed (after a lazy unmount, with no look at `/health` in between): it is
+/// recreated for the next workers, and `/health` says the bound did not come back.
+#[tokio::test]
+async fn a_workspace_root_removed_under_a_running_instance_comes_back_reported_unbounded() {
+    let s = Server::start_with(bounded(64)).await;
+    let root = root_of(s.state_dir(), &s);
+    let mount = root.join("mount");
+    if mounts_under(&root) != [mount.clone()] {
+        eprintln!("skipped: the service could not mount its tmpfs here");
+        return;
+    }
+    nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH).unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+    // A job takes an idle worker; the refill finds the root gone and recreates it. (The
+    // running zygotes' workers may not be able to use the recreated root: what is asserted
+    // is what /health says of the bound.)
+    eventually(30, "the root is recreated", async || {
+        let _ = s
+            .post("/v1/execute", &json!({"code": "print('encore')"}))
+            .await;
+        root.join("mount").is_dir()
+    })
+    .await;
+    let health = s.health().await;
+    assert_eq!(health["status"], "degraded", "{health}");
+    assert_eq!(health["workspace"]["bounded"], false, "{health}");
+    assert_eq!(health["workspace"]["bound_lost"], true, "{health}");
+}
