@@ -85,7 +85,9 @@ impl InstanceCgroup {
             }
             Found::None(why) => return Err(why.clone()),
         };
-        let (name, lock) = claim_name(lock_dir)?;
+        // A cgroup already there under a free name is not ours: another instance that
+        // records its names elsewhere (another /run) made it; it is never shared.
+        let (name, lock) = claim_name(lock_dir, |name| parent.join(name).exists())?;
         let dir = parent.join(&name);
         // Recorded before it is made: an instance killed in between leaves a record the
         // next start acts on.
@@ -96,12 +98,7 @@ impl InstanceCgroup {
             lock: Some(lock),
             detail: String::new(),
         };
-        match std::fs::create_dir(&dir) {
-            Ok(()) => {}
-            // Left by an instance of the same name that died before it was recorded.
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(format!("creating {}: {e}", dir.display())),
-        }
+        std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         made.dirs.push(dir.clone());
         let max = dir.join("pids.max");
         std::fs::write(&max, settings.max_processes.to_string())
@@ -170,9 +167,13 @@ impl Drop for InstanceCgroup {
 /// cgroup made (kept in the returned value) or why there is none.
 pub fn set_up(settings: &CgroupSettings, place: &Place) -> (Option<InstanceCgroup>, CgroupPlan) {
     if !settings.wanted {
+        // Shown only should a reload take the layer out of sandbox.layers_off: the cgroup
+        // is made at start or not at all.
         return (
             None,
-            CgroupPlan::Unavailable("switched off by sandbox.layers_off".into()),
+            CgroupPlan::Unavailable(
+                "switched off by sandbox.layers_off when the service started; restart to make the cgroup".into(),
+            ),
         );
     }
     match InstanceCgroup::claim(settings, place) {
@@ -196,8 +197,8 @@ pub(super) fn plan_with(settings: &mut super::PoolSettings, plan: &CgroupPlan) {
 }
 
 /// Our lock on `<lock_dir>/snakecage-<pid>`, or `-1`, `-2`, … when a live instance in
-/// another PID namespace (or this process: the tests run several) has the name.
-fn claim_name(lock_dir: &Path) -> Result<(String, DirLock), String> {
+/// another PID namespace has the name, or a cgroup of that name exists (`in_use`).
+fn claim_name(lock_dir: &Path, in_use: impl Fn(&str) -> bool) -> Result<(String, DirLock), String> {
     let pid = std::process::id();
     for n in 0..64 {
         let name = if n == 0 {
@@ -216,6 +217,9 @@ fn claim_name(lock_dir: &Path) -> Result<(String, DirLock), String> {
                 // A dead instance's of the same name (its record not yet acted on: it
                 // appeared after the sweep) is cleaned before the name is reused.
                 remove_recorded(&dir);
+                if in_use(&name) {
+                    continue;
+                }
                 return Ok((name, lock));
             }
             Ok(Lock::Held | Lock::NoLockFile) => {}
