@@ -71,6 +71,35 @@ pub(super) fn patience(period: Duration) -> Duration {
     (period * 10).max(Duration::from_secs(60))
 }
 
+/// Awaits `wanted` (what a process is to report: a worker's exit, which its zygote
+/// reaps and reports) for `period`, and period after period while `sample` (the processes
+/// it waits on, as [`SchedStat::of`] reads them) shows one of them runnable but starved
+/// ([`starved`]), up to [`patience`] in all. The zygote reaps and reports at `SCHED_IDLE`
+/// and a killed worker tears down its memory at the priority it had: on a host busy with
+/// normal-priority work either can be held back for seconds, and a report that would
+/// come is not given up for lost. `None` when it did not come: those processes were
+/// sleeping or stopped (nothing is on its way), or patience ran out.
+pub(super) async fn while_starved<F: Future + Unpin>(
+    mut wanted: F,
+    period: Duration,
+    mut sample: impl FnMut() -> [Option<SchedStat>; 2],
+) -> Option<F::Output> {
+    let mut before = sample();
+    let mut waited = Duration::ZERO;
+    loop {
+        if let Ok(got) = tokio::time::timeout(period, &mut wanted).await {
+            return Some(got);
+        }
+        waited += period;
+        let after = sample();
+        let held_back = (before.iter().zip(&after)).any(|(b, a)| starved(*b, *a, period));
+        if !held_back || waited + period > patience(period) {
+            return None;
+        }
+        before = after;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,6 +138,37 @@ mod tests {
         // Gone, or no schedstats: not starved (it is killed as before).
         assert!(!starved(None, stat(1, true), period));
         assert!(!starved(stat(1, true), None, period));
+    }
+
+    /// A report held back by a starved process is waited for, period after period, until
+    /// it comes; one from processes that sleep (nothing is on its way) is given up after
+    /// the first period. Decided by what is sampled, not by how long anything took.
+    #[tokio::test]
+    async fn a_report_is_awaited_while_the_processes_it_waits_on_are_starved() {
+        let period = Duration::from_millis(10);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut tx = Some(tx);
+        let mut samples = 0;
+        let got = while_starved(rx, period, || {
+            samples += 1;
+            // The fourth sample (three periods gone): the zygote has had its CPU at last.
+            if samples == 4 {
+                tx.take().unwrap().send(9).unwrap();
+            }
+            [stat(5, false), stat(7, true)]
+        })
+        .await;
+        assert_eq!(got, Some(Ok(9)));
+
+        let (_tx, rx) = tokio::sync::oneshot::channel::<i32>();
+        let mut samples = 0;
+        let got = while_starved(rx, period, || {
+            samples += 1;
+            [None, stat(7, false)]
+        })
+        .await;
+        assert_eq!(got, None);
+        assert_eq!(samples, 2);
     }
 
     /// What the kernel reports: a process kept runnable at `SCHED_IDLE` on the CPU of a

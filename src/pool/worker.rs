@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 
 use super::fd::async_fd;
 pub(super) use super::fd::read_nonblocking;
+use super::starved::{SchedStat, while_starved};
 use super::uids::UidLease;
 use super::zygote::Forked;
 
@@ -24,6 +25,8 @@ use super::zygote::Forked;
 pub struct Worker {
     pub id: u64,
     pub pid: i32,
+    /// Its zygote's pid (which reaps it and reports its exit).
+    zygote_pid: i32,
     /// Its zygote's [`ZygoteHandle::restarts`](super::zygote::ZygoteHandle::restarts): a
     /// worker of a zygote since restarted died with it.
     pub zygote_restarts: u64,
@@ -72,6 +75,7 @@ impl Worker {
         Ok(Self {
             id,
             pid: forked.pid,
+            zygote_pid: forked.zygote_pid,
             zygote_restarts,
             lease,
             pidfd: forked.pidfd,
@@ -177,8 +181,10 @@ impl Worker {
         self.pidfd.as_ref().and_then(|fd| fd.try_clone().ok())
     }
 
-    /// The exit status, waiting up to `wait` for the zygote to report it. `None`: the
-    /// zygote died (and took the worker with it) or did not answer in time.
+    /// The exit status, waiting for the zygote to report it: up to `wait`, and longer
+    /// while the worker (dying) or its zygote is runnable but held back from a CPU by a
+    /// busy host ([`super::starved::while_starved`]). `None`: the zygote died (and took the
+    /// worker with it) or did not answer in time.
     pub async fn exit_status(&mut self, wait: std::time::Duration) -> Option<ExitStatus> {
         // A zygote told to shut down reports no more exits: only one already routed here counts.
         let wait = if self.zygote_shut_down.load(Ordering::Acquire) {
@@ -186,9 +192,11 @@ impl Worker {
         } else {
             wait
         };
+        let (pid, zygote) = (self.pid, self.zygote_pid);
+        let sample = || [SchedStat::of(pid), SchedStat::of(zygote)];
         if self.exit_status.is_none()
             && !self.exit.is_terminated()
-            && let Ok(Ok(status)) = tokio::time::timeout(wait, &mut self.exit).await
+            && let Some(Ok(status)) = while_starved(&mut self.exit, wait, sample).await
         {
             self.exit_status = Some(status);
         }
@@ -430,6 +438,7 @@ mod tests {
         let (exit_tx, exit) = oneshot::channel();
         let forked = Forked {
             pid: i32::MAX,
+            zygote_pid: i32::MAX,
             pidfd: None,
             exit,
             zygote_shut_down: Arc::default(),

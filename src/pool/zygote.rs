@@ -48,6 +48,8 @@ fn stderr_hint(s: &Option<String>) -> String {
 /// A forked worker, as the zygote reported it.
 pub struct Forked {
     pub pid: i32,
+    /// Its zygote's pid: the process that reaps it and reports its exit.
+    pub zygote_pid: i32,
     pub pidfd: Option<OwnedFd>,
     /// Fires with the exit status once the zygote reaps the worker; closes if the zygote dies.
     pub exit: oneshot::Receiver<ExitStatus>,
@@ -63,6 +65,8 @@ type ForkReply = Result<Forked, ZygoteError>;
 /// another worker while a process or thread of this one may remain.
 #[derive(Default)]
 struct Routes {
+    /// The zygote's pid, which every worker it forks is told.
+    zygote_pid: i32,
     forks: HashMap<u64, (oneshot::Sender<ForkReply>, Option<Arc<UidLease>>)>,
     exits: HashMap<i32, (oneshot::Sender<ExitStatus>, Option<Arc<UidLease>>)>,
 }
@@ -210,11 +214,15 @@ impl ZygoteHandle {
             }
             Ok(Err(e)) => return Err(e),
         };
+        let zygote_pid = info.pid;
         let handle = Arc::new(Self {
             restarts,
             info,
             sock: sock.clone(),
-            routes: Arc::default(),
+            routes: Arc::new(Mutex::new(Routes {
+                zygote_pid,
+                ..Routes::default()
+            })),
             alive: Arc::new(AtomicBool::new(true)),
             shut_down: Arc::new(AtomicBool::new(false)),
             died: Arc::new(Notify::new()),
@@ -438,6 +446,7 @@ fn route(
             routes.exits.insert(pid, (exit_tx, uid));
             let forked = Forked {
                 pid,
+                zygote_pid: routes.zygote_pid,
                 pidfd: fds.into_iter().next(),
                 exit: exit_rx,
                 zygote_shut_down: shut_down.clone(),

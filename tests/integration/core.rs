@@ -86,8 +86,11 @@ async fn programs_behave_as_under_python_main() {
 #[tokio::test]
 async fn an_exception_with_a_huge_message_still_reports_its_run() {
     let s = Server::start().await;
+    // Tens of megabytes to build, encode and cut: seconds on a busy host, so the longest
+    // deadline there is.
+    let code = "print('before')\ndisplay('shown')\nraise ValueError('ü' * 35_000_000)";
     let r = s
-        .run("print('before')\ndisplay('shown')\nraise ValueError('ü' * 35_000_000)")
+        .run_with(json!({"code": code, "timeout_ms": 60_000}))
         .await;
     assert_eq!(r["verdict"], "output_limit", "{:.300}", r.to_string());
     assert_eq!(r["exit_code"], 1);
@@ -120,7 +123,10 @@ async fn a_job_larger_than_the_socket_buffer_arrives_whole() {
         let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
         format!("1500000 1000000 {hex}\n")
     };
-    let r = s.run_with(json!({ "code": code, "stdin": stdin })).await;
+    // Compiling the literal and hashing it all takes seconds of CPU on a busy host: the
+    // longest deadline there is, so that only a job that does not arrive fails.
+    let job = json!({ "code": code, "stdin": stdin, "timeout_ms": 60_000 });
+    let r = s.run_with(job.clone()).await;
     assert_eq!(
         (r["stdout"].as_str(), r["exit_code"].as_i64()),
         (Some(want.as_str()), Some(0)),
@@ -129,12 +135,7 @@ async fn a_job_larger_than_the_socket_buffer_arrives_whole() {
     );
 
     let id = s.new_session().await;
-    let (status, r) = s
-        .post(
-            &format!("/v1/sessions/{id}/execute"),
-            &json!({ "code": code, "stdin": stdin }),
-        )
-        .await;
+    let (status, r) = s.post(&format!("/v1/sessions/{id}/execute"), &job).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["stdout"].as_str(), Some(want.as_str()), "{}", r["stderr"]);
     // The session's worker still answers after it.
@@ -206,8 +207,10 @@ async fn a_huge_allocation_is_a_memory_limit_verdict_with_memory_error() {
 async fn flooding_output_is_truncated_and_the_service_stays_small() {
     let s = Server::start().await;
     let base = peak_rss(s.pid());
+    // 50 MB through the pipe: seconds on a busy host, so the longest deadline there is.
+    let code = "import sys\nsys.stdout.write('y' * 50_000_000)\nprint('done', file=sys.stderr)";
     let r = s
-        .run("import sys\nsys.stdout.write('y' * 50_000_000)\nprint('done', file=sys.stderr)")
+        .run_with(json!({"code": code, "timeout_ms": 60_000}))
         .await;
     let out = r["stdout"].as_str().unwrap();
     assert_eq!(r["stdout_truncated"], true);

@@ -545,10 +545,20 @@ pub fn descendants_of(pid: u32) -> Vec<u32> {
     all
 }
 
+/// Whether `pid` runs: a zombie does not. A zombie's other threads may still be exiting
+/// (and holding its fds): for a worker that is dead and done with, see [`reaped`].
 pub fn process_exists(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| !s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
         .unwrap_or(false)
+}
+
+/// Whether `pid` is gone altogether: dead, every thread of it, and reaped (for a worker,
+/// by its zygote, which reports its exit to the service next). A worker with threads is a
+/// zombie as soon as its main thread has exited, while its other threads may still hold
+/// its job socket open: a job sent to it then is taken by the socket and lost.
+pub fn reaped(pid: u32) -> bool {
+    !std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// Asserts that `pid`'s peak resident memory grew by less than 20 MiB since it was

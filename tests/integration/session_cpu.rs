@@ -198,9 +198,10 @@ print(os.getpid())";
     assert_eq!(r["verdict"], "ok", "{r}");
     let pid: u32 = r["stdout"].as_str().unwrap().trim().parse().unwrap();
     // No run renews it: the worker is killed (bounded wait: 3 s of CPU on however busy a
-    // host).
-    crate::reliability::eventually(600, "the worker is killed", async || {
-        !crate::harness::process_exists(pid)
+    // host), and reaped: the next request then finds it gone, not a socket its dying
+    // threads still hold.
+    crate::reliability::eventually(600, "the worker is killed and reaped", async || {
+        crate::harness::reaped(pid)
     })
     .await;
     let (status, detail) = s

@@ -31,6 +31,24 @@ fn root_of(base: &Path, s: &Server) -> PathBuf {
     base.join(format!("workspaces-{}", s.pid()))
 }
 
+/// The deadline of the runs that write: tens of MiB take seconds of CPU on a busy host,
+/// and what these tests check is where the writes end, not how fast they go.
+const WRITE_TIMEOUT_MS: u64 = 60_000;
+
+/// Runs `code` in session `id` under [`WRITE_TIMEOUT_MS`]; the response must be a 200.
+async fn session_write(s: &Server, id: &str, code: &str) -> Value {
+    let body = json!({"code": code, "timeout_ms": WRITE_TIMEOUT_MS});
+    let (status, r) = s.post(&format!("/v1/sessions/{id}/execute"), &body).await;
+    assert_eq!(status, 200, "{r}");
+    r
+}
+
+/// Runs `code` statelessly under [`WRITE_TIMEOUT_MS`].
+async fn write(s: &Server, code: &str) -> Value {
+    s.run_with(json!({"code": code, "timeout_ms": WRITE_TIMEOUT_MS}))
+        .await
+}
+
 fn bounded(size_mb: u64) -> Options {
     Options::default().env("SNAKECAGE_WORKSPACE__SIZE_MB", size_mb)
 }
@@ -51,9 +69,7 @@ async fn a_job_writing_past_the_bound_gets_enospc_and_others_are_told_the_servic
     assert_eq!(health["status"], "ok", "{health}");
 
     // One job cannot write more than the bound, however long its deadline.
-    let r = s
-        .run("open('big.bin', 'wb').write(b'x' * (100 << 20))")
-        .await;
+    let r = write(&s, "open('big.bin', 'wb').write(b'x' * (100 << 20))").await;
     assert_eq!(r["verdict"], "error", "{r}");
     assert!(
         r["stderr"].as_str().unwrap().contains("No space left"),
@@ -65,9 +81,7 @@ async fn a_job_writing_past_the_bound_gets_enospc_and_others_are_told_the_servic
     let mut sessions = Vec::new();
     for _ in 0..4 {
         let id = s.new_session().await;
-        let r = s
-            .session_run(&id, "open('hold.bin', 'wb').write(b'x' * (15 << 20))")
-            .await;
+        let r = session_write(&s, &id, "open('hold.bin', 'wb').write(b'x' * (15 << 20))").await;
         assert_eq!(r["verdict"], "ok", "{r}");
         assert!(r["notice"].is_null(), "{r}");
         sessions.push(id);
@@ -108,6 +122,7 @@ async fn a_job_writing_past_the_bound_gets_enospc_and_others_are_told_the_servic
     let body = json!({
         "code": "import os\nprint(os.path.getsize('in.bin'))",
         "files": [{"path": "in.bin", "file_id": file["file_id"]}],
+        "timeout_ms": WRITE_TIMEOUT_MS,
     });
     let resp = s.post_response("/v1/execute", &body).await;
     let status = resp.status().as_u16();
@@ -170,9 +185,7 @@ async fn two_instances_on_one_base_are_bounded_apart_and_a_killed_ones_mount_goe
 
     // What A holds is A's alone: B's file system stays empty.
     let id = a.new_session().await;
-    let r = a
-        .session_run(&id, "open('hold.bin', 'wb').write(b'x' * (6 << 20))")
-        .await;
+    let r = session_write(&a, &id, "open('hold.bin', 'wb').write(b'x' * (6 << 20))").await;
     assert_eq!(r["verdict"], "ok", "{r}");
     assert!(
         a.health().await["workspace"]["used_bytes"]
@@ -240,20 +253,18 @@ async fn a_session_whose_workspace_grows_past_its_bound_is_ended_and_its_files_a
     let id = s.new_session().await;
     // Counted as allocated: a sparse file of 20 MiB (past the bound in length) costs
     // (almost) nothing.
-    let r = s
-        .session_run(
-            &id,
-            "with open('sparse.bin', 'wb') as f:\n    f.truncate(20 << 20)\nx = 1",
-        )
-        .await;
+    let r = session_write(
+        &s,
+        &id,
+        "with open('sparse.bin', 'wb') as f:\n    f.truncate(20 << 20)\nx = 1",
+    )
+    .await;
     assert_eq!(r["verdict"], "ok", "{r}");
     assert!(r["notice"].is_null(), "{r}");
     assert_eq!(r["session"]["names"], json!(["f", "x"]), "{r}");
 
     // Past the bound: the run is answered, its file stored, and the session ended.
-    let r = s
-        .session_run(&id, "open('data.bin', 'wb').write(b'd' * (10 << 20))")
-        .await;
+    let r = session_write(&s, &id, "open('data.bin', 'wb').write(b'd' * (10 << 20))").await;
     assert_eq!(r["verdict"], "ok", "{r}");
     let notice = r["notice"].as_str().unwrap_or_default();
     assert!(
@@ -297,9 +308,7 @@ async fn a_session_may_hold_at_most_a_quarter_of_the_instance_bound() {
     // sessions.max_workspace_mb (1024) is more than the whole bound: a quarter of it wins.
     let s = Server::start_with(bounded(40)).await;
     let id = s.new_session().await;
-    let r = s
-        .session_run(&id, "open('hold.bin', 'wb').write(b'x' * (12 << 20))")
-        .await;
+    let r = session_write(&s, &id, "open('hold.bin', 'wb').write(b'x' * (12 << 20))").await;
     assert_eq!(r["verdict"], "ok", "{r}");
     let notice = r["notice"].as_str().unwrap_or_default();
     assert!(notice.contains("over the 10 MiB"), "{r}");
@@ -327,7 +336,7 @@ async fn a_write_lost_to_a_full_workspace_in_a_finaliser_is_reported_on_stderr()
                 print('filled:', e.strerror)\nopen('résultat.txt', 'w').write('hé')\n\
                 import os\nprint(os.path.getsize('résultat.txt'))\n\
                 with open('autre.txt', 'w') as f:\n    f.write('hé')";
-    let r = s.run(code).await;
+    let r = write(&s, code).await;
     assert_eq!(r["stdout"], "filled: No space left on device\n0\n", "{r}");
     let stderr = r["stderr"].as_str().unwrap();
     assert!(
