@@ -203,6 +203,7 @@ pub async fn run(
     let started = Instant::now();
     if limits.background.is_none() {
         worker.foreground();
+        worker.wake_here();
     }
     job.timeout_ms = timeout_ms(limits);
     let tool_cap = job.tool_call_cap();
