@@ -3,7 +3,6 @@
 //! (a session's worker), and turn what happened into a [`RunVerdict`]. The wait itself is
 //! in [`super::drive`].
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -190,29 +189,6 @@ pub enum RunError {
     },
 }
 
-/// Jobs running now, stateless and in sessions, counted by [`Running`].
-static JOBS_RUNNING: AtomicUsize = AtomicUsize::new(0);
-
-/// One job counted in [`JOBS_RUNNING`] while it lives.
-struct Running {
-    /// How many others were running when it started.
-    others: usize,
-}
-
-impl Running {
-    fn start() -> Self {
-        Self {
-            others: JOBS_RUNNING.fetch_add(1, Ordering::AcqRel),
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        JOBS_RUNNING.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 /// How long to wait for the zygote to report the exit status of a worker that died.
 pub(super) const EXIT_STATUS_WAIT: Duration = Duration::from_secs(2);
 
@@ -225,14 +201,8 @@ pub async fn run(
     chunks: Option<OutputSender>,
 ) -> Result<RunOutcome, RunError> {
     let started = Instant::now();
-    let running = Running::start();
     if limits.background.is_none() {
         worker.foreground();
-        // Alone, the job's worker would be woken on the other CPU, idle and (on a virtual
-        // machine) halted; with other jobs running, the kernel's choice of a CPU stands.
-        if running.others == 0 {
-            worker.wake_here();
-        }
     }
     job.timeout_ms = timeout_ms(limits);
     let tool_cap = job.tool_call_cap();
@@ -383,7 +353,6 @@ pub async fn run_in_session(
     out_of_cpu_time: &(dyn Fn() -> bool + Sync),
 ) -> Result<SessionRun, RunError> {
     let started = Instant::now();
-    let _running = Running::start();
     job.timeout_ms = timeout_ms(limits);
     let tool_cap = job.tool_call_cap();
     worker

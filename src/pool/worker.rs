@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::errno::Errno;
 use nix::sys::socket::MsgFlags;
-use nix::unistd::Pid;
 use snakecage_worker::frame::{self, FrameDecoder, FrameError, MAX_FRAME_LEN};
 use snakecage_worker::protocol::{ExitStatus, JobRequest, WorkerMessage};
 use tokio::io::unix::AsyncFd;
@@ -142,25 +141,6 @@ impl Worker {
     /// worker stays where it was.
     pub fn foreground(&mut self) {
         self.set_priority(libc::SCHED_OTHER, 0);
-    }
-
-    /// Lets the worker wake up on the CPU this thread runs on, for the job about to be
-    /// written to it. Left to itself, the kernel wakes it on an idle CPU, and on a virtual
-    /// machine an idle vCPU is halted: its wake-up takes an interrupt through the host. Here
-    /// it runs as soon as this thread waits for its result, which it does next. The worker
-    /// gives itself back every CPU it had as soon as it has read the job (`child::serve`),
-    /// before any of the job's code runs. Best effort: a failure changes only where it runs.
-    pub fn wake_here(&mut self) {
-        if !self.is_alive() {
-            return; // reaped: its pid may belong to someone else now
-        }
-        let Ok(cpu) = nix::sched::sched_getcpu() else {
-            return;
-        };
-        let mut here = nix::sched::CpuSet::new();
-        if here.set(cpu).is_ok() {
-            let _ = nix::sched::sched_setaffinity(Pid::from_raw(self.pid), &here);
-        }
     }
 
     /// Back to `SCHED_IDLE` once its job is done and before it is killed, so its exit

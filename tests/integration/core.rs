@@ -673,37 +673,6 @@ async fn idle_workers_wait_at_background_priority_and_a_job_runs_at_normal_prior
     assert_eq!(r["stdout"], expected, "{r}");
 }
 
-/// A worker is pinned to the supervisor's CPU for the wake-up that brings its job, and its
-/// job still runs on every CPU the service may use: the worker gives them back before the
-/// job's code starts, for the job and every thread it starts. Stateless runs, many of them
-/// (the supervisor's threads run on either CPU), and a session's.
-#[tokio::test]
-async fn a_job_runs_on_every_cpu_the_service_may_use() {
-    let s = Server::start().await;
-    let mut ours: Vec<usize> = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
-        .map(|set| {
-            (0..nix::sched::CpuSet::count())
-                .filter(|&c| set.is_set(c).unwrap_or(false))
-                .collect()
-        })
-        .unwrap();
-    ours.sort();
-    let want = format!("{ours:?}\n{ours:?}\n");
-    let code = "import os, threading\n\
-                print(sorted(os.sched_getaffinity(0)))\n\
-                seen = []\n\
-                t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))\n\
-                t.start(); t.join()\n\
-                print(seen[0])";
-    for _ in 0..12 {
-        let r = s.run(code).await;
-        assert_eq!(r["stdout"], want, "{r}");
-    }
-    let session = s.new_session().await;
-    let r = s.session_run(&session, code).await;
-    assert_eq!(r["stdout"], want, "{r}");
-}
-
 /// The zygote is started with every symbol bound at once (so workers do not each resolve
 /// them after fork), and its workers see none of that: their environment is the fixed one.
 #[tokio::test]

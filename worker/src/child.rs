@@ -10,7 +10,6 @@ use std::io::{self, Write};
 use std::mem::ManuallyDrop;
 use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
 
-use nix::sched::{sched_getaffinity, sched_setaffinity};
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
 use nix::unistd::Pid;
 use snakecage_worker::frame::{self, FrameError};
@@ -183,18 +182,11 @@ fn serve(
 ) -> Result<(), ChildError> {
     // Every frame goes through the job socket's demultiplexer (`jobsocket`): tool calls of
     // the job's threads share it with this loop.
-    // The supervisor may pin this worker to its own CPU for the wake-up that brings the
-    // job (`Worker::wake_here`): every CPU this worker may use goes back before the job runs.
-    let cpus = sched_getaffinity(Pid::from_raw(0)).ok();
     JOB.send(&WorkerMessage::Ready { warmed })?;
     let mut request = JOB.next_request().map_err(ChildError::Socket)?;
     if let Some(JobRequest::SkipWarmUp) = request {
         // Asked for after the warm-up had begun: it goes before any job.
         request = JOB.next_request().map_err(ChildError::Socket)?;
-    }
-    if let Some(cpus) = &cpus {
-        // Best effort: should it fail, the job runs, on one CPU.
-        let _ = sched_setaffinity(Pid::from_raw(0), cpus);
     }
     let Some(request) = request else {
         return Ok(()); // the supervisor let this worker go without a job
