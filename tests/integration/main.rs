@@ -5,7 +5,6 @@ mod agents;
 mod asyncio;
 mod auth;
 mod backing;
-mod cgroup;
 mod cluster;
 mod cluster_runs;
 mod collect_limits;
