@@ -143,6 +143,10 @@ const ENV_IGNORED: &[&str] = &["config", "allow_unauthenticated", "api_key"];
 /// before each worker had a uid of its own from a range.
 const NOBODY: u32 = 65_534;
 
+/// The largest `limits.max_total_processes`: `PID_MAX_LIMIT` of a 64-bit kernel, the most
+/// pids it ever counts.
+pub const MAX_TOTAL_PROCESSES: u64 = 4_194_304;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("configuration: {}", explain::load_error_text(.0))]
@@ -265,6 +269,9 @@ impl Config {
                 self.limits.max_processes
             )));
         }
+        if let Some(problem) = self.total_processes_problem() {
+            return Err(ConfigError::Invalid(problem));
+        }
         if let Some(layer) = self
             .sandbox
             .require
@@ -315,6 +322,35 @@ impl Config {
         let tiers = self.tiers.profile.len() as u64;
         let idle = size + tiers * (self.tiers.min_idle as u64 + 2);
         self.sessions.max_sessions as u64 + 2 * size + 2 * idle + tiers
+    }
+
+    /// `limits.max_total_processes`, or the default: eight threads for every worker that
+    /// can be alive at once ([`Config::most_workers`]: its own and a few of a run's, a
+    /// pool of tool calls or a small executor) and a whole `limits.max_processes` on top,
+    /// so that one worker can always reach its own bound while all the others are alive.
+    /// With the defaults: 108 × 8 + 256 = 1120, a small part of a host's pids.
+    pub fn max_total_processes(&self) -> u64 {
+        self.limits.max_total_processes.unwrap_or_else(|| {
+            (self.most_workers() * 8 + self.limits.max_processes).min(MAX_TOTAL_PROCESSES)
+        })
+    }
+
+    fn total_processes_problem(&self) -> Option<String> {
+        let total = self.max_total_processes();
+        let need = self.most_workers() + self.limits.max_processes;
+        if total < need {
+            return Some(format!(
+                "limits.max_total_processes is {total} but must be at least {need}: up to {} workers can be alive at once, each a process of the instance's cgroup, and one of them may start limits.max_processes ({}) threads; raise it or leave it unset",
+                self.most_workers(),
+                self.limits.max_processes
+            ));
+        }
+        if total > MAX_TOTAL_PROCESSES {
+            return Some(format!(
+                "limits.max_total_processes is {total} but the kernel counts at most {MAX_TOTAL_PROCESSES} pids: lower it or leave it unset"
+            ));
+        }
+        None
     }
 
     /// `sandbox.uid_count`, or the default: [`Config::most_workers`] and the probe's, in
@@ -476,6 +512,29 @@ mod tests {
         assert_eq!(with(&|c| c.files.key_share_percent = 100), None);
         let e = with(&|c| c.workspace.max_files = 0).unwrap();
         assert!(e.contains("workspace.max_files must be at least 1"), "{e}");
+    }
+
+    #[test]
+    fn the_total_process_bound_holds_every_worker_and_one_whole_worker() {
+        let mut c = Config::default();
+        c.pool.size = 4;
+        assert_eq!(c.max_total_processes(), 108 * 8 + 256);
+        c.validate().unwrap();
+        c.limits.max_total_processes = Some(108 + 255);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("limits.max_total_processes is 363 but must be at least 364"),
+            "{e}"
+        );
+        c.limits.max_total_processes = Some(364);
+        c.validate().unwrap();
+        c.limits.max_total_processes = Some(MAX_TOTAL_PROCESSES + 1);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("the kernel counts at most 4194304 pids"), "{e}");
+        // The default follows the configuration, within what the kernel counts.
+        c.limits.max_total_processes = None;
+        c.sessions.max_sessions = 1_000_000;
+        assert_eq!(c.max_total_processes(), MAX_TOTAL_PROCESSES);
     }
 
     #[test]

@@ -16,10 +16,12 @@ pub const RELOADABLE: &[&str] = &["python", "sandbox", "tiers", "limits"];
 /// change to them alone starts no generation.
 pub const APPLIED_APART: &[&str] = &["auth.keys"];
 
-/// Keys that are fixed once the router is built (or, the worker uids, claimed at start),
+/// Keys that are fixed once the router is built (or, the worker uids and the instance's
+/// cgroup, claimed and made at start),
 /// even inside a reloadable section.
 const FIXED_WITHIN: &[&str] = &[
     "limits.max_request_bytes",
+    "limits.max_total_processes",
     "sandbox.uid",
     "sandbox.uid_count",
 ];

@@ -85,6 +85,11 @@ pub struct LimitsConfig {
     /// (a thread per tool call in flight, and the worker's own). Where the service does not
     /// run as root, workers keep its uid and the kernel counts every process of that uid.
     pub max_processes: u64,
+    /// `pids.max` of the instance's cgroup (the `cgroup` sandbox layer): the processes and
+    /// threads of all workers together. Unset: [`super::Config::max_total_processes`].
+    /// At least the most workers alive at once plus `max_processes` (every worker's own
+    /// thread, and one worker all its threads); at most 4194304 (the kernel's largest pid).
+    pub max_total_processes: Option<u64>,
     /// Where the service cannot renew the kernel's CPU-time limit of a session's worker
     /// for each run (it lacks CAP_SYS_RESOURCE) and enforces each run's budget itself:
     /// the CPU time a session's worker may use in its whole life, all its runs together,
@@ -247,6 +252,8 @@ impl SandboxSettings {
             gid: self.gid,
             layers_off: self.layers_off.clone(),
             allowed_packages: self.allowed_packages.clone(),
+            // Set by the pool once it has made (or failed to make) the instance's cgroup.
+            cgroup: Default::default(),
         }
     }
 }
@@ -332,6 +339,7 @@ impl Default for LimitsConfig {
             max_open_files: 256,
             max_bundle_bytes: 2 << 20,
             max_processes: 256,
+            max_total_processes: None,
             max_session_cpu_seconds: 3_600,
         }
     }

@@ -20,6 +20,7 @@
 //! - [`bound`]: the instance's own tmpfs under it, bounding all its workspaces together.
 //! - [`uids`]: the range of worker uids this instance claims, one uid per live worker.
 //! - [`uid_accounts`]: the ids the system names, which no worker is given.
+//! - [`cgroup`]: the instance's cgroup, bounding all workers together (`pids.max`).
 //! - [`toolcalls`]: tool calls answered while a job runs (Code Mode);
 //!   [`cancel_cause`]: why a pending call was cancelled, said as it is.
 //! - [`generation`]: the generations (one zygote per tier each), the current one, the
@@ -69,6 +70,7 @@
 pub mod bound;
 pub mod cancel_cause;
 pub mod capture;
+pub mod cgroup;
 pub mod checkout;
 pub mod cpu_budget;
 mod cpu_watchdog;
@@ -109,6 +111,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 pub use self::bound::{BoundSettings, WorkspaceUsage};
+pub use self::cgroup::CgroupSettings;
 use self::checkout::{AbandonGuard, BusyGuard};
 pub use self::checkout::{Checkout, Finished, NoStaging, SessionSlot, Stager};
 use self::cpu_budget::{CpuBudget, Enforcement};
@@ -151,6 +154,8 @@ pub struct PoolSettings {
     pub require: Vec<Layer>,
     /// The worker uids to claim where workers drop privileges.
     pub uids: UidSettings,
+    /// The instance's cgroup, bounding all workers together.
+    pub cgroup: CgroupSettings,
 }
 
 /// `sandbox.uid` and `sandbox.uid_count`, as the pool claims them (see [`uids`]).
@@ -215,6 +220,10 @@ struct Inner {
     watchdog: Arc<Watchdog>,
     /// The claimed worker uids, where workers drop privileges (the service runs as root).
     uids: Option<Arc<uids::WorkerUids>>,
+    /// The instance's cgroup, while it has one; removed at shutdown.
+    cgroup: std::sync::Mutex<Option<cgroup::InstanceCgroup>>,
+    /// What every generation's workers are told of it.
+    cgroup_plan: snakecage_worker::protocol::CgroupPlan,
 }
 
 impl Pool {
@@ -506,6 +515,11 @@ impl Pool {
         }
         futures_util::future::join_all(generations.iter().map(|g| g.shut_down())).await;
         inner.root.remove();
+        let cgroup = inner.cgroup.lock().expect("cgroup").take();
+        if let Some(mut cgroup) = cgroup {
+            // Its workers died with their zygotes; it waits for the last to be gone.
+            let _ = tokio::task::spawn_blocking(move || cgroup.remove()).await;
+        }
     }
 }
 

@@ -116,6 +116,8 @@ impl Pool {
         if let Some(uids) = &inner.uids {
             super::uids::probe_with(&mut settings, uids.first());
         }
+        // The cgroup made at start, whatever the new configuration says of it.
+        super::cgroup::plan_with(&mut settings, &inner.cgroup_plan);
         let id = inner.generations.next_id();
         tracing::info!(generation = id, %reason, "starting a new generation");
         let generation = Generation::start(settings, id, inner.settings.size, ZYGOTE_PATIENCE)

@@ -15,7 +15,7 @@ use super::root::WorkspaceRoot;
 use super::slots::Slots;
 use super::status::PoolCounters;
 use super::uids::{self, UidRange, WorkerUids};
-use super::{Inner, Pool, PoolError, PoolSettings, keeper, refill};
+use super::{Inner, Pool, PoolError, PoolSettings, cgroup, keeper, refill};
 
 /// The worker uids, claimed where workers will drop to them: the service runs as root and
 /// `drop_privileges` is not switched off.
@@ -69,6 +69,8 @@ impl Pool {
         if let Some(uids) = &uids {
             uids::probe_with(&mut settings, uids.first());
         }
+        let (cgroup, cgroup_plan) = cgroup::set_up(&settings.cgroup, &cgroup::Place::here());
+        cgroup::plan_with(&mut settings, &cgroup_plan);
         let first = Arc::new(Generation::starting(settings.clone(), 1, settings.size));
         let shutdown = CancellationToken::new();
         let inner = Arc::new(Inner {
@@ -89,6 +91,8 @@ impl Pool {
             events,
             watchdog: Arc::default(),
             uids,
+            cgroup: std::sync::Mutex::new(cgroup),
+            cgroup_plan,
         });
         let pool = Self {
             inner: inner.clone(),

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use snakecage_worker::protocol::{WorkerLimits, ZygoteConfig};
+use snakecage_worker::protocol::{Layer, WorkerLimits, ZygoteConfig};
 
 use super::ServeError;
 use crate::auth::Keys;
@@ -19,7 +19,7 @@ use crate::files::{Charge, LocalStore, S3Store, SharedStore, StoreBounds, StoreE
 use crate::metrics::Metrics;
 use crate::pool::bound::{self, HostRoom};
 use crate::pool::cpu_budget::Enforcement;
-use crate::pool::{BoundSettings, PoolSettings, TierSettings, UidSettings};
+use crate::pool::{BoundSettings, CgroupSettings, PoolSettings, TierSettings, UidSettings};
 use crate::sessions::SessionSettings;
 
 /// The configured keys, and whether the service may listen where it does with them: beyond
@@ -139,6 +139,11 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
             first: config.sandbox.uid,
             count: config.uid_count(),
             lock_file: crate::pool::uids::LOCK_FILE.into(),
+        },
+        cgroup: CgroupSettings {
+            wanted: config.sandbox.zygote_config().wants(Layer::Cgroup),
+            max_processes: config.max_total_processes(),
+            lock_dir: crate::pool::cgroup::LOCK_DIR.into(),
         },
     })
 }

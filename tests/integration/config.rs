@@ -80,6 +80,27 @@ fn more_tool_calls_at_once_than_the_worker_can_start_threads_for_is_refused_nami
 }
 
 #[test]
+fn a_total_process_bound_too_small_for_the_workers_is_refused_naming_the_key() {
+    let stderr = refused(
+        &[],
+        &[
+            ("SNAKECAGE_POOL__SIZE", "1"),
+            ("SNAKECAGE_SESSIONS__MAX_SESSIONS", "3"),
+            ("SNAKECAGE_TIERS__MIN_IDLE", "0"),
+            ("SNAKECAGE_TIERS__PROFILE", r#"[{name = "bare"}]"#),
+            ("SNAKECAGE_LIMITS__MAX_PROCESSES", "40"),
+            ("SNAKECAGE_LIMITS__MAX_TOTAL_PROCESSES", "51"),
+        ],
+    );
+    assert_eq!(
+        stderr,
+        "snakecage: configuration: limits.max_total_processes is 51 but must be at least 52: up \
+         to 12 workers can be alive at once, each a process of the instance's cgroup, and one \
+         of them may start limits.max_processes (40) threads; raise it or leave it unset\n"
+    );
+}
+
+#[test]
 fn a_directory_given_as_the_config_file_is_called_one() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("réglages");

@@ -282,7 +282,7 @@ async fn every_dashboard_panel_and_every_rule_works_against_a_real_prometheus() 
     );
     assert_eq!(answer(&answers, "Ready", "A")[0].last(), 1.0);
     let layers = answer(&answers, "Sandbox layers active", "A");
-    assert_eq!(layers.len(), 9, "{layers:?}");
+    assert_eq!(layers.len(), 10, "{layers:?}");
     assert!(layers.iter().all(|l| l.last() == 1.0), "{layers:?}");
     // Four uploads of 200 kB and the sleeper's empty marker file against a 1 MiB quota,
     // each charged its 4 KiB blocks and one more.

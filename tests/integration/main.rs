@@ -5,6 +5,7 @@ mod agents;
 mod asyncio;
 mod auth;
 mod backing;
+mod cgroup;
 mod cluster;
 mod cluster_runs;
 mod collect_limits;

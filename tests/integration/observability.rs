@@ -14,7 +14,7 @@ const EXECUTIONS: &str = names::EXECUTIONS_TOTAL;
 
 /// The sandbox layers active on a host like this one (all of them), as the build-info
 /// label lists them.
-const ALL_LAYERS: &str = "audit_hook,drop_privileges,import_guard,landlock,mount_namespace,network_namespace,no_new_privs,rlimits,seccomp";
+const ALL_LAYERS: &str = "audit_hook,cgroup,drop_privileges,import_guard,landlock,mount_namespace,network_namespace,no_new_privs,rlimits,seccomp";
 
 fn stateless(outcome: &str) -> [(&'static str, &str); 2] {
     [("kind", "stateless"), ("outcome", outcome)]
@@ -246,7 +246,7 @@ async fn health_and_ready_report_the_pool_and_ready_fails_only_while_no_zygote_s
         .filter(|(_, r)| r["state"] == "active")
         .map(|(name, _)| name.as_str())
         .collect();
-    assert_eq!(active.len(), 9, "{h}");
+    assert_eq!(active.len(), 10, "{h}");
     assert_eq!(h["pool"]["target_size"], 2);
 
     // One tier's zygote dies: the other tiers serve its jobs while it is restarted, so the

@@ -101,6 +101,11 @@ fn harden(
     //    too), then everything inherited from the zygote closed.
     fds::arrange(fds).map_err(step("arranging fds"))?;
     fds::enter_workspace().map_err(step("entering the workspace"))?;
+    //    Into the instance's cgroup before anything of the job can start a thread, and while
+    //    this process may still write the cgroup's files (before the uid drop and Landlock).
+    sandbox
+        .join_cgroup()
+        .map_err(step("joining the instance's cgroup"))?;
     // 3. Resource limits, before any user-controlled allocation; the allocator's
     //    emergency reserve just before them, so the job's memory budget does not pay for
     //    it. A kernel that refuses it leaves the worker without one, as it was before.

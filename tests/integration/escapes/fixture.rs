@@ -7,8 +7,8 @@ use serde_json::json;
 use crate::harness::Server;
 
 /// Every layer: the hostile suite refuses to run on a host where one is missing.
-pub(crate) const ALL_LAYERS: &str = r#"["network_namespace", "mount_namespace", "rlimits", "drop_privileges", "no_new_privs", "landlock", "seccomp", "audit_hook", "import_guard"]"#;
-pub(crate) const OS_LAYERS: &str = r#"["network_namespace", "mount_namespace", "rlimits", "drop_privileges", "no_new_privs", "landlock", "seccomp"]"#;
+pub(crate) const ALL_LAYERS: &str = r#"["network_namespace", "mount_namespace", "rlimits", "drop_privileges", "no_new_privs", "landlock", "seccomp", "audit_hook", "import_guard", "cgroup"]"#;
+pub(crate) const OS_LAYERS: &str = r#"["network_namespace", "mount_namespace", "rlimits", "drop_privileges", "no_new_privs", "landlock", "seccomp", "cgroup"]"#;
 /// The ids a test server's workers run under (each its own): the block an unset
 /// `sandbox.uid` takes is in here.
 pub(super) const WORKER_UIDS: std::ops::RangeInclusive<u32> = 40_000..=59_999;

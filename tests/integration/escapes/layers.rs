@@ -20,6 +20,7 @@ async fn health_reports_every_layer_and_requiring_a_switched_off_layer_fails_sta
         "seccomp",
         "audit_hook",
         "import_guard",
+        "cgroup",
     ] {
         let state = &sandbox[layer]["state"];
         assert!(

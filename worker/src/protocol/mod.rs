@@ -27,7 +27,7 @@ pub use job::{
     EXIT_HARDENING_FAILED, EXIT_PROTOCOL, ErrorInfo, Job, JobRequest, JobResult, MimeBundle,
     Variable, WorkerMessage,
 };
-pub use sandbox::{Layer, LayerReport, LayerState, SandboxConfig};
+pub use sandbox::{CgroupPlan, Layer, LayerReport, LayerState, SandboxConfig};
 pub use tools::{ToolCall, ToolErrorKind, ToolOutcome, ToolResult};
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! The isolation layers: which are wanted (configuration), and what the zygote found out
 //! about each at start-up.
 
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
 
 /// How the zygote and its workers isolate user code (see SECURITY.md).
@@ -17,6 +19,27 @@ pub struct SandboxConfig {
     /// Third-party top-level packages user code may import, on top of the standard-library
     /// allowlist.
     pub allowed_packages: Vec<String>,
+    /// The instance's cgroup, set up by the supervisor, which every worker joins.
+    #[serde(default)]
+    pub cgroup: CgroupPlan,
+}
+
+/// What the supervisor made of the `cgroup` layer: the cgroup every worker joins as the
+/// first step of its hardening, or why there is none.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CgroupPlan {
+    /// Write `0` (this process) to each of these `cgroup.procs` files (one per cgroup v1
+    /// hierarchy, or the one of v2); `detail` is the layer's report.
+    Join { procs: Vec<PathBuf>, detail: String },
+    /// No cgroup for the workers: why.
+    Unavailable(String),
+}
+
+impl Default for CgroupPlan {
+    fn default() -> Self {
+        CgroupPlan::Unavailable("the supervisor set up no cgroup".into())
+    }
 }
 
 impl Default for SandboxConfig {
@@ -36,6 +59,7 @@ impl Default for SandboxConfig {
             ]
             .map(String::from)
             .to_vec(),
+            cgroup: CgroupPlan::default(),
         }
     }
 }
@@ -69,10 +93,13 @@ pub enum Layer {
     AuditHook,
     /// Python: the import allowlist (defence in depth).
     ImportGuard,
+    /// Supervisor and worker: a cgroup of the instance's own that every worker joins,
+    /// bounding all of them together (`pids.max`).
+    Cgroup,
 }
 
 impl Layer {
-    pub const ALL: [Layer; 9] = [
+    pub const ALL: [Layer; 10] = [
         Layer::NetworkNamespace,
         Layer::MountNamespace,
         Layer::Rlimits,
@@ -82,6 +109,7 @@ impl Layer {
         Layer::Seccomp,
         Layer::AuditHook,
         Layer::ImportGuard,
+        Layer::Cgroup,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -95,6 +123,7 @@ impl Layer {
             Layer::Seccomp => "seccomp",
             Layer::AuditHook => "audit_hook",
             Layer::ImportGuard => "import_guard",
+            Layer::Cgroup => "cgroup",
         }
     }
 }

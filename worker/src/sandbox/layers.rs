@@ -11,7 +11,9 @@ use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::unistd::Pid;
-use snakecage_worker::protocol::{Layer, LayerReport, LayerState, SandboxConfig, ZygoteConfig};
+use snakecage_worker::protocol::{
+    CgroupPlan, Layer, LayerReport, LayerState, SandboxConfig, ZygoteConfig,
+};
 
 use super::{landlock, namespaces, privileges, seccomp};
 
@@ -106,6 +108,20 @@ impl Sandbox {
             report(Layer::Rlimits, LayerState::Active, rlimits)
         } else {
             off(Layer::Rlimits)
+        });
+
+        // Made by the supervisor, which knows whether it could; every worker joins it.
+        reports.push(if !sc.wants(Layer::Cgroup) {
+            off(Layer::Cgroup)
+        } else {
+            match &sc.cgroup {
+                CgroupPlan::Join { detail, .. } => {
+                    report(Layer::Cgroup, LayerState::Active, detail.clone())
+                }
+                CgroupPlan::Unavailable(why) => {
+                    report(Layer::Cgroup, LayerState::Unavailable, why.clone())
+                }
+            }
         });
 
         let read_only = landlock::read_only_paths(
@@ -215,6 +231,14 @@ impl Sandbox {
                     format!("installing the zygote's part: {e}"),
                 );
             }
+        }
+    }
+
+    /// Step 2 in a worker: into the instance's cgroup, where the layer is active.
+    pub fn join_cgroup(&self) -> io::Result<()> {
+        match (&self.config.cgroup, self.config.wants(Layer::Cgroup)) {
+            (CgroupPlan::Join { procs, .. }, true) => super::cgroup::join(procs),
+            _ => Ok(()),
         }
     }
 

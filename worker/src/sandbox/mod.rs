@@ -2,6 +2,7 @@
 //! runs the once-only ones at start-up.
 //!
 //! - [`namespaces`]: the zygote's empty network namespace and private mount namespace.
+//! - [`cgroup`]: each worker joining the instance's cgroup.
 //! - [`fds`], [`rlimits`]: each worker's descriptors and resource limits.
 //! - [`privileges`]: the uid/gid drop, no_new_privs.
 //! - [`landlock`]: filesystem, network and scope rules.
@@ -10,6 +11,7 @@
 //! - [`layers`]: which layers are active here (probed once at start-up) and how a worker
 //!   applies them.
 
+pub mod cgroup;
 pub mod fds;
 pub mod landlock;
 pub mod layers;

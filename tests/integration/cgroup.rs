@@ -1,0 +1,328 @@
+//! The instance's cgroup (sandbox layer `cgroup`): all workers together stop at
+//! `limits.max_total_processes` (`pids.max`), each with the exception a thread bomb gets,
+//! while new workers are still forked (the zygotes are outside it); every instance has a
+//! cgroup of its own, removed when it stops, and one left by an instance that was killed
+//! is removed by the next start, never a live instance's.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::harness::{Options, Server};
+
+/// `limits.max_processes`: one worker's bound (the least the configuration allows is 24).
+const MAX_PROCESSES: u32 = 40;
+/// `limits.max_total_processes`: below three workers' worth of threads. The least these
+/// settings allow is their most workers alive at once (3 sessions + 2 × 1 slot +
+/// 2 × (1 + 1 tier × 2) idle + 1 probe = 12) and one worker's 40.
+const MAX_TOTAL: u32 = 60;
+
+/// Threads with small stacks, started until the kernel refuses one, and kept.
+const HOG: &str = "import threading
+threading.stack_size(256 << 10)
+stop = threading.Event()
+held = []
+try:
+    while True:
+        t = threading.Thread(target=stop.wait, daemon=True)
+        t.start()
+        held.append(t)
+except RuntimeError as e:
+    print(f'{e} after {len(held)}')";
+
+const TWENTY_THREADS: &str = "import threading
+threading.stack_size(256 << 10)
+done = []
+ts = [threading.Thread(target=done.append, args=(i,)) for i in range(20)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+print(len(done), 'threads ran')";
+
+fn bounded(options: Options) -> Options {
+    options
+        .env("SNAKECAGE_POOL__SIZE", 1)
+        .env("SNAKECAGE_SESSIONS__MAX_SESSIONS", 3)
+        .env("SNAKECAGE_TIERS__MIN_IDLE", 0)
+        .env("SNAKECAGE_TIERS__PROFILE", r#"[{name = "bare"}]"#)
+        .env("SNAKECAGE_LIMITS__MAX_PROCESSES", MAX_PROCESSES)
+        .env("SNAKECAGE_LIMITS__MAX_TOTAL_PROCESSES", MAX_TOTAL)
+        .env("SNAKECAGE_SANDBOX__REQUIRE", r#"["cgroup", "rlimits"]"#)
+}
+
+/// The instance's cgroup directory, as `/health` names it.
+fn cgroup_dir(health: &Value) -> PathBuf {
+    let layer = &health["sandbox"]["cgroup"];
+    assert_eq!(layer["state"], "active", "{health}");
+    let detail = layer["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("pids.max "),
+        "the detail says the bound: {detail}"
+    );
+    PathBuf::from(detail.rsplit(' ').next().unwrap())
+}
+
+fn read_number(path: &Path) -> u64 {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn stdout(r: &Value) -> &str {
+    r["stdout"].as_str().unwrap_or_default()
+}
+
+/// The number of threads a [`HOG`] run says it holds.
+fn held(r: &Value) -> u32 {
+    let out = stdout(r);
+    let n = out
+        .strip_prefix("can't start new thread after ")
+        .unwrap_or_else(|| panic!("the bomb must stop with the exception: {r}"));
+    n.trim().parse().unwrap()
+}
+
+fn last_stderr_line(r: &Value) -> Option<&str> {
+    r["stderr"].as_str()?.trim_end().lines().last()
+}
+
+async fn delete_session(s: &Server, id: &str) {
+    let status = s
+        .client
+        .delete(format!("{}/v1/sessions/{id}", s.base))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert!(status.is_success(), "{status}");
+}
+
+#[tokio::test]
+async fn sessions_holding_threads_stop_together_at_the_instance_bound_and_workers_still_fork() {
+    let s = Server::start_with(bounded(Options::default())).await;
+    let health = s.health().await;
+    let dir = cgroup_dir(&health);
+    assert_eq!(read_number(&dir.join("pids.max")), u64::from(MAX_TOTAL));
+    assert!(
+        health["sandbox"]["cgroup"]["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("pids.max {MAX_TOTAL} for all workers together")),
+        "{health}"
+    );
+
+    let sessions = [
+        s.new_session().await,
+        s.new_session().await,
+        s.new_session().await,
+    ];
+    let mut counts = Vec::new();
+    for id in &sessions {
+        counts.push(held(&s.session_run(id, HOG).await));
+    }
+    // The first reaches its own worker's bound (all but its main thread); the cgroup
+    // stops the others short of theirs: together they never pass the instance's bound.
+    assert_eq!(counts[0], MAX_PROCESSES - 1, "{counts:?}");
+    assert!(counts[1] < MAX_PROCESSES - 1, "{counts:?}");
+    assert!(counts[2] < MAX_PROCESSES - 1, "{counts:?}");
+    let threads: u32 = counts.iter().sum::<u32>() + 3;
+    assert!(threads <= MAX_TOTAL, "{counts:?}");
+    assert!(
+        read_number(&dir.join("pids.current")) >= u64::from(MAX_TOTAL),
+        "the bound is reached"
+    );
+    // Their threads stay between runs, and a session at the bound gets the exception.
+    let r = s
+        .session_run(&sessions[1], "print(sum(t.is_alive() for t in held))")
+        .await;
+    assert_eq!(stdout(&r), format!("{}\n", counts[1]), "{r}");
+    let r = s
+        .session_run(&sessions[1], "threading.Thread(target=stop.wait).start()")
+        .await;
+    assert_eq!(
+        last_stderr_line(&r),
+        Some("RuntimeError: can't start new thread"),
+        "{r}"
+    );
+
+    // While they hold every thread: fresh workers are still forked and run (each
+    // stateless run takes a new one), and one that wants a thread is refused it.
+    for _ in 0..3 {
+        let r = s.run("print(1 + 1)").await;
+        assert_eq!(stdout(&r), "2\n", "{r}");
+        assert_eq!(r["verdict"], "ok", "{r}");
+    }
+    let r = s
+        .run("import threading\nthreading.Thread(target=print).start()")
+        .await;
+    assert_eq!(
+        last_stderr_line(&r),
+        Some("RuntimeError: can't start new thread"),
+        "{r}"
+    );
+
+    // Released, the threads are there for everyone again.
+    for id in &sessions {
+        delete_session(&s, id).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while read_number(&dir.join("pids.current")) > 10 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = s.run(TWENTY_THREADS).await;
+    assert_eq!(stdout(&r), "20 threads ran\n", "{r}");
+    let id = s.new_session().await;
+    assert_eq!(held(&s.session_run(&id, HOG).await), MAX_PROCESSES - 1);
+}
+
+#[tokio::test]
+async fn two_instances_have_their_own_cgroups_and_stopping_one_leaves_the_others() {
+    let a = Server::start_with(bounded(Options::default())).await;
+    let b = Server::start_with(bounded(Options::default())).await;
+    let (dir_a, dir_b) = (cgroup_dir(&a.health().await), cgroup_dir(&b.health().await));
+    assert_ne!(dir_a, dir_b);
+    assert!(dir_a.is_dir() && dir_b.is_dir());
+    // A's threads count in A's cgroup only.
+    let hog = a.new_session().await;
+    assert_eq!(held(&a.session_run(&hog, HOG).await), MAX_PROCESSES - 1);
+    assert!(read_number(&dir_a.join("pids.current")) >= u64::from(MAX_PROCESSES));
+    assert!(read_number(&dir_b.join("pids.current")) < u64::from(MAX_PROCESSES));
+
+    let status = a.stop();
+    assert!(status.success(), "{status:?}");
+    assert!(!dir_a.exists(), "a stopped instance removes its cgroup");
+    assert!(dir_b.is_dir(), "and leaves the other's");
+    let r = b.run(TWENTY_THREADS).await;
+    assert_eq!(stdout(&r), "20 threads ran\n", "{r}");
+    let status = b.stop();
+    assert!(status.success(), "{status:?}");
+    assert!(!dir_b.exists());
+}
+
+#[tokio::test]
+async fn a_killed_instances_cgroup_is_removed_at_the_next_start_and_a_live_ones_is_not() {
+    let live = Server::start_with(bounded(Options::default())).await;
+    let killed = Server::start_with(bounded(Options::default())).await;
+    let (live_dir, killed_dir) = (
+        cgroup_dir(&live.health().await),
+        cgroup_dir(&killed.health().await),
+    );
+    // SIGKILL: no shutdown, the cgroup stays behind (its workers die with their zygotes).
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(killed.pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while crate::harness::process_exists(killed.pid()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(killed);
+    assert!(
+        killed_dir.is_dir(),
+        "a killed instance cannot remove its cgroup"
+    );
+
+    let next = Server::start_with(bounded(Options::default())).await;
+    let next_dir = cgroup_dir(&next.health().await);
+    assert!(!killed_dir.exists(), "removed by the next start");
+    assert!(
+        live_dir.is_dir(),
+        "a live instance's cgroup is never touched"
+    );
+    assert_ne!(next_dir, live_dir);
+    let r = live.run(TWENTY_THREADS).await;
+    assert_eq!(stdout(&r), "20 threads ran\n", "{r}");
+}
+
+/// The service under a mount namespace where the cgroup hierarchies are read-only, as in a
+/// container without a delegated cgroup.
+fn without_writable_cgroups(options: Options) -> Options {
+    options.wrapper(&[
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "mount -o remount,bind,ro /sys/fs/cgroup/pids && mount -o remount,bind,ro /sys/fs/cgroup/unified && exec \"$@\"",
+        "sh",
+    ])
+}
+
+#[tokio::test]
+async fn where_no_cgroup_can_be_made_the_layer_is_unavailable_and_the_service_runs() {
+    let s = Server::start_with(
+        without_writable_cgroups(Options::default())
+            .env("SNAKECAGE_SANDBOX__REQUIRE", r#"["rlimits"]"#),
+    )
+    .await;
+    let health = s.health().await;
+    let layer = &health["sandbox"]["cgroup"];
+    assert_eq!(layer["state"], "unavailable", "{health}");
+    assert!(
+        layer["detail"]
+            .as_str()
+            .unwrap()
+            .contains("Read-only file system"),
+        "{health}"
+    );
+    let r = s.run(TWENTY_THREADS).await;
+    assert_eq!(stdout(&r), "20 threads ran\n", "{r}");
+}
+
+#[test]
+fn requiring_the_layer_where_it_is_unavailable_stops_start_up_saying_why() {
+    use std::io::Read;
+    let state = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -o remount,bind,ro /sys/fs/cgroup/pids && mount -o remount,bind,ro /sys/fs/cgroup/unified && exec \"$@\"",
+            "sh",
+        ])
+        .arg(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["--listen", "127.0.0.1:0", "--venv"])
+        .arg(crate::harness::repo_root().join(".venv"))
+        .env("SNAKECAGE_WORKER__STATE_DIR", state.path())
+        .env("SNAKECAGE_WORKSPACE__DIR", state.path())
+        .env("SNAKECAGE_POOL__SIZE", "1")
+        .env("SNAKECAGE_TIERS__PROFILE", r#"[{name = "bare"}]"#)
+        .env("SNAKECAGE_SANDBOX__REQUIRE", r#"["cgroup"]"#)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("started instead of refusing");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("sandbox.require names layers that are not active: cgroup is Unavailable: creating /sys/fs/cgroup/pids/snakecage-"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("Read-only file system"), "{stderr}");
+}

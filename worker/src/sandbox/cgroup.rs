@@ -1,0 +1,24 @@
+//! Joining the instance's cgroup: the supervisor made it (and bounds it: `pids.max`), each
+//! worker moves itself in as the first step of its hardening, while it is still the
+//! zygote's uid and before Landlock would hide `/sys`. The zygotes stay outside it, so a
+//! cgroup full of one tenant's threads never stops a fork: the new worker joins (moving a
+//! process in is not refused at the bound) and can start no thread of its own until some
+//! are gone.
+
+use std::io::{self, Write};
+use std::path::Path;
+
+/// Moves this process into the cgroup of each `cgroup.procs` file (one per cgroup v1
+/// hierarchy, or the one of v2): `0` names the writer itself.
+pub fn join(procs: &[impl AsRef<Path>]) -> io::Result<()> {
+    for file in procs {
+        let file = file.as_ref();
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(file)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", file.display())))?;
+        f.write_all(b"0")
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", file.display())))?;
+    }
+    Ok(())
+}
