@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::harness::{Options, Server};
+use crate::harness::{Options, Server, THREAD_HOG, TWENTY_THREADS};
 
 /// `limits.max_processes`: one worker's bound (the least the configuration allows is 24).
 const MAX_PROCESSES: u32 = 40;
@@ -17,29 +17,6 @@ const MAX_PROCESSES: u32 = 40;
 /// settings allow is their most workers alive at once (3 sessions + 2 × 1 slot +
 /// 2 × (1 + 1 tier × 2) idle + 1 probe = 12) and one worker's 40.
 const MAX_TOTAL: u32 = 60;
-
-/// Threads with small stacks, started until the kernel refuses one, and kept.
-const HOG: &str = "import threading
-threading.stack_size(256 << 10)
-stop = threading.Event()
-held = []
-try:
-    while True:
-        t = threading.Thread(target=stop.wait, daemon=True)
-        t.start()
-        held.append(t)
-except RuntimeError as e:
-    print(f'{e} after {len(held)}')";
-
-const TWENTY_THREADS: &str = "import threading
-threading.stack_size(256 << 10)
-done = []
-ts = [threading.Thread(target=done.append, args=(i,)) for i in range(20)]
-for t in ts:
-    t.start()
-for t in ts:
-    t.join()
-print(len(done), 'threads ran')";
 
 fn bounded(options: Options) -> Options {
     options
@@ -76,7 +53,7 @@ fn stdout(r: &Value) -> &str {
     r["stdout"].as_str().unwrap_or_default()
 }
 
-/// The number of threads a [`HOG`] run says it holds.
+/// The number of threads a [`THREAD_HOG`] run says it holds.
 fn held(r: &Value) -> u32 {
     let out = stdout(r);
     let n = out
@@ -121,7 +98,7 @@ async fn sessions_holding_threads_stop_together_at_the_instance_bound_and_worker
     ];
     let mut counts = Vec::new();
     for id in &sessions {
-        counts.push(held(&s.session_run(id, HOG).await));
+        counts.push(held(&s.session_run(id, THREAD_HOG).await));
     }
     // The first reaches its own worker's bound (all but its main thread); the cgroup
     // stops the others short of theirs: together they never pass the instance's bound.
@@ -175,7 +152,10 @@ async fn sessions_holding_threads_stop_together_at_the_instance_bound_and_worker
     let r = s.run(TWENTY_THREADS).await;
     assert_eq!(stdout(&r), "20 threads ran\n", "{r}");
     let id = s.new_session().await;
-    assert_eq!(held(&s.session_run(&id, HOG).await), MAX_PROCESSES - 1);
+    assert_eq!(
+        held(&s.session_run(&id, THREAD_HOG).await),
+        MAX_PROCESSES - 1
+    );
 }
 
 #[tokio::test]
@@ -187,7 +167,10 @@ async fn two_instances_have_their_own_cgroups_and_stopping_one_leaves_the_others
     assert!(dir_a.is_dir() && dir_b.is_dir());
     // A's threads count in A's cgroup only.
     let hog = a.new_session().await;
-    assert_eq!(held(&a.session_run(&hog, HOG).await), MAX_PROCESSES - 1);
+    assert_eq!(
+        held(&a.session_run(&hog, THREAD_HOG).await),
+        MAX_PROCESSES - 1
+    );
     assert!(read_number(&dir_a.join("pids.current")) >= u64::from(MAX_PROCESSES));
     assert!(read_number(&dir_b.join("pids.current")) < u64::from(MAX_PROCESSES));
 

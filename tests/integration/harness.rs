@@ -597,3 +597,28 @@ pub fn rss(pid: u32) -> u64 {
         .unwrap()
         * 1024
 }
+
+/// Threads with small stacks (the memory limit would otherwise stop them first), started
+/// until the kernel refuses one, and kept: the program prints how many it holds.
+pub const THREAD_HOG: &str = "import threading
+threading.stack_size(256 << 10)
+stop = threading.Event()
+held = []
+try:
+    while True:
+        t = threading.Thread(target=stop.wait, daemon=True)
+        t.start()
+        held.append(t)
+except RuntimeError as e:
+    print(f'{e} after {len(held)}')";
+
+/// Another tenant's ordinary program: a few threads, started and joined.
+pub const TWENTY_THREADS: &str = "import threading
+threading.stack_size(256 << 10)
+done = []
+ts = [threading.Thread(target=done.append, args=(i,)) for i in range(20)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+print(len(done), 'threads ran')";

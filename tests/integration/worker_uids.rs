@@ -9,36 +9,11 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::harness::{Options, Server, descendants_of};
+use crate::harness::{Options, Server, THREAD_HOG, TWENTY_THREADS, descendants_of};
 
 /// `limits.max_processes` of these tests: low, so holding every thread a worker may have
 /// is quick; the least the configuration allows is 24 (8 tool calls in flight + 16).
 const MAX_PROCESSES: u32 = 40;
-
-/// Threads with small stacks (the memory limit would otherwise stop them first), started
-/// until the kernel refuses one, and kept: the program prints how many it holds.
-const HOG: &str = "import threading
-threading.stack_size(256 << 10)
-stop = threading.Event()
-held = []
-try:
-    while True:
-        t = threading.Thread(target=stop.wait, daemon=True)
-        t.start()
-        held.append(t)
-except RuntimeError as e:
-    print(f'{e} after {len(held)}')";
-
-/// Another tenant's ordinary program: a few threads, started and joined.
-const TWENTY_THREADS: &str = "import threading
-threading.stack_size(256 << 10)
-done = []
-ts = [threading.Thread(target=done.append, args=(i,)) for i in range(20)]
-for t in ts:
-    t.start()
-for t in ts:
-    t.join()
-print(len(done), 'threads ran')";
 
 fn uids(health: &Value) -> (u64, u64) {
     let uids = &health["sandbox"]["worker_uids"];
@@ -67,7 +42,7 @@ async fn a_session_holding_every_thread_it_may_have_takes_none_from_another_tena
     let s = Server::start_with(small(Options::default())).await;
     let hog = s.new_session().await;
     // Everything one worker may have but its main thread: the bomb stops, in its worker.
-    let r = s.session_run(&hog, HOG).await;
+    let r = s.session_run(&hog, THREAD_HOG).await;
     assert_eq!(
         stdout(&r),
         format!("can't start new thread after {}\n", MAX_PROCESSES - 1),
