@@ -8,9 +8,13 @@
 use std::io::{self, Write};
 use std::path::Path;
 
+use crate::priority::LockStep;
+
 /// Moves this process into the cgroup of each `cgroup.procs` file (one per cgroup v1
-/// hierarchy, or the one of v2): `0` names the writer itself.
+/// hierarchy, or the one of v2): `0` names the writer itself. At a normal process's CPU
+/// weight: the move holds locks every fork on the host waits for ([`LockStep`]).
 pub fn join(procs: &[impl AsRef<Path>]) -> io::Result<()> {
+    let _weight = LockStep::enter();
     for file in procs {
         let file = file.as_ref();
         let mut f = std::fs::OpenOptions::new()
