@@ -15,7 +15,7 @@ use super::Inner;
 use super::events::KillReason;
 use super::fd::{nonblocking_read_pipe, read_available};
 use super::generation::Generation;
-use super::starved::{SchedStat, patience, starved};
+use super::starved::{SchedStat, patience, starved, waiting_in};
 use super::status::TierState;
 use super::tier::Tier;
 use super::worker::{JobChannel, Worker, Workspace};
@@ -333,8 +333,9 @@ async fn spawn_worker(
             }
             let on_cpu = after.map_or(Duration::ZERO, |s| s.on_cpu);
             break Err(format!(
-                "not ready after {:?} (it had {on_cpu:?} of CPU)",
-                timeout * periods
+                "not ready after {:?} (it had {on_cpu:?} of CPU; {})",
+                timeout * periods,
+                waiting_in(pid)
             ));
         }
     };

@@ -44,10 +44,28 @@ impl SchedStat {
 /// Whether a `/proc/PID/stat` line says running or waiting for a CPU (state `R`). The
 /// state follows the last `)`: the name before it may hold spaces and parentheses.
 fn runnable(stat: &str) -> Option<bool> {
-    let state = stat[stat.rfind(')')? + 1..]
-        .split_ascii_whitespace()
-        .next()?;
-    Some(state == "R")
+    Some(state(stat)? == "R")
+}
+
+/// The state letter of a `/proc/PID/stat` line.
+fn state(stat: &str) -> Option<&str> {
+    stat[stat.rfind(')')? + 1..].split_ascii_whitespace().next()
+}
+
+/// Where process `pid` waits, for a report of a worker that was not ready in time: its
+/// state (`R`unnable, `S`leeping, `D` in the kernel uninterruptibly, …) and, asleep, the
+/// kernel function it sleeps in (`/proc/PID/wchan`, when the kernel shows it).
+pub(super) fn waiting_in(pid: i32) -> String {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return "gone".into();
+    };
+    let state = state(&stat).unwrap_or("?");
+    match std::fs::read_to_string(format!("/proc/{pid}/wchan")) {
+        Ok(wchan) if !["", "0"].contains(&wchan.trim()) => {
+            format!("state {state} in {}", wchan.trim())
+        }
+        _ => format!("state {state}"),
+    }
 }
 
 /// Whether a worker that was not ready after `period` was held back by the host rather

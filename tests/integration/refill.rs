@@ -419,6 +419,15 @@ impl Drop for Hogs {
 /// and once the CPU is free the pool is full again.
 #[tokio::test]
 async fn workers_starved_by_a_busy_host_are_waited_for_not_killed() {
+    // What the service said of the workers it gave up on: how much CPU each had, and
+    // where it slept.
+    let not_ready = |s: &Server| -> String {
+        let log = s.log();
+        log.lines()
+            .filter(|l| l.contains("not ready after"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
     let s = Server::start_with(
         Options::default()
             .env("SNAKECAGE_TIERS__PROFILE", ONE_TIER)
@@ -445,8 +454,14 @@ async fn workers_starved_by_a_busy_host_are_waited_for_not_killed() {
             during["pool"]["spawn_failures"].clone()
         ),
         (json!("ok"), json!(0)),
-        "{during:#}"
+        "{during:#}\n{}",
+        not_ready(&s)
     );
     let after = settled(&s, 0).await;
-    assert_eq!(after["pool"]["spawn_failures"], 0, "{after:#}");
+    assert_eq!(
+        after["pool"]["spawn_failures"],
+        0,
+        "{after:#}\n{}",
+        not_ready(&s)
+    );
 }
