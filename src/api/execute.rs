@@ -362,11 +362,13 @@ async fn run_prepared(
         }
         _ => workspace::Collected::default(),
     };
+    let signal = finished.outcome.signal;
     let mut response = ExecuteResponse::from(finished.outcome);
     response.files = collected.files;
     response.skipped_files = collected.skipped;
     super::timeout::explain(
         &mut response,
+        signal,
         limits.timeout,
         state.config().limits.max_timeout_ms,
     );

@@ -278,6 +278,7 @@ async fn run_in(
     let over_bound = over_bound(&state, &guard.baseline);
     // The service is going: a replay session's history goes with it.
     let shutting_down = ran.outcome.zygote_end == Some(ZygoteEnd::ShutDown);
+    let signal = ran.outcome.signal;
     let mut response = ExecuteResponse::from(ran.outcome);
     if never_started {
         response.stderr.push_str(if inputs.is_empty() {
@@ -291,6 +292,7 @@ async fn run_in(
     response.skipped_files = collected.skipped;
     super::timeout::explain(
         &mut response,
+        signal,
         limits.timeout,
         state.config().limits.max_timeout_ms,
     );

@@ -138,3 +138,41 @@ async fn a_timed_out_run_says_the_limit_it_hit_and_the_most_allowed_wherever_it_
     assert_eq!(s.run("print(1)").await["error"], Value::Null);
     assert_eq!(s.run("1 / 0").await["error"]["type"], "ZeroDivisionError");
 }
+
+/// A stateless worker's kernel CPU-time limit (`limits.max_timeout_ms` and a second) is a
+/// backstop behind the clock, but a run whose threads together use CPU faster than time
+/// passes reaches it first: its error says that, not that its timeout came. Two cores
+/// cannot outrun the clock by a second within a test's patience, so the program brings
+/// its own limit forward (past the Python layer, switched off here) and spins.
+#[tokio::test]
+async fn a_run_ended_by_its_cpu_time_limit_says_so_not_that_its_timeout_came() {
+    let s = Server::start_with(Options::default().env(
+        "SNAKECAGE_SANDBOX__LAYERS_OFF",
+        r#"["audit_hook", "import_guard"]"#,
+    ))
+    .await;
+    let code = "import resource, time
+hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+print('limit', hard, flush=True)
+resource.setrlimit(resource.RLIMIT_CPU, (int(time.process_time()) + 1, hard))
+while True:
+    pass";
+    let r = s.run_with(json!({"code": code, "timeout_ms": 60000})).await;
+    assert_eq!(
+        (&r["verdict"], &r["timed_out"], &r["stdout"]),
+        (&json!("timeout"), &json!(true), &json!("limit 62\n")),
+        "{r}"
+    );
+    let said = "the run's worker used up its CPU time (all its threads together; its limit is \
+                limits.max_timeout_ms and a second, a backstop behind the time limit) and was \
+                killed by signal 24 (SIGXCPU) before its timeout of 60000 ms came";
+    assert_eq!(
+        r["error"],
+        json!({"type": "TimeoutError", "message": said}),
+        "{r}"
+    );
+    assert!(
+        r["duration_ms"].as_u64().unwrap() < 60_000,
+        "ended by its CPU time, long before the clock: {r}"
+    );
+}
