@@ -67,11 +67,12 @@ pub fn set_idle() -> io::Result<()> {
 }
 
 /// Normal CPU weight for a step that takes a lock the whole host shares, given back when
-/// dropped. Moving a process into a cgroup takes the kernel's `cgroup_mutex` and, for
-/// writing, the rwsem every fork and thread exit on the host reads. A worker at
-/// `SCHED_IDLE` beside busy normal-priority processes can be held off a CPU for seconds
-/// while it holds them: every other worker's join and every fork on the host would wait
-/// that long (and a starting worker asleep on those locks would look stuck, not starved).
+/// dropped. Moving into a cgroup takes the kernel's `cgroup_mutex` (and, a whole process
+/// through v2's `cgroup.procs`, for writing the rwsem every fork and thread exit on the
+/// host reads). A worker at `SCHED_IDLE` beside busy normal-priority processes can be held
+/// off a CPU for seconds while it holds them: every other worker's join (and there every
+/// fork on the host) would wait that long, and a starting worker asleep on those locks
+/// would look stuck, not starved.
 ///
 /// The step runs at `SCHED_BATCH`, nice 0: the weight of any normal process, and a policy
 /// neither the zygote nor the supervisor uses, so the worker can tell whether the

@@ -4,7 +4,8 @@
 //! removed at shutdown. Each worker joins it itself as the first step of its hardening
 //! (`worker/src/sandbox/cgroup.rs`); the zygotes stay outside, so a cgroup full of threads
 //! never stops the pool from forking. Plain file writes: the whole interface used is
-//! `mkdir`, `pids.max`, `cgroup.subtree_control`, `cgroup.procs` and `rmdir`.
+//! `mkdir`, `pids.max`, `cgroup.subtree_control`, `tasks` (v1) or `cgroup.procs` (v2) and
+//! `rmdir`.
 //!
 //! Whose a cgroup is, is judged as for workspace roots ([`crate::state_lock`]): each
 //! instance holds the lock of `<LOCK_DIR>/<name>/`, where it also records the cgroup
@@ -67,7 +68,21 @@ pub struct InstanceCgroup {
     dirs: Vec<PathBuf>,
     lock: Option<DirLock>,
     detail: String,
+    /// The file a worker writes `0` to, to move itself in ([`JOIN_V1`] or [`JOIN_V2`]).
+    join_file: &'static str,
 }
+
+/// How a worker moves itself into a v1 cgroup: its one thread through `tasks`. Moving a
+/// single thread that is the writer itself takes no lock every fork on the host waits for;
+/// moving a whole process (`cgroup.procs`) takes the kernel's global threadgroup rwsem for
+/// writing, which stalls every fork and thread exit on the host while it waits for RCU, at
+/// every worker's start (at c=4 that cost the machine 0.2–0.9 ms of CPU per request). A
+/// worker at this step has exactly one thread (a fork's child has only the thread that
+/// forked, and nothing before this step starts one), and the threads it starts later are
+/// born in its cgroup: the same as moving the process.
+const JOIN_V1: &str = "tasks";
+/// v2 moves processes between domain cgroups only through `cgroup.procs`.
+const JOIN_V2: &str = "cgroup.procs";
 
 impl InstanceCgroup {
     /// Removes what instances that are gone left, then claims a name and makes the cgroup
@@ -97,6 +112,10 @@ impl InstanceCgroup {
             dirs: Vec::new(),
             lock: Some(lock),
             detail: String::new(),
+            join_file: match place.found {
+                Found::V1 { .. } => JOIN_V1,
+                _ => JOIN_V2,
+            },
         };
         std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         made.dirs.push(dir.clone());
@@ -128,7 +147,7 @@ impl InstanceCgroup {
     /// The plan every zygote hands its workers: join this cgroup.
     pub fn plan(&self) -> CgroupPlan {
         CgroupPlan::Join {
-            procs: self.dirs.iter().map(|d| d.join("cgroup.procs")).collect(),
+            procs: self.dirs.iter().map(|d| d.join(self.join_file)).collect(),
             detail: self.detail.clone(),
         }
     }

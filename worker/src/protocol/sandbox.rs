@@ -29,8 +29,8 @@ pub struct SandboxConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum CgroupPlan {
-    /// Write `0` (this process) to each of these `cgroup.procs` files (one per cgroup v1
-    /// hierarchy, or the one of v2); `detail` is the layer's report.
+    /// Write `0` (the writer) to each of these files: a v1 cgroup's `tasks` (the worker's
+    /// one thread), or v2's `cgroup.procs`; `detail` is the layer's report.
     Join { procs: Vec<PathBuf>, detail: String },
     /// No cgroup for the workers: why.
     Unavailable(String),

@@ -10,9 +10,11 @@ use std::path::Path;
 
 use crate::priority::LockStep;
 
-/// Moves this process into the cgroup of each `cgroup.procs` file (one per cgroup v1
-/// hierarchy, or the one of v2): `0` names the writer itself. At a normal process's CPU
-/// weight: the move holds locks every fork on the host waits for ([`LockStep`]).
+/// Moves this process into the cgroup of each file: a v1 cgroup's `tasks` (this process
+/// has one thread here: the supervisor chose the file, see `JOIN_V1` in
+/// `src/pool/cgroup/mod.rs`) or v2's `cgroup.procs`; `0` names the writer itself. At a
+/// normal process's CPU weight: the move holds the kernel's `cgroup_mutex`, which every
+/// other worker's join waits for ([`LockStep`]).
 pub fn join(procs: &[impl AsRef<Path>]) -> io::Result<()> {
     let _weight = LockStep::enter();
     for file in procs {
