@@ -224,17 +224,20 @@ async fn a_killed_instances_cgroup_is_removed_at_the_next_start_and_a_live_ones_
 /// The service under a mount namespace where the cgroup hierarchies are read-only, as in a
 /// container without a delegated cgroup.
 fn without_writable_cgroups(options: Options) -> Options {
-    options.wrapper(&[
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        "mount -o remount,bind,ro /sys/fs/cgroup/pids && mount -o remount,bind,ro /sys/fs/cgroup/unified && exec \"$@\"",
-        "sh",
-    ])
+    options.wrapper(&READ_ONLY_CGROUPS)
 }
+
+/// The wrapper [`without_writable_cgroups`] runs the service under.
+const READ_ONLY_CGROUPS: [&str; 8] = [
+    "unshare",
+    "--mount",
+    "--propagation",
+    "private",
+    "sh",
+    "-c",
+    "mount -o remount,bind,ro /sys/fs/cgroup/pids && mount -o remount,bind,ro /sys/fs/cgroup/unified && exec \"$@\"",
+    "sh",
+];
 
 #[tokio::test]
 async fn where_no_cgroup_can_be_made_the_layer_is_unavailable_and_the_service_runs() {
@@ -259,49 +262,14 @@ async fn where_no_cgroup_can_be_made_the_layer_is_unavailable_and_the_service_ru
 
 #[test]
 fn requiring_the_layer_where_it_is_unavailable_stops_start_up_saying_why() {
-    use std::io::Read;
-    let state = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new("unshare")
-        .args([
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            "mount -o remount,bind,ro /sys/fs/cgroup/pids && mount -o remount,bind,ro /sys/fs/cgroup/unified && exec \"$@\"",
-            "sh",
-        ])
+    let mut cmd = std::process::Command::new(READ_ONLY_CGROUPS[0]);
+    cmd.args(&READ_ONLY_CGROUPS[1..])
         .arg(env!("CARGO_BIN_EXE_snakecage"))
         .args(["--listen", "127.0.0.1:0", "--venv"])
         .arg(crate::harness::repo_root().join(".venv"))
-        .env("SNAKECAGE_WORKER__STATE_DIR", state.path())
-        .env("SNAKECAGE_WORKSPACE__DIR", state.path())
-        .env("SNAKECAGE_POOL__SIZE", "1")
         .env("SNAKECAGE_TIERS__PROFILE", r#"[{name = "bare"}]"#)
-        .env("SNAKECAGE_SANDBOX__REQUIRE", r#"["cgroup"]"#)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("started instead of refusing");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+        .env("SNAKECAGE_SANDBOX__REQUIRE", r#"["cgroup"]"#);
+    let (status, stderr) = crate::harness::refused_start(cmd, Duration::from_secs(300));
     assert!(!status.success(), "{stderr}");
     assert!(
         stderr.contains("sandbox.require names layers that are not active: cgroup is Unavailable: creating /sys/fs/cgroup/pids/snakecage-"),

@@ -1,17 +1,15 @@
 //! Configurations the service cannot work with are refused at start-up, before anything
 //! starts, with a message that names the key and says what to give instead.
 
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use crate::harness::repo_root;
+use crate::harness::{refused_start, repo_root};
 
 /// Starts the binary with `args` and `env` and returns what it printed to stderr: it must
 /// refuse to start (exit code 2, the configuration's), and a binary that starts instead is
 /// stopped and fails the test.
 fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
-    let state = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_snakecage"));
     // `--listen` would override the address a test gives in the environment; a flag the
     // test gives is its own.
@@ -21,37 +19,8 @@ fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
     if !args.contains(&"--venv") {
         cmd.arg("--venv").arg(repo_root().join(".venv"));
     }
-    let mut child = cmd
-        .args(args)
-        .env("SNAKECAGE_WORKER__STATE_DIR", state.path())
-        .env("SNAKECAGE_WORKSPACE__DIR", state.path())
-        .env("SNAKECAGE_POOL__SIZE", "1")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    let status = status.unwrap_or_else(|| panic!("started instead of refusing: {stderr}"));
+    cmd.args(args).envs(env.iter().copied());
+    let (status, stderr) = refused_start(cmd, Duration::from_secs(60));
     assert_eq!(status.code(), Some(2), "{stderr}");
     stderr
 }

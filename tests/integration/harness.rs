@@ -98,6 +98,52 @@ impl Options {
     }
 }
 
+/// Runs `cmd` (the service, perhaps under a wrapper), which must refuse to start: its exit
+/// status and what it printed to stderr. It gets a fresh state and workspace directory and
+/// one slot unless `cmd` sets those itself; one still running after `patience` is stopped
+/// and fails the test.
+pub fn refused_start(mut cmd: Command, patience: Duration) -> (std::process::ExitStatus, String) {
+    use std::io::Read;
+    let state = tempfile::tempdir().unwrap();
+    let defaults = [
+        ("SNAKECAGE_WORKER__STATE_DIR", state.path().as_os_str()),
+        ("SNAKECAGE_WORKSPACE__DIR", state.path().as_os_str()),
+        ("SNAKECAGE_POOL__SIZE", "1".as_ref()),
+    ];
+    for (key, value) in defaults {
+        if !cmd.get_envs().any(|(k, _)| k == key) {
+            cmd.env(key, value);
+        }
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + patience;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = status.unwrap_or_else(|| panic!("started instead of refusing: {stderr}"));
+    (status, stderr)
+}
+
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
