@@ -19,6 +19,16 @@ pub fn join(procs: &[impl AsRef<Path>]) -> io::Result<()> {
     let _weight = LockStep::enter();
     for file in procs {
         let file = file.as_ref();
+        // `tasks` moves only the writer's thread: any other would stay outside the bound.
+        if file.file_name() == Some("tasks".as_ref()) {
+            let threads = own_threads()?;
+            if threads != 1 {
+                return Err(io::Error::other(format!(
+                    "{}: moves only the thread that writes it, and this process has {threads}",
+                    file.display()
+                )));
+            }
+        }
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .open(file)
@@ -27,4 +37,41 @@ pub fn join(procs: &[impl AsRef<Path>]) -> io::Result<()> {
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", file.display())))?;
     }
     Ok(())
+}
+
+/// How many threads this process has: field 20 of `/proc/self/stat`, counted after the
+/// name (which may hold spaces and parentheses).
+fn own_threads() -> io::Result<usize> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_ascii_whitespace().nth(17))
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| io::Error::other("no thread count in /proc/self/stat"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A test runs on a thread of the harness's: this process has several, and `tasks`
+    /// would leave all but one outside the cgroup, so the join refuses it; `cgroup.procs`
+    /// (which moves them all) is written.
+    #[test]
+    fn tasks_is_written_only_by_a_process_of_one_thread() {
+        assert!(own_threads().unwrap() > 1);
+        let dir = tempfile::tempdir().unwrap();
+        let tasks = dir.path().join("tasks");
+        std::fs::write(&tasks, "").unwrap();
+        let e = join(&[&tasks]).unwrap_err();
+        let said = format!(
+            "{}: moves only the thread that writes it, and this process has ",
+            tasks.display()
+        );
+        assert!(e.to_string().starts_with(&said), "{e}");
+        assert_eq!(std::fs::read_to_string(&tasks).unwrap(), "");
+        let procs = dir.path().join("cgroup.procs");
+        std::fs::write(&procs, "").unwrap();
+        join(&[&procs]).unwrap();
+        assert_eq!(std::fs::read_to_string(&procs).unwrap(), "0");
+    }
 }
