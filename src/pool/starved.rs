@@ -5,9 +5,12 @@
 //! build, another service) such a worker gets almost no CPU and can take longer than
 //! `pool.spawn_timeout_ms` to say Ready. Killing it then only throws away the CPU it had,
 //! and counting it as a failed spawn turns `/health` degraded on a machine where nothing
-//! is broken. A stuck worker is blocked (sleeping in a call that never returns) or
-//! stopped, or it spins and gets the CPU it asks for; a starved one is runnable and got
-//! little CPU. The kernel reports both: the process's state in `/proc/PID/stat` and its
+//! is broken. A stuck worker sleeps (in a call that never returns) or is stopped, or it
+//! spins and gets the CPU it asks for; a starved one is runnable, or waits uninterruptibly
+//! in the kernel for a lock another starved process holds (joining the instance's cgroup
+//! takes the kernel's `cgroup_mutex`: a worker at `SCHED_IDLE` holding it beside busy
+//! normal-priority processes keeps the next workers in state `D`), and got little CPU.
+//! The kernel reports both: the process's state in `/proc/PID/stat` and its
 //! CPU-time clock (read as a session's CPU budget reads it). (The time it waited on a run
 //! queue, `/proc/PID/schedstat`'s second field, is no help: it is added up only when the
 //! task next gets a CPU.)
@@ -19,15 +22,16 @@ use std::time::Duration;
 pub(super) struct SchedStat {
     /// Time spent on a CPU.
     pub on_cpu: Duration,
-    /// Running or waiting for a CPU (state `R`), not sleeping or stopped.
-    pub runnable: bool,
+    /// Held back rather than asleep or stopped: running or waiting for a CPU (state `R`),
+    /// or in an uninterruptible wait in the kernel (`D`).
+    pub held: bool,
 }
 
 impl SchedStat {
     /// A process just forked: no CPU time yet.
     pub const FORKED: Self = Self {
         on_cpu: Duration::ZERO,
-        runnable: true,
+        held: true,
     };
 
     /// The state and CPU time of process `pid` (a worker has one thread while it starts);
@@ -36,15 +40,16 @@ impl SchedStat {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         Some(Self {
             on_cpu: super::cpu_budget::cpu_time(pid).ok()?,
-            runnable: runnable(&stat)?,
+            held: held(&stat)?,
         })
     }
 }
 
-/// Whether a `/proc/PID/stat` line says running or waiting for a CPU (state `R`). The
-/// state follows the last `)`: the name before it may hold spaces and parentheses.
-fn runnable(stat: &str) -> Option<bool> {
-    Some(state(stat)? == "R")
+/// Whether a `/proc/PID/stat` line says running or waiting for a CPU (state `R`) or in an
+/// uninterruptible wait (`D`). The state follows the last `)`: the name before it may
+/// hold spaces and parentheses.
+fn held(stat: &str) -> Option<bool> {
+    Some(["R", "D"].contains(&state(stat)?))
 }
 
 /// The state letter of a `/proc/PID/stat` line.
@@ -69,7 +74,8 @@ pub(super) fn waiting_in(pid: i32) -> String {
 }
 
 /// Whether a worker that was not ready after `period` was held back by the host rather
-/// than stuck: it is runnable now and had less than half of the period on a CPU.
+/// than stuck: it is runnable now, or waits uninterruptibly in the kernel, and had less
+/// than half of the period on a CPU.
 pub(super) fn starved(
     before: Option<SchedStat>,
     after: Option<SchedStat>,
@@ -77,7 +83,7 @@ pub(super) fn starved(
 ) -> bool {
     match (before, after) {
         (Some(before), Some(after)) => {
-            after.runnable && after.on_cpu.saturating_sub(before.on_cpu) < period / 2
+            after.held && after.on_cpu.saturating_sub(before.on_cpu) < period / 2
         }
         _ => false,
     }
@@ -122,19 +128,21 @@ pub(super) async fn while_starved<F: Future + Unpin>(
 mod tests {
     use super::*;
 
-    fn stat(on_cpu_ms: u64, runnable: bool) -> Option<SchedStat> {
+    fn stat(on_cpu_ms: u64, held: bool) -> Option<SchedStat> {
         Some(SchedStat {
             on_cpu: Duration::from_millis(on_cpu_ms),
-            runnable,
+            held,
         })
     }
 
     #[test]
     fn reads_the_state_after_the_name() {
         let stat = "4242 (snake (cage) R) S 1 4242 4242 0 -1 4194560 96 0 0 0";
-        assert_eq!(runnable(stat), Some(false));
-        assert_eq!(runnable("4242 (python) R 1 4242"), Some(true));
-        assert_eq!(runnable("4242 python R"), None);
+        assert_eq!(held(stat), Some(false));
+        assert_eq!(held("4242 (python) R 1 4242"), Some(true));
+        assert_eq!(held("4242 (python) D 1 4242"), Some(true));
+        assert_eq!(held("4242 (python) T 1 4242"), Some(false));
+        assert_eq!(held("4242 python R"), None);
     }
 
     #[test]
@@ -149,7 +157,7 @@ mod tests {
             stat(15_000, true),
             period
         ));
-        // Blocked or stopped: stuck, whatever CPU it had.
+        // Asleep or stopped: stuck, whatever CPU it had.
         assert!(!starved(stat(5, true), stat(5, false), period));
         // Spinning with the CPU it asks for: stuck too.
         assert!(!starved(stat(5, true), stat(15_005, true), period));

@@ -66,43 +66,6 @@ pub fn set_idle() -> io::Result<()> {
     set_policy(libc::SCHED_IDLE)
 }
 
-/// Normal CPU weight for a step that takes a lock the whole host shares, given back when
-/// dropped. Moving into a cgroup takes the kernel's `cgroup_mutex` (and, a whole process
-/// through v2's `cgroup.procs`, for writing the rwsem every fork and thread exit on the
-/// host reads). A worker at `SCHED_IDLE` beside busy normal-priority processes can be held
-/// off a CPU for seconds while it holds them: every other worker's join (and there every
-/// fork on the host) would wait that long, and a starting worker asleep on those locks
-/// would look stuck, not starved.
-///
-/// The step runs at `SCHED_BATCH`, nice 0: the weight of any normal process, and a policy
-/// neither the zygote nor the supervisor uses, so the worker can tell whether the
-/// supervisor raised it to `SCHED_OTHER` meanwhile (a job waits for it) and then stays
-/// raised. Needs CAP_SYS_NICE, which a worker still holds before its uid drop; a worker
-/// that is not at `SCHED_IDLE` (without the capability the zygote only renices) is left
-/// as it is.
-pub struct LockStep {
-    raised: bool,
-}
-
-impl LockStep {
-    pub fn enter() -> Self {
-        Self {
-            raised: policy() == libc::SCHED_IDLE && set_policy(libc::SCHED_BATCH).is_ok(),
-        }
-    }
-}
-
-impl Drop for LockStep {
-    fn drop(&mut self) {
-        if self.raised
-            && policy() == libc::SCHED_BATCH
-            && let Err(e) = set_idle()
-        {
-            eprintln!("snakecage-worker: cannot go back to SCHED_IDLE: {e}");
-        }
-    }
-}
-
 /// This process's scheduling policy.
 fn policy() -> libc::c_int {
     // SAFETY: sched_getscheduler of this process; it returns the policy or -1.

@@ -8,15 +8,13 @@
 use std::io::{self, Write};
 use std::path::Path;
 
-use crate::priority::LockStep;
-
 /// Moves this process into the cgroup of each file: a v1 cgroup's `tasks` (this process
 /// has one thread here: the supervisor chose the file, see `JOIN_V1` in
-/// `src/pool/cgroup/mod.rs`) or v2's `cgroup.procs`; `0` names the writer itself. At a
-/// normal process's CPU weight: the move holds the kernel's `cgroup_mutex`, which every
-/// other worker's join waits for ([`LockStep`]).
+/// `src/pool/cgroup/mod.rs`) or v2's `cgroup.procs`; `0` names the writer itself. At the
+/// worker's background priority: raising it for the step cost every request 0.2–0.4 ms of
+/// paced p50 (BENCHMARKS.md), and a worker that waits on the kernel's `cgroup_mutex`
+/// behind a starved one is waited for as starved (`src/pool/starved.rs`).
 pub fn join(procs: &[impl AsRef<Path>]) -> io::Result<()> {
-    let _weight = LockStep::enter();
     for file in procs {
         let file = file.as_ref();
         // `tasks` moves only the writer's thread: any other would stay outside the bound.
