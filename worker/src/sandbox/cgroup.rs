@@ -19,7 +19,7 @@ pub fn join(procs: &[impl AsRef<Path>]) -> io::Result<()> {
         let file = file.as_ref();
         // `tasks` moves only the writer's thread: any other would stay outside the bound.
         if file.file_name() == Some("tasks".as_ref()) {
-            let threads = own_threads()?;
+            let threads = super::thread_count()?;
             if threads != 1 {
                 return Err(io::Error::other(format!(
                     "{}: moves only the thread that writes it, and this process has {threads}",
@@ -37,16 +37,6 @@ pub fn join(procs: &[impl AsRef<Path>]) -> io::Result<()> {
     Ok(())
 }
 
-/// How many threads this process has: field 20 of `/proc/self/stat`, counted after the
-/// name (which may hold spaces and parentheses).
-fn own_threads() -> io::Result<usize> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_ascii_whitespace().nth(17))
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(|| io::Error::other("no thread count in /proc/self/stat"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -56,7 +46,7 @@ mod tests {
     /// (which moves them all) is written.
     #[test]
     fn tasks_is_written_only_by_a_process_of_one_thread() {
-        assert!(own_threads().unwrap() > 1);
+        assert!(crate::sandbox::thread_count().unwrap() > 1);
         let dir = tempfile::tempdir().unwrap();
         let tasks = dir.path().join("tasks");
         std::fs::write(&tasks, "").unwrap();

@@ -110,7 +110,8 @@ pub fn ensure_single_thread() -> io::Result<()> {
 }
 
 /// How many threads this process has: field 20 of `/proc/self/stat`, read into a stack
-/// buffer. The zygote asks before every fork, and whatever it writes after a fork is
+/// buffer. The zygote asks before every fork (and a worker before it joins a v1 cgroup
+/// through `tasks`, [`cgroup::join`]), and whatever either writes after a fork is
 /// copied on write, since its last child shares those pages: listing `/proc/self/task`
 /// took a 32 KiB directory buffer from the heap each time, and malloc's search for it
 /// touched ~20 heap pages per fork.
