@@ -224,20 +224,15 @@ async fn a_killed_instances_cgroup_is_removed_at_the_next_start_and_a_live_ones_
 /// The service under a mount namespace where the cgroup hierarchies are read-only, as in a
 /// container without a delegated cgroup.
 fn without_writable_cgroups(options: Options) -> Options {
-    options.wrapper(&READ_ONLY_CGROUPS)
+    options.wrapper(&read_only_cgroups())
 }
 
 /// The wrapper [`without_writable_cgroups`] runs the service under.
-const READ_ONLY_CGROUPS: [&str; 8] = [
-    "unshare",
-    "--mount",
-    "--propagation",
-    "private",
-    "sh",
-    "-c",
-    "mount -o remount,bind,ro /sys/fs/cgroup/pids && mount -o remount,bind,ro /sys/fs/cgroup/unified && exec \"$@\"",
-    "sh",
-];
+fn read_only_cgroups() -> Vec<String> {
+    crate::harness::in_private_mounts(
+        "mount -o remount,bind,ro /sys/fs/cgroup/pids && mount -o remount,bind,ro /sys/fs/cgroup/unified",
+    )
+}
 
 #[tokio::test]
 async fn where_no_cgroup_can_be_made_the_layer_is_unavailable_and_the_service_runs() {
@@ -262,8 +257,9 @@ async fn where_no_cgroup_can_be_made_the_layer_is_unavailable_and_the_service_ru
 
 #[test]
 fn requiring_the_layer_where_it_is_unavailable_stops_start_up_saying_why() {
-    let mut cmd = std::process::Command::new(READ_ONLY_CGROUPS[0]);
-    cmd.args(&READ_ONLY_CGROUPS[1..])
+    let wrapper = read_only_cgroups();
+    let mut cmd = std::process::Command::new(&wrapper[0]);
+    cmd.args(&wrapper[1..])
         .arg(env!("CARGO_BIN_EXE_snakecage"))
         .args(["--listen", "127.0.0.1:0", "--venv"])
         .arg(crate::harness::repo_root().join(".venv"))

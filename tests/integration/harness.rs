@@ -75,8 +75,8 @@ impl Options {
         self
     }
 
-    pub fn wrapper(mut self, command: &[&str]) -> Self {
-        self.wrapper = command.iter().map(|s| s.to_string()).collect();
+    pub fn wrapper(mut self, command: &[impl AsRef<str>]) -> Self {
+        self.wrapper = command.iter().map(|s| s.as_ref().to_owned()).collect();
         self
     }
 
@@ -96,6 +96,24 @@ impl Options {
         self.env.push((key.into(), value.to_string()));
         self
     }
+}
+
+/// A wrapper (for [`Options::wrapper`], or a `Command` of its own) that runs the service in
+/// a mount namespace of its own, after `script` (`sh`) has changed the mounts there.
+pub fn in_private_mounts(script: &str) -> Vec<String> {
+    let then_exec = format!("{script} && exec \"$@\"");
+    [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        &then_exec,
+        "sh",
+    ]
+    .map(str::to_owned)
+    .to_vec()
 }
 
 /// Runs `cmd` (the service, perhaps under a wrapper), which must refuse to start: its exit

@@ -357,20 +357,11 @@ async fn an_unset_uid_range_passes_over_every_id_the_system_names() {
     }
     let file = dir.path().join("passwd");
     std::fs::write(&file, passwd).unwrap();
-    let bind = format!("mount --bind {} /etc/passwd && exec \"$@\"", file.display());
+    let bind = format!("mount --bind {} /etc/passwd", file.display());
     let s = Server::start_with(
         tiny(small(Options::default()))
             .env("SNAKECAGE_SANDBOX__UID_COUNT", 64)
-            .wrapper(&[
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                &bind,
-                "sh",
-            ]),
+            .wrapper(&crate::harness::in_private_mounts(&bind)),
     )
     .await;
     let (first, last) = uids(&s.health().await);
