@@ -19,7 +19,7 @@ use super::{Inner, Pool, PoolError, PoolSettings, cgroup, keeper, refill};
 
 /// The worker uids, claimed where workers will drop to them: the service runs as root and
 /// `drop_privileges` is not switched off.
-fn claim_uids(settings: &PoolSettings) -> Result<Option<Arc<WorkerUids>>, PoolError> {
+async fn claim_uids(settings: &PoolSettings) -> Result<Option<Arc<WorkerUids>>, PoolError> {
     let drops = nix::unistd::geteuid().is_root()
         && settings
             .tiers
@@ -29,7 +29,29 @@ fn claim_uids(settings: &PoolSettings) -> Result<Option<Arc<WorkerUids>>, PoolEr
         return Ok(None);
     }
     let u = &settings.uids;
-    let range = UidRange::claim(u.first, u.count, &u.lock_file).map_err(PoolError::Uids)?;
+    let mut range = UidRange::claim(u.first, u.count, &u.lock_file).map_err(PoolError::Uids)?;
+    if !range.passed_over.is_empty() {
+        tracing::info!(
+            processes = %uids::Occupant::describe_all(&range.passed_over),
+            "worker uids: blocks under whose ids processes run were passed over (a killed instance's workers, not yet gone, or another program's)"
+        );
+    }
+    if !range.occupants.is_empty() {
+        tracing::warn!(
+            first = range.first,
+            last = range.last(),
+            processes = %uids::Occupant::describe_all(&range.occupants),
+            "worker uids: processes run under ids of the configured range; waiting for them to go (a killed instance's workers, most likely)"
+        );
+        let waited = range
+            .vacated(uids::VACATE_PATIENCE, &uids::occupants_of)
+            .await
+            .map_err(PoolError::Uids)?;
+        tracing::info!(
+            waited_ms = waited.as_millis() as u64,
+            "worker uids: no process runs under the configured range any more"
+        );
+    }
     tracing::info!(
         first = range.first,
         last = range.last(),
@@ -65,7 +87,7 @@ impl Pool {
                 }
             })?;
         settings.workspace_root = root.workspaces();
-        let uids = claim_uids(&settings)?;
+        let uids = claim_uids(&settings).await?;
         if let Some(uids) = &uids {
             uids::probe_with(&mut settings, uids.first());
         }

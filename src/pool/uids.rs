@@ -8,7 +8,12 @@
 //! [`AUTO_LAST`] that this process's user namespace maps (a user-namespaced pod maps only
 //! 0–65535) and that holds no id the system names ([`super::uid_accounts`]: the search
 //! moves on past one); a configured one is taken as it is, or start-up fails naming the
-//! holder, or the accounts it holds.
+//! holder, or the accounts it holds. A block is also never taken while a process runs
+//! under one of its ids ([`Occupant`]): the lock dies with an instance that is killed, but
+//! its workers and their zombies outlive it for a while (they die with their zygote, and
+//! whoever inherits them reaps them: PID 1 of this host took about 1.4 s), and until they
+//! are gone they count against each id's RLIMIT_NPROC and own what it owns. The search
+//! passes such a block over; a configured range waits for it ([`UidRange::vacated`]).
 //!
 //! [`WorkerUids`] hands the ids out, one per worker ([`UidLease`]), first freed first
 //! reused; the range's first id is kept for the zygotes' start-up probe of the uid drop. A lease is shared by whatever must be gone before the id may serve again: the
@@ -42,6 +47,9 @@ pub const LOCK_FILE: &str = "/run/snakecage/worker-uids.lock";
 pub const AUTO_FIRST: u32 = 40_000;
 pub const AUTO_LAST: u32 = 59_999;
 
+/// How long a configured range's start-up waits for the processes under its ids to go.
+pub const VACATE_PATIENCE: Duration = Duration::from_secs(10);
+
 /// Blocks of an unset `sandbox.uid` start at multiples of this past [`AUTO_FIRST`].
 const AUTO_ALIGN: u32 = 64;
 
@@ -54,8 +62,50 @@ pub struct UidRange {
     pub lock_file: PathBuf,
     /// The named ids an unset `sandbox.uid`'s search moved on past.
     pub skipped: Vec<Account>,
+    /// The processes under ids of the blocks an unset `sandbox.uid`'s search moved on
+    /// past.
+    pub passed_over: Vec<Occupant>,
+    /// The processes under the range's own ids (a configured range's: the search takes
+    /// none with any): [`UidRange::vacated`] waits for them before a worker may start.
+    pub occupants: Vec<Occupant>,
     _lock: RangeLock,
 }
+
+/// A process found under an id of a block being claimed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Occupant {
+    pub pid: i32,
+    pub uid: u32,
+    /// Its command name (`/proc/PID/status`'s `Name`).
+    pub name: String,
+    /// Exited, not yet reaped by its parent.
+    pub zombie: bool,
+}
+
+impl Occupant {
+    fn describe(&self) -> String {
+        match self.zombie {
+            true => format!(
+                "pid {} (uid {}, {}, exited, not yet reaped by its parent)",
+                self.pid, self.uid, self.name
+            ),
+            false => format!("pid {} (uid {}, {})", self.pid, self.uid, self.name),
+        }
+    }
+
+    /// A few of `occupants`, and how many more there are.
+    pub fn describe_all(occupants: &[Occupant]) -> String {
+        const SHOWN: usize = 3;
+        let shown: Vec<String> = occupants.iter().take(SHOWN).map(Self::describe).collect();
+        match occupants.len().checked_sub(SHOWN) {
+            Some(more) if more > 0 => format!("{} and {more} more", shown.join(", ")),
+            _ => shown.join(", "),
+        }
+    }
+}
+
+/// The processes under any id of `first..=last`: [`occupants_of`] or, in tests, a stand-in.
+pub type Occupants<'a> = &'a (dyn Fn(u32, u32) -> Vec<Occupant> + Sync);
 
 impl UidRange {
     pub fn last(&self) -> u32 {
@@ -66,15 +116,23 @@ impl UidRange {
     /// [`AUTO_FIRST`]–[`AUTO_LAST`] mapped here; never an id the system names.
     /// `lock_file`: [`LOCK_FILE`] but in tests.
     pub fn claim(first: Option<u32>, count: u32, lock_file: &Path) -> Result<Self, String> {
-        Self::claim_with(first, count, lock_file, &uid_accounts::account_of)
+        Self::claim_with(
+            first,
+            count,
+            lock_file,
+            &uid_accounts::account_of,
+            &occupants_of,
+        )
     }
 
-    /// [`UidRange::claim`], asking `account` which ids the system names.
+    /// [`UidRange::claim`], asking `account` which ids the system names and `occupants`
+    /// which processes run under them.
     fn claim_with(
         first: Option<u32>,
         count: u32,
         lock_file: &Path,
         account: Lookup<'_>,
+        occupants: Occupants<'_>,
     ) -> Result<Self, String> {
         if count < 2 {
             return Err("sandbox.uid_count must be at least 2 (the probe's and a worker's)".into());
@@ -87,11 +145,13 @@ impl UidRange {
         }
         let file =
             open_once(lock_file).map_err(|e| format!("opening {}: {e}", lock_file.display()))?;
-        let claimed = |first: u32, lock: RangeLock, skipped: Vec<Account>| Self {
+        let claimed = |first: u32, lock: RangeLock, skipped, passed_over, occupants| Self {
             first,
             count,
             lock_file: lock_file.to_path_buf(),
             skipped,
+            passed_over,
+            occupants,
             _lock: lock,
         };
         if let Some(first) = first {
@@ -117,7 +177,14 @@ impl UidRange {
                 ));
             }
             return match RangeLock::take(&file, lock_file, first, count) {
-                Ok(Taken::Yes(lock)) => Ok(claimed(first, lock, Vec::new())),
+                // Checked under the lock: no instance can start a worker here meanwhile.
+                Ok(Taken::Yes(lock)) => Ok(claimed(
+                    first,
+                    lock,
+                    Vec::new(),
+                    Vec::new(),
+                    occupants(first, last),
+                )),
                 Ok(Taken::HeldBy(holder)) => Err(format!(
                     "worker uids {first}–{last} are claimed by another snakecage instance ({}) in {}: two instances must not share worker uids; set sandbox.uid (and sandbox.uid_count) to a range of its own, or leave sandbox.uid unset to take a free block",
                     holder.describe(),
@@ -130,6 +197,7 @@ impl UidRange {
         let mut start = AUTO_FIRST;
         let mut held = 0;
         let mut skipped: Vec<Account> = Vec::new();
+        let mut occupied: Vec<Occupant> = Vec::new();
         while let Some(last) = start.checked_add(count - 1).filter(|&l| l <= AUTO_LAST) {
             if is_mapped(&mapped, start, last) {
                 let named = uid_accounts::named_in(start, last, account);
@@ -142,7 +210,15 @@ impl UidRange {
                     continue;
                 }
                 match RangeLock::take(&file, lock_file, start, count) {
-                    Ok(Taken::Yes(lock)) => return Ok(claimed(start, lock, skipped)),
+                    Ok(Taken::Yes(lock)) => {
+                        let found = occupants(start, last);
+                        if found.is_empty() {
+                            return Ok(claimed(start, lock, skipped, occupied, found));
+                        }
+                        // A dead instance's leftovers (or anyone's): not waited for, the
+                        // next block is as good. Its lock is let go with `lock`.
+                        occupied.extend(found);
+                    }
                     Ok(Taken::HeldBy(_)) => held += 1,
                     Err(e) => return Err(format!("locking {}: {e}", lock_file.display())),
                 }
@@ -156,11 +232,46 @@ impl UidRange {
                 uid_accounts::describe(&skipped)
             ),
         };
+        let processes = match occupied.is_empty() {
+            true => String::new(),
+            false => format!(
+                "; blocks passed over because processes run under their ids: {}",
+                Occupant::describe_all(&occupied)
+            ),
+        };
         Err(format!(
-            "no free block of {count} worker uids in {AUTO_FIRST}–{AUTO_LAST} mapped here ({}; {held} held by other instances, see {}{accounts}): set sandbox.uid to the first id of a free range (and sandbox.uid_count)",
+            "no free block of {count} worker uids in {AUTO_FIRST}–{AUTO_LAST} mapped here ({}; {held} held by other instances, see {}{accounts}{processes}): set sandbox.uid to the first id of a free range (and sandbox.uid_count)",
             describe_map(&mapped),
             lock_file.display()
         ))
+    }
+
+    /// Waits, for up to `patience`, until no process runs under an id of the range
+    /// (`occupants`: [`occupants_of`] but in tests): those [`UidRange::claim`] found under
+    /// a configured range are most likely the workers of an instance that was killed,
+    /// going. How long it waited, or why the range cannot be used.
+    pub async fn vacated(
+        &mut self,
+        patience: Duration,
+        occupants: Occupants<'_>,
+    ) -> Result<Duration, String> {
+        let started = tokio::time::Instant::now();
+        let mut pause = Duration::from_millis(10);
+        while !self.occupants.is_empty() {
+            if started.elapsed() >= patience {
+                return Err(format!(
+                    "worker uids {}–{} (sandbox.uid, sandbox.uid_count): processes still run under them after {} s: {}; a worker under one of these ids would share its process limit and the ownership of its files with such a process: stop them, or set sandbox.uid to the first id of a range no process runs under, or leave sandbox.uid unset to take a free block",
+                    self.first,
+                    self.last(),
+                    patience.as_secs(),
+                    Occupant::describe_all(&self.occupants),
+                ));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(200));
+            self.occupants = occupants(self.first, self.last());
+        }
+        Ok(started.elapsed())
     }
 }
 
@@ -502,34 +613,77 @@ fn reaped(pid: i32) -> bool {
     )
 }
 
+/// A process's ids, as `/proc/PID/status` gives them.
+struct ProcessIds {
+    pid: i32,
+    name: String,
+    zombie: bool,
+    /// Real, effective, saved and file-system uid.
+    uids: Vec<u32>,
+}
+
+/// Every process in /proc, with its ids (one that exits during the scan is left out).
+fn processes() -> Vec<ProcessIds> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
+            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
+            Some(parse_status(pid, &status))
+        })
+        .collect()
+}
+
+fn parse_status(pid: i32, status: &str) -> ProcessIds {
+    let field = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(str::trim)
+            .unwrap_or_default()
+    };
+    ProcessIds {
+        pid,
+        name: field("Name:").to_owned(),
+        zombie: field("State:").starts_with('Z'),
+        uids: field("Uid:")
+            .split_whitespace()
+            .filter_map(|f| f.parse().ok())
+            .collect(),
+    }
+}
+
 /// Every uid (real, effective, saved, file system) of every process in /proc.
 fn uids_of_processes() -> std::collections::HashSet<u32> {
-    let mut uids = std::collections::HashSet::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return uids;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
-            continue;
-        };
-        if let Some(line) = status.lines().find(|l| l.starts_with("Uid:")) {
-            uids.extend(
-                line[4..]
-                    .split_whitespace()
-                    .filter_map(|f| f.parse::<u32>().ok()),
-            );
-        }
-    }
-    uids
+    processes().into_iter().flat_map(|p| p.uids).collect()
+}
+
+/// The processes with any of their uids in `first..=last`.
+pub fn occupants_of(first: u32, last: u32) -> Vec<Occupant> {
+    processes()
+        .into_iter()
+        .filter_map(|p| {
+            let uid = *p.uids.iter().find(|u| (first..=last).contains(*u))?;
+            Some(Occupant {
+                pid: p.pid,
+                uid,
+                name: p.name,
+                zombie: p.zombie,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn nobody_runs(_: u32, _: u32) -> Vec<Occupant> {
+        Vec::new()
+    }
 
     #[test]
     fn the_uid_map_is_read_as_inside_ranges() {
@@ -578,16 +732,17 @@ mod tests {
             40_070 => Some("bjørn".to_owned()),
             _ => None,
         };
-        let range = UidRange::claim_with(None, 64, &lock, &accounts).unwrap();
+        let range = UidRange::claim_with(None, 64, &lock, &accounts, &nobody_runs).unwrap();
         assert_eq!((range.first, range.last()), (40_128, 40_191));
         let skipped: Vec<u32> = range.skipped.iter().map(|a| a.uid).collect();
         assert_eq!(skipped, [40_010, 40_070]);
         assert_eq!(range.skipped[1].name, "bjørn");
         // A block held by another claim is passed over as before, the named ones too.
-        let next = UidRange::claim_with(None, 100, &lock, &accounts).unwrap();
+        let next = UidRange::claim_with(None, 100, &lock, &accounts, &nobody_runs).unwrap();
         assert_eq!(next.first, 40_256);
         // A range set by hand that holds one fails, naming it and the key to change.
-        let err = UidRange::claim_with(Some(40_000), 20, &lock, &accounts).unwrap_err();
+        let err =
+            UidRange::claim_with(Some(40_000), 20, &lock, &accounts, &nobody_runs).unwrap_err();
         assert!(
             err.contains("worker uids 40000–40019 (sandbox.uid, sandbox.uid_count) include ids of the system's accounts: 40010 (ana);"),
             "{err}"
@@ -598,13 +753,14 @@ mod tests {
         );
         // A few are listed, and how many more there are.
         let everyone = |uid: u32| Some(format!("user{uid}"));
-        let err = UidRange::claim_with(Some(41_000), 10, &lock, &everyone).unwrap_err();
+        let err =
+            UidRange::claim_with(Some(41_000), 10, &lock, &everyone, &nobody_runs).unwrap_err();
         assert!(
             err.contains("41000 (user41000), 41001 (user41001), 41002 (user41002), 41003 (user41003), 41004 (user41004) and 5 more;"),
             "{err}"
         );
         // Where every id is named there is no block to take: the error says why.
-        let err = UidRange::claim_with(None, 64, &lock, &everyone).unwrap_err();
+        let err = UidRange::claim_with(None, 64, &lock, &everyone, &nobody_runs).unwrap_err();
         assert!(err.contains("no free block of 64 worker uids"), "{err}");
         assert!(
             err.contains("ids of the system's accounts skipped: 40000 (user40000)"),
@@ -613,6 +769,107 @@ mod tests {
         // The system's own lookup: root is named, so a range holding 0 is refused.
         let err = UidRange::claim(Some(0), 2, &lock).unwrap_err();
         assert!(err.contains("0 (root)"), "{err}");
+    }
+
+    fn occupant(pid: i32, uid: u32, zombie: bool) -> Occupant {
+        Occupant {
+            pid,
+            uid,
+            name: "snakecage-wörker".into(),
+            zombie,
+        }
+    }
+
+    #[test]
+    fn a_block_a_process_runs_under_is_passed_over_and_a_configured_one_is_held_to_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("uids.lock");
+        let none = |_: u32| None;
+        // A killed instance's zombie under 40001, a live worker of it under 40070.
+        let left = |first: u32, last: u32| -> Vec<Occupant> {
+            [occupant(41, 40_001, true), occupant(42, 40_070, false)]
+                .into_iter()
+                .filter(|o| (first..=last).contains(&o.uid))
+                .collect()
+        };
+        let range = UidRange::claim_with(None, 64, &lock, &none, &left).unwrap();
+        assert_eq!((range.first, range.last()), (40_128, 40_191));
+        assert_eq!(
+            range.passed_over,
+            [occupant(41, 40_001, true), occupant(42, 40_070, false)]
+        );
+        assert!(range.occupants.is_empty());
+        drop(range);
+        // The blocks passed over were not kept locked: they are free once their
+        // processes are gone.
+        let later = UidRange::claim_with(None, 64, &lock, &none, &nobody_runs).unwrap();
+        assert_eq!(later.first, AUTO_FIRST);
+        drop(later);
+        // A configured range is claimed with its occupants, for the caller to wait on.
+        let range = UidRange::claim_with(Some(40_000), 64, &lock, &none, &left).unwrap();
+        assert_eq!(range.occupants, [occupant(41, 40_001, true)]);
+        assert!(range.passed_over.is_empty());
+        drop(range);
+        // When every block is taken by processes the error says so.
+        let everywhere = |first: u32, _: u32| vec![occupant(7, first, false)];
+        let err = UidRange::claim_with(None, 64, &lock, &none, &everywhere).unwrap_err();
+        assert!(
+            err.contains(
+                "blocks passed over because processes run under their ids: pid 7 (uid 40000, snakecage-wörker), pid 7 (uid 40064, snakecage-wörker), pid 7 (uid 40128, snakecage-wörker) and 309 more)"
+            ),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_configured_range_waits_for_its_processes_to_go_and_refuses_if_they_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("uids.lock");
+        let none = |_: u32| None;
+        let first = 3_000_000_000;
+        let left = |f: u32, _: u32| vec![occupant(41, f + 1, true), occupant(42, f + 2, false)];
+        // They go after a few scans: the wait ends then.
+        let mut range = UidRange::claim_with(Some(first), 10, &lock, &none, &left).unwrap();
+        assert_eq!(range.occupants.len(), 2);
+        let scans = std::sync::atomic::AtomicU32::new(0);
+        let going = |f: u32, l: u32| match scans.fetch_add(1, Ordering::Relaxed) {
+            0 | 1 => left(f, l),
+            _ => Vec::new(),
+        };
+        range
+            .vacated(Duration::from_secs(60), &going)
+            .await
+            .unwrap();
+        assert_eq!(scans.load(Ordering::Relaxed), 3);
+        assert!(range.occupants.is_empty());
+        drop(range);
+        // They stay: the error names them, says why it matters and what to set.
+        let mut range = UidRange::claim_with(Some(first), 10, &lock, &none, &left).unwrap();
+        let err = range
+            .vacated(Duration::from_millis(50), &left)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            "worker uids 3000000000–3000000009 (sandbox.uid, sandbox.uid_count): processes still run under them after 0 s: pid 41 (uid 3000000001, snakecage-wörker, exited, not yet reaped by its parent), pid 42 (uid 3000000002, snakecage-wörker); a worker under one of these ids would share its process limit and the ownership of its files with such a process: stop them, or set sandbox.uid to the first id of a range no process runs under, or leave sandbox.uid unset to take a free block"
+        );
+    }
+
+    #[test]
+    fn a_process_is_found_under_any_of_its_uids() {
+        let status = "Name:\tsleep\nState:\tZ (zombie)\nTgid:\t9\nUid:\t0\t40005\t0\t40005\nGid:\t0\t0\t0\t0\n";
+        let p = parse_status(9, status);
+        assert_eq!((p.pid, p.name.as_str(), p.zombie), (9, "sleep", true));
+        assert_eq!(p.uids, [0, 40_005, 0, 40_005]);
+        // This process, found by its own uid; none under an id no process has.
+        let me = nix::unistd::getuid().as_raw();
+        let pid = std::process::id() as i32;
+        assert!(
+            occupants_of(me, me)
+                .iter()
+                .any(|o| o.pid == pid && !o.zombie)
+        );
+        assert!(occupants_of(4_000_000_000, 4_000_000_100).is_empty());
     }
 
     #[tokio::test]

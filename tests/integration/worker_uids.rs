@@ -386,6 +386,163 @@ async fn an_unset_uid_range_passes_over_every_id_the_system_names() {
     );
 }
 
+/// A configured range nothing else uses (far above what the default search takes), for
+/// the tests that start instances on it one after another.
+fn configured(options: Options, first: u32) -> Options {
+    tiny(small(options))
+        .env("SNAKECAGE_SANDBOX__UID", first)
+        .env("SNAKECAGE_SANDBOX__UID_COUNT", 64)
+}
+
+/// A process of the host's under a uid (a killed instance's worker, still going),
+/// killed when dropped.
+struct Leftover(std::process::Child);
+
+impl Leftover {
+    fn under(uid: u32) -> Self {
+        use std::os::unix::process::CommandExt;
+        let child = std::process::Command::new("sleep")
+            .arg("600")
+            .uid(uid)
+            .gid(65534)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        Self(child)
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Leftover {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// An instance killed with its workers (the kernel lets its claim go at once; its
+/// workers die with their zygote and wait to be reaped by whoever inherits them) and a
+/// new one started at once on the same configured range: the new one's workers start
+/// once the old ones are gone, so a tenant's thread bomb still gets every thread its
+/// worker may have (not one less for each zombie that shared its uid).
+#[tokio::test]
+async fn an_instance_started_where_a_killed_one_ran_waits_for_its_workers_to_be_gone() {
+    const FIRST: u32 = 3_200_000_000;
+    let killed = Server::start_with(configured(Options::default(), FIRST)).await;
+    let hog = killed.new_session().await;
+    let r = killed.session_run(&hog, THREAD_HOG).await;
+    assert_eq!(
+        stdout(&r),
+        format!("can't start new thread after {}\n", MAX_PROCESSES - 1),
+        "{r}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(killed.pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let next = Server::start_with(configured(Options::default(), FIRST)).await;
+    assert_eq!(
+        uids(&next.health().await),
+        (u64::from(FIRST), u64::from(FIRST) + 63)
+    );
+    let hog = next.new_session().await;
+    let r = next.session_run(&hog, THREAD_HOG).await;
+    assert_eq!(
+        stdout(&r),
+        format!("can't start new thread after {}\n", MAX_PROCESSES - 1),
+        "{r}\n{}",
+        next.log()
+    );
+    drop(killed);
+}
+
+/// A process under an id of the configured range holds the start-up back until it is
+/// gone (the log names it), and one that stays makes the start-up fail, naming it.
+#[tokio::test]
+async fn a_configured_range_a_process_runs_under_is_waited_for_and_refused_if_it_stays() {
+    const FIRST: u32 = 3_200_000_128;
+    let leftover = Leftover::under(FIRST + 1);
+    let pid = leftover.pid();
+    let starting = tokio::spawn(Server::start_with(configured(Options::default(), FIRST)));
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(!starting.is_finished(), "it served with the process there");
+    drop(leftover);
+    let s = starting.await.unwrap();
+    let log = s.log();
+    assert!(
+        log.contains(&format!("pid {pid} (uid {}, sleep)", FIRST + 1))
+            && log.contains("waiting for them to go"),
+        "{log}"
+    );
+    let waited = log
+        .lines()
+        .filter(|l| l.contains("no process runs under the configured range any more"))
+        .find_map(|l| serde_json::from_str::<Value>(l).ok())
+        .and_then(|v| v["fields"]["waited_ms"].as_u64())
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(waited >= 1000, "{waited} ms: {log}");
+    let r = s.run("import os\nprint(os.getuid())").await;
+    let uid: u64 = stdout(&r).trim().parse().unwrap();
+    assert!(u64::from(FIRST) < uid && uid < u64::from(FIRST) + 64, "{r}");
+    drop(s);
+
+    let stays = Leftover::under(FIRST + 63);
+    let state = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_snakecage"));
+    cmd.args(["--listen", "127.0.0.1:0"])
+        .env("SNAKECAGE_WORKER__STATE_DIR", state.path())
+        .env("SNAKECAGE_WORKSPACE__DIR", state.path())
+        .env("SNAKECAGE_POOL__SIZE", "1")
+        .env("SNAKECAGE_SESSIONS__MAX_SESSIONS", "1")
+        .env("SNAKECAGE_SANDBOX__UID", FIRST.to_string())
+        .env("SNAKECAGE_SANDBOX__UID_COUNT", "64");
+    let stderr = refused_at_start(cmd);
+    let wanted = format!(
+        "worker uids {FIRST}–{} (sandbox.uid, sandbox.uid_count): processes still run under them after 10 s: pid {} (uid {}, sleep); a worker under one of these ids would share its process limit and the ownership of its files with such a process: stop them, or set sandbox.uid to the first id of a range no process runs under, or leave sandbox.uid unset to take a free block",
+        FIRST + 63,
+        stays.pid(),
+        FIRST + 63
+    );
+    assert!(stderr.contains(&wanted), "{stderr}");
+}
+
+/// The default search passes over a block a process runs under. Seen through a lock file
+/// of its own (a tmpfs over its directory, in a mount namespace of the service's), where
+/// no other instance holds a block: the first block is free to lock, but a process runs
+/// under one of its ids, so the search takes another and the log names the process.
+#[tokio::test]
+async fn an_unset_uid_range_passes_over_a_block_a_process_runs_under() {
+    let leftover = Leftover::under(40_001);
+    let lock_dir = std::path::Path::new(snakecage::pool::uids::LOCK_FILE)
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    let s = Server::start_with(
+        tiny(small(Options::default()))
+            .env("SNAKECAGE_SANDBOX__UID_COUNT", 64)
+            .wrapper(&crate::harness::in_private_mounts(&format!(
+                "mkdir -p {lock_dir} && mount -t tmpfs none {lock_dir}"
+            ))),
+    )
+    .await;
+    let (first, last) = uids(&s.health().await);
+    assert!(first >= 40_064 && last == first + 63, "{first}–{last}");
+    let log = s.log();
+    assert!(
+        log.contains("blocks under whose ids processes run were passed over")
+            && log.contains(&format!("pid {} (uid 40001, sleep)", leftover.pid())),
+        "{log}"
+    );
+    let r = s.run("import os\nprint(os.getuid())").await;
+    let uid: u64 = stdout(&r).trim().parse().unwrap();
+    assert!(first < uid && uid <= last, "{r}");
+}
+
 /// Runs `cmd` (the service), which must refuse to start: its stderr. One that serves
 /// instead is stopped once it says it listens, and the test fails.
 fn refused_at_start(mut cmd: std::process::Command) -> String {
