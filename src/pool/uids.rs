@@ -685,6 +685,13 @@ mod tests {
         Vec::new()
     }
 
+    /// [`UidRange::claim`] where the host's processes do not count: another test's (or a
+    /// service's beside the tests) run under the ids these tests claim in lock files of
+    /// their own.
+    fn claim(first: Option<u32>, count: u32, lock: &Path) -> Result<UidRange, String> {
+        UidRange::claim_with(first, count, lock, &uid_accounts::account_of, &nobody_runs)
+    }
+
     #[test]
     fn the_uid_map_is_read_as_inside_ranges() {
         let map = parse_uid_map("         0     100000      65536\n");
@@ -701,23 +708,23 @@ mod tests {
     fn claims_in_one_process_never_overlap_and_are_released_when_dropped() {
         let dir = tempfile::tempdir().unwrap();
         let lock = dir.path().join("uids.lock");
-        let a = UidRange::claim(None, 100, &lock).unwrap();
-        let b = UidRange::claim(None, 100, &lock).unwrap();
+        let a = claim(None, 100, &lock).unwrap();
+        let b = claim(None, 100, &lock).unwrap();
         assert_eq!(a.first, AUTO_FIRST);
         assert_eq!(b.first, AUTO_FIRST + 128, "the next aligned block");
-        let err = UidRange::claim(Some(AUTO_FIRST + 50), 10, &lock).unwrap_err();
+        let err = claim(Some(AUTO_FIRST + 50), 10, &lock).unwrap_err();
         assert!(
             err.contains("claimed by another snakecage instance (this process)"),
             "{err}"
         );
         assert!(err.contains("set sandbox.uid"), "{err}");
         drop(a);
-        let again = UidRange::claim(Some(AUTO_FIRST + 50), 10, &lock).unwrap();
+        let again = claim(Some(AUTO_FIRST + 50), 10, &lock).unwrap();
         assert_eq!(
             (again.first, again.last()),
             (AUTO_FIRST + 50, AUTO_FIRST + 59)
         );
-        let err = UidRange::claim(Some(u32::MAX - 5), 10, &lock).unwrap_err();
+        let err = claim(Some(u32::MAX - 5), 10, &lock).unwrap_err();
         assert!(err.contains("runs past the largest uid"), "{err}");
     }
 
@@ -875,7 +882,7 @@ mod tests {
     #[tokio::test]
     async fn a_uid_is_reused_only_after_every_holder_let_it_go() {
         let dir = tempfile::tempdir().unwrap();
-        let range = UidRange::claim(Some(3_000_000_000), 3, &dir.path().join("l")).unwrap();
+        let range = claim(Some(3_000_000_000), 3, &dir.path().join("l")).unwrap();
         let uids = WorkerUids::new(range);
         assert_eq!(uids.first(), 3_000_000_000, "the probe's, never leased");
         let a = uids.lease(Duration::ZERO).await.unwrap();

@@ -317,16 +317,7 @@ async fn a_uid_range_too_small_or_out_of_bounds_is_refused_at_start_saying_what_
 /// start-up naming the account and the key to change: no worker ever acts as an account.
 #[tokio::test]
 async fn a_uid_range_holding_an_accounts_id_is_refused_at_start_naming_it() {
-    let state = tempfile::tempdir().unwrap();
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_snakecage"));
-    cmd.args(["--listen", "127.0.0.1:0"])
-        .env("SNAKECAGE_WORKER__STATE_DIR", state.path())
-        .env("SNAKECAGE_WORKSPACE__DIR", state.path())
-        .env("SNAKECAGE_POOL__SIZE", "1")
-        .env("SNAKECAGE_SESSIONS__MAX_SESSIONS", "1")
-        .env("SNAKECAGE_SANDBOX__UID", "65500")
-        .env("SNAKECAGE_SANDBOX__UID_COUNT", "64");
-    let stderr = refused_at_start(cmd);
+    let stderr = refused_with_range(65_500, 64);
     assert!(
         stderr.contains("worker uids 65500–65563 (sandbox.uid, sandbox.uid_count) include ids of the system's accounts: 65534 (nobody);"),
         "{stderr}"
@@ -491,16 +482,7 @@ async fn a_configured_range_a_process_runs_under_is_waited_for_and_refused_if_it
     drop(s);
 
     let stays = Leftover::under(FIRST + 63);
-    let state = tempfile::tempdir().unwrap();
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_snakecage"));
-    cmd.args(["--listen", "127.0.0.1:0"])
-        .env("SNAKECAGE_WORKER__STATE_DIR", state.path())
-        .env("SNAKECAGE_WORKSPACE__DIR", state.path())
-        .env("SNAKECAGE_POOL__SIZE", "1")
-        .env("SNAKECAGE_SESSIONS__MAX_SESSIONS", "1")
-        .env("SNAKECAGE_SANDBOX__UID", FIRST.to_string())
-        .env("SNAKECAGE_SANDBOX__UID_COUNT", "64");
-    let stderr = refused_at_start(cmd);
+    let stderr = refused_with_range(FIRST, 64);
     let wanted = format!(
         "worker uids {FIRST}–{} (sandbox.uid, sandbox.uid_count): processes still run under them after 10 s: pid {} (uid {}, sleep); a worker under one of these ids would share its process limit and the ownership of its files with such a process: stop them, or set sandbox.uid to the first id of a range no process runs under, or leave sandbox.uid unset to take a free block",
         FIRST + 63,
@@ -541,6 +523,21 @@ async fn an_unset_uid_range_passes_over_a_block_a_process_runs_under() {
     let r = s.run("import os\nprint(os.getuid())").await;
     let uid: u64 = stdout(&r).trim().parse().unwrap();
     assert!(first < uid && uid <= last, "{r}");
+}
+
+/// The service started with worker uids `first` and on (`count`), which must refuse to
+/// start: its stderr.
+fn refused_with_range(first: u32, count: u32) -> String {
+    let state = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_snakecage"));
+    cmd.args(["--listen", "127.0.0.1:0"])
+        .env("SNAKECAGE_WORKER__STATE_DIR", state.path())
+        .env("SNAKECAGE_WORKSPACE__DIR", state.path())
+        .env("SNAKECAGE_POOL__SIZE", "1")
+        .env("SNAKECAGE_SESSIONS__MAX_SESSIONS", "1")
+        .env("SNAKECAGE_SANDBOX__UID", first.to_string())
+        .env("SNAKECAGE_SANDBOX__UID_COUNT", count.to_string());
+    refused_at_start(cmd)
 }
 
 /// Runs `cmd` (the service), which must refuse to start: its stderr. One that serves
