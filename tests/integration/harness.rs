@@ -1,6 +1,5 @@
 //! Starts the real service for a test and talks to it.
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -16,7 +15,90 @@ pub struct Server {
     pub client: reqwest::Client,
     _state_dir: tempfile::TempDir,
     state_path: PathBuf,
-    log: Arc<Mutex<Vec<String>>>,
+    log: Arc<Mutex<StderrLog>>,
+}
+
+/// The service's stderr, read line by line as it comes (a pipe left unread would stop the
+/// service at its next log line) by a thread and by [`Server::log`], each under the lock:
+/// a line the service wrote before the test asks is in the log it gets (read by the
+/// thread already, or by `log` from the pipe), however late the thread is scheduled.
+struct StderrLog {
+    pipe: std::process::ChildStderr,
+    partial: Vec<u8>,
+    lines: Vec<String>,
+    /// Sent the address once the service says it listens.
+    listening: Option<std::sync::mpsc::Sender<String>>,
+    ended: bool,
+}
+
+impl StderrLog {
+    fn new(pipe: std::process::ChildStderr, listening: std::sync::mpsc::Sender<String>) -> Self {
+        nix::fcntl::fcntl(
+            &pipe,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        )
+        .expect("stderr pipe non-blocking");
+        Self {
+            pipe,
+            partial: Vec::new(),
+            lines: Vec::new(),
+            listening: Some(listening),
+            ended: false,
+        }
+    }
+
+    /// Reads what the pipe holds now, without waiting.
+    fn drain(&mut self) {
+        use std::io::Read;
+        let mut buf = [0u8; 16 << 10];
+        while !self.ended {
+            match self.pipe.read(&mut buf) {
+                Ok(0) => self.ended = true,
+                Ok(n) => self.partial.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        while let Some(end) = self.partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line[..end]).into_owned();
+            if let Ok(v) = serde_json::from_str::<Value>(&line)
+                && v["fields"]["message"] == "snakecage is listening"
+                && let Some(tx) = self.listening.take()
+            {
+                let _ = tx.send(v["fields"]["addr"].as_str().unwrap_or_default().to_owned());
+            }
+            self.lines.push(line);
+        }
+        if self.ended && !self.partial.is_empty() {
+            let rest = std::mem::take(&mut self.partial);
+            self.lines.push(String::from_utf8_lossy(&rest).into_owned());
+        }
+    }
+
+    /// The thread's part: waits for the pipe to have something, reads it, until it ends.
+    fn follow(log: Arc<Mutex<Self>>) {
+        use std::os::fd::AsFd;
+        let pipe = log
+            .lock()
+            .unwrap()
+            .pipe
+            .as_fd()
+            .try_clone_to_owned()
+            .unwrap();
+        loop {
+            let mut fds = [nix::poll::PollFd::new(
+                pipe.as_fd(),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(100u16));
+            let mut log = log.lock().unwrap();
+            log.drain();
+            if log.ended {
+                return;
+            }
+        }
+    }
 }
 
 /// How long a test server may take to listen, and then to have its first workers: a
@@ -227,19 +309,11 @@ impl Server {
         }
         let mut child = cmd.spawn().expect("start snakecage");
         let stderr = child.stderr.take().expect("stderr");
-        let log = Arc::new(Mutex::new(Vec::new()));
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let log_writer = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<Value>(&line)
-                    && v["fields"]["message"] == "snakecage is listening"
-                {
-                    let _ =
-                        addr_tx.send(v["fields"]["addr"].as_str().unwrap_or_default().to_owned());
-                }
-                log_writer.lock().unwrap().push(line);
-            }
+        let log = Arc::new(Mutex::new(StderrLog::new(stderr, addr_tx)));
+        std::thread::spawn({
+            let log = log.clone();
+            move || StderrLog::follow(log)
         });
         let listening = tokio::task::spawn_blocking(move || addr_rx.recv_timeout(START_BOUND))
             .await
@@ -248,7 +322,7 @@ impl Server {
             // Not left running (with its zygotes) to load the machine further.
             let _ = child.kill();
             let _ = child.wait();
-            let log = log.lock().unwrap().join("\n");
+            let log = log.lock().unwrap().lines.join("\n");
             panic!("snakecage did not start; log:\n{log}");
         };
         let server = Self {
@@ -306,7 +380,9 @@ impl Server {
     }
 
     pub fn log(&self) -> String {
-        self.log.lock().unwrap().join("\n")
+        let mut log = self.log.lock().unwrap();
+        log.drain();
+        log.lines.join("\n")
     }
 
     pub async fn health(&self) -> Value {
