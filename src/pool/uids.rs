@@ -581,6 +581,16 @@ pub fn release_when_gone(leases: Vec<(Option<i32>, Arc<UidLease>)>) {
                         *pid = None;
                     }
                 }
+                // A worker whose fork its zygote never reported is ours too, reparented
+                // and unknown: left, its zombie would hold its uid (and this wait, which
+                // shutdown waits for) for good.
+                let uids: std::collections::HashSet<u32> =
+                    waiting.iter().map(|(_, lease, _)| lease.uid).collect();
+                for p in processes() {
+                    if p.ppid == 1 && p.zombie && p.uids.iter().any(|u| uids.contains(u)) {
+                        reaped(p.pid);
+                    }
+                }
             }
             let present = uids_of_processes();
             for (_, lease, clean) in &mut waiting {
@@ -616,6 +626,7 @@ fn reaped(pid: i32) -> bool {
 /// A process's ids, as `/proc/PID/status` gives them.
 struct ProcessIds {
     pid: i32,
+    ppid: i32,
     name: String,
     zombie: bool,
     /// Real, effective, saved and file-system uid.
@@ -647,6 +658,7 @@ fn parse_status(pid: i32, status: &str) -> ProcessIds {
     };
     ProcessIds {
         pid,
+        ppid: field("PPid:").parse().unwrap_or(0),
         name: field("Name:").to_owned(),
         zombie: field("State:").starts_with('Z'),
         uids: field("Uid:")
@@ -864,9 +876,12 @@ mod tests {
 
     #[test]
     fn a_process_is_found_under_any_of_its_uids() {
-        let status = "Name:\tsleep\nState:\tZ (zombie)\nTgid:\t9\nUid:\t0\t40005\t0\t40005\nGid:\t0\t0\t0\t0\n";
+        let status = "Name:\tsleep\nState:\tZ (zombie)\nTgid:\t9\nPPid:\t1\nUid:\t0\t40005\t0\t40005\nGid:\t0\t0\t0\t0\n";
         let p = parse_status(9, status);
-        assert_eq!((p.pid, p.name.as_str(), p.zombie), (9, "sleep", true));
+        assert_eq!(
+            (p.pid, p.ppid, p.name.as_str(), p.zombie),
+            (9, 1, "sleep", true)
+        );
         assert_eq!(p.uids, [0, 40_005, 0, 40_005]);
         // This process, found by its own uid; none under an id no process has.
         let me = nix::unistd::getuid().as_raw();

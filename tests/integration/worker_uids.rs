@@ -230,6 +230,33 @@ async fn uids_come_back(options: Options) {
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    // No dead worker is left unreaped under an id of the range (as PID 1, one whose fork
+    // its zygote never reported is the service's alone to reap), and it stops when told.
+    loop {
+        let zombies: Vec<u32> = descendants_of(s.pid())
+            .into_iter()
+            .filter(|p| {
+                let status =
+                    std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+                status.lines().any(|l| l.starts_with("State:\tZ"))
+                    && status
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Uid:"))
+                        .and_then(|u| u.split_whitespace().next()?.parse::<u64>().ok())
+                        .is_some_and(|u| first < u && u <= last)
+            })
+            .collect();
+        if zombies.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "dead workers never reaped: {zombies:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let status = s.stop();
+    assert!(status.success(), "{status:?}");
 }
 
 #[tokio::test]
