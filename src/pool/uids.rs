@@ -581,18 +581,22 @@ pub fn release_when_gone(leases: Vec<(Option<i32>, Arc<UidLease>)>) {
                         *pid = None;
                     }
                 }
+            }
+            let mut procs = processes();
+            if init {
                 // A worker whose fork its zygote never reported is ours too, reparented
                 // and unknown: left, its zombie would hold its uid (and this wait, which
-                // shutdown waits for) for good.
+                // shutdown waits for) for good. Reaped, it is gone from this scan.
                 let uids: std::collections::HashSet<u32> =
                     waiting.iter().map(|(_, lease, _)| lease.uid).collect();
-                for p in processes() {
-                    if p.ppid == 1 && p.zombie && p.uids.iter().any(|u| uids.contains(u)) {
-                        reaped(p.pid);
-                    }
-                }
+                procs.retain(|p| {
+                    let ours = p.ppid == 1 && p.zombie && p.uids.iter().any(|u| uids.contains(u));
+                    !(ours && reaped(p.pid))
+                });
             }
-            let present = uids_of_processes();
+            // Every uid (real, effective, saved, file system) a process still has.
+            let present: std::collections::HashSet<u32> =
+                procs.into_iter().flat_map(|p| p.uids).collect();
             for (_, lease, clean) in &mut waiting {
                 *clean = if present.contains(&lease.uid) {
                     0
@@ -666,11 +670,6 @@ fn parse_status(pid: i32, status: &str) -> ProcessIds {
             .filter_map(|f| f.parse().ok())
             .collect(),
     }
-}
-
-/// Every uid (real, effective, saved, file system) of every process in /proc.
-fn uids_of_processes() -> std::collections::HashSet<u32> {
-    processes().into_iter().flat_map(|p| p.uids).collect()
 }
 
 /// The processes with any of their uids in `first..=last`.
