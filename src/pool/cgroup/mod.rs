@@ -9,8 +9,8 @@
 //!
 //! Whose a cgroup is, is judged as for workspace roots ([`crate::state_lock`]): each
 //! instance holds the lock of `<LOCK_DIR>/<name>/`, where it also records the cgroup
-//! directories it made. At start the records of instances that are gone (their lock free)
-//! are read and their cgroups emptied and removed; a live instance's are never touched,
+//! directories it made. At start, once its own cgroup is made, the records of instances
+//! that are gone (their lock free) are read and their cgroups emptied and removed; a live instance's are never touched,
 //! and a cgroup nobody recorded is not ours to judge.
 
 mod detect;
@@ -85,13 +85,12 @@ const JOIN_V1: &str = "tasks";
 const JOIN_V2: &str = "cgroup.procs";
 
 impl InstanceCgroup {
-    /// Removes what instances that are gone left, then claims a name and makes the cgroup
-    /// at `place` with its bound. `Err`: why there is none (the layer is unavailable).
+    /// Claims a name and makes the cgroup at `place` with its bound, then removes what
+    /// instances that are gone left. `Err`: why there is none (the layer is unavailable).
     pub fn claim(settings: &CgroupSettings, place: &Place) -> Result<Self, String> {
         let lock_dir = &settings.lock_dir;
         std::fs::create_dir_all(lock_dir)
             .map_err(|e| format!("creating {}: {e}", lock_dir.display()))?;
-        remove_abandoned(lock_dir);
         let parent = match &place.found {
             Found::V1 { pids } => pids.clone(),
             Found::V2 { dir } => {
@@ -132,6 +131,11 @@ impl InstanceCgroup {
                 settings.max_processes
             ));
         }
+        // Only now, with a cgroup of its own made: an instance that cannot write the
+        // hierarchy (mounted read-only in its namespace) cannot remove anything either,
+        // and sweeping anyway it would hold each dead instance's lock while it failed,
+        // so that an instance able to remove them passes them over.
+        remove_abandoned(lock_dir);
         let version = match place.found {
             Found::V1 { .. } => "v1",
             _ => "v2",

@@ -118,3 +118,49 @@ fn no_hierarchy_is_unavailable_with_why() {
         "{why}"
     );
 }
+
+#[test]
+fn an_instance_that_cannot_make_its_cgroup_leaves_a_dead_ones_to_the_next_start() {
+    let locks = tempfile::tempdir().unwrap();
+    let tree = tempfile::tempdir().unwrap();
+    let dead = tree.path().join("snakecage-21");
+    std::fs::create_dir(&dead).unwrap();
+    assert!(instance(locks.path(), "snakecage-21", &[&dead], false).is_none());
+    let settings = CgroupSettings {
+        wanted: true,
+        max_processes: 100,
+        lock_dir: locks.path().to_path_buf(),
+    };
+    // Where it cannot make its own (here: the hierarchy is not there; on a host, mounted
+    // read-only), it does not touch the dead instance's: no lock of it is held after,
+    // and it is all still there.
+    let nowhere = Place {
+        found: Found::V1 {
+            pids: tree.path().join("not-mounted"),
+        },
+    };
+    let (cgroup, plan) = set_up(&settings, &nowhere);
+    assert!(cgroup.is_none(), "{plan:?}");
+    assert!(dead.is_dir());
+    let record = locks.path().join("snakecage-21");
+    assert!(record.join(RECORD).exists());
+    assert!(matches!(
+        DirLock::lock_existing(&record).unwrap(),
+        Lock::Taken(_)
+    ));
+    // The next start that makes its own removes it.
+    let here = Place {
+        found: Found::V1 {
+            pids: tree.path().to_path_buf(),
+        },
+    };
+    let (cgroup, _) = set_up(&settings, &here);
+    let mut cgroup = cgroup.expect("made in the fake tree");
+    assert!(!dead.exists(), "removed by the start that made its own");
+    assert!(!record.exists());
+    // Its own is a plain directory here: its pids.max file would keep rmdir from it.
+    for dir in cgroup.dirs() {
+        std::fs::remove_file(dir.join("pids.max")).unwrap();
+    }
+    cgroup.remove();
+}
