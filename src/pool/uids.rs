@@ -558,9 +558,11 @@ impl Drop for UidLease {
 /// The leases of workers whose zygote died before reporting their exit (with their pids,
 /// where the zygote had reported the fork): each is dropped once no process of its uid is
 /// left (the kernel killed them with their zygote, and whoever inherited them reaps them:
-/// until then they still count against RLIMIT_NPROC). Two scans in a row must find none,
-/// the first after the zygote is known to be dead: a child forked just before could still
-/// have been changing its uid during one.
+/// until then they still count against RLIMIT_NPROC). Called once the zygote is reaped:
+/// by then each of its children is either killed (its PDEATHSIG was sent) or already
+/// under its uid (a change of uid clears PDEATHSIG until the worker sets it again). Two
+/// scans in a row must find none: a child forked just before could still have been
+/// changing its uid during one.
 ///
 /// As PID 1 of a PID namespace (a container without an init) the orphans are this
 /// process's to reap: each known pid is reaped here, once (nothing else reaps in this

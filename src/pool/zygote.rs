@@ -418,15 +418,19 @@ async fn read_replies(
             .filter_map(|(pid, uid)| Some((pid, uid?)))
             .collect::<Vec<_>>()
     };
-    // Its workers were killed with it, and are reaped by whoever inherits them; their uids
-    // wait until they are gone.
-    release_when_gone(orphaned_uids);
     died.notify_waiters();
     let _ = child.start_kill();
     match child.wait().await {
         Ok(status) => tracing::info!(%status, "zygote exited"),
         Err(e) => tracing::warn!(error = %e, "waiting for the zygote failed"),
     }
+    // Its workers were killed with it, and are reaped by whoever inherits them; their uids
+    // wait until they are gone. Only now that it is reaped: its socket closes (and the
+    // loop above ends) before the kernel has told its children of its death. Until then
+    // a child forked just before, still root and busy with its hardening, goes on to take
+    // its uid and live under it; a scan made in between would not see it under that uid,
+    // give the uid back, and leave it, once killed, to linger unreaped and unwatched.
+    release_when_gone(orphaned_uids);
 }
 
 fn route(

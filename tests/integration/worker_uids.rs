@@ -249,10 +249,17 @@ async fn uids_come_back(options: Options) {
         if zombies.is_empty() {
             break;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "dead workers never reaped: {zombies:?}"
-        );
+        if std::time::Instant::now() >= deadline {
+            let statuses: Vec<String> = zombies
+                .iter()
+                .map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default())
+                .collect();
+            panic!(
+                "dead workers never reaped: {zombies:?}\n{}\n{}",
+                statuses.join("\n"),
+                s.log()
+            );
+        }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let status = s.stop();
