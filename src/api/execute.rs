@@ -348,7 +348,7 @@ async fn run_prepared(
         owner: caller.owner(),
         inputs: &inputs,
     };
-    let finished = state.pool.execute_in(job, &limits, chunks, &stager).await?;
+    let mut finished = state.pool.execute_in(job, &limits, chunks, &stager).await?;
     let collected = match (finished.workspace_path(), &finished.staged) {
         (Some(path), Some(staged)) => {
             workspace::collect(
@@ -362,6 +362,10 @@ async fn run_prepared(
         }
         _ => workspace::Collected::default(),
     };
+    // Gone before the answer: a client that runs its next job as soon as it has this one's
+    // finds the space this one's files took free again (or it would be freed a moment
+    // later, in the background, and a job that filled the bound would fail the next).
+    finished.remove_workspace().await;
     let signal = finished.outcome.signal;
     let mut response = ExecuteResponse::from(finished.outcome);
     response.files = collected.files;

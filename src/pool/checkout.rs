@@ -64,6 +64,14 @@ impl<S> Finished<S> {
     pub fn workspace_path(&self) -> Option<&Path> {
         self.workspace.as_ref().map(|w| w.path.as_path())
     }
+
+    /// Removes the workspace (once it has been scanned) and returns when it is gone, so
+    /// that the space the job's files took is free again before its client is answered.
+    pub async fn remove_workspace(&mut self) {
+        if let Some(workspace) = self.workspace.take() {
+            workspace.remove().await;
+        }
+    }
 }
 
 /// A worker checked out for one job, with the execution slot it occupies. Dropping it

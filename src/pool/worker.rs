@@ -312,19 +312,32 @@ impl Workspace {
     }
 }
 
-impl Drop for Workspace {
-    fn drop(&mut self) {
+impl Workspace {
+    /// Removes it now and returns once it is gone: what the job wrote no longer takes
+    /// space in the instance's bound when the caller answers its client. (Dropped
+    /// instead, it is removed in the background.)
+    pub async fn remove(mut self) {
+        if let Some(remove) = self.removal() {
+            let _ = tokio::task::spawn_blocking(remove).await;
+        }
+    }
+
+    /// `None` when it is gone already; else what removes the rest of it (a blocking
+    /// walk of the tree). Most jobs leave their workspace empty: one rmdir, here, saves
+    /// the trip to a blocking thread and back.
+    fn removal(&mut self) -> Option<impl FnOnce() + Send + 'static> {
         let path = std::mem::take(&mut self.path);
         let uid = self.uid.take();
-        // Most jobs leave their workspace empty: one rmdir, here, saves the trip to a
-        // blocking thread and back.
+        if path.as_os_str().is_empty() {
+            return None;
+        }
         match std::fs::remove_dir(&path) {
-            Ok(()) => return,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+            Ok(()) => return None,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
             Err(_) => {}
         }
         // The uid goes back (with the last of its holders) once the tree is gone.
-        let remove = move || {
+        Some(move || {
             if let Err(e) = super::tree::remove_tree(&path)
                 && e.kind() != io::ErrorKind::NotFound
             {
@@ -334,6 +347,14 @@ impl Drop for Workspace {
                 }
             }
             drop(uid);
+        })
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        let Some(remove) = self.removal() else {
+            return;
         };
         // A job may leave thousands of files: remove them off the async threads.
         match tokio::runtime::Handle::try_current() {
