@@ -254,10 +254,11 @@ async fn uids_come_back(options: Options) {
                 .iter()
                 .map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default())
                 .collect();
+            // The log first: what CI shows of a failure is the end of its message.
             panic!(
-                "dead workers never reaped: {zombies:?}\n{}\n{}",
-                statuses.join("\n"),
-                s.log()
+                "{}\n{}\ndead workers never reaped: {zombies:?}",
+                s.log(),
+                statuses.join("\n")
             );
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;

@@ -172,8 +172,9 @@ async fn a_job_writing_past_the_bound_gets_enospc_and_others_are_told_the_servic
                 .output()
                 .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
                 .unwrap_or_default();
+            // The log first: what CI shows of a failure is the end of its message.
             panic!(
-                "still not healthy 30 s after the sessions were deleted: {health}\nin the workspaces (KiB):\n{left}\n{}",
+                "{}\nin the workspaces (KiB):\n{left}\nstill not healthy 30 s after the sessions were deleted: {health}",
                 s.log()
             );
         }
