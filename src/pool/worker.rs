@@ -310,9 +310,7 @@ impl Workspace {
         let dir = std::fs::File::open(&workspace.path)?;
         Ok((workspace, OwnedFd::from(dir)))
     }
-}
 
-impl Workspace {
     /// Removes it now and returns once it is gone: what the job wrote no longer takes
     /// space in the instance's bound when the caller answers its client. (Dropped
     /// instead, it is removed in the background.)

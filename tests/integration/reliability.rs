@@ -189,9 +189,28 @@ async fn illegal_staging_paths_are_refused_in_onyx_words() {
 
 /// Waits until `check` holds, for at most `secs` seconds.
 pub async fn eventually(secs: u64, what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !check().await {
-        assert!(Instant::now() < deadline, "never happened: {what}");
+    until(
+        Instant::now() + Duration::from_secs(secs),
+        async || if check().await { Ok(()) } else { Err(()) },
+        |()| format!("never happened: {what}"),
+    )
+    .await;
+}
+
+/// Waits until `check` gives `Ok`, up to `deadline`; past it, fails with what `explain`
+/// makes of the last `Err` (called once: it may gather what only a failure needs).
+pub async fn until<E>(
+    deadline: Instant,
+    mut check: impl AsyncFnMut() -> Result<(), E>,
+    explain: impl FnOnce(E) -> String,
+) {
+    loop {
+        let Err(seen) = check().await else {
+            return;
+        };
+        if Instant::now() >= deadline {
+            panic!("{}", explain(seen));
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -10,6 +10,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::harness::{Options, Server, THREAD_HOG, TWENTY_THREADS, descendants_of};
+use crate::reliability::until;
 
 /// `limits.max_processes` of these tests: low, so holding every thread a worker may have
 /// is quick; the least the configuration allows is 24 (8 tool calls in flight + 16).
@@ -232,37 +233,42 @@ async fn uids_come_back(options: Options) {
     }
     // No dead worker is left unreaped under an id of the range (as PID 1, one whose fork
     // its zygote never reported is the service's alone to reap), and it stops when told.
-    loop {
-        let zombies: Vec<u32> = descendants_of(s.pid())
-            .into_iter()
-            .filter(|p| {
-                let status =
-                    std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
-                status.lines().any(|l| l.starts_with("State:\tZ"))
-                    && status
-                        .lines()
-                        .find_map(|l| l.strip_prefix("Uid:"))
-                        .and_then(|u| u.split_whitespace().next()?.parse::<u64>().ok())
-                        .is_some_and(|u| first < u && u <= last)
-            })
-            .collect();
-        if zombies.is_empty() {
-            break;
-        }
-        if std::time::Instant::now() >= deadline {
+    until(
+        deadline,
+        async || {
+            let zombies: Vec<u32> = descendants_of(s.pid())
+                .into_iter()
+                .filter(|p| {
+                    let status =
+                        std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+                    status.lines().any(|l| l.starts_with("State:\tZ"))
+                        && status
+                            .lines()
+                            .find_map(|l| l.strip_prefix("Uid:"))
+                            .and_then(|u| u.split_whitespace().next()?.parse::<u64>().ok())
+                            .is_some_and(|u| first < u && u <= last)
+                })
+                .collect();
+            if zombies.is_empty() {
+                Ok(())
+            } else {
+                Err(zombies)
+            }
+        },
+        |zombies| {
             let statuses: Vec<String> = zombies
                 .iter()
                 .map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default())
                 .collect();
             // The log first: what CI shows of a failure is the end of its message.
-            panic!(
+            format!(
                 "{}\n{}\ndead workers never reaped: {zombies:?}",
                 s.log(),
                 statuses.join("\n")
-            );
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+            )
+        },
+    )
+    .await;
     let status = s.stop();
     assert!(status.success(), "{status:?}");
 }

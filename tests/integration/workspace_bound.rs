@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::files::{download_bytes, upload};
 use crate::harness::{Options, Server};
 use crate::observability::{chromium, dom_value};
-use crate::reliability::eventually;
+use crate::reliability::{eventually, until};
 
 const MIB: u64 = 1 << 20;
 
@@ -159,13 +159,17 @@ async fn a_job_writing_past_the_bound_gets_enospc_and_others_are_told_the_servic
             .unwrap();
         assert!(deleted.status().is_success(), "{}", deleted.status());
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let health = s.health().await;
-        if health["status"] == "ok" {
-            break;
-        }
-        if std::time::Instant::now() >= deadline {
+    until(
+        std::time::Instant::now() + std::time::Duration::from_secs(30),
+        async || {
+            let health = s.health().await;
+            if health["status"] == "ok" {
+                Ok(())
+            } else {
+                Err(health)
+            }
+        },
+        |health| {
             let left = std::process::Command::new("du")
                 .args(["-a", "-k"])
                 .arg(root.join("mount"))
@@ -173,13 +177,13 @@ async fn a_job_writing_past_the_bound_gets_enospc_and_others_are_told_the_servic
                 .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
                 .unwrap_or_default();
             // The log first: what CI shows of a failure is the end of its message.
-            panic!(
+            format!(
                 "{}\nin the workspaces (KiB):\n{left}\nstill not healthy 30 s after the sessions were deleted: {health}",
                 s.log()
-            );
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+            )
+        },
+    )
+    .await;
     let r = s.run_with(body).await;
     assert_eq!(r["stdout"], format!("{}\n", 10 * MIB), "{r}");
     drop(s);

@@ -10,8 +10,8 @@
 //! Whose a cgroup is, is judged as for workspace roots ([`crate::state_lock`]): each
 //! instance holds the lock of `<LOCK_DIR>/<name>/`, where it also records the cgroup
 //! directories it made. At start, once its own cgroup is made, the records of instances
-//! that are gone (their lock free) are read and their cgroups emptied and removed; a live instance's are never touched,
-//! and a cgroup nobody recorded is not ours to judge.
+//! that are gone (their lock free) are read and their cgroups emptied and removed; a live
+//! instance's are never touched, and a cgroup nobody recorded is not ours to judge.
 
 mod detect;
 
