@@ -148,6 +148,10 @@ impl From<RunOutcome> for ExecuteResponse {
                 "\nThe worker broke the job protocol and was killed: its job socket (fd 3) \
                  {violation}, which is what a job writing to fd 3 causes."
             ));
+        } else if let Some(why) = &o.out_of_memory {
+            stderr.push_str(&format!(
+                "\nThe worker was killed by signal 9 (SIGKILL): {why}."
+            ));
         } else if o.verdict == RunVerdict::Killed {
             let why = match (o.signal, o.exited) {
                 (Some(sig), _) => format!(

@@ -77,6 +77,9 @@ pub async fn health(State(state): State<SharedState>) -> Json<Value> {
         "generation": state.generation(),
         "file_store": file_store(&state, store),
         "workspace": workspace,
+        // `limits.max_total_memory_mb` as the kernel took it, what all workers use of it
+        // now, and how many the kernel killed for it (`null` where nothing bounds it).
+        "workers_memory": state.pool.workers_memory(),
         "sandbox": sandbox,
     }))
 }

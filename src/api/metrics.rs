@@ -41,5 +41,6 @@ pub async fn observe(state: &SharedState) {
         sandbox: &zygote.sandbox,
         files_quota_bytes: (quota_mb > 0).then(|| quota_mb.saturating_mul(1 << 20)),
         workspace: state.pool.workspace_usage(),
+        workers_memory: state.pool.workers_memory(),
     });
 }

@@ -143,6 +143,10 @@ const ENV_IGNORED: &[&str] = &["config", "allow_unauthenticated", "api_key"];
 /// before each worker had a uid of its own from a range.
 const NOBODY: u32 = 65_534;
 
+/// The largest `limits.max_total_memory_mb`: 2^53 bytes, far past any machine, well
+/// inside the kernel's page counter.
+pub const MAX_TOTAL_MEMORY_MB: u64 = 1 << 33;
+
 /// The largest `limits.max_total_processes`: `PID_MAX_LIMIT` of a 64-bit kernel, the most
 /// pids it ever counts.
 pub const MAX_TOTAL_PROCESSES: u64 = 4_194_304;
@@ -272,6 +276,9 @@ impl Config {
         if let Some(problem) = self.total_processes_problem() {
             return Err(ConfigError::Invalid(problem));
         }
+        if let Some(problem) = self.total_memory_problem() {
+            return Err(ConfigError::Invalid(problem));
+        }
         if let Some(layer) = self
             .sandbox
             .require
@@ -333,6 +340,41 @@ impl Config {
         self.limits.max_total_processes.unwrap_or_else(|| {
             (self.most_workers() * 8 + self.limits.max_processes).min(MAX_TOTAL_PROCESSES)
         })
+    }
+
+    /// What `limits.max_total_memory_mb` asks of the instance's cgroup.
+    pub fn memory_bound(&self) -> crate::pool::cgroup::MemoryBound {
+        use crate::pool::cgroup::MemoryBound;
+        match self.limits.max_total_memory_mb {
+            None => MemoryBound::HalfOfHost,
+            Some(0) => MemoryBound::Off,
+            Some(mb) => MemoryBound::Bytes(mb.saturating_mul(1 << 20)),
+        }
+    }
+
+    fn total_memory_problem(&self) -> Option<String> {
+        let total = self.limits.max_total_memory_mb.filter(|&mb| mb > 0)?;
+        let one = self.limits.memory_limit_mb;
+        if total < one {
+            return Some(format!(
+                "limits.max_total_memory_mb is {total} but must be at least limits.memory_limit_mb ({one}), so that one job can always reach its own bound; raise it, set 0 for no bound, or leave it unset (half the host's memory)"
+            ));
+        }
+        if total > MAX_TOTAL_MEMORY_MB {
+            return Some(format!(
+                "limits.max_total_memory_mb is {total} but must be at most {MAX_TOTAL_MEMORY_MB} (8 PiB); set 0 for no bound"
+            ));
+        }
+        if self
+            .sandbox
+            .layers_off
+            .contains(&snakecage_worker::protocol::Layer::Cgroup)
+        {
+            return Some(format!(
+                "limits.max_total_memory_mb is {total} but the cgroup sandbox layer, which bounds it, is switched off (sandbox.layers_off); remove one of the two"
+            ));
+        }
+        None
     }
 
     fn total_processes_problem(&self) -> Option<String> {
@@ -535,6 +577,40 @@ mod tests {
         c.limits.max_total_processes = None;
         c.sessions.max_sessions = 1_000_000;
         assert_eq!(c.max_total_processes(), MAX_TOTAL_PROCESSES);
+    }
+
+    #[test]
+    fn the_total_memory_bound_holds_one_whole_job() {
+        use crate::pool::cgroup::MemoryBound;
+        let mut c = Config::default();
+        assert_eq!(c.memory_bound(), MemoryBound::HalfOfHost);
+        c.limits.max_total_memory_mb = Some(0);
+        c.validate().unwrap();
+        assert_eq!(c.memory_bound(), MemoryBound::Off);
+        c.limits.max_total_memory_mb = Some(255);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "limits.max_total_memory_mb is 255 but must be at least limits.memory_limit_mb (256)"
+            ),
+            "{e}"
+        );
+        c.limits.max_total_memory_mb = Some(256);
+        c.validate().unwrap();
+        assert_eq!(c.memory_bound(), MemoryBound::Bytes(256 << 20));
+        c.limits.max_total_memory_mb = Some(MAX_TOTAL_MEMORY_MB + 1);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("must be at most 8589934592"), "{e}");
+        c.limits.max_total_memory_mb = Some(4096);
+        c.sandbox.layers_off = vec![Layer::Cgroup];
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("the cgroup sandbox layer, which bounds it, is switched off"),
+            "{e}"
+        );
+        // Unset or 0 with the layer off is no bound, as asked.
+        c.limits.max_total_memory_mb = None;
+        c.validate().unwrap();
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub const APPLIED_APART: &[&str] = &["auth.keys"];
 /// even inside a reloadable section.
 const FIXED_WITHIN: &[&str] = &[
     "limits.max_request_bytes",
+    "limits.max_total_memory_mb",
     "limits.max_total_processes",
     "sandbox.uid",
     "sandbox.uid_count",

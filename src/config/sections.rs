@@ -90,6 +90,13 @@ pub struct LimitsConfig {
     /// At least the most workers alive at once plus `max_processes` (every worker's own
     /// thread, and one worker all its threads); at most 4194304 (the kernel's largest pid).
     pub max_total_processes: Option<u64>,
+    /// The memory of all workers together (the `cgroup` sandbox layer: a memory cgroup of
+    /// the instance's own), in MiB; past it the kernel's out-of-memory killer ends the
+    /// largest worker. Unset: half the host's memory (or of the service's own cgroup's
+    /// limit, if lower), where a memory cgroup can be made; `0`: no bound. Set, it is at
+    /// least `memory_limit_mb` (one job can always reach its own bound), and the service
+    /// does not start where it cannot be applied.
+    pub max_total_memory_mb: Option<u64>,
     /// Where the service cannot renew the kernel's CPU-time limit of a session's worker
     /// for each run (it lacks CAP_SYS_RESOURCE) and enforces each run's budget itself:
     /// the CPU time a session's worker may use in its whole life, all its runs together,
@@ -340,6 +347,7 @@ impl Default for LimitsConfig {
             max_bundle_bytes: 2 << 20,
             max_processes: 256,
             max_total_processes: None,
+            max_total_memory_mb: None,
             max_session_cpu_seconds: 3_600,
         }
     }

@@ -7,6 +7,7 @@ use prometheus::{IntGauge, IntGaugeVec};
 use snakecage_worker::protocol::{Layer, LayerReport, LayerState};
 
 use crate::pool::WorkspaceUsage;
+use crate::pool::cgroup::WorkersMemory;
 
 use super::Registrar;
 use super::names::{self, label};
@@ -26,6 +27,9 @@ pub struct HealthReport<'a> {
     /// The workspace file system now; `None`: it could not be read (the gauges keep
     /// their last values).
     pub workspace: Option<WorkspaceUsage>,
+    /// The memory of all workers together; `None`: nothing bounds it (the gauges stay
+    /// at 0).
+    pub workers_memory: Option<WorkersMemory>,
 }
 
 pub(super) struct HealthGauges {
@@ -38,6 +42,9 @@ pub(super) struct HealthGauges {
     workspace_used_bytes: IntGauge,
     workspace_inodes: IntGauge,
     workspace_used_inodes: IntGauge,
+    workers_memory_limit_bytes: IntGauge,
+    workers_memory_used_bytes: IntGauge,
+    workers_oom_kills: IntGauge,
 }
 
 impl HealthGauges {
@@ -80,6 +87,18 @@ impl HealthGauges {
                 names::WORKSPACE_USED_INODES,
                 "Inodes used on the file system holding the workspaces.",
             ),
+            workers_memory_limit_bytes: reg.gauge(
+                names::WORKERS_MEMORY_LIMIT_BYTES,
+                "The memory of all workers together may not pass this (limits.max_total_memory_mb); 0: nothing bounds it.",
+            ),
+            workers_memory_used_bytes: reg.gauge(
+                names::WORKERS_MEMORY_USED_BYTES,
+                "The memory the kernel charges all workers together now, the workspace files they wrote included.",
+            ),
+            workers_oom_kills: reg.gauge(
+                names::WORKERS_OOM_KILLS,
+                "Workers the kernel's out-of-memory killer ended since the instance started.",
+            ),
         };
         // Every layer starts at 0 (not active) until a zygote has said otherwise.
         for layer in Layer::ALL {
@@ -114,6 +133,17 @@ impl HealthGauges {
             set(&self.workspace_used_bytes, ws.used_bytes);
             set(&self.workspace_inodes, ws.inodes);
             set(&self.workspace_used_inodes, ws.inodes_used);
+        }
+        if let Some(memory) = &report.workers_memory {
+            let set =
+                |gauge: &IntGauge, value: u64| gauge.set(value.try_into().unwrap_or(i64::MAX));
+            set(&self.workers_memory_limit_bytes, memory.limit_bytes);
+            if let Some(used) = memory.used_bytes {
+                set(&self.workers_memory_used_bytes, used);
+            }
+            if let Some(kills) = memory.oom_kills {
+                set(&self.workers_oom_kills, kills);
+            }
         }
     }
 }
@@ -165,6 +195,11 @@ mod tests {
                 inodes_used: 12,
                 nearly_full: true,
             }),
+            workers_memory: Some(WorkersMemory {
+                limit_bytes: 120 << 20,
+                used_bytes: Some(5 << 20),
+                oom_kills: Some(2),
+            }),
         });
         let text = m.encode();
         assert!(text.contains("snakecage_ready 1"), "{text}");
@@ -187,6 +222,9 @@ mod tests {
             "snakecage_workspace_used_bytes 99614720",
             "snakecage_workspace_inodes 4096",
             "snakecage_workspace_used_inodes 12",
+            "snakecage_workers_memory_limit_bytes 125829120",
+            "snakecage_workers_memory_used_bytes 5242880",
+            "snakecage_workers_oom_kills 2",
         ] {
             assert!(text.contains(series), "{series} missing:\n{text}");
         }
@@ -202,6 +240,7 @@ mod tests {
             sandbox: &active,
             files_quota_bytes: Some(1),
             workspace: None,
+            workers_memory: None,
         });
         // A restarted zygote that could not set the layer up again.
         let lost = [report(Layer::Seccomp, LayerState::Unavailable)];
@@ -211,6 +250,7 @@ mod tests {
             sandbox: &lost,
             files_quota_bytes: None,
             workspace: None,
+            workers_memory: None,
         });
         let text = m.encode();
         assert!(
@@ -220,5 +260,9 @@ mod tests {
         assert!(text.contains("snakecage_ready 0"), "{text}");
         assert!(text.contains("snakecage_file_store_available 0"), "{text}");
         assert!(text.contains("snakecage_files_quota_bytes 0"), "{text}");
+        assert!(
+            text.contains("snakecage_workers_memory_limit_bytes 0"),
+            "nothing bounds it: {text}"
+        );
     }
 }

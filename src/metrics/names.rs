@@ -86,6 +86,15 @@ pub const WORKSPACE_USED_BYTES: &str = "snakecage_workspace_used_bytes";
 pub const WORKSPACE_INODES: &str = "snakecage_workspace_inodes";
 /// The inodes used on it now.
 pub const WORKSPACE_USED_INODES: &str = "snakecage_workspace_used_inodes";
+/// `limits.max_total_memory_mb` as the kernel took it: the memory of all workers together.
+/// 0 where nothing bounds it (as are the two below).
+pub const WORKERS_MEMORY_LIMIT_BYTES: &str = "snakecage_workers_memory_limit_bytes";
+/// What the kernel charges all workers together now (the workspace files they wrote
+/// included).
+pub const WORKERS_MEMORY_USED_BYTES: &str = "snakecage_workers_memory_used_bytes";
+/// Workers the kernel's out-of-memory killer ended since the instance started (the
+/// memory cgroup's own count, read at each scrape: a gauge that only grows).
+pub const WORKERS_OOM_KILLS: &str = "snakecage_workers_oom_kills";
 /// 1 while `/ready` answers 200, else 0 (no worker yet, zygote down, shutting down).
 pub const READY: &str = "snakecage_ready";
 /// 0 while the file store's last background check failed (`/health` says why), else 1.
@@ -148,7 +157,7 @@ pub mod label {
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
 /// Every metric family name, for checks that nothing refers to a name that does not exist.
-pub const ALL: [&str; 49] = [
+pub const ALL: [&str; 52] = [
     TOOL_CALLS_TOTAL,
     TOOL_CALL_DURATION_SECONDS,
     EXECUTIONS_TOTAL,
@@ -185,6 +194,9 @@ pub const ALL: [&str; 49] = [
     WORKSPACE_USED_BYTES,
     WORKSPACE_INODES,
     WORKSPACE_USED_INODES,
+    WORKERS_MEMORY_LIMIT_BYTES,
+    WORKERS_MEMORY_USED_BYTES,
+    WORKERS_OOM_KILLS,
     READY,
     FILE_STORE_AVAILABLE,
     SANDBOX_LAYER_ACTIVE,

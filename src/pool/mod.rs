@@ -224,6 +224,8 @@ struct Inner {
     cgroup: std::sync::Mutex<Option<cgroup::InstanceCgroup>>,
     /// What every generation's workers are told of it.
     cgroup_plan: snakecage_worker::protocol::CgroupPlan,
+    /// Its count of workers killed for memory, where it bounds their memory together.
+    oom: Option<cgroup::OomWatch>,
 }
 
 impl Pool {
@@ -238,6 +240,12 @@ impl Pool {
     /// when it cannot be read (the root removed under us: recreated at the next spawn).
     pub fn workspace_usage(&self) -> Option<WorkspaceUsage> {
         self.inner.root.usage().ok()
+    }
+
+    /// The memory of all workers together, its bound and the workers the kernel killed
+    /// for it (`/health`, the metrics); `None` where nothing bounds it.
+    pub fn workers_memory(&self) -> Option<cgroup::WorkersMemory> {
+        self.inner.oom.as_ref().map(cgroup::OomWatch::report)
     }
 
     /// The worker uids claimed and how many are in use (`/health`); `None` where workers

@@ -294,6 +294,7 @@ async fn spawn_worker(
         stderr_r,
         workspace,
     )?;
+    worker.watch_oom(inner.oom.clone());
     let timeout = inner.settings.spawn_timeout;
     // Forked at the zygote's priority: raised once a job waits for the tier, or a busy
     // host could hold it back at `SCHED_IDLE` (see `Tier::prioritise`).

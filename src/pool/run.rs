@@ -120,6 +120,10 @@ pub struct RunOutcome {
     pub result: Option<JobResult>,
     /// The signal that ended the worker, when one did.
     pub signal: Option<i32>,
+    /// Why the kernel's out-of-memory killer most likely ended it (a SIGKILL the service
+    /// did not send, while the instance's cgroup counted workers killed for memory); its
+    /// verdict is then `memory_limit`.
+    pub out_of_memory: Option<String>,
     /// The worker's exit status when it exited without reporting a result (`os._exit(n)`,
     /// a C extension's `exit()`): the result, its verdict `killed`, says how it ended.
     pub exited: Option<i32>,
@@ -162,6 +166,7 @@ impl RunOutcome {
             duration: waited,
             result: None,
             signal: None,
+            out_of_memory: None,
             exited: None,
             zygote_end: None,
             kill: None,
@@ -252,6 +257,7 @@ pub async fn run(
     let protocol_violation = violation.is_some();
     let cancelled = ending == Ending::Cancelled;
     let mut exited = None;
+    let mut out_of_memory = None;
     let (result, signal, exit_code, timed_out) = match ending {
         Ending::Reported(result) => {
             let code = result.exit_code;
@@ -265,7 +271,12 @@ pub async fn run(
                 Some(ExitStatus::Signal(sig)) if sig == libc::SIGXCPU => {
                     (None, Some(sig), None, true)
                 }
-                Some(ExitStatus::Signal(sig)) => (None, Some(sig), None, false),
+                Some(ExitStatus::Signal(sig)) => {
+                    if sig == libc::SIGKILL && died {
+                        out_of_memory = worker.killed_for_memory();
+                    }
+                    (None, Some(sig), None, false)
+                }
                 Some(ExitStatus::Code(code)) => {
                     exited = Some(code);
                     (None, None, None, false)
@@ -288,7 +299,10 @@ pub async fn run(
         // the caller runs it again on a fresh worker.
         return Err(RunError::DiedWithItsZygote { ran: duration });
     }
-    let verdict = verdict(result.as_ref(), timed_out, capture.truncated());
+    let verdict = match verdict(result.as_ref(), timed_out, capture.truncated()) {
+        RunVerdict::Killed if out_of_memory.is_some() => RunVerdict::MemoryLimit,
+        verdict => verdict,
+    };
     let kill = if reported {
         None
     } else if timed_out {
@@ -312,6 +326,7 @@ pub async fn run(
         duration,
         result,
         signal,
+        out_of_memory,
         exited,
         zygote_end,
         kill,
@@ -393,6 +408,8 @@ pub async fn run_in_session(
         Ending::ProtocolViolation(v) => Some(v),
         _ => None,
     };
+    let died = ending == Ending::Died;
+    let mut out_of_memory = None;
     let (result, lost, signal) = match ending {
         Ending::Reported(result) => (Some(result), None, None),
         Ending::Deadline => (
@@ -420,6 +437,13 @@ pub async fn run_in_session(
             // A kill for its CPU-time budget is explained by its session worker, which
             // knows what the budget covered and who enforced it.
             let (signal, why) = match worker.exit_status(EXIT_STATUS_WAIT).await {
+                Some(ExitStatus::Signal(libc::SIGKILL))
+                    if died && let Some(why) = worker.killed_for_memory() =>
+                {
+                    let said = format!("its worker was killed by signal 9 (SIGKILL): {why}");
+                    out_of_memory = Some(why);
+                    (Some(libc::SIGKILL), said)
+                }
                 Some(status @ ExitStatus::Signal(sig)) => {
                     (Some(sig), format!("its worker {}", how_it_ended(status)))
                 }
@@ -448,6 +472,7 @@ pub async fn run_in_session(
     };
     let verdict = match &result {
         _ if timed_out => RunVerdict::Timeout,
+        None if out_of_memory.is_some() => RunVerdict::MemoryLimit,
         None => RunVerdict::Killed,
         Some(_) => verdict(result.as_ref(), false, capture.truncated()),
     };
@@ -464,6 +489,7 @@ pub async fn run_in_session(
             duration,
             result,
             signal,
+            out_of_memory,
             exited,
             zygote_end,
             kill,

@@ -71,7 +71,9 @@ impl SessionWorker {
 
     /// Why its worker ended between requests (asked once it is found dead: its job socket
     /// closed, or its exit reported), as a session's reason: its zygote's end, its
-    /// CPU-time budget between runs (threads a run left spinning), or how it exited.
+    /// CPU-time budget between runs (threads a run left spinning), the kernel's
+    /// out-of-memory killer (another worker's allocation can make it kill this one, the
+    /// largest), or how it exited.
     /// `None` when none of that is known (its exit not reported in time).
     pub async fn why_gone(&mut self) -> Option<String> {
         let status = self.worker.exit_status(run::EXIT_STATUS_WAIT).await;
@@ -84,6 +86,13 @@ impl SessionWorker {
         };
         if let Some(why) = self.budget.why_killed(signal, false) {
             return Some(why);
+        }
+        if signal == Some(libc::SIGKILL)
+            && let Some(why) = self.worker.killed_for_memory()
+        {
+            return Some(format!(
+                "its worker was killed by signal 9 (SIGKILL): {why}"
+            ));
         }
         Some(format!("its worker {}", run::how_it_ended(status?)))
     }

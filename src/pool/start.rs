@@ -92,7 +92,18 @@ impl Pool {
             uids::probe_with(&mut settings, uids.first());
         }
         let (cgroup, cgroup_plan) = cgroup::set_up(&settings.cgroup, &cgroup::Place::here());
+        if let (
+            cgroup::MemoryBound::Bytes(bytes),
+            snakecage_worker::protocol::CgroupPlan::Unavailable(why),
+        ) = (settings.cgroup.memory, &cgroup_plan)
+        {
+            return Err(PoolError::SandboxRequired(format!(
+                "limits.max_total_memory_mb = {} bounds the workers' memory in the instance's cgroup, which could not be made: {why}; leave it unset (or 0) to run without that bound",
+                bytes >> 20
+            )));
+        }
         cgroup::plan_with(&mut settings, &cgroup_plan);
+        let oom = cgroup.as_ref().and_then(cgroup::InstanceCgroup::oom_watch);
         let first = Arc::new(Generation::starting(settings.clone(), 1, settings.size));
         let shutdown = CancellationToken::new();
         let inner = Arc::new(Inner {
@@ -115,6 +126,7 @@ impl Pool {
             uids,
             cgroup: std::sync::Mutex::new(cgroup),
             cgroup_plan,
+            oom,
         });
         let pool = Self {
             inner: inner.clone(),

@@ -46,6 +46,9 @@ pub struct Worker {
     killed: bool,
     /// Whether its zygote was told to shut down (see [`Worker::zygote_end`]).
     zygote_shut_down: Arc<AtomicBool>,
+    /// The instance cgroup's count of workers killed for memory, and that count when
+    /// this one was forked (see [`Worker::killed_for_memory`]).
+    oom: Option<(super::cgroup::OomWatch, u64)>,
 }
 
 /// Why a worker's zygote ended, when the worker died with it. Every worker dies with its
@@ -88,7 +91,22 @@ impl Worker {
             warmed: false,
             killed: false,
             zygote_shut_down: forked.zygote_shut_down,
+            oom: None,
         })
+    }
+
+    /// Watches the instance cgroup's count of workers killed for memory from now on.
+    pub(super) fn watch_oom(&mut self, watch: Option<super::cgroup::OomWatch>) {
+        self.oom = watch.and_then(|w| w.kills().map(|now| (w, now)));
+    }
+
+    /// Why it died by a SIGKILL the service did not send, when the kernel's out-of-memory
+    /// killer most likely sent it: the instance's cgroup counted workers killed for
+    /// memory since this one was forked. `None` otherwise, or where nothing bounds the
+    /// workers' memory together.
+    pub fn killed_for_memory(&self) -> Option<String> {
+        let (watch, before) = self.oom.as_ref()?;
+        watch.explain(*before)
     }
 
     /// False once the zygote has reaped it, or the zygote itself is gone. An exit status

@@ -143,6 +143,7 @@ pub fn pool_settings(config: &Config) -> Result<PoolSettings, ConfigError> {
         cgroup: CgroupSettings {
             wanted: config.sandbox.zygote_config().wants(Layer::Cgroup),
             max_processes: config.max_total_processes(),
+            memory: config.memory_bound(),
             lock_dir: crate::pool::cgroup::LOCK_DIR.into(),
         },
     })

@@ -193,6 +193,12 @@ async fn a_killed_instances_cgroup_is_removed_at_the_next_start_and_a_live_ones_
         cgroup_dir(&live.health().await),
         cgroup_dir(&killed.health().await),
     );
+    // By default each also bounds its workers' memory, in a cgroup of the memory
+    // hierarchy, which goes the same way.
+    let (live_memory, killed_memory) = (
+        memory_dir(&live.health().await),
+        memory_dir(&killed.health().await),
+    );
     // SIGKILL: no shutdown, the cgroup stays behind (its workers die with their zygotes).
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(killed.pid() as i32),
@@ -205,16 +211,17 @@ async fn a_killed_instances_cgroup_is_removed_at_the_next_start_and_a_live_ones_
     }
     drop(killed);
     assert!(
-        killed_dir.is_dir(),
-        "a killed instance cannot remove its cgroup"
+        killed_dir.is_dir() && killed_memory.is_dir(),
+        "a killed instance cannot remove its cgroups"
     );
 
     let next = Server::start_with(bounded(Options::default())).await;
     let next_dir = cgroup_dir(&next.health().await);
     assert!(!killed_dir.exists(), "removed by the next start");
+    assert!(!killed_memory.exists(), "both of them");
     assert!(
-        live_dir.is_dir(),
-        "a live instance's cgroup is never touched"
+        live_dir.is_dir() && live_memory.is_dir(),
+        "a live instance's cgroups are never touched"
     );
     assert_ne!(next_dir, live_dir);
     let r = live.run(TWENTY_THREADS).await;
@@ -269,6 +276,206 @@ fn requiring_the_layer_where_it_is_unavailable_stops_start_up_saying_why() {
     assert!(!status.success(), "{stderr}");
     assert!(
         stderr.contains("sandbox.require names layers that are not active: cgroup is Unavailable: creating /sys/fs/cgroup/pids/snakecage-"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("Read-only file system"), "{stderr}");
+}
+
+/// `limits.memory_limit_mb` (one worker's own bound) and `limits.max_total_memory_mb`
+/// (all workers together): two jobs of most of one worker's bound pass the instance's.
+const JOB_MB: u32 = 100;
+const TOTAL_MB: u32 = 120;
+
+/// The instance's memory cgroup, as `/health` names it.
+fn memory_dir(health: &Value) -> PathBuf {
+    let detail = health["sandbox"]["cgroup"]["detail"].as_str().unwrap();
+    let said = " for all workers together (limits.max_total_memory_mb) in ";
+    let (_, rest) = detail
+        .split_once(said)
+        .unwrap_or_else(|| panic!("the detail says the memory bound: {detail}"));
+    PathBuf::from(rest.split_once("; ").unwrap().0)
+}
+
+/// Waits until what the kernel charges the workers is back below 20 MiB: a worker's
+/// memory comes back as the kernel tears it down, after its kill or its result.
+async fn memory_comes_back(s: &Server) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let health = s.health().await;
+        let used = health["workers_memory"]["used_bytes"].as_u64().unwrap();
+        if used < 20 << 20 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the workers' memory is still charged after 30 s: {health}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+const OOM_KILLED: &str = "The worker was killed by signal 9 (SIGKILL): the kernel's \
+     out-of-memory killer ended it: the instance's cgroup counted 1 of its workers killed for \
+     memory while it ran, which happens when all workers together reach \
+     limits.max_total_memory_mb (120 MiB) or the host runs out of memory; the kernel kills the \
+     largest worker, not always the one allocating.";
+
+#[tokio::test]
+async fn the_workers_memory_together_is_bounded_and_a_worker_killed_for_it_is_told_why() {
+    let s = Server::start_with(
+        bounded(Options::default())
+            .env("SNAKECAGE_LIMITS__MEMORY_LIMIT_MB", JOB_MB)
+            .env("SNAKECAGE_LIMITS__MAX_TOTAL_MEMORY_MB", TOTAL_MB),
+    )
+    .await;
+    let health = s.health().await;
+    let dir = memory_dir(&health);
+    let detail = health["sandbox"]["cgroup"]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&format!(
+            "; memory {TOTAL_MB} MiB for all workers together (limits.max_total_memory_mb) in "
+        )),
+        "{detail}"
+    );
+    assert_eq!(
+        read_number(&dir.join("memory.limit_in_bytes")),
+        u64::from(TOTAL_MB) << 20
+    );
+    assert_eq!(cgroup_dir(&health).file_name(), dir.file_name());
+
+    // A session holds 40 MiB. A stateless job of 95 MiB, within its own bound, takes the
+    // workers together past 120: the kernel kills the largest, the job, and its client
+    // is told so.
+    let holder = s.new_session().await;
+    let r = s
+        .session_run(&holder, "held = b'x' * (40 << 20)\nprint(len(held) >> 20)")
+        .await;
+    assert_eq!(stdout(&r), "40\n", "{r}");
+    let r = s
+        .run("data = b'x' * (95 << 20)\nprint(len(data) >> 20)")
+        .await;
+    assert_eq!(r["verdict"], "memory_limit", "{r}");
+    assert_eq!(stdout(&r), "", "{r}");
+    assert_eq!(last_stderr_line(&r), Some(OOM_KILLED), "{r}");
+    assert!(
+        std::fs::read_to_string(dir.join("memory.oom_control"))
+            .unwrap()
+            .contains("oom_kill 1\n")
+    );
+    let health = s.health().await;
+    let memory = &health["workers_memory"];
+    assert_eq!(memory["limit_bytes"], u64::from(TOTAL_MB) << 20, "{health}");
+    assert_eq!(memory["oom_kills"], 1, "{health}");
+    let used = memory["used_bytes"].as_u64().unwrap();
+    assert!(
+        (40 << 20..u64::from(TOTAL_MB) << 20).contains(&used),
+        "the session's 40 MiB are charged: {health}"
+    );
+    let (_, _, metrics) = s.get("/metrics").await;
+    for series in [
+        "snakecage_workers_memory_limit_bytes 125829120",
+        "snakecage_workers_oom_kills 1",
+    ] {
+        assert!(metrics.contains(series), "{series} missing:\n{metrics}");
+    }
+    // The session, the smaller, keeps its state; with it gone the same job fits.
+    let r = s.session_run(&holder, "print(len(held) >> 20)").await;
+    assert_eq!(stdout(&r), "40\n", "{r}");
+    delete_session(&s, &holder).await;
+    // Its worker is killed at once; its memory comes back as the kernel tears it down.
+    memory_comes_back(&s).await;
+    let r = s
+        .run("data = b'x' * (95 << 20)\nprint(len(data) >> 20)")
+        .await;
+    assert_eq!(
+        (r["verdict"].as_str(), stdout(&r)),
+        (Some("ok"), "95\n"),
+        "{r}"
+    );
+
+    memory_comes_back(&s).await;
+    // The largest is not always the one allocating: a session holding 90 MiB is killed
+    // for a stateless job of 60, which then ends well, and the session's next call says
+    // why it is gone.
+    let big = s.new_session().await;
+    let r = s
+        .session_run(&big, "held = b'x' * (90 << 20)\nprint(len(held) >> 20)")
+        .await;
+    assert_eq!(stdout(&r), "90\n", "{r}");
+    let r = s
+        .run("data = b'x' * (60 << 20)\nprint(len(data) >> 20)")
+        .await;
+    assert_eq!(
+        (r["verdict"].as_str(), stdout(&r)),
+        (Some("ok"), "60\n"),
+        "{r}"
+    );
+    let (status, r) = s
+        .post(
+            &format!("/v1/sessions/{big}/execute"),
+            &serde_json::json!({ "code": "print(len(held))" }),
+        )
+        .await;
+    let said = r.to_string();
+    assert_eq!(status, 410, "{said}");
+    assert!(
+        said.contains("its worker was killed by signal 9 (SIGKILL): the kernel's out-of-memory killer ended it"),
+        "{said}"
+    );
+    assert!(
+        std::fs::read_to_string(dir.join("memory.oom_control"))
+            .unwrap()
+            .contains("oom_kill 2\n")
+    );
+    // The service serves on, and stopping removes the memory cgroup with the other.
+    let r = s.run("print(1 + 1)").await;
+    assert_eq!(stdout(&r), "2\n", "{r}");
+    let status = s.stop();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        !dir.exists(),
+        "a stopped instance removes its memory cgroup"
+    );
+}
+
+/// The service with only the memory hierarchy read-only.
+fn read_only_memory_cgroup() -> Vec<String> {
+    crate::harness::in_private_mounts("mount -o remount,bind,ro /sys/fs/cgroup/memory")
+}
+
+#[tokio::test]
+async fn where_no_memory_cgroup_can_be_made_the_default_bound_says_why_and_a_set_one_stops_start_up()
+ {
+    let s =
+        Server::start_with(bounded(Options::default()).wrapper(&read_only_memory_cgroup())).await;
+    let health = s.health().await;
+    let detail = health["sandbox"]["cgroup"]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("; memory not bounded: creating /sys/fs/cgroup/memory/")
+            && detail.contains("Read-only file system (os error 30); cgroup v1 "),
+        "{detail}"
+    );
+    // Threads are still bounded together.
+    assert_eq!(
+        read_number(&cgroup_dir(&health).join("pids.max")),
+        u64::from(MAX_TOTAL)
+    );
+    let r = s.run("print(1 + 1)").await;
+    assert_eq!(stdout(&r), "2\n", "{r}");
+    drop(s);
+
+    let wrapper = read_only_memory_cgroup();
+    let mut cmd = std::process::Command::new(&wrapper[0]);
+    cmd.args(&wrapper[1..])
+        .arg(env!("CARGO_BIN_EXE_snakecage"))
+        .args(["--listen", "127.0.0.1:0", "--venv"])
+        .arg(crate::harness::repo_root().join(".venv"))
+        .env("SNAKECAGE_TIERS__PROFILE", r#"[{name = "bare"}]"#)
+        .env("SNAKECAGE_LIMITS__MAX_TOTAL_MEMORY_MB", "512");
+    let (status, stderr) = crate::harness::refused_start(cmd, Duration::from_secs(300));
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("limits.max_total_memory_mb = 512 bounds the workers' memory in the instance's cgroup, which could not be made: creating /sys/fs/cgroup/memory/"),
         "{stderr}"
     );
     assert!(stderr.contains("Read-only file system"), "{stderr}");

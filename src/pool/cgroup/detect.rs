@@ -1,16 +1,16 @@
 //! Where this process's cgroup is, read from `/proc/self/cgroup` and
-//! `/proc/self/mountinfo`: the directory of its cgroup in the v1 `pids` hierarchy, or in
-//! the v2 (unified) one, or why neither is reachable. Parsing only, no I/O: the unit tests
-//! feed it the files of v1, hybrid, v2 and cgroup-less hosts.
+//! `/proc/self/mountinfo`: the directory of its cgroup in a v1 controller's hierarchy
+//! (`pids`, `memory`), or in the v2 (unified) one, or why neither is reachable. Parsing
+//! only, no I/O: the unit tests feed it the files of v1, hybrid, v2 and cgroup-less hosts.
 
 use std::path::{Path, PathBuf};
 
 /// The hierarchy the instance's cgroup is made in, at this process's own cgroup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Found {
-    /// cgroup v1: our cgroup's directory in the `pids` hierarchy (a hybrid host, with v1
-    /// controllers and an empty v2 tree beside them, is v1 for this).
-    V1 { pids: PathBuf },
+    /// cgroup v1: our cgroup's directory in the controller's hierarchy (a hybrid host, with
+    /// v1 controllers and an empty v2 tree beside them, is v1 for this).
+    V1 { dir: PathBuf },
     /// cgroup v2: our cgroup's directory in the unified hierarchy.
     V2 { dir: PathBuf },
     /// Neither: why.
@@ -109,24 +109,24 @@ fn directory(mount: &Mount, path: &str) -> Option<PathBuf> {
     Some(mount.point.join(relative))
 }
 
-/// Where this process's cgroup is, from the texts of `/proc/self/cgroup` and
-/// `/proc/self/mountinfo`. v1 `pids` first (a hybrid host's v2 tree has no controllers),
-/// then v2.
-pub fn find(proc_cgroup: &str, mountinfo: &str) -> Found {
+/// Where this process's cgroup is for `controller` (`pids`, `memory`), from the texts of
+/// `/proc/self/cgroup` and `/proc/self/mountinfo`: v1 first (a hybrid host's v2 tree has
+/// no controllers), then v2.
+pub fn find(controller: &str, proc_cgroup: &str, mountinfo: &str) -> Found {
     let memberships = memberships(proc_cgroup);
     let mounts = cgroup_mounts(mountinfo);
     if let Some(ours) = memberships
         .iter()
-        .find(|m| !m.v2 && m.controllers.contains(&"pids"))
+        .find(|m| !m.v2 && m.controllers.contains(&controller))
     {
         let mounted = mounts
             .iter()
-            .filter(|m| !m.v2 && m.controllers.iter().any(|c| c == "pids"))
+            .filter(|m| !m.v2 && m.controllers.iter().any(|c| c == controller))
             .find_map(|m| directory(m, ours.path));
         return match mounted {
-            Some(pids) => Found::V1 { pids },
+            Some(dir) => Found::V1 { dir },
             None => Found::None(format!(
-                "cgroup v1: our pids cgroup {} is not visible in any mount of the pids hierarchy",
+                "cgroup v1: our {controller} cgroup {} is not visible in any mount of the {controller} hierarchy",
                 ours.path
             )),
         };
@@ -144,9 +144,9 @@ pub fn find(proc_cgroup: &str, mountinfo: &str) -> Found {
             )),
         };
     }
-    Found::None(
-        "no cgroup v1 pids hierarchy and no cgroup v2 membership in /proc/self/cgroup".into(),
-    )
+    Found::None(format!(
+        "no cgroup v1 {controller} hierarchy and no cgroup v2 membership in /proc/self/cgroup"
+    ))
 }
 
 #[cfg(test)]
@@ -162,18 +162,25 @@ mod tests {
 ";
 
     #[test]
-    fn a_hybrid_host_is_v1_at_our_pids_cgroup() {
+    fn a_hybrid_host_is_v1_at_our_cgroup_of_each_controller() {
         assert_eq!(
-            find(HYBRID_CGROUP, HYBRID_MOUNTS),
+            find("pids", HYBRID_CGROUP, HYBRID_MOUNTS),
             Found::V1 {
-                pids: "/sys/fs/cgroup/pids".into()
+                dir: "/sys/fs/cgroup/pids".into()
+            }
+        );
+        // Each controller at our cgroup in its own hierarchy.
+        assert_eq!(
+            find("memory", HYBRID_CGROUP, HYBRID_MOUNTS),
+            Found::V1 {
+                dir: "/sys/fs/cgroup/memory/process_api/6f60".into()
             }
         );
         let nested = "8:blkio,pids:/user.slice/session-4.scope\n0::/user.slice\n";
         assert_eq!(
-            find(nested, HYBRID_MOUNTS),
+            find("pids", nested, HYBRID_MOUNTS),
             Found::V1 {
-                pids: "/sys/fs/cgroup/pids/user.slice/session-4.scope".into()
+                dir: "/sys/fs/cgroup/pids/user.slice/session-4.scope".into()
             }
         );
     }
@@ -182,7 +189,7 @@ mod tests {
     fn a_v2_host_and_a_container_with_its_own_subtree_mounted() {
         let mounts = "29 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
         assert_eq!(
-            find("0::/system.slice/snakecage.service\n", mounts),
+            find("pids", "0::/system.slice/snakecage.service\n", mounts),
             Found::V2 {
                 dir: "/sys/fs/cgroup/system.slice/snakecage.service".into()
             }
@@ -191,7 +198,7 @@ mod tests {
         // /sys/fs/cgroup, /proc/self/cgroup naming the host's path.
         let pod = "1290 1281 0:26 /kubepods/burstable/pod1/c2 /sys/fs/cgroup ro,nosuid - cgroup2 cgroup rw\n";
         assert_eq!(
-            find("0::/kubepods/burstable/pod1/c2\n", pod),
+            find("pids", "0::/kubepods/burstable/pod1/c2\n", pod),
             Found::V2 {
                 dir: "/sys/fs/cgroup".into()
             }
@@ -199,7 +206,7 @@ mod tests {
         // A mount point with a space in it.
         let spaced = "29 23 0:26 / /mnt/cg\\040two rw - cgroup2 cgroup2 rw\n";
         assert_eq!(
-            find("0::/a\n", spaced),
+            find("pids", "0::/a\n", spaced),
             Found::V2 {
                 dir: "/mnt/cg two/a".into()
             }
@@ -208,18 +215,18 @@ mod tests {
 
     #[test]
     fn no_cgroup_or_one_out_of_sight_says_why() {
-        let Found::None(why) = find("", "") else {
+        let Found::None(why) = find("pids", "", "") else {
             panic!("nothing to find")
         };
         assert!(why.contains("no cgroup v1 pids hierarchy"), "{why}");
         // Our cgroup lies outside the mounted subtree.
         let pod = "1290 1281 0:26 /kubepods/pod1 /sys/fs/cgroup ro - cgroup2 cgroup rw\n";
-        let Found::None(why) = find("0::/elsewhere\n", pod) else {
+        let Found::None(why) = find("pids", "0::/elsewhere\n", pod) else {
             panic!("not reachable")
         };
         assert!(why.contains("/elsewhere is not visible"), "{why}");
         // A v1 pids membership without its mount.
-        let Found::None(why) = find("8:pids:/x\n", "") else {
+        let Found::None(why) = find("pids", "8:pids:/x\n", "") else {
             panic!("not mounted")
         };
         assert!(why.contains("pids cgroup /x"), "{why}");

@@ -1,11 +1,15 @@
 //! The instance's cgroup (the `cgroup` sandbox layer): one per instance, bounding all its
-//! workers together (`pids.max` = `limits.max_total_processes`), made at start in this
-//! process's own cgroup (v1 `pids` hierarchy, or v2 with `pids` enabled for its children),
-//! removed at shutdown. Each worker joins it itself as the first step of its hardening
+//! workers together (`pids.max` = `limits.max_total_processes`; their memory, where a
+//! memory cgroup can be made, at `limits.max_total_memory_mb`), made at start in this
+//! process's own cgroup (v1: one in the `pids` hierarchy and one in the `memory` one; v2:
+//! one, with `pids` and `memory` enabled for its children), removed at shutdown. Each
+//! worker joins it itself as the first step of its hardening
 //! (`worker/src/sandbox/cgroup.rs`); the zygotes stay outside, so a cgroup full of threads
 //! never stops the pool from forking. Plain file writes: the whole interface used is
-//! `mkdir`, `pids.max`, `cgroup.subtree_control`, `tasks` (v1) or `cgroup.procs` (v2) and
-//! `rmdir`.
+//! `mkdir`, `pids.max`, `memory.limit_in_bytes` (v1) or `memory.max` (v2),
+//! `cgroup.subtree_control`, `tasks` (v1) or `cgroup.procs` (v2) and `rmdir`; the kernel's
+//! count of out-of-memory kills is read from `memory.oom_control` (v1) or `memory.events`
+//! (v2).
 //!
 //! Whose a cgroup is, is judged as for workspace roots ([`crate::state_lock`]): each
 //! instance holds the lock of `<LOCK_DIR>/<name>/`, where it also records the cgroup
@@ -14,6 +18,7 @@
 //! instance's are never touched, and a cgroup nobody recorded is not ours to judge.
 
 mod detect;
+mod memory;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -23,6 +28,7 @@ use snakecage_worker::protocol::CgroupPlan;
 
 use crate::state_lock::{DirLock, Lock};
 pub use detect::Found;
+pub use memory::{MemoryBound, OomWatch, WorkersMemory};
 
 /// Where instances lock their cgroups' names and record their directories.
 pub const LOCK_DIR: &str = "/run/snakecage/cgroups";
@@ -40,6 +46,8 @@ pub struct CgroupSettings {
     pub wanted: bool,
     /// `pids.max`: processes and threads of all workers together.
     pub max_processes: u64,
+    /// The memory of all workers together.
+    pub memory: MemoryBound,
     /// [`LOCK_DIR`] but in tests.
     pub lock_dir: PathBuf,
 }
@@ -47,15 +55,20 @@ pub struct CgroupSettings {
 /// Where the instance's cgroup is made: the host's, or a test's fake tree.
 #[derive(Debug, Clone)]
 pub struct Place {
+    /// This process's cgroup for `pids`.
     pub found: Found,
+    /// And for `memory` (on v2 the same directory).
+    pub memory: Found,
 }
 
 impl Place {
     /// This process's cgroup, read from `/proc/self`.
     pub fn here() -> Self {
         let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        let (cgroup, mounts) = (read("/proc/self/cgroup"), read("/proc/self/mountinfo"));
         Self {
-            found: detect::find(&read("/proc/self/cgroup"), &read("/proc/self/mountinfo")),
+            found: detect::find("pids", &cgroup, &mounts),
+            memory: detect::find("memory", &cgroup, &mounts),
         }
     }
 }
@@ -70,6 +83,8 @@ pub struct InstanceCgroup {
     detail: String,
     /// The file a worker writes `0` to, to move itself in ([`JOIN_V1`] or [`JOIN_V2`]).
     join_file: &'static str,
+    /// The kernel's count of its workers killed for memory, where it bounds their memory.
+    oom: Option<OomWatch>,
 }
 
 /// How a worker moves itself into a v1 cgroup: its one thread through `tasks`. Moving a
@@ -92,9 +107,9 @@ impl InstanceCgroup {
         std::fs::create_dir_all(lock_dir)
             .map_err(|e| format!("creating {}: {e}", lock_dir.display()))?;
         let parent = match &place.found {
-            Found::V1 { pids } => pids.clone(),
+            Found::V1 { dir } => dir.clone(),
             Found::V2 { dir } => {
-                enable_pids(dir)?;
+                enable(dir, "pids")?;
                 dir.clone()
             }
             Found::None(why) => return Err(why.clone()),
@@ -103,10 +118,6 @@ impl InstanceCgroup {
         // records its names elsewhere (another /run) made it; it is never shared.
         let (name, lock) = claim_name(lock_dir, |name| parent.join(name).exists())?;
         let dir = parent.join(&name);
-        // Recorded before it is made: an instance killed in between leaves a record the
-        // next start acts on.
-        std::fs::write(lock.dir().join(RECORD), format!("{}\n", dir.display()))
-            .map_err(|e| format!("recording the cgroup in {}: {e}", lock.dir().display()))?;
         let mut made = Self {
             dirs: Vec::new(),
             lock: Some(lock),
@@ -115,9 +126,9 @@ impl InstanceCgroup {
                 Found::V1 { .. } => JOIN_V1,
                 _ => JOIN_V2,
             },
+            oom: None,
         };
-        std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        made.dirs.push(dir.clone());
+        made.make(&dir)?;
         let max = dir.join("pids.max");
         std::fs::write(&max, settings.max_processes.to_string())
             .map_err(|e| format!("writing {}: {e}", max.display()))?;
@@ -131,6 +142,19 @@ impl InstanceCgroup {
                 settings.max_processes
             ));
         }
+        let memory = match settings.memory {
+            MemoryBound::Off => Ok("memory not bounded (limits.max_total_memory_mb = 0)".into()),
+            bound => made.bound_memory(bound, &place.memory, &name, &dir),
+        };
+        let memory = match (memory, settings.memory) {
+            (Ok(said), _) => said,
+            // Asked for by name, it is not optional.
+            (Err(why), MemoryBound::Bytes(_)) => return Err(why),
+            (Err(why), _) => {
+                tracing::warn!(%why, "the memory of all workers together is not bounded");
+                format!("memory not bounded: {why}")
+            }
+        };
         // Only now, with a cgroup of its own made: an instance that cannot write the
         // hierarchy (mounted read-only in its namespace) cannot remove anything either,
         // and sweeping anyway it would hold each dead instance's lock while it failed,
@@ -141,11 +165,86 @@ impl InstanceCgroup {
             _ => "v2",
         };
         made.detail = format!(
-            "pids.max {} for all workers together (limits.max_total_processes), cgroup {version} {}",
+            "pids.max {} for all workers together (limits.max_total_processes); {memory}; cgroup {version} {}",
             settings.max_processes,
             dir.display()
         );
         Ok(made)
+    }
+
+    /// Makes the cgroup directory `dir`, recorded first: an instance killed in between
+    /// leaves a record the next start acts on.
+    fn make(&mut self, dir: &Path) -> Result<(), String> {
+        let lock = self.lock.as_ref().expect("held until removed");
+        let record: String = self
+            .dirs
+            .iter()
+            .map(PathBuf::as_path)
+            .chain([dir])
+            .map(|d| format!("{}\n", d.display()))
+            .collect();
+        std::fs::write(lock.dir().join(RECORD), record)
+            .map_err(|e| format!("recording the cgroup in {}: {e}", lock.dir().display()))?;
+        std::fs::create_dir(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        self.dirs.push(dir.to_owned());
+        Ok(())
+    }
+
+    /// Bounds the workers' memory together at `bound`: on v1 in a cgroup of the same
+    /// `name` made in the memory hierarchy at `found`, on v2 in the cgroup `made` (with the
+    /// memory controller handed down to it). What the detail says of it, or why not.
+    fn bound_memory(
+        &mut self,
+        bound: MemoryBound,
+        found: &Found,
+        name: &str,
+        made: &Path,
+    ) -> Result<String, String> {
+        let (dir, parent) = match found {
+            Found::V1 { dir: parent } => {
+                let dir = parent.join(name);
+                self.make(&dir)?;
+                (dir, parent.clone())
+            }
+            // The cgroup made is v2's only where pids is on v2 too.
+            Found::V2 { .. } if self.join_file == JOIN_V1 => {
+                return Err(
+                    "the memory controller is on cgroup v2 while pids is on v1, a mix the instance's cgroup does not span"
+                        .into(),
+                );
+            }
+            Found::V2 { dir: parent } => {
+                enable(parent, "memory")?;
+                (made.to_owned(), parent.clone())
+            }
+            Found::None(why) => return Err(why.clone()),
+        };
+        match memory::limit(&dir, &parent, bound) {
+            Ok((bytes, oom)) => {
+                self.oom = Some(oom);
+                let mib = bytes >> 20;
+                Ok(match found {
+                    Found::V1 { .. } => format!(
+                        "memory {mib} MiB for all workers together (limits.max_total_memory_mb) in {}",
+                        dir.display()
+                    ),
+                    _ => format!(
+                        "memory {mib} MiB for all workers together (limits.max_total_memory_mb)"
+                    ),
+                })
+            }
+            Err(why) => {
+                if matches!(found, Found::V1 { .. }) && std::fs::remove_dir(&dir).is_ok() {
+                    self.dirs.pop();
+                }
+                Err(why)
+            }
+        }
+    }
+
+    /// The kernel's count of its workers killed for memory, where it bounds their memory.
+    pub fn oom_watch(&self) -> Option<OomWatch> {
+        self.oom.clone()
     }
 
     /// The plan every zygote hands its workers: join this cgroup.
@@ -201,7 +300,7 @@ pub fn set_up(settings: &CgroupSettings, place: &Place) -> (Option<InstanceCgrou
     }
     match InstanceCgroup::claim(settings, place) {
         Ok(cgroup) => {
-            tracing::info!(dirs = ?cgroup.dirs(), max_processes = settings.max_processes, "the workers are bounded together by a cgroup of the instance's own");
+            tracing::info!(dirs = ?cgroup.dirs(), max_processes = settings.max_processes, memory = ?cgroup.oom.as_ref().map(OomWatch::bytes), "the workers are bounded together by a cgroup of the instance's own");
             let plan = cgroup.plan();
             (Some(cgroup), plan)
         }
@@ -325,27 +424,33 @@ fn empty_and_remove(dir: &Path) -> io::Result<()> {
     }
 }
 
-/// cgroup v2: a child of `dir` gets a `pids.max` only where `dir` hands the `pids`
-/// controller down (`cgroup.subtree_control`), which needs it available there.
-fn enable_pids(dir: &Path) -> Result<(), String> {
+/// cgroup v2: a child of `dir` gets a controller's files (`pids.max`, `memory.max`) only
+/// where `dir` hands the controller down (`cgroup.subtree_control`), which needs it
+/// available there.
+fn enable(dir: &Path, controller: &str) -> Result<(), String> {
     let controllers = dir.join("cgroup.controllers");
     let available = std::fs::read_to_string(&controllers)
         .map_err(|e| format!("cgroup v2: reading {}: {e}", controllers.display()))?;
-    if !available.split_whitespace().any(|c| c == "pids") {
+    if !available.split_whitespace().any(|c| c == controller) {
         return Err(format!(
-            "cgroup v2: the pids controller is not delegated to {} (its cgroup.controllers: {:?}); give the service a cgroup with pids enabled (e.g. systemd Delegate=yes)",
+            "cgroup v2: the {controller} controller is not delegated to {} (its cgroup.controllers: {:?}); give the service a cgroup with {controller} enabled (e.g. systemd Delegate=yes)",
             dir.display(),
             available.trim()
         ));
     }
     let subtree = dir.join("cgroup.subtree_control");
     let enabled = std::fs::read_to_string(&subtree).unwrap_or_default();
-    if enabled.split_whitespace().any(|c| c == "pids") {
+    if enabled.split_whitespace().any(|c| c == controller) {
         return Ok(());
     }
-    std::fs::write(&subtree, "+pids").map_err(|e| {
+    std::fs::write(&subtree, format!("+{controller}")).map_err(|e| {
+        let busy = if e.raw_os_error() == Some(libc::EBUSY) {
+            " (a v2 cgroup that holds processes may hand down only threaded controllers such as pids: run the service in a cgroup of its own, below the delegated one)"
+        } else {
+            ""
+        };
         format!(
-            "cgroup v2: enabling pids for the children of {} ({}): {e}",
+            "cgroup v2: enabling {controller} for the children of {} ({}): {e}{busy}",
             dir.display(),
             subtree.display()
         )

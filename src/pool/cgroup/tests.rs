@@ -73,6 +73,7 @@ fn switched_off_makes_nothing() {
     let settings = CgroupSettings {
         wanted: false,
         max_processes: 100,
+        memory: MemoryBound::Off,
         lock_dir: locks.path().join("cgroups"),
     };
     let (cgroup, plan) = set_up(&settings, &Place::here());
@@ -93,10 +94,12 @@ fn no_hierarchy_is_unavailable_with_why() {
     let settings = CgroupSettings {
         wanted: true,
         max_processes: 100,
+        memory: MemoryBound::Off,
         lock_dir: locks.path().to_path_buf(),
     };
     let place = Place {
         found: Found::None("no cgroup here".into()),
+        memory: Found::None("no cgroup here".into()),
     };
     let (cgroup, plan) = set_up(&settings, &place);
     assert!(cgroup.is_none());
@@ -106,6 +109,9 @@ fn no_hierarchy_is_unavailable_with_why() {
     std::fs::write(parent.path().join("cgroup.controllers"), "cpu memory\n").unwrap();
     let place = Place {
         found: Found::V2 {
+            dir: parent.path().to_path_buf(),
+        },
+        memory: Found::V2 {
             dir: parent.path().to_path_buf(),
         },
     };
@@ -129,6 +135,7 @@ fn an_instance_that_cannot_make_its_cgroup_leaves_a_dead_ones_to_the_next_start(
     let settings = CgroupSettings {
         wanted: true,
         max_processes: 100,
+        memory: MemoryBound::Off,
         lock_dir: locks.path().to_path_buf(),
     };
     // Where it cannot make its own (here: the hierarchy is not there; on a host, mounted
@@ -136,8 +143,9 @@ fn an_instance_that_cannot_make_its_cgroup_leaves_a_dead_ones_to_the_next_start(
     // and it is all still there.
     let nowhere = Place {
         found: Found::V1 {
-            pids: tree.path().join("not-mounted"),
+            dir: tree.path().join("not-mounted"),
         },
+        memory: Found::None("no memory cgroup here".into()),
     };
     let (cgroup, plan) = set_up(&settings, &nowhere);
     assert!(cgroup.is_none(), "{plan:?}");
@@ -151,8 +159,9 @@ fn an_instance_that_cannot_make_its_cgroup_leaves_a_dead_ones_to_the_next_start(
     // The next start that makes its own removes it.
     let here = Place {
         found: Found::V1 {
-            pids: tree.path().to_path_buf(),
+            dir: tree.path().to_path_buf(),
         },
+        memory: Found::None("no memory cgroup here".into()),
     };
     let (cgroup, _) = set_up(&settings, &here);
     let mut cgroup = cgroup.expect("made in the fake tree");
