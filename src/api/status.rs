@@ -43,6 +43,9 @@ pub struct Status {
     /// The workspace file system as `/health` reports it (`bounded`, `unbounded_because`,
     /// bytes and inodes with their use, `nearly_full`); `null` when it cannot be read.
     pub workspace: Option<WorkspaceUsage>,
+    /// The memory of all workers together as `/health` reports it (`limit_bytes`,
+    /// `used_bytes`, `oom_kills`); `null` where nothing bounds it.
+    pub workers_memory: Option<crate::pool::cgroup::WorkersMemory>,
     /// Third-party packages user code can import (installed ones), with their versions: the
     /// same list as `GET /v1/packages`.
     pub packages: Vec<PreloadedModule>,
@@ -108,6 +111,7 @@ pub async fn status(State(state): State<SharedState>) -> Json<Status> {
         sandbox_layers: metrics.build().sandbox_layers,
         file_store: super::health::file_store(&state, state.store_watch.state()),
         workspace: state.pool.workspace_usage(),
+        workers_memory: state.pool.workers_memory(),
         packages: state
             .packages()
             .installed()

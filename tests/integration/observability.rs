@@ -551,6 +551,21 @@ async fn the_status_page_shows_the_numbers_the_metrics_have() {
     // A root on this host mounts its tmpfs; elsewhere the page says it is unbounded.
     assert_eq!(bounded, nix::unistd::geteuid().is_root());
     assert_eq!(dom_value(&dom, "ws-nearly-full"), "false");
+    // The workers' memory: its bound (by default half the host's, where a memory cgroup
+    // can be made, as it can for a root here) and the kills, as the gauges say; what they
+    // use moves with every spawn. Without a bound the page says so.
+    let limit = m.get(names::WORKERS_MEMORY_LIMIT_BYTES, &[]);
+    assert_eq!(limit > 0.0, nix::unistd::geteuid().is_root());
+    if limit > 0.0 {
+        assert_eq!(dom_number(&dom, "wm-limit-bytes"), limit);
+        assert_eq!(
+            dom_number(&dom, "wm-oom-kills"),
+            m.get(names::WORKERS_OOM_KILLS, &[])
+        );
+        assert!(dom_number(&dom, "wm-used-bytes") > 0.0);
+    } else {
+        assert_eq!(dom_value(&dom, "wm-limit-bytes"), "");
+    }
 
     // p50 and p99 (over the recent runs) agree with the histogram: at least half of the
     // runs took no longer than the first bucket bound at or above the p50, and the p99
