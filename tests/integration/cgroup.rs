@@ -480,3 +480,47 @@ async fn where_no_memory_cgroup_can_be_made_the_default_bound_says_why_and_a_set
     );
     assert!(stderr.contains("Read-only file system"), "{stderr}");
 }
+
+/// A process's `oom_score_adj` and its real uid, read as root.
+fn oom_adj_and_uid(pid: u32) -> Option<(i32, u32)> {
+    let adj = std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some((adj.trim().parse().ok()?, uid))
+}
+
+#[tokio::test]
+async fn workers_are_the_first_the_out_of_memory_killer_ends_and_the_service_is_not() {
+    let s = Server::start_with(bounded(Options::default())).await;
+    s.wait_for_idle(1).await;
+    let session = s.new_session().await;
+    let r = s.session_run(&session, "print(1 + 1)").await;
+    assert_eq!(stdout(&r), "2\n", "{r}");
+    let mut workers = 0;
+    let mut zygotes = 0;
+    for pid in crate::harness::descendants_of(s.pid()) {
+        // Gone meanwhile (a refill's worker, the probe): nothing to check.
+        let Some((adj, uid)) = oom_adj_and_uid(pid) else {
+            continue;
+        };
+        if uid == 0 {
+            // A zygote, or a worker forked and not yet at its uid drop (the score comes
+            // before it, so one may be either).
+            assert!(adj == 0 || adj == 1000, "pid {pid}: {adj}");
+            zygotes += usize::from(adj == 0);
+        } else {
+            assert_eq!(adj, 1000, "worker {pid} (uid {uid})");
+            workers += 1;
+        }
+    }
+    assert!(workers >= 2, "the idle worker and the session's: {workers}");
+    assert!(zygotes >= 1, "the zygote keeps its score");
+    let (adj, _) = oom_adj_and_uid(s.pid()).unwrap();
+    assert_eq!(adj, 0, "the service keeps its score");
+}

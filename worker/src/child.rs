@@ -106,6 +106,11 @@ fn harden(
     sandbox
         .join_cgroup()
         .map_err(step("joining the instance's cgroup"))?;
+    //    First in line for the kernel's out-of-memory killer, wherever memory runs out (the
+    //    instance's bound, a container's, the host's): a worker, never its zygote or the
+    //    supervisor, nor the host's other processes while a worker is left. Raising one's
+    //    own score needs no privilege; a kernel without the file leaves it as it was.
+    let _ = sandbox::oom_first();
     // 3. Resource limits, before any user-controlled allocation; the allocator's
     //    emergency reserve just before them, so the job's memory budget does not pay for
     //    it. A kernel that refuses it leaves the worker without one, as it was before.

@@ -44,6 +44,27 @@ pub fn die_with_parent(expected_parent: Option<Pid>) -> io::Result<()> {
     Ok(())
 }
 
+/// The highest `oom_score_adj`: this process is the first the kernel's out-of-memory
+/// killer ends, wherever memory runs out (among such processes, the largest). Any process
+/// may raise its own. Written without the heap (nix opens a short path from the stack), so
+/// that it copies none of the zygote's allocator pages.
+pub fn oom_first() -> io::Result<()> {
+    use nix::fcntl::{OFlag, open};
+    use nix::sys::stat::Mode;
+    let fd = open(
+        "/proc/self/oom_score_adj",
+        OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    let written = nix::unistd::write(&fd, b"1000")?;
+    if written != 4 {
+        return Err(io::Error::other(
+            "a short write to /proc/self/oom_score_adj",
+        ));
+    }
+    Ok(())
+}
+
 /// Points fd 0 at /dev/null, so no process below the zygote can read the supervisor's stdin.
 pub fn stdin_from_dev_null() -> io::Result<()> {
     let null = std::fs::File::open("/dev/null")?;
