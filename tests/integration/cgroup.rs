@@ -262,18 +262,27 @@ async fn where_no_cgroup_can_be_made_the_layer_is_unavailable_and_the_service_ru
     assert_eq!(stdout(&r), "20 threads ran\n", "{r}");
 }
 
-#[test]
-fn requiring_the_layer_where_it_is_unavailable_stops_start_up_saying_why() {
-    let wrapper = read_only_cgroups();
+/// The service (one bare tier) started under `wrapper` with the setting `env`, which must
+/// refuse to start: what it said.
+fn refused_under(wrapper: &[String], env: (&str, &str)) -> String {
     let mut cmd = std::process::Command::new(&wrapper[0]);
     cmd.args(&wrapper[1..])
         .arg(env!("CARGO_BIN_EXE_snakecage"))
         .args(["--listen", "127.0.0.1:0", "--venv"])
         .arg(crate::harness::repo_root().join(".venv"))
         .env("SNAKECAGE_TIERS__PROFILE", r#"[{name = "bare"}]"#)
-        .env("SNAKECAGE_SANDBOX__REQUIRE", r#"["cgroup"]"#);
+        .env(env.0, env.1);
     let (status, stderr) = crate::harness::refused_start(cmd, Duration::from_secs(300));
     assert!(!status.success(), "{stderr}");
+    stderr
+}
+
+#[test]
+fn requiring_the_layer_where_it_is_unavailable_stops_start_up_saying_why() {
+    let stderr = refused_under(
+        &read_only_cgroups(),
+        ("SNAKECAGE_SANDBOX__REQUIRE", r#"["cgroup"]"#),
+    );
     assert!(
         stderr.contains("sandbox.require names layers that are not active: cgroup is Unavailable: creating /sys/fs/cgroup/pids/snakecage-"),
         "{stderr}"
@@ -294,6 +303,30 @@ fn memory_dir(health: &Value) -> PathBuf {
         .split_once(said)
         .unwrap_or_else(|| panic!("the detail says the memory bound: {detail}"));
     PathBuf::from(rest.split_once("; ").unwrap().0)
+}
+
+/// A run of session `id` that keeps `mb` MiB in `held`.
+async fn hold(s: &Server, id: &str, mb: u32) {
+    let code = format!("held = b'x' * ({mb} << 20)\nprint(len(held) >> 20)");
+    let r = s.session_run(id, &code).await;
+    assert_eq!(stdout(&r), format!("{mb}\n"), "{r}");
+}
+
+/// A stateless run that allocates `mb` MiB.
+async fn allocate(s: &Server, mb: u32) -> Value {
+    s.run(&format!(
+        "data = b'x' * ({mb} << 20)\nprint(len(data) >> 20)"
+    ))
+    .await
+}
+
+fn ended_well(r: &Value, mb: u32) {
+    let said = format!("{mb}\n");
+    assert_eq!(
+        (r["verdict"].as_str(), stdout(r)),
+        (Some("ok"), said.as_str()),
+        "{r}"
+    );
 }
 
 /// Waits until what the kernel charges the workers is back below 20 MiB: a worker's
@@ -347,13 +380,8 @@ async fn the_workers_memory_together_is_bounded_and_a_worker_killed_for_it_is_to
     // workers together past 120: the kernel kills the largest, the job, and its client
     // is told so.
     let holder = s.new_session().await;
-    let r = s
-        .session_run(&holder, "held = b'x' * (40 << 20)\nprint(len(held) >> 20)")
-        .await;
-    assert_eq!(stdout(&r), "40\n", "{r}");
-    let r = s
-        .run("data = b'x' * (95 << 20)\nprint(len(data) >> 20)")
-        .await;
+    hold(&s, &holder, 40).await;
+    let r = allocate(&s, 95).await;
     assert_eq!(r["verdict"], "memory_limit", "{r}");
     assert_eq!(stdout(&r), "", "{r}");
     assert_eq!(last_stderr_line(&r), Some(OOM_KILLED), "{r}");
@@ -384,32 +412,15 @@ async fn the_workers_memory_together_is_bounded_and_a_worker_killed_for_it_is_to
     delete_session(&s, &holder).await;
     // Its worker is killed at once; its memory comes back as the kernel tears it down.
     memory_comes_back(&s).await;
-    let r = s
-        .run("data = b'x' * (95 << 20)\nprint(len(data) >> 20)")
-        .await;
-    assert_eq!(
-        (r["verdict"].as_str(), stdout(&r)),
-        (Some("ok"), "95\n"),
-        "{r}"
-    );
+    ended_well(&allocate(&s, 95).await, 95);
 
     memory_comes_back(&s).await;
     // The largest is not always the one allocating: a session holding 90 MiB is killed
     // for a stateless job of 60, which then ends well, and the session's next call says
     // why it is gone.
     let big = s.new_session().await;
-    let r = s
-        .session_run(&big, "held = b'x' * (90 << 20)\nprint(len(held) >> 20)")
-        .await;
-    assert_eq!(stdout(&r), "90\n", "{r}");
-    let r = s
-        .run("data = b'x' * (60 << 20)\nprint(len(data) >> 20)")
-        .await;
-    assert_eq!(
-        (r["verdict"].as_str(), stdout(&r)),
-        (Some("ok"), "60\n"),
-        "{r}"
-    );
+    hold(&s, &big, 90).await;
+    ended_well(&allocate(&s, 60).await, 60);
     let (status, r) = s
         .post(
             &format!("/v1/sessions/{big}/execute"),
@@ -464,16 +475,10 @@ async fn where_no_memory_cgroup_can_be_made_the_default_bound_says_why_and_a_set
     assert_eq!(stdout(&r), "2\n", "{r}");
     drop(s);
 
-    let wrapper = read_only_memory_cgroup();
-    let mut cmd = std::process::Command::new(&wrapper[0]);
-    cmd.args(&wrapper[1..])
-        .arg(env!("CARGO_BIN_EXE_snakecage"))
-        .args(["--listen", "127.0.0.1:0", "--venv"])
-        .arg(crate::harness::repo_root().join(".venv"))
-        .env("SNAKECAGE_TIERS__PROFILE", r#"[{name = "bare"}]"#)
-        .env("SNAKECAGE_LIMITS__MAX_TOTAL_MEMORY_MB", "512");
-    let (status, stderr) = crate::harness::refused_start(cmd, Duration::from_secs(300));
-    assert!(!status.success(), "{stderr}");
+    let stderr = refused_under(
+        &read_only_memory_cgroup(),
+        ("SNAKECAGE_LIMITS__MAX_TOTAL_MEMORY_MB", "512"),
+    );
     assert!(
         stderr.contains("limits.max_total_memory_mb = 512 bounds the workers' memory in the instance's cgroup, which could not be made: creating /sys/fs/cgroup/memory/"),
         "{stderr}"
@@ -502,6 +507,8 @@ async fn workers_are_the_first_the_out_of_memory_killer_ends_and_the_service_is_
     let session = s.new_session().await;
     let r = s.session_run(&session, "print(1 + 1)").await;
     assert_eq!(stdout(&r), "2\n", "{r}");
+    // And an idle one beside the session's: Ready, so past its uid drop.
+    s.wait_for_idle(1).await;
     let mut workers = 0;
     let mut zygotes = 0;
     for pid in crate::harness::descendants_of(s.pid()) {
