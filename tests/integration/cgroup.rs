@@ -375,6 +375,14 @@ async fn the_workers_memory_together_is_bounded_and_a_worker_killed_for_it_is_to
         u64::from(TOTAL_MB) << 20
     );
     assert_eq!(cgroup_dir(&health).file_name(), dir.file_name());
+    // The workspaces' own tmpfs (a quarter of the host's memory) is larger than this
+    // bound, which the files workers write count against: the log says what that means.
+    assert!(
+        s.log()
+            .contains("the workspaces' file system is larger than limits.max_total_memory_mb"),
+        "{}",
+        s.log()
+    );
 
     // A session holds 40 MiB. A stateless job of 95 MiB, within its own bound, takes the
     // workers together past 120: the kernel kills the largest, the job, and its client
