@@ -363,15 +363,16 @@ impl Server {
         }
     }
 
-    /// The supervisor's pid (as this process sees it; under a wrapper, the wrapper's child).
+    /// The supervisor's pid (as this process sees it). Under a wrapper that runs it as a
+    /// child (`unshare --fork`, a shell that waits), the wrapper's child; under one that
+    /// execs it (`unshare --mount … exec`, `taskset`), the wrapper's own pid, whose first
+    /// child is a zygote.
     pub fn pid(&self) -> u32 {
-        if self.wrapped {
-            return children_of(self.child.id())
-                .first()
-                .copied()
-                .unwrap_or(self.child.id());
+        let id = self.child.id();
+        if self.wrapped && !runs_the_service(id) {
+            return children_of(id).first().copied().unwrap_or(id);
         }
-        self.child.id()
+        id
     }
 
     /// The service's state directory (workspaces live below it).
@@ -650,6 +651,13 @@ pub fn workspaces_under(state_dir: &std::path::Path) -> Vec<PathBuf> {
         .filter_map(|root| std::fs::read_dir(root.path().join("mount")).ok())
         .flat_map(|workspaces| workspaces.flatten().map(|ws| ws.path()))
         .collect()
+}
+
+/// Whether process `pid` runs this build's `snakecage` (a wrapper exec'd it).
+fn runs_the_service(pid: u32) -> bool {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
+    let ours = std::fs::canonicalize(env!("CARGO_BIN_EXE_snakecage"));
+    matches!((exe, ours), (Ok(exe), Ok(ours)) if exe == ours)
 }
 
 /// Processes whose parent is `pid`.
