@@ -446,6 +446,31 @@ async fn the_workers_memory_together_is_bounded_and_a_worker_killed_for_it_is_to
             .unwrap()
             .contains("oom_kill 2\n")
     );
+
+    // Files a worker writes count too (workspace tmpfs pages are charged to their writer),
+    // and killing their writer would not free them: a stateless job writing 80 MiB while
+    // a session holds 60 gets the session, the largest, killed, and ends well.
+    memory_comes_back(&s).await;
+    let holder = s.new_session().await;
+    hold(&s, &holder, 60).await;
+    let r = s
+        .run(
+            "with open('big.bin', 'wb') as f:\n    for _ in range(80):\n        f.write(b'x' * (1 << 20))\nimport os\nprint(os.path.getsize('big.bin') >> 20)",
+        )
+        .await;
+    ended_well(&r, 80);
+    let (status, r) = s
+        .post(
+            &format!("/v1/sessions/{holder}/execute"),
+            &serde_json::json!({ "code": "print(len(held))" }),
+        )
+        .await;
+    assert_eq!(status, 410, "{r}");
+    assert!(
+        std::fs::read_to_string(dir.join("memory.oom_control"))
+            .unwrap()
+            .contains("oom_kill 3\n")
+    );
     // The service serves on, and stopping removes the memory cgroup with the other.
     let r = s.run("print(1 + 1)").await;
     assert_eq!(stdout(&r), "2\n", "{r}");
