@@ -166,10 +166,11 @@ impl OomWatch {
         let now = self.kills()?;
         (now > before).then(|| {
             format!(
-                "the kernel's out-of-memory killer ended it: the instance's cgroup counted {} \
-                 of its workers killed for memory while it ran, which happens when all workers \
-                 together reach limits.max_total_memory_mb ({} MiB) or the host runs out of \
-                 memory; the kernel kills the largest worker, not always the one allocating",
+                "the kernel's out-of-memory killer, most likely: the instance's cgroup \
+                 counted {} of its workers killed for memory while this one was alive, which \
+                 happens when all workers together reach limits.max_total_memory_mb ({} MiB) or \
+                 the host runs out of memory; the kernel kills the largest worker, not always the \
+                 one allocating",
                 now - before,
                 self.bytes >> 20
             )
