@@ -87,16 +87,20 @@ pub enum KillReason {
     LostIdle,
     /// Its request went away mid-job (the client disconnected); killed, never reused.
     Abandoned,
+    /// Died mid-job by the kernel's out-of-memory killer, most likely (see
+    /// `Worker::killed_for_memory`): all workers together reached their memory bound.
+    OutOfMemory,
 }
 
 impl KillReason {
-    pub const ALL: [KillReason; 6] = [
+    pub const ALL: [KillReason; 7] = [
         KillReason::Timeout,
         KillReason::Crashed,
         KillReason::ProtocolViolation,
         KillReason::NotReady,
         KillReason::LostIdle,
         KillReason::Abandoned,
+        KillReason::OutOfMemory,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -107,6 +111,7 @@ impl KillReason {
             KillReason::NotReady => "not_ready",
             KillReason::LostIdle => "lost_idle",
             KillReason::Abandoned => "abandoned",
+            KillReason::OutOfMemory => "out_of_memory",
         }
     }
 }

@@ -311,6 +311,8 @@ pub async fn run(
         Some(KillReason::ProtocolViolation)
     } else if cancelled {
         Some(KillReason::Abandoned)
+    } else if out_of_memory.is_some() {
+        Some(KillReason::OutOfMemory)
     } else {
         Some(KillReason::Crashed)
     };

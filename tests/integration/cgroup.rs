@@ -411,6 +411,8 @@ async fn the_workers_memory_together_is_bounded_and_a_worker_killed_for_it_is_to
     for series in [
         "snakecage_workers_memory_limit_bytes 125829120",
         "snakecage_workers_oom_kills 1",
+        r#"snakecage_workers_killed_total{reason="out_of_memory"} 1"#,
+        r#"snakecage_workers_killed_total{reason="crashed"} 0"#,
     ] {
         assert!(metrics.contains(series), "{series} missing:\n{metrics}");
     }
