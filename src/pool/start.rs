@@ -105,15 +105,15 @@ impl Pool {
         cgroup::plan_with(&mut settings, &cgroup_plan);
         let oom = cgroup.as_ref().and_then(cgroup::InstanceCgroup::oom_watch);
         // Workspace files workers write are tmpfs memory, charged to the same bound: with
-        // the workspaces' bound the larger, a job filling them is killed before it could
-        // get ENOSPC.
+        // the workspaces' bound the larger, a job filling them takes the workers past the
+        // memory bound before it gets ENOSPC, and the kernel kills workers for it.
         if let (Some(watch), Ok(usage)) = (&oom, root.usage())
             && usage.size_bytes > watch.bytes()
         {
             tracing::warn!(
                 workspace_mb = usage.size_bytes >> 20,
                 memory_mb = watch.bytes() >> 20,
-                "the workspaces' file system is larger than limits.max_total_memory_mb, which the files workers write count against: a job writing past the memory bound is killed (verdict memory_limit) before its writes fail with ENOSPC; lower workspace.size_mb or raise the memory bound"
+                "the workspaces' file system is larger than limits.max_total_memory_mb, which the files workers write count against: a job filling the workspaces can take the workers together past the memory bound before its writes fail with ENOSPC, and the kernel then kills workers, the largest first (other tenants' sessions among them); lower workspace.size_mb or raise the memory bound"
             );
         }
         let first = Arc::new(Generation::starting(settings.clone(), 1, settings.size));
