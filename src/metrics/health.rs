@@ -122,12 +122,12 @@ impl HealthGauges {
                 .with_label_values(&[layer.as_str()])
                 .set(i64::from(active));
         }
-        let quota = report.files_quota_bytes.unwrap_or(0);
-        self.files_quota_bytes
-            .set(quota.try_into().unwrap_or(i64::MAX));
+        let set = |gauge: &IntGauge, value: u64| gauge.set(value.try_into().unwrap_or(i64::MAX));
+        set(
+            &self.files_quota_bytes,
+            report.files_quota_bytes.unwrap_or(0),
+        );
         if let Some(ws) = &report.workspace {
-            let set =
-                |gauge: &IntGauge, value: u64| gauge.set(value.try_into().unwrap_or(i64::MAX));
             self.workspace_bounded.set(i64::from(ws.bounded));
             set(&self.workspace_size_bytes, ws.size_bytes);
             set(&self.workspace_used_bytes, ws.used_bytes);
@@ -135,8 +135,6 @@ impl HealthGauges {
             set(&self.workspace_used_inodes, ws.inodes_used);
         }
         if let Some(memory) = &report.workers_memory {
-            let set =
-                |gauge: &IntGauge, value: u64| gauge.set(value.try_into().unwrap_or(i64::MAX));
             set(&self.workers_memory_limit_bytes, memory.limit_bytes);
             if let Some(used) = memory.used_bytes {
                 set(&self.workers_memory_used_bytes, used);

@@ -329,6 +329,28 @@ fn ended_well(r: &Value, mb: u32) {
     );
 }
 
+/// The memory cgroup `dir` counts `n` workers killed for memory.
+fn kernel_counted(dir: &Path, n: u32) {
+    let control = std::fs::read_to_string(dir.join("memory.oom_control")).unwrap();
+    assert!(control.contains(&format!("oom_kill {n}\n")), "{control}");
+}
+
+/// Session `id`'s next call finds it gone (410), its worker killed for memory.
+async fn gone_for_memory(s: &Server, id: &str) {
+    let (status, r) = s
+        .post(
+            &format!("/v1/sessions/{id}/execute"),
+            &serde_json::json!({ "code": "print(len(held))" }),
+        )
+        .await;
+    let said = r.to_string();
+    assert_eq!(status, 410, "{said}");
+    assert!(
+        said.contains("its worker was killed by signal 9 (SIGKILL): the kernel's out-of-memory killer, most likely"),
+        "{said}"
+    );
+}
+
 /// Waits until what the kernel charges the workers is back below 20 MiB: a worker's
 /// memory comes back as the kernel tears it down, after its kill or its result.
 async fn memory_comes_back(s: &Server) {
@@ -393,11 +415,7 @@ async fn the_workers_memory_together_is_bounded_and_a_worker_killed_for_it_is_to
     assert_eq!(r["verdict"], "memory_limit", "{r}");
     assert_eq!(stdout(&r), "", "{r}");
     assert_eq!(last_stderr_line(&r), Some(OOM_KILLED), "{r}");
-    assert!(
-        std::fs::read_to_string(dir.join("memory.oom_control"))
-            .unwrap()
-            .contains("oom_kill 1\n")
-    );
+    kernel_counted(&dir, 1);
     let health = s.health().await;
     let memory = &health["workers_memory"];
     assert_eq!(memory["limit_bytes"], u64::from(TOTAL_MB) << 20, "{health}");
@@ -431,23 +449,8 @@ async fn the_workers_memory_together_is_bounded_and_a_worker_killed_for_it_is_to
     let big = s.new_session().await;
     hold(&s, &big, 90).await;
     ended_well(&allocate(&s, 60).await, 60);
-    let (status, r) = s
-        .post(
-            &format!("/v1/sessions/{big}/execute"),
-            &serde_json::json!({ "code": "print(len(held))" }),
-        )
-        .await;
-    let said = r.to_string();
-    assert_eq!(status, 410, "{said}");
-    assert!(
-        said.contains("its worker was killed by signal 9 (SIGKILL): the kernel's out-of-memory killer, most likely"),
-        "{said}"
-    );
-    assert!(
-        std::fs::read_to_string(dir.join("memory.oom_control"))
-            .unwrap()
-            .contains("oom_kill 2\n")
-    );
+    gone_for_memory(&s, &big).await;
+    kernel_counted(&dir, 2);
 
     // Files a worker writes count too (workspace tmpfs pages are charged to their writer),
     // and killing their writer would not free them: a stateless job writing 80 MiB while
@@ -461,18 +464,8 @@ async fn the_workers_memory_together_is_bounded_and_a_worker_killed_for_it_is_to
         )
         .await;
     ended_well(&r, 80);
-    let (status, r) = s
-        .post(
-            &format!("/v1/sessions/{holder}/execute"),
-            &serde_json::json!({ "code": "print(len(held))" }),
-        )
-        .await;
-    assert_eq!(status, 410, "{r}");
-    assert!(
-        std::fs::read_to_string(dir.join("memory.oom_control"))
-            .unwrap()
-            .contains("oom_kill 3\n")
-    );
+    gone_for_memory(&s, &holder).await;
+    kernel_counted(&dir, 3);
     // The service serves on, and stopping removes the memory cgroup with the other.
     let r = s.run("print(1 + 1)").await;
     assert_eq!(stdout(&r), "2\n", "{r}");

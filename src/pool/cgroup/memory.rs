@@ -20,18 +20,15 @@ pub enum MemoryBound {
     Bytes(u64),
 }
 
-/// Sets the memory limit of the cgroup `dir` (made in `parent`) for `bound`: the bytes
-/// the kernel took (rounded down to pages) and the watch on its out-of-memory kills.
-/// v1 or v2 is told by the files the cgroup has.
-pub(super) fn limit(
-    dir: &Path,
-    parent: &Path,
-    bound: MemoryBound,
-) -> Result<(u64, OomWatch), String> {
+/// Sets the memory limit of the cgroup `dir` (made in `parent`) at `asked` bytes, or
+/// where `None` at half the host's: the watch on its out-of-memory kills, which holds the
+/// bytes the kernel took (rounded down to pages). v1 or v2 is told by the files the
+/// cgroup has.
+pub(super) fn limit(dir: &Path, parent: &Path, asked: Option<u64>) -> Result<OomWatch, String> {
     let v1 = dir.join("memory.limit_in_bytes").exists();
-    let bytes = match bound {
-        MemoryBound::Bytes(bytes) => bytes,
-        MemoryBound::HalfOfHost | MemoryBound::Off => half_of_host(dir, parent, v1)?,
+    let bytes = match asked {
+        Some(bytes) => bytes,
+        None => half_of_host(dir, parent, v1)?,
     };
     let (limit, swap, events, usage) = if v1 {
         (
@@ -73,7 +70,7 @@ pub(super) fn limit(
             dir.join(events).display()
         ));
     }
-    Ok((set, watch))
+    Ok(watch)
 }
 
 /// Half the host's memory, or of the limit our cgroup has where that is lower (v1: the

@@ -144,7 +144,8 @@ impl InstanceCgroup {
         }
         let memory = match settings.memory {
             MemoryBound::Off => Ok("memory not bounded (limits.max_total_memory_mb = 0)".into()),
-            bound => made.bound_memory(bound, &place.memory, &name, &dir),
+            MemoryBound::HalfOfHost => made.bound_memory(None, &place.memory, &name, &dir),
+            MemoryBound::Bytes(bytes) => made.bound_memory(Some(bytes), &place.memory, &name, &dir),
         };
         let memory = match (memory, settings.memory) {
             (Ok(said), _) => said,
@@ -190,21 +191,24 @@ impl InstanceCgroup {
         Ok(())
     }
 
-    /// Bounds the workers' memory together at `bound`: on v1 in a cgroup of the same
-    /// `name` made in the memory hierarchy at `found`, on v2 in the cgroup `made` (with the
-    /// memory controller handed down to it). What the detail says of it, or why not.
+    /// Bounds the workers' memory together at `asked` bytes (`None`: half the host's):
+    /// on v1 in a cgroup of the same `name` made in the memory hierarchy at `found`, on v2
+    /// in the cgroup `made` (with the memory controller handed down to it). What the detail
+    /// says of it, or why not.
     fn bound_memory(
         &mut self,
-        bound: MemoryBound,
+        asked: Option<u64>,
         found: &Found,
         name: &str,
         made: &Path,
     ) -> Result<String, String> {
-        let (dir, parent) = match found {
+        // `own`: a cgroup of its own made here (v1), named in the detail, removed should
+        // the limit fail.
+        let (dir, parent, own) = match found {
             Found::V1 { dir: parent } => {
                 let dir = parent.join(name);
                 self.make(&dir)?;
-                (dir, parent.clone())
+                (dir, parent.clone(), true)
             }
             // The cgroup made is v2's only where pids is on v2 too.
             Found::V2 { .. } if self.join_file == JOIN_V1 => {
@@ -215,26 +219,25 @@ impl InstanceCgroup {
             }
             Found::V2 { dir: parent } => {
                 enable(parent, "memory")?;
-                (made.to_owned(), parent.clone())
+                (made.to_owned(), parent.clone(), false)
             }
             Found::None(why) => return Err(why.clone()),
         };
-        match memory::limit(&dir, &parent, bound) {
-            Ok((bytes, oom)) => {
+        match memory::limit(&dir, &parent, asked) {
+            Ok(oom) => {
+                let said = format!(
+                    "memory {} MiB for all workers together (limits.max_total_memory_mb)",
+                    oom.bytes() >> 20
+                );
                 self.oom = Some(oom);
-                let mib = bytes >> 20;
-                Ok(match found {
-                    Found::V1 { .. } => format!(
-                        "memory {mib} MiB for all workers together (limits.max_total_memory_mb) in {}",
-                        dir.display()
-                    ),
-                    _ => format!(
-                        "memory {mib} MiB for all workers together (limits.max_total_memory_mb)"
-                    ),
+                Ok(if own {
+                    format!("{said} in {}", dir.display())
+                } else {
+                    said
                 })
             }
             Err(why) => {
-                if matches!(found, Found::V1 { .. }) && std::fs::remove_dir(&dir).is_ok() {
+                if own && std::fs::remove_dir(&dir).is_ok() {
                     self.dirs.pop();
                 }
                 Err(why)
