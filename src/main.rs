@@ -3,10 +3,12 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use nix::sys::signal::{SigHandler, Signal};
 use snakecage::config::{Config, LogFormat, Overrides};
+use snakecage::pool::uids;
 use snakecage::{hangup, server, shutdown};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
@@ -34,8 +36,14 @@ enum Command {
     Packages(snakecage::cli::packages::PackagesArgs),
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// How long a stopped service waits for the work left on the runtime's blocking threads
+/// before it exits: chiefly [`uids::release_when_gone`], which holds a worker's uid until
+/// no process runs under it. A worker stuck in the kernel (uninterruptible sleep on a hung
+/// file system) or a process of the host's under a worker's id would otherwise keep the
+/// stopped service from ever exiting.
+const BACKGROUND_PATIENCE: Duration = Duration::from_secs(10);
+
+fn main() -> ExitCode {
     // SIGHUP ends a process by default: ignored from the first instruction we run until
     // `hangup::reload_signal` installs the reload handler (a handler, unlike SIG_IGN, is
     // reset at exec, so the zygotes started after it do not inherit this).
@@ -43,6 +51,45 @@ async fn main() -> ExitCode {
     if let Err(e) = unsafe { nix::sys::signal::signal(Signal::SIGHUP, SigHandler::SigIgn) } {
         eprintln!("snakecage: cannot ignore SIGHUP during start-up: {e}");
     }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("snakecage: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = runtime.block_on(run());
+    let ending = Instant::now();
+    runtime.shutdown_timeout(BACKGROUND_PATIENCE);
+    if ending.elapsed() >= BACKGROUND_PATIENCE {
+        gave_up_waiting();
+    }
+    code
+}
+
+/// Says what a stop that waited [`BACKGROUND_PATIENCE`] in vain leaves behind.
+fn gave_up_waiting() {
+    let left = uids::still_awaited();
+    if left.is_empty() {
+        tracing::warn!(
+            patience = ?BACKGROUND_PATIENCE,
+            "exiting with background work still running"
+        );
+        return;
+    }
+    tracing::warn!(
+        patience = ?BACKGROUND_PATIENCE,
+        "exiting without waiting any longer for worker uids to be free: processes still \
+         run under them: {}; until they are gone, an instance with sandbox.uid unset passes \
+         over their block, and one with it set waits for them and then refuses to start",
+        uids::Occupant::describe_all(&left)
+    );
+}
+
+async fn run() -> ExitCode {
     let cli = Cli::parse();
     let config = match Config::load(cli.config.as_deref(), &cli.overrides) {
         Ok(config) => config,

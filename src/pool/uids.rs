@@ -575,6 +575,7 @@ pub fn release_when_gone(leases: Vec<(Option<i32>, Arc<UidLease>)>) {
     let wait = move || {
         let mut waiting: Vec<(Option<i32>, Arc<UidLease>, u8)> =
             leases.into_iter().map(|(pid, l)| (pid, l, 0)).collect();
+        let _awaited = Awaited::add(waiting.iter().map(|(_, lease, _)| lease.uid).collect());
         let mut pause = Duration::from_millis(20);
         while !waiting.is_empty() {
             if init {
@@ -618,6 +619,53 @@ pub fn release_when_gone(leases: Vec<(Option<i32>, Arc<UidLease>)>) {
         Ok(rt) => drop(rt.spawn_blocking(wait)),
         Err(_) => wait(),
     }
+}
+
+/// The uids [`release_when_gone`] waits for, one entry per waiting lease: what a
+/// shutdown that stopped waiting left behind ([`still_awaited`]).
+static AWAITED: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// A wait's uids in [`AWAITED`], removed when the wait ends (its thread is gone with the
+/// process when a shutdown stops waiting, and then nothing removes them).
+struct Awaited(Vec<u32>);
+
+impl Awaited {
+    fn add(uids: Vec<u32>) -> Self {
+        AWAITED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(&uids);
+        Self(uids)
+    }
+}
+
+impl Drop for Awaited {
+    fn drop(&mut self) {
+        let mut awaited = AWAITED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for uid in &self.0 {
+            if let Some(at) = awaited.iter().position(|u| u == uid) {
+                awaited.swap_remove(at);
+            }
+        }
+    }
+}
+
+/// The processes under the uids a [`release_when_gone`] still waits for: what keeps a
+/// shutdown from completing (a worker stuck in the kernel, a process of the host's under
+/// a worker's id).
+pub fn still_awaited() -> Vec<Occupant> {
+    let mut uids = AWAITED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    if uids.is_empty() {
+        return Vec::new();
+    }
+    uids.sort_unstable();
+    uids.dedup();
+    occupants(|uid| uids.binary_search(&uid).is_ok())
 }
 
 /// Reaps `pid` if it is an exited child of this process; whether it was.
@@ -676,10 +724,15 @@ fn parse_status(pid: i32, status: &str) -> ProcessIds {
 
 /// The processes with any of their uids in `first..=last`.
 pub fn occupants_of(first: u32, last: u32) -> Vec<Occupant> {
+    occupants(|uid| (first..=last).contains(&uid))
+}
+
+/// The processes with any of their uids `wanted`, each with the first such uid.
+fn occupants(wanted: impl Fn(u32) -> bool) -> Vec<Occupant> {
     processes()
         .into_iter()
         .filter_map(|p| {
-            let uid = *p.uids.iter().find(|u| (first..=last).contains(*u))?;
+            let uid = *p.uids.iter().find(|&&u| wanted(u))?;
             Some(Occupant {
                 pid: p.pid,
                 uid,

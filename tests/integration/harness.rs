@@ -531,6 +531,12 @@ impl Server {
         self.terminate()
     }
 
+    /// Sends SIGTERM, waits for the exit (SIGKILL after 30 s) and returns it with the log.
+    pub fn stop_with_log(mut self) -> (std::process::ExitStatus, String) {
+        let status = self.terminate();
+        (status, self.log())
+    }
+
     /// Stops the service, which must exit cleanly, and waits up to 60 s (a busy machine
     /// reaps slowly) for every process of `below` (its [`descendants_of`], taken while it
     /// ran) to be gone: none may be left behind.

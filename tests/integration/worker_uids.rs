@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::harness::{Options, Server, THREAD_HOG, TWENTY_THREADS, descendants_of};
+use crate::harness::{Options, Server, THREAD_HOG, TWENTY_THREADS, descendants_of, process_exists};
 use crate::reliability::until;
 
 /// `limits.max_processes` of these tests: low, so holding every thread a worker may have
@@ -531,6 +531,28 @@ async fn a_configured_range_a_process_runs_under_is_waited_for_and_refused_if_it
         FIRST + 63
     );
     assert!(stderr.contains(&wanted), "{stderr}");
+}
+
+/// A process that stays under a worker's uid (a worker stuck in the kernel; here one of
+/// the host's under the uid of a session's worker) keeps a stopped service from exiting
+/// no longer than its patience for background work: it exits cleanly, naming the process.
+#[tokio::test]
+async fn a_stopped_service_exits_though_a_process_stays_under_a_workers_uid_and_names_it() {
+    const FIRST: u32 = 3_200_000_256;
+    let s = Server::start_with(configured(Options::default(), FIRST)).await;
+    let id = s.new_session().await;
+    let r = s.session_run(&id, "import os\nprint(os.getuid())").await;
+    let uid: u32 = stdout(&r).trim().parse().unwrap();
+    assert!((FIRST + 1..FIRST + 64).contains(&uid), "{r}");
+    let stays = Leftover::under(uid);
+    let (status, log) = s.stop_with_log();
+    assert!(status.success(), "{status:?}\n{log}");
+    assert!(process_exists(stays.pid()), "the process went: {log}");
+    let wanted = format!(
+        "exiting without waiting any longer for worker uids to be free: processes still run under them: pid {} (uid {uid}, sleep); until they are gone, an instance with sandbox.uid unset passes over their block, and one with it set waits for them and then refuses to start",
+        stays.pid()
+    );
+    assert!(log.contains(&wanted), "{log}");
 }
 
 /// The default search passes over a block a process runs under. Seen through a lock file
