@@ -263,7 +263,9 @@ impl Sessions {
         while table.live.len() + table.creating >= max {
             // The tenant that holds the most sessions gives one up, its least recently
             // used idle one: a tenant creating sessions past the table's size evicts its
-            // own before anyone else's, and one with a single session keeps it.
+            // own before anyone else's, and one with a single session keeps it. Among
+            // tenants holding as many, the one creating gives up its own: a new session
+            // never costs another tenant its share.
             let mut held: HashMap<Option<&str>, usize> = HashMap::new();
             for session in table.live.values() {
                 *held.entry(session.owner.as_deref()).or_default() += 1;
@@ -275,6 +277,7 @@ impl Sessions {
                 .min_by_key(|s| {
                     (
                         std::cmp::Reverse(held[&s.owner.as_deref()]),
+                        s.owner.as_deref() != owner,
                         s.usage().last_used_at,
                     )
                 })

@@ -584,6 +584,55 @@ async fn a_keys_file_with_no_keys_is_refused_at_start() {
     );
 }
 
+/// A table full with one session of each of two tenants: the one creating a session gives
+/// up its own, though the other's is the least recently used.
+#[tokio::test]
+async fn a_tenant_holding_as_many_sessions_as_another_evicts_its_own_for_a_new_one() {
+    let (s, alice, bob, _dir) = two_tenants_with(
+        &[],
+        Options::default().env("SNAKECAGE_SESSIONS__MAX_SESSIONS", 2),
+    )
+    .await;
+    let create = async |tenant: &Tenant| {
+        let (status, body) = tenant.post("/v1/sessions", json!({})).await;
+        assert_eq!(status, 201, "{body}");
+        body["session_id"].as_str().unwrap().to_owned()
+    };
+    let run = async |tenant: &Tenant, id: &str, code: &str| {
+        tenant
+            .post(
+                &format!("/v1/sessions/{id}/execute"),
+                json!({ "code": code }),
+            )
+            .await
+    };
+    let hers = create(&alice).await;
+    let (status, r) = run(&alice, &hers, "état = 'gardé'").await;
+    assert_eq!(status, 200, "{r}");
+    let his_first = create(&bob).await;
+    let (status, r) = run(&bob, &his_first, "1").await;
+    assert_eq!(status, 200, "{r}");
+    let his_second = create(&bob).await;
+    let (status, r) = run(&bob, &his_first, "1").await;
+    assert_eq!(status, 410, "{r}");
+    assert!(
+        r["detail"]
+            .as_str()
+            .unwrap()
+            .contains("least recently used"),
+        "{r}"
+    );
+    let (status, r) = run(&bob, &his_second, "print('ok')").await;
+    assert_eq!((status, r["stdout"].clone()), (200, json!("ok\n")), "{r}");
+    let (status, r) = run(&alice, &hers, "print(état)").await;
+    assert_eq!(
+        (status, r["stdout"].clone()),
+        (200, json!("gardé\n")),
+        "{r}\n{}",
+        s.log()
+    );
+}
+
 /// At `sessions.max_sessions`, a tenant that keeps creating sessions evicts its own, least
 /// recently used first, never the one session another tenant holds. A key's own
 /// `max_sessions` above the global one is taken, with a warning at start: the global wins.
