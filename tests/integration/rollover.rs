@@ -13,9 +13,10 @@ use snakecage::metrics::names;
 
 use crate::agents::mcp_client_with;
 use crate::auth::keys_add;
-use crate::harness::{Options, Server, check_error_body, repo_root};
+use crate::harness::{Options, Server, check_error_body, children_of, repo_root};
 use crate::load::Load;
 use crate::prom::Scrape;
+use crate::reliability::eventually;
 
 /// Two light tiers, so a rollover starts quickly on a shared machine.
 pub const TIERS: &str = r#"
@@ -423,4 +424,47 @@ async fn a_reload_names_the_files_settings_a_flag_or_a_variable_overrides() {
         "{message}"
     );
     assert_eq!(generation(&s).await, 1);
+}
+
+/// A reload whose client leaves before the answer (a proxy's timeout, `curl -m`) still
+/// completes: the new generation serves, and the service's only zygotes are its own. A
+/// reload dropped midway left the new generation's zygotes running, serving nothing,
+/// until the service stopped.
+#[tokio::test]
+async fn a_reload_whose_client_leaves_completes_and_leaves_no_zygote_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("snakecage.toml");
+    write_config(&config, &["numpy"], "");
+    let s = start(&config, Options::default()).await;
+    let first = zygote_pids(&s).await;
+    for _ in 0..2 {
+        let left = s
+            .client
+            .post(format!("{}/v1/admin/reload?force=true", s.base))
+            .timeout(Duration::from_millis(100))
+            .send()
+            .await;
+        assert!(left.as_ref().is_err_and(|e| e.is_timeout()), "{left:?}");
+        // A reload without `force` gets 409 while the left one runs, then 200 with
+        // nothing changed.
+        eventually(60, "no reload running", async || {
+            reload(&s, None).await.0 == 200
+        })
+        .await;
+    }
+    // Each of the two that were left rolled over; those that answered changed nothing.
+    assert_eq!(generation(&s).await, 3, "{}", s.log());
+    let serving = zygote_pids(&s).await;
+    assert!(
+        serving.iter().all(|p| !first.contains(p)),
+        "{first:?} {serving:?}"
+    );
+    let mut serving: Vec<u32> = serving.into_iter().map(|p| p as u32).collect();
+    serving.sort_unstable();
+    eventually(30, "only the serving generation's zygotes", async || {
+        let mut zygotes = children_of(s.pid());
+        zygotes.sort_unstable();
+        zygotes == serving
+    })
+    .await;
 }

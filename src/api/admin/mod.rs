@@ -12,6 +12,23 @@ use axum::Router;
 use axum::routing::{get, post};
 
 use super::SharedState;
+use crate::error::ApiError;
+
+/// Runs an operator action on a task of its own and waits for it: a client that leaves
+/// (a closed connection, a proxy's or `curl -m`'s timeout) drops this wait, never the
+/// action. Dropped midway, a rollover left its new generation's zygotes running, neither
+/// serving nor stopped, until the service stopped.
+async fn to_completion<T: Send + 'static>(
+    action: impl Future<Output = Result<T, ApiError>> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::spawn(action).await {
+        Ok(done) => done,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Err(ApiError::Unavailable(
+            "the service is shutting down; the action was stopped".into(),
+        )),
+    }
+}
 
 /// The admin routes, nested under `/v1/admin`.
 pub fn routes() -> Router<SharedState> {

@@ -63,7 +63,7 @@ pub async fn add(
     } else {
         Spec::parse_all(&body.constraints)?
     };
-    apply(&state, Change::Add { specs, constraints }).await
+    apply(state, Change::Add { specs, constraints }).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -112,7 +112,7 @@ pub async fn remove(
         }
     };
     let names = parse_names(&raw)?;
-    apply(&state, Change::Remove { names }).await
+    apply(state, Change::Remove { names }).await
 }
 
 /// `POST /v1/admin/packages/sync` with a requirements.txt body: the added set becomes
@@ -132,13 +132,18 @@ pub async fn sync(
         ApiError::BadRequest(format!("the requirements body is not UTF-8 text: {e}"))
     })?;
     let specs = requirements::parse(text)?;
-    apply(&state, Change::Sync { specs }).await
+    apply(state, Change::Sync { specs }).await
 }
 
 /// Builds the environment `change` asks for, rolls over to it, records it. The rollover's
 /// slot is taken first: a reload (or another change) arriving during the install gets the
 /// 409, not this change after its install.
-async fn apply(state: &SharedState, change: Change) -> Result<Json<Value>, ApiError> {
+async fn apply(state: SharedState, change: Change) -> Result<Json<Value>, ApiError> {
+    super::to_completion(async move { apply_now(&state, change).await }).await
+}
+
+/// [`apply`] itself, on its own task.
+async fn apply_now(state: &SharedState, change: Change) -> Result<Json<Value>, ApiError> {
     let slot = state
         .rollovers
         .reserve(&change.describe())

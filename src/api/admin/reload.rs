@@ -59,7 +59,8 @@ pub async fn reload(
             e.body_text()
         ))
     })?;
-    reload_service(&state, query.force, admin.who())
+    let by = admin.who().to_owned();
+    super::to_completion(async move { reload_service(&state, query.force, &by).await })
         .await
         .map(Json)
 }
