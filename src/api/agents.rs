@@ -34,12 +34,6 @@ pub async fn tools(
             e.body_text()
         ))
     })?;
-    let code_tools = state
-        .catalog
-        .visible_to(caller.owner())
-        .iter()
-        .map(|t| (t.spec.name.clone(), t.spec.description.clone()))
-        .collect();
-    let ctx = state.tool_context().with_code_tools(code_tools);
+    let ctx = state.tool_context_for(caller.owner());
     Ok(Json(tools::render(&tools::catalog(&ctx), q.format)))
 }

@@ -92,6 +92,18 @@ impl AppState {
         self.live.load().tool_context.clone()
     }
 
+    /// [`Self::tool_context`] as `owner` sees it: its descriptions name the host tools
+    /// that caller's code may call, those limited to it (`tenants`) among them.
+    pub fn tool_context_for(&self, owner: Option<&str>) -> Arc<ToolContext> {
+        let code_tools = self
+            .catalog
+            .visible_to(owner)
+            .iter()
+            .map(|t| (t.spec.name.clone(), t.spec.description.clone()))
+            .collect();
+        Arc::new(self.tool_context().with_code_tools(code_tools))
+    }
+
     /// The generation serving now.
     pub fn generation(&self) -> GenerationInfo {
         self.live.load().generation.clone()
@@ -180,10 +192,10 @@ pub fn router(state: SharedState) -> Router {
         .layer(require_key.clone());
     // MCP tool calls are carried out through the routes above (and counted there), with the
     // caller's `Authorization` header: the same key, the same tenant, the same scoping.
-    let live = state.live.clone();
+    let for_caller = state.clone();
     let mcp = mcp::Endpoint::new(
         api.clone(),
-        Arc::new(move || live.load().tool_context.clone()),
+        Arc::new(move |owner| for_caller.tool_context_for(owner)),
         config.mcp.allowed_hosts.clone(),
         body_limit,
     );

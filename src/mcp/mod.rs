@@ -48,9 +48,20 @@ const X_REQUEST_ID: &str = "x-request-id";
 /// Largest API answer a tool call reads (a run's response with its rich outputs).
 const MAX_TOOL_RESPONSE: usize = 64 << 20;
 
-/// The tool descriptions' context of the generation serving now (read at each listing, so
-/// a rollover shows at once).
-pub type LiveContext = Arc<dyn Fn() -> Arc<ToolContext> + Send + Sync>;
+/// The tool descriptions' context of the generation serving now, as the caller (its API
+/// key's tenant, if any) sees it: read at each listing, so a rollover shows at once.
+pub type LiveContext = Arc<dyn Fn(Option<&str>) -> Arc<ToolContext> + Send + Sync>;
+
+/// The tenant of the MCP request's API key: the key check in front of `/mcp` put it in
+/// the HTTP request's extensions, which the streamable HTTP transport hands on.
+fn caller_of(context: &RequestContext<RoleServer>) -> Option<&str> {
+    context
+        .extensions
+        .get::<axum::http::request::Parts>()?
+        .extensions
+        .get::<crate::auth::Caller>()?
+        .owner()
+}
 
 /// A call the client cancelled (or left): the answer no one reads, which ends its stream.
 /// MCP names no code for it; this is JSON-RPC's "request cancelled" of LSP.
@@ -85,7 +96,8 @@ impl McpServer {
         request_id: Option<&RequestId>,
     ) -> Result<(StatusCode, Value), McpError> {
         let invalid = |e: ToolCallError| McpError::invalid_params(e.to_string(), None);
-        let spec = tools::catalog(&(self.context)())
+        // The caller's own tools change only the descriptions, not the call's mapping.
+        let spec = tools::catalog(&(self.context)(None))
             .into_iter()
             .find(|spec| spec.name == name)
             .ok_or_else(|| invalid(ToolCallError::UnknownTool(name.to_owned())))?;
@@ -136,9 +148,9 @@ impl ServerHandler for McpServer {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let tools = tools::catalog(&(self.context)())
+        let tools = tools::catalog(&(self.context)(caller_of(&context)))
             .iter()
             .map(|spec| {
                 let schema: JsonObject = match &spec.input_schema {

@@ -134,6 +134,31 @@ url = "http://127.0.0.1:{port}/mcp"
             .env("SNAKECAGE_AUTH__KEYS_FILE", keys.display()),
     )
     .await;
+    // `/v1/tools` and `/mcp` describe alice's server to alice alone (`calc` names its tools).
+    for (key, hers) in [(&alice, true), (&bob, false)] {
+        let (base, owned) = (s.base.clone(), key.clone());
+        let listed = tokio::task::spawn_blocking(move || {
+            crate::agents::mcp_client_with(&base, "describe", &[&owned])
+        })
+        .await
+        .unwrap();
+        let over_mcp = listed["run_python_description"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let over_rest = client(key)
+            .get(format!("{}/v1/tools", s.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        for described in [&over_mcp, &over_rest] {
+            assert_eq!(described.contains("calc_add ("), hers, "{described}");
+            assert!(described.contains("web_add ("), "{described}");
+        }
+    }
     let (alice, bob) = (client(&alice), client(&bob));
 
     let code = "from snakecage import tools
