@@ -215,9 +215,20 @@ async fn run_in(
         let slot = tokio::select! {
             biased;
             () = interrupt.cancelled() => return Ok(None),
+            () = session.ended.cancelled() => None,
             () = cancel.cancelled() => None,
             slot = state.pool.acquire_session_slot() => Some(slot?),
         };
+        // Deleted while the run waited (a queued run holds the session, so nothing else
+        // ends it): answered at once, and the job is never sent, not even when the slot
+        // came with the deletion.
+        if session.ended.is_cancelled() {
+            guard.mark_dead("it was deleted".into());
+            return Err(ApiError::Gone(format!(
+                "Session '{id}' was deleted while this run waited for an execution slot; the \
+                 run never started."
+            )));
+        }
         let Some(slot) = slot else {
             let outcome = RunOutcome::cancelled_in_queue(waiting.elapsed());
             break (
@@ -235,8 +246,9 @@ async fn run_in(
             now: &interrupt,
         };
         let ran = tokio::select! {
-            ran = worker.run(this_job, &run_limits, chunks.clone(), interrupt) => Some(ran),
+            biased;
             () = session.ended.cancelled() => None,
+            ran = worker.run(this_job, &run_limits, chunks.clone(), interrupt) => Some(ran),
         };
         drop(slot);
         session.touch(true);

@@ -186,3 +186,56 @@ async fn a_queued_stateless_run_cancelled_never_takes_a_worker() {
     // No worker was taken for it, before or after the slot was free.
     assert_eq!(checkouts(&s.health().await), before);
 }
+
+/// A session deleted while a run of it waits in the queue: the run is answered at once,
+/// 410 saying it never started, while the slot is still held, and none of its code runs
+/// once the slot is free (before, it ran on the deleted session's worker in about a third
+/// of tries, or was told it had been killed in progress, and either way only once a slot
+/// came).
+#[tokio::test]
+async fn a_session_deleted_while_its_run_waits_in_the_queue_answers_at_once_and_never_runs_it() {
+    let s = one_slot().await;
+    let id = s.new_session().await;
+    s.session_run(&id, "y = 2").await;
+    let holder = hold_the_slot(&s).await;
+    let request = s
+        .client
+        .post(format!("{}/v1/sessions/{id}/execute", s.base))
+        .json(&json!({ "code": "print('ran, après la suppression')" }));
+    let queued = tokio::spawn(async move {
+        let response = request.send().await.unwrap();
+        (
+            response.status().as_u16(),
+            response.json::<Value>().await.unwrap(),
+        )
+    });
+    eventually(60, "the session run waits in the queue", async || {
+        pool(&s).await.1 == 1
+    })
+    .await;
+    let deleted = s
+        .client
+        .delete(format!("{}/v1/sessions/{id}", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 204);
+    let (status, body) = tokio::time::timeout(Duration::from_secs(120), queued)
+        .await
+        .expect("the queued run is answered while the slot is still held")
+        .unwrap();
+    assert_eq!(status, 410, "{body}");
+    assert_eq!(
+        body["detail"],
+        format!(
+            "Session '{id}' was deleted while this run waited for an execution slot; the run \
+             never started."
+        ),
+        "{body}"
+    );
+    assert_eq!(pool(&s).await, (1, 0));
+    let (status, _) = s.get_json(&format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 404);
+    holder.abort();
+    eventually(60, "the slot is free again", async || pool(&s).await.0 == 0).await;
+}
