@@ -131,8 +131,8 @@ fn unauthorized_detail(problem: KeyProblem) -> &'static str {
         }
         KeyProblem::NotAscii => {
             "the Authorization header holds characters that are not visible ASCII, which no \
-             API key has (keys are `sk-` and 64 hexadecimal digits): send `Authorization: \
-             Bearer <key>`"
+             API key has (`snakecage keys add` makes keys of `sc_` and 64 hexadecimal \
+             digits): send `Authorization: Bearer <key>`"
         }
         KeyProblem::Invalid => "the API key is not valid",
     }

@@ -305,6 +305,10 @@ fn bearer_token(header: Option<&HeaderValue>) -> Result<&str, KeyProblem> {
     if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
         return Err(KeyProblem::NotBearer);
     }
+    // A header value may hold a tab (`HeaderValue::to_str` passes it); no key does.
+    if token.bytes().any(|b| b.is_ascii_control()) {
+        return Err(KeyProblem::NotAscii);
+    }
     Ok(token)
 }
 
@@ -325,10 +329,13 @@ mod tests {
                 "{not_bearer:?}"
             );
         }
-        assert_eq!(
-            bearer_token(Some(&header("Bearer clé".as_bytes()))),
-            Err(KeyProblem::NotAscii)
-        );
+        for not_ascii in ["Bearer clé".as_bytes(), b"Bearer sc_ab\tcd"] {
+            assert_eq!(
+                bearer_token(Some(&header(not_ascii))),
+                Err(KeyProblem::NotAscii),
+                "{not_ascii:?}"
+            );
+        }
     }
 
     fn config(keys: Vec<KeyEntry>) -> AuthConfig {

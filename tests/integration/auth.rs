@@ -297,8 +297,9 @@ async fn missing_and_bad_keys_get_401_with_a_bearer_challenge_and_probes_stay_op
         (
             header("Bearer clé-à-moi".as_bytes()),
             malformed,
-            "not visible ASCII",
+            "not visible ASCII, which no API key has (`snakecage keys add` makes keys of `sc_`",
         ),
+        (header(b"Bearer sc_ab\tcd"), malformed, "not visible ASCII"),
     ];
     for path in [
         "/v1/files",
