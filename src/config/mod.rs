@@ -147,6 +147,11 @@ const NOBODY: u32 = 65_534;
 /// inside the kernel's page counter.
 pub const MAX_TOTAL_MEMORY_MB: u64 = 1 << 33;
 
+/// The largest `pool.size`: jobs at once, each with a worker and as many idle ones kept
+/// ready; far past what a host runs at once (the default is 2 × cores), and within what
+/// the supervisor's descriptors and the worker uids of a range hold.
+pub const MAX_POOL_SIZE: usize = 1024;
+
 /// The largest `limits.max_total_processes`: `PID_MAX_LIMIT` of a 64-bit kernel, the most
 /// pids it ever counts.
 pub const MAX_TOTAL_PROCESSES: u64 = 4_194_304;
@@ -203,6 +208,14 @@ impl Config {
         self.log.check_level().map_err(ConfigError::Invalid)?;
         if self.pool.size == 0 {
             return bad("pool.size must be at least 1");
+        }
+        if self.pool.size > MAX_POOL_SIZE {
+            return Err(ConfigError::Invalid(format!(
+                "pool.size is {} but may be at most {MAX_POOL_SIZE}: it is the jobs that run at \
+                 once (each on a worker, with as many idle ones kept ready), and the default is \
+                 2 × the host's cores; more jobs can wait in pool.queue_length",
+                self.pool.size
+            )));
         }
         if self.limits.default_timeout_ms == 0 || self.limits.max_timeout_ms == 0 {
             return bad("limits.default_timeout_ms and limits.max_timeout_ms must be positive");
@@ -505,6 +518,28 @@ mod tests {
         assert!(
             help.starts_with("Jobs that run at once, and idle pre-forked workers kept ready"),
             "{help}"
+        );
+    }
+
+    #[test]
+    fn a_pool_size_of_none_or_past_the_most_a_host_runs_is_refused_naming_the_key() {
+        let with = |size: usize| {
+            let mut c = Config::default();
+            c.pool.size = size;
+            c.validate().err().map(|e| e.to_string())
+        };
+        assert_eq!(
+            with(0).as_deref(),
+            Some("configuration: pool.size must be at least 1")
+        );
+        assert_eq!(with(MAX_POOL_SIZE), None);
+        assert_eq!(
+            with(MAX_POOL_SIZE + 1).as_deref(),
+            Some(
+                "configuration: pool.size is 1025 but may be at most 1024: it is the jobs that \
+                 run at once (each on a worker, with as many idle ones kept ready), and the \
+                 default is 2 × the host's cores; more jobs can wait in pool.queue_length"
+            )
         );
     }
 
