@@ -414,15 +414,26 @@ pub async fn run_in_session(
     let mut out_of_memory = None;
     let (result, lost, signal) = match ending {
         Ending::Reported(result) => (Some(result), None, None),
-        Ending::Deadline => (
-            None,
-            Some(format!(
-                "its worker did not stop within {} ms of being interrupted at the {} ms deadline and was killed",
-                interrupt.grace.as_millis(),
-                limits.timeout.as_millis()
-            )),
-            None,
-        ),
+        Ending::Deadline => {
+            // Interrupted before its deadline: by its client, who cancelled the run
+            // (`DELETE /v1/runs/{id}`) or went away (`Interrupt::now`).
+            let cancelled = limits.cancel.as_ref().is_some_and(|c| c.is_cancelled());
+            let when = if overdue || !(cancelled || interrupt.now.is_cancelled()) {
+                format!("at the {} ms deadline", limits.timeout.as_millis())
+            } else if cancelled {
+                "when its client cancelled the run".to_owned()
+            } else {
+                "when its client went away".to_owned()
+            };
+            (
+                None,
+                Some(format!(
+                    "its worker did not stop within {} ms of being interrupted {when} and was killed",
+                    interrupt.grace.as_millis(),
+                )),
+                None,
+            )
+        }
         Ending::ProtocolViolation(violation) => {
             tracing::warn!(
                 worker = worker.id,

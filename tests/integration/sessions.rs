@@ -398,7 +398,12 @@ async fn a_session_whose_worker_is_killed_answers_410() {
     assert_eq!(status, 410, "{r}");
     let detail = r["detail"].as_str().unwrap();
     assert!(
-        detail.contains("is gone") && detail.contains("create a new session"),
+        detail.contains("is gone")
+            && detail.contains("create a new session")
+            && detail.contains(
+                "its worker did not stop within 500 ms of being interrupted at the 300 ms \
+                 deadline and was killed"
+            ),
         "{detail}"
     );
     assert_eq!(get(&s, &format!("/v1/sessions/{id}")).await.0, 410);
@@ -418,6 +423,32 @@ async fn a_session_whose_worker_is_killed_answers_410() {
     let m = s.scrape().await;
     assert_eq!(m.get("snakecage_sessions_closed_total", &[]), 0.0);
     assert_eq!(m.get("snakecage_sessions_active", &[]), 0.0);
+}
+
+/// A stubborn run its client cancels (`DELETE /v1/runs/{id}`) long before its deadline:
+/// the worker is killed after the grace, and the session's reason names the cancel, not
+/// a deadline that never came.
+#[tokio::test]
+async fn a_session_whose_worker_ignores_its_clients_cancel_says_so_in_its_410() {
+    let s =
+        Server::start_with(Options::default().env("SNAKECAGE_SESSIONS__INTERRUPT_GRACE_MS", 500))
+            .await;
+    let id = create(&s, json!({})).await;
+    let stubborn = "import time\nprint('commencé', flush=True)\nwhile True:\n    try:\n        time.sleep(10)\n    except KeyboardInterrupt:\n        pass";
+    let mut stream = s
+        .stream(
+            &format!("/v1/sessions/{id}/execute/stream"),
+            &json!({ "code": stubborn, "timeout_ms": 60_000 }),
+        )
+        .await;
+    let r = stream.cancel_when(|event, _| event == "output").await;
+    let why = "its worker did not stop within 500 ms of being interrupted when its client \
+               cancelled the run and was killed";
+    assert!(r["stderr"].as_str().unwrap().contains(why), "{r}");
+    assert_eq!(r["timed_out"], false, "{r}");
+    let (status, r) = exec(&s, &id, json!({ "code": "1" })).await;
+    assert_eq!(status, 410, "{r}");
+    assert!(r["detail"].as_str().unwrap().contains(why), "{r}");
 }
 
 #[tokio::test]
