@@ -356,7 +356,7 @@ async fn run_prepared(
     let collected = match (finished.workspace_path(), &finished.staged) {
         (Some(path), Some(staged)) => {
             workspace::collect(
-                state.store.as_ref(),
+                &state.store,
                 caller.file_owner(),
                 path,
                 staged,

@@ -279,7 +279,7 @@ async fn run_in(
     let never_started = ran.outcome.cancelled == Cancelled::Queued;
     let ws = worker_path(&guard, &id)?;
     let collected = workspace::collect(
-        state.store.as_ref(),
+        &state.store,
         caller.file_owner(),
         &ws,
         &guard.baseline,

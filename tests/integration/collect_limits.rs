@@ -33,3 +33,51 @@ async fn a_directory_of_more_files_than_max_entries_keeps_the_ones_read() {
         "{r}"
     );
 }
+
+/// The files of the store's directory `sub` (`objects`, `meta`, `tmp`).
+fn store_entries(s: &Server, sub: &str) -> usize {
+    std::fs::read_dir(s.state_dir().join("files").join(sub))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// The files `GET /v1/files` lists, and the bytes it says they are charged.
+async fn listed(s: &Server) -> (usize, u64) {
+    let (status, body) = s.get_json("/v1/files").await;
+    assert_eq!(status, 200, "{body}");
+    (
+        body["files"].as_array().map_or(0, Vec::len),
+        body["usage"]["charged_bytes"].as_u64().unwrap(),
+    )
+}
+
+/// A client that leaves while its run's files are being stored: what was stored is
+/// deleted again and nothing half-written stays on disk, since no answer will name any
+/// of it. Before, the files stored until then stayed (listed and charged), and the copies
+/// in progress stayed in the store's `tmp`, uncharged, until a restart.
+#[tokio::test]
+async fn a_client_that_leaves_during_the_collection_leaves_no_file_behind() {
+    let s =
+        Server::start_with(Options::default().env("SNAKECAGE_WORKSPACE__MAX_TOTAL_MB", 100)).await;
+    let request = s.client.post(format!("{}/v1/execute", s.base)).json(&serde_json::json!({
+        "code": "for i in range(1000):\n    open(f'données_{i:04}.bin', 'wb').write(b'x' * 50_000)",
+        "timeout_ms": 30_000,
+    }));
+    let leaving = tokio::spawn(async move { request.send().await });
+    crate::reliability::eventually(60, "the collection has begun", async || {
+        listed(&s).await.0 > 0
+    })
+    .await;
+    leaving.abort();
+    assert!(
+        leaving.await.is_err_and(|e| e.is_cancelled()),
+        "the run was answered first"
+    );
+    crate::reliability::eventually(60, "nothing of the left run stays", async || {
+        listed(&s).await == (0, 0)
+            && ["objects", "meta", "tmp"]
+                .iter()
+                .all(|sub| store_entries(&s, sub) == 0)
+    })
+    .await;
+}

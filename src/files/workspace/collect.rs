@@ -18,7 +18,9 @@ use nix::fcntl::OFlag;
 use super::MAX_PATH_BYTES;
 use super::beneath::{MAX_DEPTH, Root, list, open_dir_at};
 use super::stage::{Fingerprint, Staged, odd_key};
-use crate::files::{Charge, FileMeta, FileOwner, FileStore, StoreError, UploadSize, size_text};
+use crate::files::{
+    Charge, FileMeta, FileOwner, FileStore, SharedStore, StoreError, UploadSize, size_text,
+};
 
 /// One entry of an execute response's `files`.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -66,9 +68,10 @@ pub struct Collected {
 /// Stores every new or changed regular file of `workspace` and lists new directories.
 /// The job may still be changing it (a session's threads go on between runs): every path
 /// is opened through [`Root`], never through a link, so what it changes meanwhile can only
-/// make an entry skipped, never lead outside.
+/// make an entry skipped, never lead outside. Dropped before it ends (its client left),
+/// it deletes what it stored: no answer will name those files.
 pub async fn collect(
-    store: &dyn FileStore,
+    shared: &SharedStore,
     owner: FileOwner<'_>,
     workspace: &Path,
     staged: &Staged,
@@ -110,6 +113,7 @@ pub async fn collect(
         files: Vec::new(),
         skipped: scan.skipped,
     };
+    let undo = Undo::new(shared, owner);
     let mut in_flight = futures_util::stream::FuturesOrdered::new();
     let mut aliases = scan.aliases;
     // Stored so far, and sent to the store; files, then bytes.
@@ -169,21 +173,136 @@ pub async fn collect(
         }
         sent.0 += 1;
         sent.1 += len;
-        let root = &root;
+        let stored = undo.store(root.clone(), path.clone(), len);
         in_flight.push_back(Either::Right(async move {
-            let result = store_one(store, owner, root, &path, len).await;
             Done {
                 path,
                 len,
                 names,
-                stored: Some(result),
+                stored: Some(stored.await),
             }
         }));
     }
     while let Some(done) = in_flight.next().await {
         record(&mut out, done);
     }
+    undo.keep();
     out
+}
+
+/// The stores of a collection, each on a task of its own, so that none is dropped
+/// halfway (a local store's temporary file and reservation, an S3 multipart upload): a
+/// collection dropped before it ends (its client left) lets them finish and deletes what
+/// they stored, in the background. Otherwise some of the run's files would stay stored,
+/// charged to its key and named by no answer, and partial copies would stay on disk.
+struct Undo {
+    shared: Arc<Undone>,
+    kept: bool,
+}
+
+struct Undone {
+    store: SharedStore,
+    owner: Option<String>,
+    quota_bytes: Option<u64>,
+    /// The ids stored so far, and whether the collection was dropped.
+    state: std::sync::Mutex<(Vec<String>, bool)>,
+}
+
+impl Undone {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Vec<String>, bool)> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn delete(&self, ids: Vec<String>) {
+        for file_id in ids {
+            if let Err(e) = self.store.delete(&file_id, self.owner.as_deref()).await {
+                tracing::warn!(%file_id, error = %e, "could not delete a file of a dropped collection");
+            }
+        }
+    }
+}
+
+impl Undo {
+    fn new(store: &SharedStore, owner: FileOwner<'_>) -> Self {
+        Self {
+            shared: Arc::new(Undone {
+                store: store.clone(),
+                owner: owner.name.map(str::to_owned),
+                quota_bytes: owner.quota_bytes,
+                state: std::sync::Mutex::default(),
+            }),
+            kept: false,
+        }
+    }
+
+    /// Stores the file at `path` on a task of its own; its answer.
+    fn store(
+        &self,
+        root: Arc<Root>,
+        path: String,
+        len: u64,
+    ) -> impl Future<Output = Result<FileMeta, Unstored>> + use<> {
+        let shared = self.shared.clone();
+        let task = tokio::spawn(async move {
+            let owner = FileOwner {
+                name: shared.owner.as_deref(),
+                quota_bytes: shared.quota_bytes,
+            };
+            let result = store_one(shared.store.as_ref(), owner, &root, &path, len).await;
+            if let Ok(meta) = &result {
+                let dropped = {
+                    let mut state = shared.lock();
+                    state.0.push(meta.file_id.clone());
+                    state.1
+                };
+                if dropped {
+                    shared.delete(vec![meta.file_id.clone()]).await;
+                }
+            }
+            result
+        });
+        async move {
+            task.await.unwrap_or_else(|e| {
+                Err(Unstored::Store(StoreError::Io {
+                    doing: "storing",
+                    path: "a workspace file".into(),
+                    source: io::Error::other(e.to_string()),
+                }))
+            })
+        }
+    }
+
+    /// The collection ended: its answer names every file it stored.
+    fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
+        let stored = {
+            let mut state = self.shared.lock();
+            state.1 = true;
+            std::mem::take(&mut state.0)
+        };
+        if stored.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        tracing::info!(
+            files = stored.len(),
+            "a run's file collection was dropped (its client left): deleting the files it stored"
+        );
+        let shared = self.shared.clone();
+        runtime.spawn(async move { shared.delete(stored).await });
+    }
 }
 
 /// An entry whose turn came: a directory (`stored` `None`), or a file with the store's
@@ -725,6 +844,7 @@ mod tests {
             max_files: 1000,
         };
         let owner = FileOwner::default();
+        let store: SharedStore = Arc::new(store);
         let got = collect(&store, owner, root, &Staged::default(), limits).await;
 
         let mut expected: Vec<String> = ["b_dossier", "b_dossier/c.txt", "d.txt", "e.txt", "g.txt"]
@@ -836,8 +956,15 @@ mod tests {
         std::os::unix::fs::symlink(host.path(), ws.path().join("d")).unwrap();
 
         let store_dir = tempfile::tempdir().unwrap();
-        let store = local_store(store_dir.path());
-        let got = store_one(&store, FileOwner::default(), &root, "d/secret.txt", 4).await;
+        let store: SharedStore = Arc::new(local_store(store_dir.path()));
+        let got = store_one(
+            store.as_ref(),
+            FileOwner::default(),
+            &root,
+            "d/secret.txt",
+            4,
+        )
+        .await;
         let Err(Unstored::Store(StoreError::Io { source, .. })) = got else {
             panic!("read through the link: {got:?}");
         };
@@ -850,7 +977,14 @@ mod tests {
             ws.path().join("d/secret.txt"),
         )
         .unwrap();
-        let got = store_one(&store, FileOwner::default(), &root, "d/secret.txt", 4).await;
+        let got = store_one(
+            store.as_ref(),
+            FileOwner::default(),
+            &root,
+            "d/secret.txt",
+            4,
+        )
+        .await;
         assert!(
             matches!(got, Err(Unstored::Store(StoreError::Io { .. }))),
             "{got:?}"
@@ -915,10 +1049,16 @@ mod tests {
         };
         std::fs::write(ws.path().join("wächst.log"), "x".repeat(100_000)).unwrap();
         let store_dir = tempfile::tempdir().unwrap();
-        let store = local_store(store_dir.path());
-        let meta = store_one(&store, FileOwner::default(), &root, "wächst.log", len)
-            .await
-            .unwrap();
+        let store: SharedStore = Arc::new(local_store(store_dir.path()));
+        let meta = store_one(
+            store.as_ref(),
+            FileOwner::default(),
+            &root,
+            "wächst.log",
+            len,
+        )
+        .await
+        .unwrap();
         assert_eq!(meta.size_bytes, 4);
     }
 
@@ -936,7 +1076,7 @@ mod tests {
         .unwrap();
         std::fs::write(ws.path().join("c.txt"), "c").unwrap();
         let store_dir = tempfile::tempdir().unwrap();
-        let store = local_store(store_dir.path());
+        let store: SharedStore = Arc::new(local_store(store_dir.path()));
         let limits = CollectLimits {
             max_files: 2,
             ..limits()
@@ -973,7 +1113,7 @@ mod tests {
             std::fs::write(ws.path().join(format!("f{i}_ü")), "x").unwrap();
         }
         let store_dir = tempfile::tempdir().unwrap();
-        let store = local_store(store_dir.path());
+        let store: SharedStore = Arc::new(local_store(store_dir.path()));
         let limits = CollectLimits {
             max_files: 4,
             ..limits()
@@ -1010,7 +1150,7 @@ mod tests {
         small.set_len(512 << 10).unwrap();
         std::fs::write(ws.path().join("plein.bin"), vec![1u8; 900 << 10]).unwrap();
         let store_dir = tempfile::tempdir().unwrap();
-        let store = local_store(store_dir.path());
+        let store: SharedStore = Arc::new(local_store(store_dir.path()));
         let limits = CollectLimits {
             max_total_bytes: 200 << 20,
             ..limits()
