@@ -104,7 +104,9 @@ fn rpc_code_for(status: StatusCode) -> i64 {
 }
 
 /// A service error body (`{"detail", "code"}`, no `jsonrpc`) with the JSON-RPC error of
-/// [`error_response`] added to the same object; any other response as it was.
+/// [`error_response`] added to the same object, and rmcp's own JSON-RPC refusal with an
+/// HTTP error status (a JSON-RPC response sent to the server) with the service's `detail`
+/// and `code` added; any other response as it was.
 async fn with_rpc_error(response: Response) -> Response {
     let status = response.status();
     if !(status.is_client_error() || status.is_server_error()) || !declares_json(response.headers())
@@ -120,9 +122,23 @@ async fn with_rpc_error(response: Response) -> Response {
         }
     };
     let mut object = match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Object(object)) if !object.contains_key("jsonrpc") => object,
+        Ok(Value::Object(object)) => object,
         _ => return Response::from_parts(parts, Body::from(bytes)),
     };
+    if object.contains_key("jsonrpc") {
+        let message = object
+            .get("error")
+            .and_then(|e| e.get("message"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let Some(message) = message.filter(|_| !object.contains_key("detail")) else {
+            return Response::from_parts(parts, Body::from(bytes));
+        };
+        object.insert("detail".into(), message.into());
+        object.insert("code".into(), json!(ErrorCode::for_status(status)));
+        parts.headers.remove(header::CONTENT_LENGTH);
+        return Response::from_parts(parts, Body::from(Value::Object(object).to_string()));
+    }
     let Some(detail) = object
         .get("detail")
         .and_then(Value::as_str)

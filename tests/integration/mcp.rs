@@ -340,6 +340,21 @@ async fn mcp_protocol_errors_say_what_is_wrong() {
             "{body}: {answer}"
         );
     }
+    // A JSON-RPC response sent to the server: rmcp's refusal, with the service's fields.
+    for body in [
+        json!({"jsonrpc": "2.0", "id": 1, "result": {}}),
+        json!({"jsonrpc": "2.0", "id": "é", "error": {"code": 1, "message": "non"}}),
+    ] {
+        let (status, _, answer) = rpc(&s.base, body.to_string(), &[]).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert_eq!(check_error_body(status, &answer), "bad_request");
+        assert_eq!(answer["error"]["code"], -32600, "{answer}");
+        assert_eq!(answer["detail"], answer["error"]["message"], "{answer}");
+        assert!(
+            answer["detail"].as_str().unwrap().contains("response"),
+            "{answer}"
+        );
+    }
     // A request whose params are not an object: invalid params (-32602), to its own id.
     for (id, params, kind) in [
         (json!(9), json!("x"), "a string"),
