@@ -243,6 +243,16 @@ impl Config {
         if self.limits.memory_limit_mb == 0 {
             return bad("limits.memory_limit_mb must be positive");
         }
+        let client = self.limits.client_timeout_ms;
+        if !(sections::MIN_CLIENT_TIMEOUT_MS..=sections::MAX_CLIENT_TIMEOUT_MS).contains(&client) {
+            return Err(ConfigError::Invalid(format!(
+                "limits.client_timeout_ms is {client} but must be from {} (a second) to {} (an \
+                 hour): how long a client may take to send a request's headers, and may let \
+                 its request body stall",
+                sections::MIN_CLIENT_TIMEOUT_MS,
+                sections::MAX_CLIENT_TIMEOUT_MS
+            )));
+        }
         if self.limits.max_open_files < 16 {
             return bad("limits.max_open_files must be at least 16 (CPython needs a few)");
         }
@@ -541,6 +551,27 @@ mod tests {
                  default is 2 × the host's cores; more jobs can wait in pool.queue_length"
             )
         );
+    }
+
+    #[test]
+    fn a_client_timeout_outside_a_second_to_an_hour_is_refused() {
+        let with = |ms: u64| {
+            let mut c = Config::default();
+            c.limits.client_timeout_ms = ms;
+            c.validate().err().map(|e| e.to_string())
+        };
+        assert_eq!(with(1_000), None);
+        assert_eq!(with(3_600_000), None);
+        for bad in [0, 999, 3_600_001] {
+            assert_eq!(
+                with(bad),
+                Some(format!(
+                    "configuration: limits.client_timeout_ms is {bad} but must be from 1000 (a \
+                     second) to 3600000 (an hour): how long a client may take to send a \
+                     request's headers, and may let its request body stall"
+                ))
+            );
+        }
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub const APPLIED_APART: &[&str] = &["auth.keys"];
 /// cgroup, claimed and made at start),
 /// even inside a reloadable section.
 const FIXED_WITHIN: &[&str] = &[
+    "limits.client_timeout_ms",
     "limits.max_request_bytes",
     "limits.max_total_memory_mb",
     "limits.max_total_processes",

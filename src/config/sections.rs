@@ -103,7 +103,17 @@ pub struct LimitsConfig {
     /// the kernel's last backstop behind the service's. From one run's budget
     /// ([`LimitsConfig::cpu_seconds`]) to [`MAX_SESSION_CPU_SECONDS`].
     pub max_session_cpu_seconds: u64,
+    /// How long a client may take to send a request's headers (from the connection's
+    /// start, or from its previous answer on a kept-alive one), and how long a request
+    /// body it sends may stall between two pieces; past it the connection is closed. From
+    /// [`MIN_CLIENT_TIMEOUT_MS`] to [`MAX_CLIENT_TIMEOUT_MS`].
+    pub client_timeout_ms: u64,
 }
+
+/// The least `limits.client_timeout_ms`: a second.
+pub const MIN_CLIENT_TIMEOUT_MS: u64 = 1_000;
+/// The largest `limits.client_timeout_ms`: an hour.
+pub const MAX_CLIENT_TIMEOUT_MS: u64 = 3_600_000;
 
 /// The largest `limits.max_session_cpu_seconds`: a day of CPU time.
 pub const MAX_SESSION_CPU_SECONDS: u64 = 86_400;
@@ -349,6 +359,7 @@ impl Default for LimitsConfig {
             max_total_processes: None,
             max_total_memory_mb: None,
             max_session_cpu_seconds: 3_600,
+            client_timeout_ms: 75_000,
         }
     }
 }

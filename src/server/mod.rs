@@ -8,6 +8,7 @@
 mod report;
 mod request_id;
 mod settings;
+mod stalled_body;
 mod unread_body;
 
 use std::future::Future;
@@ -15,7 +16,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower_http::LatencyUnit;
@@ -40,6 +40,7 @@ pub use report::build_info;
 use report::log_sandbox;
 use request_id::{drop_unfit_request_id, request_span};
 use settings::prepare_mpl_config_dir;
+use stalled_body::StalledBody;
 
 /// How long the runs killed at the end of the shutdown grace period have to send their
 /// answers (which say why they ended) before the process exits: they are sent within
@@ -120,6 +121,7 @@ pub async fn serve_with(
         listener,
         api::starting::until_ready(router_cell.clone(), what, settings.size),
         stop.clone(),
+        Duration::from_millis(config.limits.client_timeout_ms),
     ));
     let pool_started = std::time::Instant::now();
     // The environment's stamp (tens of milliseconds of directory reads), the cluster's
@@ -309,19 +311,72 @@ pub async fn serve_with(
 }
 
 /// Serves `app` on `listener` until `stop` fires, then lets in-flight requests finish.
+///
+/// A client gets `client_timeout` to send a request's headers (from the connection's
+/// start, or from its previous answer: an idle kept-alive connection is closed then), and
+/// a request body it sends may stall no longer between two pieces: a client that opens
+/// connections and sends nothing, or a byte now and then, cannot hold the service's
+/// descriptors for good (axum's own `serve` sets no timer, so hyper never timed out).
 async fn listen(
     listener: TcpListener,
     app: axum::Router,
     stop: CancellationToken,
+    client_timeout: Duration,
 ) -> std::io::Result<()> {
-    // No Nagle: a streamed event (or any response written in more than one piece) must
-    // leave at once, not wait for the client's delayed ACK of the previous write.
-    let listener = listener.tap_io(|tcp| {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use tower::ServiceExt;
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(client_timeout);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let service = app.map_request(move |request: axum::http::Request<hyper::body::Incoming>| {
+        request.map(|body| axum::body::Body::new(StalledBody::new(body, client_timeout)))
+    });
+    loop {
+        let tcp = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of descriptors (or a connection reset before it was taken):
+                    // the next accept may work once connections close.
+                    tracing::warn!(error = %e, "could not accept a connection");
+                    tokio::time::sleep(ACCEPT_PAUSE).await;
+                    continue;
+                }
+            },
+            () = stop.cancelled() => break,
+        };
+        // No Nagle: a streamed event (or any response written in more than one piece)
+        // must leave at once, not wait for the client's delayed ACK of the previous write.
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "could not set TCP_NODELAY on a connection");
         }
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
+        let hyper_service = hyper_util::service::TowerToHyperService::new(service.clone());
+        let (builder, watcher) = (builder.clone(), graceful.watcher());
+        tokio::spawn(async move {
+            // hyper's timer starts when it reads a request's head; before the first one
+            // the auto builder waits, with no timer, for the bytes that tell HTTP/1 from
+            // HTTP/2. A connection that sends nothing is closed here.
+            let mut first = [0u8; 1];
+            if tokio::time::timeout(client_timeout, tcp.peek(&mut first))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let connection =
+                builder.serve_connection_with_upgrades(TokioIo::new(tcp), hyper_service);
+            if let Err(e) = watcher.watch(connection.into_owned()).await {
+                tracing::debug!(error = %e, "a connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }
+
+/// How long the accept loop waits after a failed accept.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);

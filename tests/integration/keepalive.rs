@@ -322,3 +322,71 @@ async fn over_http2_a_refused_body_leaves_the_connection_serving() {
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     assert!(!connection.is_finished(), "the connection was closed");
 }
+
+/// Whether `conn` is closed by the server within `within` (reads to its end; what comes
+/// before, an answer, is returned).
+async fn closed_within(conn: &mut OwnedReadHalf, within: Duration) -> Option<Vec<u8>> {
+    let mut got = Vec::new();
+    let read = async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match conn.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(within, read).await.ok()?;
+    Some(got)
+}
+
+/// Clients that hold connections without finishing a request (a slowloris): one that
+/// sends nothing, one that stops inside its headers, one that stops inside its body, and
+/// one kept alive and idle after an answer. Each is closed once `limits.client_timeout_ms`
+/// has passed (the stalled body's request answered 400, saying why), while a client that
+/// goes on is served throughout. Before, all of them were held for good.
+#[tokio::test]
+async fn connections_that_stall_are_closed_after_the_client_timeout() {
+    let s = Server::start_with(
+        crate::harness::Options::default().env("SNAKECAGE_LIMITS__CLIENT_TIMEOUT_MS", 1000),
+    )
+    .await;
+    let (mut silent, _silent) = connect(&s).await;
+    let (mut headers, mut headers_w) = connect(&s).await;
+    headers_w
+        .write_all(b"POST /v1/execute HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let (mut body, mut body_w) = connect(&s).await;
+    let code = r#"{"code": "print('été')"}"#;
+    body_w
+        .write_all(post("/v1/execute", "application/json", code.len()).as_bytes())
+        .await
+        .unwrap();
+    body_w.write_all(&code.as_bytes()[..8]).await.unwrap();
+    let (mut idle, idle_w) = connect(&s).await;
+    let ((status, _, _), _idle_w) = exchange(&mut idle, idle_w, HEALTH.into(), Vec::new()).await;
+    assert_eq!(status, 200);
+
+    // Another client is served meanwhile, on one connection kept alive.
+    let (mut busy, mut busy_w) = connect(&s).await;
+    for _ in 0..3 {
+        busy_w.write_all(HEALTH.as_bytes()).await.unwrap();
+        assert_eq!(read_response(&mut busy).await.0, 200);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+
+    let within = Duration::from_secs(30);
+    assert_eq!(closed_within(&mut silent, within).await, Some(Vec::new()));
+    assert_eq!(closed_within(&mut headers, within).await, Some(Vec::new()));
+    assert_eq!(closed_within(&mut idle, within).await, Some(Vec::new()));
+    let answer = closed_within(&mut body, within).await.expect("closed");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    assert!(
+        answer.contains(
+            "the request body stalled: nothing of it arrived for 1000 ms (limits.client_timeout_ms)"
+        ),
+        "{answer}"
+    );
+}
