@@ -10,6 +10,10 @@
 //!   `method` shows it is the server's own request or notification, the only request
 //!   awaiting an answer. When neither tells (several requests in flight, the `id` after
 //!   the cut), no call can be answered: it waits for `tools.call_timeout_ms`.
+//! - A message's bytes that are not UTF-8 are passed on as U+FFFD, each sequence of them
+//!   (logged): rmcp drops a line that is not UTF-8 without a word, and the call it
+//!   answers would wait for `tools.call_timeout_ms`. An HTTP tool's answer is read the
+//!   same way.
 
 use std::collections::HashSet;
 use std::io;
@@ -93,6 +97,10 @@ struct Lines {
     /// Bytes of the line seen, and passed on.
     seen: usize,
     passed: usize,
+    /// The start of a UTF-8 sequence the bytes passed on so far end with (its rest is in
+    /// the next read), and how many sequences of the message were not UTF-8.
+    partial: Vec<u8>,
+    replaced: usize,
     out: Vec<u8>,
     out_at: usize,
 }
@@ -107,6 +115,8 @@ impl Lines {
             head: Vec::with_capacity(HEAD_BYTES),
             seen: 0,
             passed: 0,
+            partial: Vec::new(),
+            replaced: 0,
             out: Vec::new(),
             out_at: 0,
         }
@@ -168,17 +178,62 @@ impl Lines {
         }
         if self.passed + bytes.len() > self.limit {
             self.kind = Kind::Oversized;
+            self.partial.clear();
             if self.passed > 0 {
                 // What rmcp holds of the line ends here: a line it cannot parse, and skips.
                 self.out.push(b'\n');
             }
             return;
         }
-        self.out.extend_from_slice(bytes);
         self.passed += bytes.len();
+        self.pass_utf8(bytes);
+    }
+
+    /// Passes on `bytes` as UTF-8: each sequence that is not becomes U+FFFD; one cut at
+    /// the end waits for the rest.
+    fn pass_utf8(&mut self, bytes: &[u8]) {
+        let joined;
+        let mut data = if self.partial.is_empty() {
+            bytes
+        } else {
+            joined = [std::mem::take(&mut self.partial).as_slice(), bytes].concat();
+            &joined[..]
+        };
+        loop {
+            match std::str::from_utf8(data) {
+                Ok(_) => {
+                    self.out.extend_from_slice(data);
+                    return;
+                }
+                Err(e) => {
+                    let (good, rest) = data.split_at(e.valid_up_to());
+                    self.out.extend_from_slice(good);
+                    match e.error_len() {
+                        Some(bad) => {
+                            self.out.extend_from_slice("\u{FFFD}".as_bytes());
+                            self.replaced += 1;
+                            data = &rest[bad..];
+                        }
+                        None => {
+                            self.partial = rest.to_vec();
+                            return;
+                        }
+                    }
+                }
+            }
+        }
     }
 
     fn end_line(&mut self) {
+        if !self.partial.is_empty() {
+            // The line ended inside a sequence (the newline is passed on after it).
+            self.partial.clear();
+            self.out.extend_from_slice("\u{FFFD}".as_bytes());
+            self.replaced += 1;
+        }
+        if self.replaced > 0 {
+            self.log.not_utf8(std::mem::take(&mut self.replaced));
+        }
         match self.kind {
             Kind::Junk => {
                 let more = self.seen - self.head.len();
@@ -306,6 +361,28 @@ mod tests {
         let input = b"{\"id\":1}\nnot json-rpc\n\xff\xfe\n  {\"id\":2}\r\n\n";
         let out = byte_by_byte(lines(100, &[]), input);
         assert_eq!(out, "{\"id\":1}\n  {\"id\":2}\r\n\n");
+    }
+
+    #[test]
+    fn a_message_with_bytes_that_are_not_utf8_passes_with_each_sequence_replaced() {
+        // A lone byte, a sequence cut by the next character, and a whole multibyte
+        // character fed one byte at a time (valid: passed as it is).
+        let input: &[u8] = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"\xff\xfe \xe2\x82 \xe2\x82\xac\"}]}}\n{\"id\":2}\n";
+        let out = byte_by_byte(lines(1000, &[1, 2]), input);
+        assert_eq!(
+            out,
+            "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"\u{FFFD}\u{FFFD} \u{FFFD} \u{20AC}\"}]}}\n{\"id\":2}\n"
+        );
+        let message: rmcp::model::ServerJsonRpcMessage =
+            serde_json::from_str(out.lines().next().unwrap()).unwrap();
+        assert!(matches!(
+            message,
+            rmcp::model::ServerJsonRpcMessage::Response(_)
+        ));
+        // Fed whole, the same.
+        let mut whole = lines(1000, &[1, 2]);
+        whole.feed(input);
+        assert_eq!(String::from_utf8(whole.out).unwrap(), out);
     }
 
     #[test]

@@ -62,6 +62,15 @@ impl ServerLog {
         }
     }
 
+    /// Logs a message in which `replaced` byte sequences were not UTF-8 (each passed on as
+    /// U+FFFD). Limited as lines are: a server can send such messages without end.
+    pub fn not_utf8(&mut self, replaced: usize) {
+        if !self.admit(Instant::now()) {
+            return;
+        }
+        tracing::warn!(server = %self.server, replaced, "an upstream MCP server's message held bytes that are not UTF-8; each such sequence was read as U+FFFD");
+    }
+
     /// Logs how many lines were not logged, if any (the stream ended).
     pub fn finish(&mut self) {
         self.report_suppressed();
