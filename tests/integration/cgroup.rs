@@ -187,8 +187,20 @@ async fn two_instances_have_their_own_cgroups_and_stopping_one_leaves_the_others
 
 #[tokio::test]
 async fn a_killed_instances_cgroup_is_removed_at_the_next_start_and_a_live_ones_is_not() {
-    let live = Server::start_with(bounded(Options::default())).await;
-    let killed = Server::start_with(bounded(Options::default())).await;
+    // The three instances keep their cgroups' records apart from every other test's: any
+    // instance that starts removes the dead ones whose records it sees, and one of another
+    // test, starting between the kill and the check below, removed the killed instance's
+    // cgroups before this test's next start could (seen in a CI rehearsal).
+    let records = tempfile::tempdir().unwrap();
+    let apart = || {
+        let lock_dir = snakecage::pool::cgroup::LOCK_DIR;
+        bounded(Options::default()).wrapper(&crate::harness::in_private_mounts(&format!(
+            "mkdir -p {lock_dir} && mount --bind {} {lock_dir}",
+            records.path().display()
+        )))
+    };
+    let live = Server::start_with(apart()).await;
+    let killed = Server::start_with(apart()).await;
     let (live_dir, killed_dir) = (
         cgroup_dir(&live.health().await),
         cgroup_dir(&killed.health().await),
@@ -215,7 +227,7 @@ async fn a_killed_instances_cgroup_is_removed_at_the_next_start_and_a_live_ones_
         "a killed instance cannot remove its cgroups"
     );
 
-    let next = Server::start_with(bounded(Options::default())).await;
+    let next = Server::start_with(apart()).await;
     let next_dir = cgroup_dir(&next.health().await);
     assert!(!killed_dir.exists(), "removed by the next start");
     assert!(!killed_memory.exists(), "both of them");
