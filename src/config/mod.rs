@@ -202,6 +202,50 @@ impl Config {
         Self::load(self.source.file.as_deref(), &self.source.overrides)
     }
 
+    /// The first directory key whose path cannot be one: it holds a NUL byte (no system
+    /// call takes it), or names something that is not a directory. A directory that does
+    /// not exist yet is fine (the service makes it), and `python.home`, which nothing
+    /// makes, must exist. Named here, before start-up fails deeper down without the key.
+    fn directory_problem(&self) -> Option<String> {
+        let keys: [(&str, Option<&std::path::Path>, bool); 6] = [
+            ("worker.state_dir", Some(&self.worker.state_dir), false),
+            ("workspace.dir", self.workspace.dir.as_deref(), false),
+            ("files.dir", self.files.dir.as_deref(), false),
+            (
+                "packages.envs_dir",
+                self.packages.envs_dir.as_deref(),
+                false,
+            ),
+            (
+                "packages.cache_dir",
+                self.packages.cache_dir.as_deref(),
+                false,
+            ),
+            ("python.home", self.python.home.as_deref(), true),
+        ];
+        keys.into_iter().find_map(|(key, path, must_exist)| {
+            let path = path?;
+            let shown = path.display().to_string().escape_debug().to_string();
+            if path.as_os_str().as_encoded_bytes().contains(&0) {
+                return Some(format!(
+                    "{key} \"{shown}\" holds a NUL byte, which no path can: give a directory"
+                ));
+            }
+            let what = match std::fs::metadata(path) {
+                Ok(meta) if meta.is_dir() => return None,
+                Ok(_) => "is not a directory",
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !must_exist => return None,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist",
+                // On the way to it, a file where a directory should be (ENOTDIR).
+                Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+                    "has a file, not a directory, on its way"
+                }
+                Err(_) => return None,
+            };
+            Some(format!("{key} \"{shown}\" {what}: give a directory"))
+        })
+    }
+
     /// Checks the values together (ranges, consistency); [`Config::load`] calls it.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |msg: &str| Err(ConfigError::Invalid(msg.to_owned()));
@@ -281,6 +325,9 @@ impl Config {
             return bad("sessions.max_sessions must be at least 1");
         }
         if let Some(problem) = self.python.problem() {
+            return Err(ConfigError::Invalid(problem));
+        }
+        if let Some(problem) = self.directory_problem() {
             return Err(ConfigError::Invalid(problem));
         }
         if let Some(problem) = minimums::problem(self) {
@@ -572,6 +619,48 @@ mod tests {
                 ))
             );
         }
+    }
+
+    #[test]
+    fn a_directory_key_that_names_a_file_or_holds_a_nul_is_refused_naming_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("fichier");
+        std::fs::write(&file, "").unwrap();
+        let with = |edit: &dyn Fn(&mut Config)| {
+            let mut c = Config::default();
+            c.worker.state_dir = dir.path().join("état");
+            edit(&mut c);
+            c.validate().err().map(|e| e.to_string())
+        };
+        assert_eq!(with(&|_| {}), None, "a directory yet to be made");
+        let shown = file.display();
+        assert_eq!(
+            with(&|c| c.worker.state_dir = file.clone()),
+            Some(format!(
+                "configuration: worker.state_dir \"{shown}\" is not a directory: give a directory"
+            ))
+        );
+        assert_eq!(
+            with(&|c| c.files.dir = Some(file.join("x"))),
+            Some(format!(
+                "configuration: files.dir \"{shown}/x\" has a file, not a directory, on its way: give a directory"
+            ))
+        );
+        assert_eq!(
+            with(&|c| c.workspace.dir = Some("/tmp/a\0b".into())),
+            Some(
+                "configuration: workspace.dir \"/tmp/a\\0b\" holds a NUL byte, which no path can: give a directory"
+                    .to_owned()
+            )
+        );
+        let missing = dir.path().join("ü").join("nope");
+        assert_eq!(
+            with(&|c| c.python.home = Some(missing.clone())),
+            Some(format!(
+                "configuration: python.home \"{}\" does not exist: give a directory",
+                missing.display()
+            ))
+        );
     }
 
     #[test]
