@@ -72,17 +72,21 @@ impl Root {
     }
 }
 
-/// The first `limit` entries of `dir` (`.` and `..` left out), each with its metadata as
-/// `lstat` gives it (a link is a link) or why it could not be read. Nothing past `limit`
-/// is read: a directory of a million entries costs `limit` of them.
+/// The first `limit` entries of `dir` by name (`.` and `..` left out), each with its
+/// metadata as `lstat` gives it (a link is a link) or why it could not be read. Names are
+/// read up to [`NAMES_READ`] times `limit` (at least [`MIN_NAMES_READ`]) and sorted before
+/// the first `limit` are taken, so which entries a budget keeps does not depend on the
+/// order the file system lists them in (tmpfs: newest first) unless the directory holds
+/// more names than that; only the kept ones are looked at (`lstat`).
 pub(super) fn list(
     dir: &OwnedFd,
     limit: usize,
 ) -> io::Result<Vec<(OsString, io::Result<Metadata>)>> {
     let entries = nix::dir::Dir::from_fd(dir.try_clone()?)?;
-    let mut out = Vec::new();
+    let most = limit.saturating_mul(NAMES_READ).max(MIN_NAMES_READ);
+    let mut names = Vec::new();
     for entry in entries {
-        if out.len() >= limit {
+        if names.len() >= most {
             break;
         }
         let entry = entry?;
@@ -90,10 +94,25 @@ pub(super) fn list(
         if name == "." || name == ".." {
             continue;
         }
-        out.push((name.to_owned(), entry_metadata(dir, name)));
+        names.push(name.to_owned());
     }
-    Ok(out)
+    if names.len() > limit {
+        names.sort_unstable();
+        names.truncate(limit);
+    }
+    Ok(names
+        .into_iter()
+        .map(|name| {
+            let meta = entry_metadata(dir, &name);
+            (name, meta)
+        })
+        .collect())
 }
+
+/// How many names [`list`] reads for each entry it may keep, at most.
+const NAMES_READ: usize = 8;
+/// The names [`list`] reads at least, whatever it keeps (a name costs a few dozen bytes).
+const MIN_NAMES_READ: usize = 65_536;
 
 /// How deep a scan of a workspace looks (directories below its top); deeper ones are
 /// reported, not read. It bounds the descriptors a scan holds open.
