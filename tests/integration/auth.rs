@@ -585,6 +585,23 @@ async fn a_keys_file_with_no_keys_is_refused_at_start() {
     );
 }
 
+/// `tenant` creates a session, which must be made: its id.
+async fn create_session(tenant: &Tenant) -> String {
+    let (status, body) = tenant.post("/v1/sessions", json!({})).await;
+    assert_eq!(status, 201, "{body}");
+    body["session_id"].as_str().unwrap().to_owned()
+}
+
+/// `tenant` runs `code` in its session `id`: the status and the body.
+async fn run_in_session(tenant: &Tenant, id: &str, code: &str) -> (u16, Value) {
+    tenant
+        .post(
+            &format!("/v1/sessions/{id}/execute"),
+            json!({ "code": code }),
+        )
+        .await
+}
+
 /// A table full with one session of each of two tenants: the one creating a session gives
 /// up its own, though the other's is the least recently used.
 #[tokio::test]
@@ -594,27 +611,14 @@ async fn a_tenant_holding_as_many_sessions_as_another_evicts_its_own_for_a_new_o
         Options::default().env("SNAKECAGE_SESSIONS__MAX_SESSIONS", 2),
     )
     .await;
-    let create = async |tenant: &Tenant| {
-        let (status, body) = tenant.post("/v1/sessions", json!({})).await;
-        assert_eq!(status, 201, "{body}");
-        body["session_id"].as_str().unwrap().to_owned()
-    };
-    let run = async |tenant: &Tenant, id: &str, code: &str| {
-        tenant
-            .post(
-                &format!("/v1/sessions/{id}/execute"),
-                json!({ "code": code }),
-            )
-            .await
-    };
-    let hers = create(&alice).await;
-    let (status, r) = run(&alice, &hers, "état = 'gardé'").await;
+    let hers = create_session(&alice).await;
+    let (status, r) = run_in_session(&alice, &hers, "état = 'gardé'").await;
     assert_eq!(status, 200, "{r}");
-    let his_first = create(&bob).await;
-    let (status, r) = run(&bob, &his_first, "1").await;
+    let his_first = create_session(&bob).await;
+    let (status, r) = run_in_session(&bob, &his_first, "1").await;
     assert_eq!(status, 200, "{r}");
-    let his_second = create(&bob).await;
-    let (status, r) = run(&bob, &his_first, "1").await;
+    let his_second = create_session(&bob).await;
+    let (status, r) = run_in_session(&bob, &his_first, "1").await;
     assert_eq!(status, 410, "{r}");
     assert!(
         r["detail"]
@@ -623,9 +627,9 @@ async fn a_tenant_holding_as_many_sessions_as_another_evicts_its_own_for_a_new_o
             .contains("least recently used"),
         "{r}"
     );
-    let (status, r) = run(&bob, &his_second, "print('ok')").await;
+    let (status, r) = run_in_session(&bob, &his_second, "print('ok')").await;
     assert_eq!((status, r["stdout"].clone()), (200, json!("ok\n")), "{r}");
-    let (status, r) = run(&alice, &hers, "print(état)").await;
+    let (status, r) = run_in_session(&alice, &hers, "print(état)").await;
     assert_eq!(
         (status, r["stdout"].clone()),
         (200, json!("gardé\n")),
@@ -653,30 +657,17 @@ async fn a_full_session_table_evicts_from_the_tenant_that_holds_the_most() {
         "{log}"
     );
     assert!(!log.contains("API key 'bob' has max_sessions"), "{log}");
-    let create = async |tenant: &Tenant| {
-        let (status, body) = tenant.post("/v1/sessions", json!({})).await;
-        assert_eq!(status, 201, "{body}");
-        body["session_id"].as_str().unwrap().to_owned()
-    };
-    let run = async |tenant: &Tenant, id: &str, code: &str| {
-        tenant
-            .post(
-                &format!("/v1/sessions/{id}/execute"),
-                json!({ "code": code }),
-            )
-            .await
-    };
     // Alice's one session is the least recently used of all when the table fills up.
-    let hers = create(&alice).await;
-    let (status, r) = run(&alice, &hers, "donnée = 'à garder'").await;
+    let hers = create_session(&alice).await;
+    let (status, r) = run_in_session(&alice, &hers, "donnée = 'à garder'").await;
     assert_eq!(status, 200, "{r}");
     let mut his = Vec::new();
     for _ in 0..4 {
-        his.push(create(&bob).await);
+        his.push(create_session(&bob).await);
     }
     // Bob's third and fourth sessions evicted his first two: his own, oldest first.
     for id in &his[..2] {
-        let (status, r) = run(&bob, id, "1").await;
+        let (status, r) = run_in_session(&bob, id, "1").await;
         assert_eq!(status, 410, "{r}");
         assert!(
             r["detail"]
@@ -687,10 +678,10 @@ async fn a_full_session_table_evicts_from_the_tenant_that_holds_the_most() {
         );
     }
     for id in &his[2..] {
-        let (status, r) = run(&bob, id, "1").await;
+        let (status, r) = run_in_session(&bob, id, "1").await;
         assert_eq!(status, 200, "{r}");
     }
-    let (status, r) = run(&alice, &hers, "print(donnée)").await;
+    let (status, r) = run_in_session(&alice, &hers, "print(donnée)").await;
     assert_eq!(
         (status, r["stdout"].clone()),
         (200, json!("à garder\n")),

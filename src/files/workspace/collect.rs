@@ -956,15 +956,8 @@ mod tests {
         std::os::unix::fs::symlink(host.path(), ws.path().join("d")).unwrap();
 
         let store_dir = tempfile::tempdir().unwrap();
-        let store: SharedStore = Arc::new(local_store(store_dir.path()));
-        let got = store_one(
-            store.as_ref(),
-            FileOwner::default(),
-            &root,
-            "d/secret.txt",
-            4,
-        )
-        .await;
+        let store = local_store(store_dir.path());
+        let got = store_one(&store, FileOwner::default(), &root, "d/secret.txt", 4).await;
         let Err(Unstored::Store(StoreError::Io { source, .. })) = got else {
             panic!("read through the link: {got:?}");
         };
@@ -977,14 +970,7 @@ mod tests {
             ws.path().join("d/secret.txt"),
         )
         .unwrap();
-        let got = store_one(
-            store.as_ref(),
-            FileOwner::default(),
-            &root,
-            "d/secret.txt",
-            4,
-        )
-        .await;
+        let got = store_one(&store, FileOwner::default(), &root, "d/secret.txt", 4).await;
         assert!(
             matches!(got, Err(Unstored::Store(StoreError::Io { .. }))),
             "{got:?}"
@@ -1049,16 +1035,10 @@ mod tests {
         };
         std::fs::write(ws.path().join("wächst.log"), "x".repeat(100_000)).unwrap();
         let store_dir = tempfile::tempdir().unwrap();
-        let store: SharedStore = Arc::new(local_store(store_dir.path()));
-        let meta = store_one(
-            store.as_ref(),
-            FileOwner::default(),
-            &root,
-            "wächst.log",
-            len,
-        )
-        .await
-        .unwrap();
+        let store = local_store(store_dir.path());
+        let meta = store_one(&store, FileOwner::default(), &root, "wächst.log", len)
+            .await
+            .unwrap();
         assert_eq!(meta.size_bytes, 4);
     }
 
