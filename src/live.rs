@@ -15,7 +15,8 @@ use crate::tools::ToolContext;
 pub struct Live {
     pub config: Arc<Config>,
     pub packages: Arc<Packages>,
-    /// The tool descriptions' context (without the caller's own host tools).
+    /// The tool descriptions' context, without host tools: a caller's are added for it
+    /// (`crate::api::AppState::tool_context_for`).
     pub tool_context: Arc<ToolContext>,
     pub generation: GenerationInfo,
     /// The files of its environment when it started (`None`: unreadable), against which a

@@ -95,12 +95,7 @@ impl AppState {
     /// [`Self::tool_context`] as `owner` sees it: its descriptions name the host tools
     /// that caller's code may call, those limited to it (`tenants`) among them.
     pub fn tool_context_for(&self, owner: Option<&str>) -> Arc<ToolContext> {
-        let code_tools = self
-            .catalog
-            .visible_to(owner)
-            .iter()
-            .map(|t| (t.spec.name.clone(), t.spec.description.clone()))
-            .collect();
+        let code_tools = self.catalog.described_to(owner);
         Arc::new(self.tool_context().with_code_tools(code_tools))
     }
 

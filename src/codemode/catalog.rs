@@ -210,11 +210,12 @@ impl Catalog {
             .collect()
     }
 
-    /// `(name, description)` of the tools every caller sees.
-    pub fn public(&self) -> Vec<(String, String)> {
+    /// `(name, description)` of the tools `owner` may call: what its tool descriptions
+    /// name.
+    pub fn described_to(&self, owner: Option<&str>) -> Vec<(String, String)> {
         self.tools
             .iter()
-            .filter(|t| t.tenants.is_none())
+            .filter(|t| t.visible_to(owner))
             .map(|t| (t.spec.name.clone(), t.spec.description.clone()))
             .collect()
     }

@@ -272,8 +272,7 @@ async fn attempt(
         &next.config,
         info.python_version.clone(),
         packages.installed(),
-    )
-    .with_code_tools(state.catalog.public());
+    );
     let generation = GenerationInfo {
         id: prepared.id(),
         reason: next.reason,

@@ -221,10 +221,9 @@ pub async fn serve_with(
     };
     metrics.set_tool_names(catalog.names());
     let packages = Packages::new(&info);
-    // The MCP server's descriptions are the same for every caller: they name the host
-    // tools every caller has (the rest are found with tools.search()).
-    let tool_context = ToolContext::new(&config, info.python_version.clone(), packages.installed())
-        .with_code_tools(catalog.public());
+    // Without host tools: each caller's descriptions name those it may call
+    // (`AppState::tool_context_for`).
+    let tool_context = ToolContext::new(&config, info.python_version.clone(), packages.installed());
     let drain = Duration::from_millis(config.worker.shutdown_drain_ms);
     let stopping = CancellationToken::new();
     let live = LiveCell::new(Live {
