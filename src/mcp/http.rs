@@ -125,33 +125,27 @@ async fn with_rpc_error(response: Response) -> Response {
         Ok(Value::Object(object)) => object,
         _ => return Response::from_parts(parts, Body::from(bytes)),
     };
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
     if object.contains_key("jsonrpc") {
-        let message = object
-            .get("error")
-            .and_then(|e| e.get("message"))
-            .and_then(Value::as_str)
-            .map(str::to_owned);
+        // rmcp's own: the API's fields added, from its JSON-RPC error.
+        let message = text(object.get("error").and_then(|e| e.get("message")));
         let Some(message) = message.filter(|_| !object.contains_key("detail")) else {
             return Response::from_parts(parts, Body::from(bytes));
         };
         object.insert("detail".into(), message.into());
         object.insert("code".into(), json!(ErrorCode::for_status(status)));
-        parts.headers.remove(header::CONTENT_LENGTH);
-        return Response::from_parts(parts, Body::from(Value::Object(object).to_string()));
+    } else {
+        // The service's: its JSON-RPC error added, from its detail.
+        let Some(detail) = text(object.get("detail")) else {
+            return Response::from_parts(parts, Body::from(bytes));
+        };
+        object.insert("jsonrpc".into(), "2.0".into());
+        object.insert("id".into(), Value::Null);
+        object.insert(
+            "error".into(),
+            json!({"code": rpc_code_for(status), "message": detail}),
+        );
     }
-    let Some(detail) = object
-        .get("detail")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-    else {
-        return Response::from_parts(parts, Body::from(bytes));
-    };
-    object.insert("jsonrpc".into(), "2.0".into());
-    object.insert("id".into(), Value::Null);
-    object.insert(
-        "error".into(),
-        json!({"code": rpc_code_for(status), "message": detail}),
-    );
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, Body::from(Value::Object(object).to_string()))
 }
