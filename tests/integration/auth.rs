@@ -602,6 +602,13 @@ async fn run_in_session(tenant: &Tenant, id: &str, code: &str) -> (u16, Value) {
         .await
 }
 
+/// A call on a session evicted from the full table: 410 saying why.
+fn assert_evicted(status: u16, r: &Value) {
+    assert_eq!(status, 410, "{r}");
+    let detail = r["detail"].as_str().unwrap();
+    assert!(detail.contains("least recently used"), "{r}");
+}
+
 /// A table full with one session of each of two tenants: the one creating a session gives
 /// up its own, though the other's is the least recently used.
 #[tokio::test]
@@ -619,14 +626,7 @@ async fn a_tenant_holding_as_many_sessions_as_another_evicts_its_own_for_a_new_o
     assert_eq!(status, 200, "{r}");
     let his_second = create_session(&bob).await;
     let (status, r) = run_in_session(&bob, &his_first, "1").await;
-    assert_eq!(status, 410, "{r}");
-    assert!(
-        r["detail"]
-            .as_str()
-            .unwrap()
-            .contains("least recently used"),
-        "{r}"
-    );
+    assert_evicted(status, &r);
     let (status, r) = run_in_session(&bob, &his_second, "print('ok')").await;
     assert_eq!((status, r["stdout"].clone()), (200, json!("ok\n")), "{r}");
     let (status, r) = run_in_session(&alice, &hers, "print(état)").await;
@@ -668,14 +668,7 @@ async fn a_full_session_table_evicts_from_the_tenant_that_holds_the_most() {
     // Bob's third and fourth sessions evicted his first two: his own, oldest first.
     for id in &his[..2] {
         let (status, r) = run_in_session(&bob, id, "1").await;
-        assert_eq!(status, 410, "{r}");
-        assert!(
-            r["detail"]
-                .as_str()
-                .unwrap()
-                .contains("least recently used"),
-            "{r}"
-        );
+        assert_evicted(status, &r);
     }
     for id in &his[2..] {
         let (status, r) = run_in_session(&bob, id, "1").await;
