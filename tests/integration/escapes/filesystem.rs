@@ -42,8 +42,22 @@ pub(super) fn python_layer(secret: &str) -> Vec<Fixture> {
             "open('/proc/self/mem', 'wb')",
             write_denied("/proc/self/mem"),
         ),
+        // On a tier that preloads numpy: its zygote's descriptors are gone as well.
+        prints(
+            "a descriptor of the zygote's (numpy's tier)",
+            format!("import numpy\n{OPEN_FDS}"),
+            "True []\n",
+        ),
     ]
 }
+
+/// Prints which of the job's descriptors name one of the Landlock rules' paths (the Python
+/// prefix, site-packages, the system libraries, the device nodes). The zygote opens those
+/// paths once (`O_PATH`) and its workers inherit the descriptors; a worker closes them
+/// before any job runs, so a job holds none (stdin, `/dev/null` from the supervisor, is
+/// not counted). Other open files a tier's warm-up left (matplotlib keeps its fonts open)
+/// are not the zygote's and are not listed. `True`: the paths were found to compare with.
+const OPEN_FDS: &str = "import os, sys\nids = set()\nfor p in [sys.base_prefix, '/usr/lib', '/etc/ld.so.cache', '/dev/null', '/dev/urandom', *(p for p in sys.path if p.endswith('site-packages'))]:\n    try:\n        st = os.stat(p)\n        ids.add((st.st_dev, st.st_ino))\n    except OSError:\n        pass\ndef held(fd):\n    try:\n        st = os.fstat(fd)\n    except OSError:\n        return False\n    return (st.st_dev, st.st_ino) in ids\nprint(len(ids) >= 5, [fd for fd in range(1, 1024) if held(fd)])";
 
 /// Stopped by Landlock, the uid drop and the zygote's mount namespace.
 pub(super) fn os_layers(secret: &str) -> Vec<Fixture> {
@@ -74,6 +88,11 @@ pub(super) fn os_layers(secret: &str) -> Vec<Fixture> {
             "/proc/self/mem write (Landlock)",
             "open('/proc/self/mem', 'wb')",
             eacces("/proc/self/mem"),
+        ),
+        prints(
+            "a descriptor of the zygote's (Landlock's rule paths)",
+            OPEN_FDS,
+            "True []\n",
         ),
         prints(
             "writing into the Python prefix",

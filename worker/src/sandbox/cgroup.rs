@@ -15,18 +15,24 @@ use std::path::Path;
 /// paced p50 (BENCHMARKS.md), and a worker that waits on the kernel's `cgroup_mutex`
 /// behind a starved one is waited for as starved (`src/pool/starved.rs`).
 pub fn join(procs: &[impl AsRef<Path>]) -> io::Result<()> {
+    // `tasks` moves only the writer's thread: any other would stay outside the bound.
+    // Counted once for all of them (a `/proc` read per file would cost every worker a
+    // path walk for nothing: nothing here starts a thread).
+    let tasks = procs
+        .iter()
+        .map(AsRef::as_ref)
+        .find(|file| file.file_name() == Some("tasks".as_ref()));
+    if let Some(file) = tasks {
+        let threads = super::thread_count()?;
+        if threads != 1 {
+            return Err(io::Error::other(format!(
+                "{}: moves only the thread that writes it, and this process has {threads}",
+                file.display()
+            )));
+        }
+    }
     for file in procs {
         let file = file.as_ref();
-        // `tasks` moves only the writer's thread: any other would stay outside the bound.
-        if file.file_name() == Some("tasks".as_ref()) {
-            let threads = super::thread_count()?;
-            if threads != 1 {
-                return Err(io::Error::other(format!(
-                    "{}: moves only the thread that writes it, and this process has {threads}",
-                    file.display()
-                )));
-            }
-        }
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .open(file)

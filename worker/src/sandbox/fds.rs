@@ -1,15 +1,20 @@
 //! The worker's file descriptors: exactly 0 = /dev/null, 1 = stdout pipe, 2 = stderr pipe,
 //! 3 = job socket, 4 = workspace directory. Everything else inherited from the zygote (its
-//! control socket, its signalfd) is closed.
+//! control socket, its signalfd) is closed: at once, but for the Landlock rules'
+//! descriptors the zygote opened for its workers, which are closed once the layers are on.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 pub const JOB_FD: RawFd = 3;
 pub const WORKSPACE_FD: RawFd = 4;
+/// The first descriptor above the fixed ones.
+pub const FIRST_FREE: RawFd = WORKSPACE_FD + 1;
 
-/// Places `[job, stdout, stderr, workspace]` on their fixed numbers and closes the rest.
-pub fn arrange(fds: [OwnedFd; 4]) -> io::Result<()> {
+/// Places `[job, stdout, stderr, workspace]` on their fixed numbers and closes the rest
+/// but `keep` (descriptors at or above [`FIRST_FREE`], which [`close_inherited`] closes
+/// later).
+pub fn arrange(fds: [OwnedFd; 4], keep: &[RawFd]) -> io::Result<()> {
     // Move every source above the targets first, so no dup2 below overwrites a source.
     let mut high = Vec::with_capacity(4);
     for fd in &fds {
@@ -34,9 +39,28 @@ pub fn arrange(fds: [OwnedFd; 4]) -> io::Result<()> {
             return Err(io::Error::last_os_error());
         }
     }
-    // SAFETY: closes fds 5.. in this process; nothing below relies on any of them (the
-    // Rust objects that owned the originals were dropped above).
-    if unsafe { libc::close_range(5, u32::MAX, 0) } < 0 {
+    let mut keep = keep.to_vec();
+    keep.sort_unstable();
+    let mut from = FIRST_FREE;
+    for fd in keep.into_iter().filter(|&fd| fd >= FIRST_FREE) {
+        if fd > from {
+            close_range(from, fd - 1)?;
+        }
+        from = fd + 1;
+    }
+    close_range(from, RawFd::MAX)
+}
+
+/// Closes every descriptor above the fixed ones: what [`arrange`] kept.
+pub fn close_inherited() -> io::Result<()> {
+    close_range(FIRST_FREE, RawFd::MAX)
+}
+
+fn close_range(first: RawFd, last: RawFd) -> io::Result<()> {
+    // SAFETY: closes fds first..=last in this process; nothing below relies on any of
+    // them (the Rust objects that owned the originals were dropped above, and the kept
+    // ones are never closed through an owner in a worker).
+    if unsafe { libc::close_range(first as u32, last as u32, 0) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())

@@ -11,11 +11,12 @@
 //! Best effort against the running kernel's ABI; the start-up probe reports how much was
 //! enforced and whether a denial really happens.
 
-use std::os::fd::BorrowedFd;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    ABI, Access, AccessFs, AccessNet, BitFlags, PathBeneath, Ruleset, RulesetAttr,
     RulesetCreatedAttr, RulesetStatus, Scope,
 };
 
@@ -54,9 +55,80 @@ pub fn read_only_paths(
     paths
 }
 
+/// The read-only rules' paths, each opened once (an `O_PATH` descriptor) with the rights
+/// it grants. Opened in the zygote, before its first fork: every worker inherits the
+/// descriptors and adds its rules from them, so a worker walks none of these paths (13
+/// paths, ~50 path lookups in `openat` and `statx` per worker otherwise: about 4% of the
+/// machine's CPU per stateless request). A worker closes them once its layers are on
+/// (`fds::close_inherited`), before any code of a job runs. Missing paths are skipped, as
+/// they are by a rule made from a path.
+pub struct ReadOnlyRules {
+    rules: Vec<(OwnedFd, BitFlags<AccessFs>)>,
+}
+
+impl ReadOnlyRules {
+    /// Opens `paths` (see [`read_only_paths`]) in this process's mount namespace. Each
+    /// descriptor is placed above the worker's fixed ones (`fds::FIRST_FREE`), so that
+    /// arranging a worker's fds never overwrites it.
+    pub fn open(paths: &[PathBuf]) -> Self {
+        let abi = TARGET_ABI;
+        let rules = paths
+            .iter()
+            .filter_map(|path| {
+                let fd = above_fixed_fds(open_path(path).ok()?).ok()?;
+                // Directory rights (ReadDir) on a file would downgrade the rule.
+                let access = if path.is_dir() {
+                    AccessFs::from_read(abi)
+                } else if path == Path::new("/dev/null") {
+                    AccessFs::ReadFile | AccessFs::WriteFile
+                } else {
+                    AccessFs::from_read(abi) & AccessFs::from_file(abi)
+                };
+                Some((fd, access))
+            })
+            .collect();
+        Self { rules }
+    }
+
+    /// The descriptors a worker keeps until its layers are on.
+    pub fn fds(&self) -> Vec<RawFd> {
+        self.rules.iter().map(|(fd, _)| fd.as_raw_fd()).collect()
+    }
+}
+
+/// An `O_PATH` descriptor of `path`, as the crate's `PathFd` opens it.
+fn open_path(path: &Path) -> io::Result<OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+        .open(path)?;
+    Ok(file.into())
+}
+
+/// `fd`, moved above the worker's fixed descriptors when it is one of them.
+fn above_fixed_fds(fd: OwnedFd) -> io::Result<OwnedFd> {
+    if fd.as_raw_fd() >= super::fds::FIRST_FREE {
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC on a valid fd returns a new fd >= FIRST_FREE, or -1.
+    let moved = unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_DUPFD_CLOEXEC,
+            super::fds::FIRST_FREE,
+        )
+    };
+    if moved < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor just returned is ours alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(moved) })
+}
+
 /// Restricts this process (and every thread it starts later). Returns how much the
 /// kernel enforces.
-pub fn restrict(read_only: &[PathBuf], workspace: BorrowedFd<'_>) -> Result<String, String> {
+pub fn restrict(read_only: &ReadOnlyRules, workspace: BorrowedFd<'_>) -> Result<String, String> {
     let abi = TARGET_ABI;
     let mut ruleset = Ruleset::default()
         .handle_access(AccessFs::from_all(abi))
@@ -67,18 +139,9 @@ pub fn restrict(read_only: &[PathBuf], workspace: BorrowedFd<'_>) -> Result<Stri
         .map_err(err("scoping signals and abstract sockets"))?
         .create()
         .map_err(err("creating the ruleset"))?;
-    for path in read_only {
-        let Ok(fd) = PathFd::new(path) else { continue };
-        // Directory rights (ReadDir) on a file would downgrade the rule.
-        let access = if path.is_dir() {
-            AccessFs::from_read(abi)
-        } else if path == Path::new("/dev/null") {
-            AccessFs::ReadFile | AccessFs::WriteFile
-        } else {
-            AccessFs::from_read(abi) & AccessFs::from_file(abi)
-        };
+    for (fd, access) in &read_only.rules {
         ruleset = ruleset
-            .add_rule(PathBeneath::new(fd, access))
+            .add_rule(PathBeneath::new(fd, *access))
             .map_err(err("adding a read-only rule"))?;
     }
     ruleset = ruleset
@@ -112,5 +175,41 @@ pub fn kernel_abi() -> Result<i32, String> {
         Err(format!("no Landlock: {}", std::io::Error::last_os_error()))
     } else {
         Ok(v as i32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Opened once, in the zygote: each path that exists, with the rights its kind allows
+    /// (directory rights on a directory only, writes on `/dev/null` only), on a descriptor
+    /// a worker's `fds::arrange` can keep while it places its own fixed ones.
+    #[test]
+    fn rule_paths_are_opened_once_above_a_workers_fixed_descriptors() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("ä file");
+        std::fs::write(&file, "x").unwrap();
+        let rules = ReadOnlyRules::open(&[
+            dir.path().to_path_buf(),
+            dir.path().join("missing"),
+            file,
+            PathBuf::from("/dev/null"),
+        ]);
+        assert_eq!(rules.rules.len(), 3, "the missing path is skipped");
+        assert!(
+            rules
+                .fds()
+                .iter()
+                .all(|&fd| fd >= super::super::fds::FIRST_FREE),
+            "{:?}",
+            rules.fds()
+        );
+        let [(_, on_dir), (_, on_file), (_, on_null)] = &rules.rules[..] else {
+            unreachable!()
+        };
+        assert!(on_dir.contains(AccessFs::ReadDir) && !on_dir.contains(AccessFs::WriteFile));
+        assert!(on_file.contains(AccessFs::ReadFile) && !on_file.contains(AccessFs::ReadDir));
+        assert_eq!(*on_null, AccessFs::ReadFile | AccessFs::WriteFile);
     }
 }

@@ -7,8 +7,8 @@
 
 use std::collections::BTreeSet;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
 
 use nix::unistd::Pid;
 use snakecage_worker::protocol::{
@@ -27,7 +27,8 @@ const WORKER_LAYERS: [Layer; 4] = [
 
 pub struct Sandbox {
     config: SandboxConfig,
-    read_only: Vec<PathBuf>,
+    /// Opened here, once: every worker inherits the descriptors.
+    read_only: landlock::ReadOnlyRules,
     seccomp: Option<seccomp::Filters>,
     /// Worker layers proven by the probe.
     apply: BTreeSet<Layer>,
@@ -124,11 +125,12 @@ impl Sandbox {
             }
         });
 
-        let read_only = landlock::read_only_paths(
+        // Through the final mount table (the private mounts above), before CPython starts.
+        let read_only = landlock::ReadOnlyRules::open(&landlock::read_only_paths(
             python_home,
             &config.site_packages,
             std::slice::from_ref(&config.mpl_config_dir),
-        );
+        ));
         let mut sandbox = Self {
             config: sc.clone(),
             read_only,
@@ -210,7 +212,8 @@ impl Sandbox {
                 super::die_with_parent(Some(zygote)).map_err(|e| ("PR_SET_PDEATHSIG again", e))?;
             }
         }
-        Ok(())
+        // The zygote's descriptors the layers needed go before any code of a job runs.
+        super::fds::close_inherited().map_err(|e| ("closing the zygote's descriptors", e))
     }
 
     /// In the zygote, once it has preloaded and before its first fork: installs the bulk
@@ -232,6 +235,13 @@ impl Sandbox {
                 );
             }
         }
+    }
+
+    /// The descriptors a worker keeps from its zygote until its layers are on (the
+    /// Landlock rules' paths): `fds::arrange` leaves them open, and `harden_worker` closes
+    /// them, whether or not a layer used them.
+    pub fn inherited_fds(&self) -> Vec<RawFd> {
+        self.read_only.fds()
     }
 
     /// Step 2 in a worker: into the instance's cgroup, where the layer is active.
