@@ -51,6 +51,22 @@ pub fn arrange(fds: [OwnedFd; 4], keep: &[RawFd]) -> io::Result<()> {
     close_range(from, RawFd::MAX)
 }
 
+/// `fd`, moved above the fixed descriptors when it is one of them: for a descriptor the
+/// zygote opens for its workers, which [`arrange`] must not overwrite.
+pub fn above_fixed(fd: OwnedFd) -> io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    if fd.as_raw_fd() >= FIRST_FREE {
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC on a valid fd returns a new fd >= FIRST_FREE, or -1.
+    let moved = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, FIRST_FREE) };
+    if moved < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor just returned is ours alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(moved) })
+}
+
 /// Closes every descriptor above the fixed ones: what [`arrange`] kept.
 pub fn close_inherited() -> io::Result<()> {
     close_range(FIRST_FREE, RawFd::MAX)

@@ -12,7 +12,7 @@
 //! enforced and whether a denial really happens.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use landlock::{
@@ -68,14 +68,14 @@ pub struct ReadOnlyRules {
 
 impl ReadOnlyRules {
     /// Opens `paths` (see [`read_only_paths`]) in this process's mount namespace. Each
-    /// descriptor is placed above the worker's fixed ones (`fds::FIRST_FREE`), so that
+    /// descriptor is placed above the worker's fixed ones (`fds::above_fixed`), so that
     /// arranging a worker's fds never overwrites it.
     pub fn open(paths: &[PathBuf]) -> Self {
         let abi = TARGET_ABI;
         let rules = paths
             .iter()
             .filter_map(|path| {
-                let fd = above_fixed_fds(open_path(path).ok()?).ok()?;
+                let fd = super::fds::above_fixed(open_path(path).ok()?).ok()?;
                 // Directory rights (ReadDir) on a file would downgrade the rule.
                 let access = if path.is_dir() {
                     AccessFs::from_read(abi)
@@ -104,26 +104,6 @@ fn open_path(path: &Path) -> io::Result<OwnedFd> {
         .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
         .open(path)?;
     Ok(file.into())
-}
-
-/// `fd`, moved above the worker's fixed descriptors when it is one of them.
-fn above_fixed_fds(fd: OwnedFd) -> io::Result<OwnedFd> {
-    if fd.as_raw_fd() >= super::fds::FIRST_FREE {
-        return Ok(fd);
-    }
-    // SAFETY: F_DUPFD_CLOEXEC on a valid fd returns a new fd >= FIRST_FREE, or -1.
-    let moved = unsafe {
-        libc::fcntl(
-            fd.as_raw_fd(),
-            libc::F_DUPFD_CLOEXEC,
-            super::fds::FIRST_FREE,
-        )
-    };
-    if moved < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the descriptor just returned is ours alone.
-    Ok(unsafe { OwnedFd::from_raw_fd(moved) })
 }
 
 /// Restricts this process (and every thread it starts later). Returns how much the

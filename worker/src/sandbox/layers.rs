@@ -15,7 +15,7 @@ use snakecage_worker::protocol::{
     CgroupPlan, Layer, LayerReport, LayerState, SandboxConfig, ZygoteConfig,
 };
 
-use super::{landlock, namespaces, privileges, seccomp};
+use super::{cgroup, landlock, namespaces, privileges, seccomp};
 
 /// The layers each worker applies itself, in this order (DESIGN.md steps 4–6).
 const WORKER_LAYERS: [Layer; 4] = [
@@ -29,6 +29,8 @@ pub struct Sandbox {
     config: SandboxConfig,
     /// Opened here, once: every worker inherits the descriptors.
     read_only: landlock::ReadOnlyRules,
+    /// The cgroup's files every worker writes to join it, opened here, once.
+    cgroup: cgroup::JoinFiles,
     seccomp: Option<seccomp::Filters>,
     /// Worker layers proven by the probe.
     apply: BTreeSet<Layer>,
@@ -131,9 +133,14 @@ impl Sandbox {
             &config.site_packages,
             std::slice::from_ref(&config.mpl_config_dir),
         ));
+        let cgroup = match (&sc.cgroup, sc.wants(Layer::Cgroup)) {
+            (CgroupPlan::Join { procs, .. }, true) => cgroup::JoinFiles::open(procs),
+            _ => cgroup::JoinFiles::default(),
+        };
         let mut sandbox = Self {
             config: sc.clone(),
             read_only,
+            cgroup,
             seccomp: None,
             apply: BTreeSet::new(),
             reports,
@@ -238,16 +245,18 @@ impl Sandbox {
     }
 
     /// The descriptors a worker keeps from its zygote until its layers are on (the
-    /// Landlock rules' paths): `fds::arrange` leaves them open, and `harden_worker` closes
-    /// them, whether or not a layer used them.
+    /// Landlock rules' paths, the cgroup's files): `fds::arrange` leaves them open, and
+    /// `harden_worker` closes them, whether or not a layer used them.
     pub fn inherited_fds(&self) -> Vec<RawFd> {
-        self.read_only.fds()
+        let mut fds = self.read_only.fds();
+        fds.extend(self.cgroup.fds());
+        fds
     }
 
     /// Step 2 in a worker: into the instance's cgroup, where the layer is active.
     pub fn join_cgroup(&self) -> io::Result<()> {
         match (&self.config.cgroup, self.config.wants(Layer::Cgroup)) {
-            (CgroupPlan::Join { procs, .. }, true) => super::cgroup::join(procs),
+            (CgroupPlan::Join { .. }, true) => cgroup::join(&self.cgroup),
             _ => Ok(()),
         }
     }
