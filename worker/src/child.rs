@@ -98,8 +98,9 @@ fn harden(
             .map_err(|e| step("resetting crash signals")(e.into()))?;
     }
     // 2. Exactly our own fds: stdout/stderr onto the pipes (so C-level writes are captured
-    //    too), then everything inherited from the zygote closed, but the Landlock rules'
-    //    descriptors it opened once for its workers, which go once the layers are on.
+    //    too), then everything inherited from the zygote closed, but the descriptors it
+    //    opened once for its workers' hardening (Landlock's rule paths, the cgroup's
+    //    files), which go once the layers are on.
     fds::arrange(fds, &sandbox.inherited_fds()).map_err(step("arranging fds"))?;
     fds::enter_workspace().map_err(step("entering the workspace"))?;
     //    Into the instance's cgroup before anything of the job can start a thread, and while

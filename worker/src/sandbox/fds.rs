@@ -1,7 +1,8 @@
 //! The worker's file descriptors: exactly 0 = /dev/null, 1 = stdout pipe, 2 = stderr pipe,
 //! 3 = job socket, 4 = workspace directory. Everything else inherited from the zygote (its
-//! control socket, its signalfd) is closed: at once, but for the Landlock rules'
-//! descriptors the zygote opened for its workers, which are closed once the layers are on.
+//! control socket, its signalfd) is closed: at once, but for the descriptors the zygote
+//! opened once for its workers' hardening (Landlock's rule paths, the cgroup's files),
+//! which are closed once the layers are on.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};

@@ -58,8 +58,9 @@ pub fn read_only_paths(
 /// The read-only rules' paths, each opened once (an `O_PATH` descriptor) with the rights
 /// it grants. Opened in the zygote, before its first fork: every worker inherits the
 /// descriptors and adds its rules from them, so a worker walks none of these paths (13
-/// paths, ~50 path lookups in `openat` and `statx` per worker otherwise: about 4% of the
-/// machine's CPU per stateless request). A worker closes them once its layers are on
+/// paths, ~50 path lookups in `openat` and `statx` per worker otherwise: with the cgroup
+/// join's, 3.8% of the machine's samples at concurrency 4, BENCHMARKS.md). A worker
+/// closes them once its layers are on
 /// (`fds::close_inherited`), before any code of a job runs. Missing paths are skipped, as
 /// they are by a rule made from a path.
 pub struct ReadOnlyRules {
