@@ -1,7 +1,7 @@
 //! A reload that changes nothing starts nothing: the same generation answers at once, no
 //! zygote starts, no rollover is counted. A file rewritten in the environment the
 //! generation imports from is a change (its new contents serve after the reload), and
-//! `?force=true` rolls over whatever changed.
+//! `?force=true` (or a body `{"force": true}`) rolls over whatever changed.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -83,4 +83,65 @@ async fn a_reload_that_changes_nothing_starts_nothing_and_a_rewritten_module_rol
     assert_rollovers(&s.scrape().await, 2, 0, 3);
     assert_eq!(generation(&s).await, 3);
     assert_eq!(value(&s).await, "deuxième\n");
+
+    // The same setting as a JSON body: forced too. Bodies it cannot take are refused,
+    // naming what to fix, and start nothing.
+    let (status, info) = reload_with_body(&s, "/v1/admin/reload", r#"{"force": true}"#).await;
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["rolled_over"], true, "{info}");
+    assert_eq!(info["id"], 4, "{info}");
+    let (status, info) = reload_with_body(&s, "/v1/admin/reload", "{}").await;
+    assert_eq!(
+        (status, &info["rolled_over"]),
+        (200, &Value::Bool(false)),
+        "{info}"
+    );
+    for (path, body, want, says) in [
+        (
+            "/v1/admin/reload",
+            r#"{"forse": true}"#,
+            422,
+            "unknown field `forse`",
+        ),
+        (
+            "/v1/admin/reload",
+            r#"{"force": "yes"}"#,
+            422,
+            "invalid type",
+        ),
+        (
+            "/v1/admin/reload",
+            "[true]",
+            422,
+            r#"a JSON object ({"force": true})"#,
+        ),
+        ("/v1/admin/reload", "force=true", 400, "not valid JSON"),
+        (
+            "/v1/admin/reload?force=true",
+            r#"{"force": false}"#,
+            400,
+            "?force=true in the query, \"force\": false in the body; give it once",
+        ),
+    ] {
+        let (status, error) = reload_with_body(&s, path, body).await;
+        assert_eq!(status, want, "{path} {body}: {error}");
+        let detail = error["detail"].as_str().unwrap();
+        assert!(detail.contains(says), "{path} {body}: {detail}");
+    }
+    assert_eq!(generation(&s).await, 4);
+    assert_rollovers(&s.scrape().await, 3, 0, 4);
+}
+
+/// `POST path` with `body` as JSON (`reload_at` sends none).
+async fn reload_with_body(s: &Server, path: &str, body: &'static str) -> (u16, Value) {
+    let response = s
+        .client
+        .post(format!("{}{path}", s.base))
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
 }

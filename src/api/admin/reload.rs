@@ -4,18 +4,22 @@
 //! one, and nothing changes. Packages added with `/v1/admin/packages` stay: the managed
 //! environment is laid over the re-read configuration. When the configuration and the
 //! environment's files are as the serving generation has them, nothing is started
-//! (`"rolled_over": false`) unless `?force=true`. The API keys are re-read too, from the
-//! keys file (`auth.keys_file`) and inline (`[[auth.keys]]` of the configuration file):
-//! the new set is in force, whole, from the end of the reload (a change of keys alone
-//! starts no generation), and keys that do not parse or check, a keys file that holds no
-//! key or a configuration left without any key are refused with 422 (the keys in force
-//! stay). Answers the generation serving after it. SIGHUP runs the same reload
+//! (`"rolled_over": false`) unless `?force=true` (or a JSON body `{"force": true}`; both,
+//! differing, are refused). The API keys are re-read too, from the keys file
+//! (`auth.keys_file`) and inline (`[[auth.keys]]` of the configuration file): the new set
+//! is in force, whole, from the end of the reload (a change of keys alone starts no
+//! generation), and keys that do not parse or check, a keys file that holds no key or a
+//! configuration left without any key are refused with 422 (the keys in force stay).
+//! Answers the generation serving after it. SIGHUP runs the same reload
 //! ([`crate::hangup`]).
 
 use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Query, State};
 use serde::{Deserialize, Serialize};
 
+use crate::api::json::{JsonObject, bytes_rejection, parse_object};
 use crate::api::{AppState, SharedState};
 use crate::auth::{AdminCaller, KeysChange};
 use crate::config::AuthConfig;
@@ -27,7 +31,20 @@ use crate::generation::{GenerationInfo, NextGeneration, Outcome, RolloverError, 
 pub struct ReloadQuery {
     /// Start a new generation even when nothing changed.
     #[serde(default)]
-    force: bool,
+    force: Option<bool>,
+}
+
+/// The same setting as a JSON body, for clients that send their options there. An empty
+/// body is no setting.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReloadBody {
+    #[serde(default)]
+    force: Option<bool>,
+}
+
+impl JsonObject for ReloadBody {
+    const SKETCH: &'static str = r#"{"force": true}"#;
 }
 
 /// The generation serving after the reload, whether the reload started it, and what it
@@ -52,6 +69,7 @@ pub async fn reload(
     State(state): State<SharedState>,
     admin: AdminCaller,
     query: Result<Query<ReloadQuery>, axum::extract::rejection::QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<ReloadAnswer>, ApiError> {
     let Query(query) = query.map_err(|e| {
         ApiError::BadRequest(format!(
@@ -59,8 +77,23 @@ pub async fn reload(
             e.body_text()
         ))
     })?;
+    let body = body.map_err(|rejection| bytes_rejection(&rejection, &state))?;
+    let in_body = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        parse_object::<ReloadBody>(&body, &state)?.force
+    };
+    let force = match (query.force, in_body) {
+        (Some(q), Some(b)) if q != b => {
+            return Err(ApiError::BadRequest(format!(
+                "`force` is given twice and differs: ?force={q} in the query, \"force\": {b} \
+                 in the body; give it once"
+            )));
+        }
+        (q, b) => q.or(b).unwrap_or(false),
+    };
     let by = admin.who().to_owned();
-    super::to_completion(async move { reload_service(&state, query.force, &by).await })
+    super::to_completion(async move { reload_service(&state, force, &by).await })
         .await
         .map(Json)
 }
