@@ -614,6 +614,8 @@ async fn the_status_page_shows_the_numbers_the_metrics_have() {
 
     let shot = repo_root().join("target").join("status-page.png");
     let _ = std::fs::remove_file(&shot);
+    // `target/` of the checkout is not there when CARGO_TARGET_DIR points elsewhere.
+    std::fs::create_dir_all(shot.parent().unwrap()).unwrap();
     chromium(
         &[
             "--virtual-time-budget=5000",
