@@ -101,7 +101,7 @@ fn harden(
     //    too), then everything inherited from the zygote closed, but the descriptors it
     //    opened once for its workers' hardening (Landlock's rule paths, the cgroup's
     //    files), which go once the layers are on.
-    fds::arrange(fds, &sandbox.inherited_fds()).map_err(step("arranging fds"))?;
+    fds::arrange(fds, sandbox.inherited_fds()).map_err(step("arranging fds"))?;
     fds::enter_workspace().map_err(step("entering the workspace"))?;
     //    Into the instance's cgroup before anything of the job can start a thread, and while
     //    this process may still write the cgroup's files (before the uid drop and Landlock).

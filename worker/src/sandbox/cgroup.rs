@@ -24,11 +24,9 @@ impl JoinFiles {
             .iter()
             .map(|file| {
                 let file = file.as_ref();
-                let fd = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(file)
+                let fd = open_for_writing(file)
                     .ok()
-                    .and_then(|f| super::fds::above_fixed(f.into()).ok());
+                    .and_then(|fd| super::fds::above_fixed(fd).ok());
                 (file.to_path_buf(), fd)
             })
             .collect();
@@ -41,6 +39,10 @@ impl JoinFiles {
             .iter()
             .filter_map(|(_, fd)| fd.as_ref().map(AsRawFd::as_raw_fd))
     }
+}
+
+fn open_for_writing(file: &Path) -> io::Result<OwnedFd> {
+    Ok(std::fs::OpenOptions::new().write(true).open(file)?.into())
 }
 
 /// Moves this process into the cgroup of each file: a v1 cgroup's `tasks` (this process
@@ -74,12 +76,7 @@ pub fn join(files: &JoinFiles) -> io::Result<()> {
         let fd = match fd {
             Some(fd) => fd,
             None => {
-                opened = OwnedFd::from(
-                    std::fs::OpenOptions::new()
-                        .write(true)
-                        .open(file)
-                        .map_err(named)?,
-                );
+                opened = open_for_writing(file).map_err(named)?;
                 &opened
             }
         };

@@ -13,8 +13,8 @@ pub const WORKSPACE_FD: RawFd = 4;
 pub const FIRST_FREE: RawFd = WORKSPACE_FD + 1;
 
 /// Places `[job, stdout, stderr, workspace]` on their fixed numbers and closes the rest
-/// but `keep` (descriptors at or above [`FIRST_FREE`], which [`close_inherited`] closes
-/// later).
+/// but `keep` (sorted descriptors at or above [`FIRST_FREE`], which [`close_inherited`]
+/// closes later; sorted once in the zygote, so a worker allocates nothing for them).
 pub fn arrange(fds: [OwnedFd; 4], keep: &[RawFd]) -> io::Result<()> {
     // Move every source above the targets first, so no dup2 below overwrites a source.
     let mut high = Vec::with_capacity(4);
@@ -40,10 +40,9 @@ pub fn arrange(fds: [OwnedFd; 4], keep: &[RawFd]) -> io::Result<()> {
             return Err(io::Error::last_os_error());
         }
     }
-    let mut keep = keep.to_vec();
-    keep.sort_unstable();
+    debug_assert!(keep.is_sorted(), "{keep:?}");
     let mut from = FIRST_FREE;
-    for fd in keep.into_iter().filter(|&fd| fd >= FIRST_FREE) {
+    for &fd in keep.iter().filter(|&&fd| fd >= FIRST_FREE) {
         if fd > from {
             close_range(from, fd - 1)?;
         }

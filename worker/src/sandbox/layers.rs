@@ -31,6 +31,8 @@ pub struct Sandbox {
     read_only: landlock::ReadOnlyRules,
     /// The cgroup's files every worker writes to join it, opened here, once.
     cgroup: cgroup::JoinFiles,
+    /// The descriptors of both, sorted: what a worker keeps until its layers are on.
+    inherited: Vec<RawFd>,
     seccomp: Option<seccomp::Filters>,
     /// Worker layers proven by the probe.
     apply: BTreeSet<Layer>,
@@ -137,9 +139,13 @@ impl Sandbox {
             (CgroupPlan::Join { procs, .. }, true) => cgroup::JoinFiles::open(procs),
             _ => cgroup::JoinFiles::default(),
         };
+        let mut inherited = read_only.fds();
+        inherited.extend(cgroup.fds());
+        inherited.sort_unstable();
         let mut sandbox = Self {
             config: sc.clone(),
             read_only,
+            inherited,
             cgroup,
             seccomp: None,
             apply: BTreeSet::new(),
@@ -247,10 +253,8 @@ impl Sandbox {
     /// The descriptors a worker keeps from its zygote until its layers are on (the
     /// Landlock rules' paths, the cgroup's files): `fds::arrange` leaves them open, and
     /// `harden_worker` closes them, whether or not a layer used them.
-    pub fn inherited_fds(&self) -> Vec<RawFd> {
-        let mut fds = self.read_only.fds();
-        fds.extend(self.cgroup.fds());
-        fds
+    pub fn inherited_fds(&self) -> &[RawFd] {
+        &self.inherited
     }
 
     /// Step 2 in a worker: into the instance's cgroup, where the layer is active.
