@@ -281,7 +281,7 @@ async fn spawn_worker(
         None
     };
     let fds = [OwnedFd::from(theirs), stdout_w, stderr_w, workspace_fd];
-    let forked = zygote.fork(id, warm_up, uid, fds).await?;
+    let forked = zygote.fork(id, warm_up, uid, fds, &workspace.path).await?;
     let pid = forked.pid;
     let channel = JobChannel::new(OwnedFd::from(ours))?;
     let mut worker = Worker::new(

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -255,20 +256,23 @@ impl ZygoteHandle {
     }
 
     /// Asks for one worker; `fds` are its job socket, stdout and stderr write ends and its
-    /// workspace directory, closed here once sent. `warm_up: false` skips the tier's
-    /// warm-up jobs in it. `uid`: the worker's own uid, held here until it is reaped.
+    /// workspace directory (at `workspace`), closed here once sent. `warm_up: false` skips
+    /// the tier's warm-up jobs in it. `uid`: the worker's own uid, held here until it is
+    /// reaped.
     pub async fn fork(
         &self,
         worker_id: u64,
         warm_up: bool,
         uid: Option<Arc<UidLease>>,
         fds: [OwnedFd; 4],
+        workspace: &Path,
     ) -> Result<Forked, ZygoteError> {
         let (tx, rx) = oneshot::channel();
         let request = ControlRequest::Fork {
             worker_id,
             warm_up,
             uid: uid.as_ref().map(|lease| lease.uid()),
+            workspace: workspace.to_str().map(str::to_owned),
         };
         {
             let mut routes = self.routes.lock().expect("routes lock");

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::harness::{
-    Options, Server, assert_peak_rss_grew_little, check_error_body, descendants_of, peak_rss,
-    process_exists,
+    Options, Server, assert_peak_rss_grew_little, check_error_body, children_of, descendants_of,
+    peak_rss, process_exists,
 };
 use crate::zygote_death::{MARKER, job_started};
 
@@ -201,6 +201,61 @@ async fn a_huge_allocation_is_a_memory_limit_verdict_with_memory_error() {
         (r["verdict"].clone(), r["stdout"].clone()),
         (json!("ok"), json!("104857600\n"))
     );
+}
+
+/// A worker's `RLIMIT_DATA` is its data size as it starts (the zygote's at the fork, read
+/// by the zygote, and the allocator's reserve the worker maps) plus `limits.memory_limit_mb`,
+/// read from `/proc` (which a worker may not read itself) on the idle workers of every
+/// tier. On the bare tier, whose warm-up maps nothing, exactly; on the others the warm-up,
+/// which runs after the limits apply, may have mapped a little more.
+#[tokio::test]
+async fn an_idle_workers_data_limit_is_its_data_size_and_its_memory_budget() {
+    const BUDGET: u64 = 96 << 20;
+    let s =
+        Server::start_with(Options::default().env("SNAKECAGE_LIMITS__MEMORY_LIMIT_MB", 96)).await;
+    s.wait_for_every_tier().await;
+    let health = s.health().await;
+    let kib = |status: &str, key: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with(key)).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    };
+    let mut checked = 0;
+    for tier in health["pool"]["tiers"].as_array().unwrap() {
+        let zygote = tier["zygote"]["pid"].as_u64().unwrap() as u32;
+        for worker in children_of(zygote) {
+            let (Ok(limits), Ok(status)) = (
+                std::fs::read_to_string(format!("/proc/{worker}/limits")),
+                std::fs::read_to_string(format!("/proc/{worker}/status")),
+            ) else {
+                continue; // it has just gone
+            };
+            let line = limits
+                .lines()
+                .find(|l| l.starts_with("Max data size"))
+                .unwrap();
+            let Ok(limit) = line.split_whitespace().nth(3).unwrap().parse::<u64>() else {
+                continue; // "unlimited": a worker just forked, its limits not on yet
+            };
+            let data = kib(&status, "VmData:");
+            let what = format!(
+                "{} worker {worker}: limit {limit}, VmData {data}",
+                tier["name"]
+            );
+            if tier["name"] == "bare" {
+                assert_eq!(limit - data, BUDGET, "{what}");
+                checked += 1;
+            } else {
+                assert!(limit - data <= BUDGET, "{what}");
+                assert!(limit - data > BUDGET - (8 << 20), "{what}");
+            }
+        }
+    }
+    assert!(checked > 0, "no idle bare worker was read: {health}");
 }
 
 #[tokio::test]

@@ -22,7 +22,7 @@ use crate::interpreter::{InterpreterError, Runner, result_frame};
 use crate::jobsocket::JOB;
 use crate::priority;
 use crate::sandbox::layers::Sandbox;
-use crate::sandbox::{self, fds, rlimits};
+use crate::sandbox::{self, AtFork, fds, rlimits};
 
 #[derive(Debug, thiserror::Error)]
 enum ChildError {
@@ -49,16 +49,26 @@ fn step_named(step: &'static str, source: io::Error) -> ChildError {
     ChildError::Step { step, source }
 }
 
+/// What the zygote tells a worker at its fork, beside its descriptors.
+pub struct Birth {
+    pub zygote: Pid,
+    /// The worker's own unprivileged uid.
+    pub uid: u32,
+    /// Whether to run the tier's warm-up (no job was waiting when the fork was asked for).
+    pub warm_up: bool,
+    /// The workspace's path, as the supervisor made it (`ControlRequest::Fork`).
+    pub workspace: Option<String>,
+    pub at_fork: AtFork,
+}
+
 pub fn run(
     runner: &Runner<'_>,
     fds: [OwnedFd; 4],
-    zygote: Pid,
     limits: &WorkerLimits,
     sandbox: &Sandbox,
-    uid: u32,
-    warm_up: bool,
+    birth: Birth,
 ) -> ! {
-    let warmed = match harden(runner, fds, zygote, limits, sandbox, uid, warm_up) {
+    let warmed = match harden(runner, fds, limits, sandbox, birth) {
         Ok(warmed) => warmed,
         Err(e) => {
             report(&e);
@@ -78,12 +88,17 @@ pub fn run(
 fn harden(
     runner: &Runner<'_>,
     fds: [OwnedFd; 4],
-    zygote: Pid,
     limits: &WorkerLimits,
     sandbox: &Sandbox,
-    uid: u32,
-    warm_up: bool,
+    birth: Birth,
 ) -> Result<bool, ChildError> {
+    let Birth {
+        zygote,
+        uid,
+        warm_up,
+        workspace,
+        at_fork,
+    } = birth;
     // 1. Die with the zygote, then check it is still there: PDEATHSIG set after the parent
     //    died would never fire.
     sandbox::die_with_parent(Some(zygote)).map_err(step("PR_SET_PDEATHSIG"))?;
@@ -102,7 +117,7 @@ fn harden(
     //    opened once for its workers' hardening (Landlock's rule paths, the cgroup's
     //    files), which go once the layers are on.
     fds::arrange(fds, sandbox.inherited_fds()).map_err(step("arranging fds"))?;
-    fds::enter_workspace().map_err(step("entering the workspace"))?;
+    fds::enter_workspace(workspace.as_deref()).map_err(step("entering the workspace"))?;
     //    Into the instance's cgroup before anything of the job can start a thread, and while
     //    this process may still write the cgroup's files (before the uid drop and Landlock).
     sandbox
@@ -116,9 +131,14 @@ fn harden(
     // 3. Resource limits, before any user-controlled allocation; the allocator's
     //    emergency reserve just before them, so the job's memory budget does not pay for
     //    it. A kernel that refuses it leaves the worker without one, as it was before.
-    let _ = crate::reserve::arm();
+    //    The budget goes on top of the data size this worker has: the zygote's at the
+    //    fork (read there, through a descriptor it keeps) and the reserve's mapping. What
+    //    this worker's own steps above allocated counts against the budget: a few small
+    //    blocks, from the heap's free room.
+    let reserve = crate::reserve::arm().map_or(0, |()| crate::reserve::RESERVE_BYTES as u64);
     if sandbox.applies_rlimits() {
-        rlimits::apply(limits).map_err(step("setting rlimits"))?;
+        rlimits::apply(limits, at_fork.data_bytes.saturating_add(reserve))
+            .map_err(step("setting rlimits"))?;
     }
     // 4.–6. Drop to this worker's own unprivileged uid (PDEATHSIG re-armed: the credential change clears
     //    it), no_new_privs, Landlock (read-only Python, read-write workspace, scoped signals

@@ -22,6 +22,7 @@ use snakecage_worker::distinfo;
 use snakecage_worker::protocol::PackageInfo;
 
 use crate::interpreter::InterpreterError;
+use crate::sandbox::OwnStatus;
 use crate::zygote::fork_interpreter;
 
 /// What the scan's child writes to its pipe: the packages, or why it could not.
@@ -41,7 +42,8 @@ pub fn start(py: Python<'_>, names: &[String]) -> Result<Scan, InterpreterError>
         .map_err(|e| failed(format!("creating its pipe: {e}")))?;
     // The parent's write end goes with the closure once the fork is made: the read in
     // `finish` ends when the child's does.
-    let pid = fork_interpreter(move || scan_and_exit(py, names, write))
+    let own = OwnStatus::open().map_err(|e| failed(format!("reading /proc/self/status: {e}")))?;
+    let pid = fork_interpreter(&own, move |_| scan_and_exit(py, names, write))
         .map_err(|e| failed(e.to_string()))?;
     Ok(Scan { pid, read })
 }

@@ -27,6 +27,7 @@ use crate::interpreter::{self, InterpreterError, Runner};
 use crate::priority;
 use crate::sandbox;
 use crate::sandbox::layers::Sandbox;
+use crate::sandbox::{AtFork, OwnStatus};
 use crate::snapshot;
 
 #[derive(Debug, thiserror::Error)]
@@ -65,18 +66,24 @@ struct PendingFork {
     worker_id: u64,
     warm_up: bool,
     uid: Option<u32>,
+    workspace: Option<String>,
     fds: Vec<OwnedFd>,
     /// When it is made even if no child has exited by then.
     due: Instant,
 }
 
 /// Forks this interpreter the way `os.fork()` does (`PyOS_BeforeFork`, `fork`,
-/// `PyOS_AfterFork_Child` or `_Parent`), once the process is known to have one thread.
-/// In the child, runs `child`, which never returns (`Infallible`); in the parent, returns
-/// the child's pid. What `child` captures (the parent's copies of the child's fds, say) is
+/// `PyOS_AfterFork_Child` or `_Parent`), once the process is known to have one thread
+/// (read through `own`, this process's status). In the child, runs `child` with what the
+/// status told of the parent, and never returns (`Infallible`); in the parent, returns the
+/// child's pid. What `child` captures (the parent's copies of the child's fds, say) is
 /// dropped in the parent once the fork is made.
-pub(crate) fn fork_interpreter(child: impl FnOnce() -> Infallible) -> io::Result<i32> {
-    sandbox::ensure_single_thread()
+pub(crate) fn fork_interpreter(
+    own: &OwnStatus,
+    child: impl FnOnce(AtFork) -> Infallible,
+) -> io::Result<i32> {
+    let at_fork = own
+        .before_fork()
         .map_err(|e| io::Error::other(format!("refusing to fork: {e}")))?;
     // SAFETY: PyOS_BeforeFork/AfterFork_* bracket fork() exactly as os.fork() does; the
     // process is single-threaded (checked above), so this thread is the one holding the
@@ -92,7 +99,7 @@ pub(crate) fn fork_interpreter(child: impl FnOnce() -> Infallible) -> io::Result
         };
         if pid == 0 {
             pyo3::ffi::PyOS_AfterFork_Child();
-            child();
+            child(at_fork);
         }
         pyo3::ffi::PyOS_AfterFork_Parent();
         forked
@@ -174,10 +181,12 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
             sandbox: sandbox.reports.clone(),
             packages,
         };
+        let own_status = OwnStatus::open().map_err(io_err("opening /proc/self/status"))?;
         let mut zygote = Zygote {
             runner,
             control,
             sigchld,
+            own_status,
             children: HashSet::new(),
             pending: Vec::new(),
             exited: Vec::new(),
@@ -193,6 +202,7 @@ struct Zygote<'py, 'c> {
     runner: Runner<'py>,
     control: OwnedFd,
     sigchld: SignalFd,
+    own_status: OwnStatus,
     children: HashSet<i32>,
     /// Forks asked for and not made yet, oldest first.
     pending: Vec<PendingFork>,
@@ -241,10 +251,12 @@ impl Zygote<'_, '_> {
                         worker_id,
                         warm_up,
                         uid,
+                        workspace,
                     } => self.pending.push(PendingFork {
                         worker_id,
                         warm_up,
                         uid,
+                        workspace,
                         fds: rec.fds,
                         due: Instant::now() + FORK_DELAY,
                     }),
@@ -266,11 +278,12 @@ impl Zygote<'_, '_> {
                     worker_id,
                     warm_up,
                     uid,
+                    workspace,
                     fds,
                     ..
                 } in std::mem::take(&mut self.pending)
                 {
-                    self.fork(worker_id, warm_up, uid, fds)?;
+                    self.fork(worker_id, warm_up, uid, workspace, fds)?;
                 }
             }
             // Exits are reported after the forks of the same round, in one burst with their
@@ -293,6 +306,7 @@ impl Zygote<'_, '_> {
         worker_id: u64,
         warm_up: bool,
         uid: Option<u32>,
+        workspace: Option<String>,
         fds: Vec<OwnedFd>,
     ) -> Result<(), ZygoteError> {
         let fds: [OwnedFd; FORK_FDS] = match fds.try_into() {
@@ -308,8 +322,15 @@ impl Zygote<'_, '_> {
         let zygote_pid = nix::unistd::getpid();
         let (runner, limits, sandbox) = (&self.runner, &self.config.limits, self.sandbox);
         let uid = uid.unwrap_or(self.config.sandbox.uid);
-        let forked = fork_interpreter(move || {
-            child::run(runner, fds, zygote_pid, limits, sandbox, uid, warm_up)
+        let forked = fork_interpreter(&self.own_status, move |at_fork| {
+            let birth = child::Birth {
+                zygote: zygote_pid,
+                uid,
+                warm_up,
+                workspace,
+                at_fork,
+            };
+            child::run(runner, fds, limits, sandbox, birth)
         });
         let pid = match forked {
             Ok(pid) => pid,

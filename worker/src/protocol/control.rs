@@ -14,12 +14,17 @@ pub enum ControlRequest {
     /// `warm_up` the child skips its tier's warm-up jobs: a job is already waiting for it,
     /// so their first-use costs would be paid on that job's time anyway, and twice.
     /// `uid`: the uid this worker drops to, one no other live worker has (the supervisor
-    /// allocates it); `None`: the configured `sandbox.uid`.
+    /// allocates it); `None`: the configured `sandbox.uid`. `workspace`: the path of the
+    /// workspace directory as the supervisor made it, which the worker enters once it has
+    /// proven it the directory of the attached descriptor; `None` (a path that is not
+    /// UTF-8): the worker asks `/proc` for the descriptor's path instead.
     Fork {
         worker_id: u64,
         warm_up: bool,
         #[serde(default)]
         uid: Option<u32>,
+        #[serde(default)]
+        workspace: Option<String>,
     },
     /// Kill every child, reap them, exit.
     Shutdown,

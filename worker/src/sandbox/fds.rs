@@ -82,27 +82,106 @@ fn close_range(first: RawFd, last: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-/// Makes the workspace (fd 4) the current directory. The supervisor opened it in its own
-/// mount namespace, whose mounts are unreachable from the zygote's private one, so after a
-/// plain `fchdir` `getcwd()` would fail. The same directory is therefore entered again
-/// through its path in this namespace, once that path is proven to be the same inode.
-pub fn enter_workspace() -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
+/// Makes the workspace (fd 4) the current directory, through a path: the supervisor
+/// opened it in its own mount namespace, whose mounts may be unreachable from the zygote's
+/// private one, and after a plain `fchdir` there `getcwd()` would fail. The path is the
+/// supervisor's (`path`, given with the fork) or, without one, the descriptor's path as
+/// `/proc` tells it; it is entered, then kept only if it proves to be the directory of
+/// fd 4 (same device and inode), else fd 4 is entered as it is.
+pub fn enter_workspace(path: Option<&str>) -> io::Result<()> {
+    let by_fd = identity(WORKSPACE_FD)?;
+    let path = match path {
+        Some(path) => std::path::PathBuf::from(path),
+        None => match std::fs::read_link(format!("/proc/self/fd/{WORKSPACE_FD}")) {
+            Ok(path) => path,
+            Err(_) => return fchdir_workspace(),
+        },
+    };
+    if path.is_absolute()
+        && std::env::set_current_dir(&path).is_ok()
+        && identity(libc::AT_FDCWD).ok() == Some(by_fd)
+    {
+        return Ok(());
+    }
+    fchdir_workspace()
+}
+
+/// `(st_dev, st_ino)` of a descriptor (`AT_FDCWD`: the current directory).
+fn identity(fd: RawFd) -> io::Result<(libc::dev_t, libc::ino_t)> {
+    // SAFETY: `stat` is plain old data, for which all zeroes is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatat with an empty path and AT_EMPTY_PATH on `fd` into the buffer above.
+    if unsafe { libc::fstatat(fd, c"".as_ptr(), &mut st, libc::AT_EMPTY_PATH) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((st.st_dev, st.st_ino))
+}
+
+fn fchdir_workspace() -> io::Result<()> {
     // SAFETY: fd 4 is the workspace directory, placed by `arrange`.
     if unsafe { libc::fchdir(WORKSPACE_FD) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    let Ok(path) = std::fs::read_link(format!("/proc/self/fd/{WORKSPACE_FD}")) else {
-        return Ok(());
-    };
-    // SAFETY: fstat on fd 4 into a zeroed stat buffer we own.
-    let by_fd = unsafe {
-        let mut st: libc::stat = std::mem::zeroed();
-        (libc::fstat(WORKSPACE_FD, &mut st) == 0).then_some((st.st_dev, st.st_ino))
-    };
-    let by_path = std::fs::metadata(&path).ok().map(|m| (m.dev(), m.ino()));
-    if path.is_absolute() && by_fd.is_some() && by_fd == by_path {
-        std::env::set_current_dir(&path)?;
-    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+
+    /// In a forked child (the current directory is the whole process's): `dir` opened as
+    /// fd 4, then `enter_workspace(given)`; the directory it ended in, by device and
+    /// inode, and whether `getcwd` names `dir`.
+    fn entered(dir: &Path, given: Option<&str>) -> (bool, bool) {
+        let file = std::fs::File::open(dir).unwrap();
+        let want = identity(file.as_raw_fd()).unwrap();
+        // SAFETY: the child only duplicates a descriptor, changes directory, stats and
+        // leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            // SAFETY: fd 4 of this child alone; `file` stays open until _exit.
+            let code = if unsafe { libc::dup2(file.as_raw_fd(), WORKSPACE_FD) } < 0 {
+                9
+            } else if enter_workspace(given).is_err() {
+                8
+            } else {
+                let same = identity(libc::AT_FDCWD).ok() == Some(want);
+                let named = std::env::current_dir().ok() == Some(dir.to_path_buf());
+                i32::from(same) * 2 + i32::from(named)
+            };
+            // SAFETY: ends the child without running the harness's exit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "status {status:#x}");
+        let code = libc::WEXITSTATUS(status);
+        assert!(code < 4, "the child failed at step {code}");
+        (code & 2 != 0, code & 1 != 0)
+    }
+
+    #[test]
+    fn the_workspace_is_entered_through_a_path_only_if_it_is_the_descriptors_directory() {
+        let base = tempfile::tempdir().unwrap();
+        let dir: PathBuf = base.path().join("w1 ü");
+        let other = base.path().join("w2");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::create_dir(&other).unwrap();
+        let dir = dir.canonicalize().unwrap();
+        let given = dir.to_str().unwrap();
+        // The supervisor's path, or /proc's.
+        assert_eq!(entered(&dir, Some(given)), (true, true));
+        assert_eq!(entered(&dir, None), (true, true));
+        // A path to another directory, or a relative one: the descriptor's directory all
+        // the same (named by getcwd here, where both share a mount namespace).
+        let other = other.canonicalize().unwrap();
+        assert_eq!(entered(&dir, Some(other.to_str().unwrap())), (true, true));
+        assert_eq!(entered(&dir, Some("w1 ü")), (true, true));
+        assert_eq!(entered(&dir, Some("/no/such/dir")), (true, true));
+    }
 }

@@ -130,12 +130,93 @@ pub fn ensure_single_thread() -> io::Result<()> {
     Ok(())
 }
 
+/// This process's `/proc/self/status`, opened once by the zygote and read again through the
+/// same descriptor before every fork: a `pread` at offset 0 makes the kernel write the text
+/// anew, so a fork costs no path walk under `/proc`. It tells the two things a fork needs
+/// to know ([`AtFork`]). The descriptor names the zygote, so a worker closes it with the
+/// rest of what it inherits (`fds::arrange`) and reads nothing of its own in its place.
+pub struct OwnStatus(std::fs::File);
+
+/// What the zygote knew of itself just before a fork.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AtFork {
+    /// `VmData` in bytes, which the child inherits: the baseline its `RLIMIT_DATA` budget
+    /// is added to (`rlimits::apply`).
+    pub data_bytes: u64,
+}
+
+impl OwnStatus {
+    pub fn open() -> io::Result<Self> {
+        Ok(Self(std::fs::File::open("/proc/self/status")?))
+    }
+
+    /// Refuses a fork unless this process has one thread (a second could hold a lock,
+    /// malloc's or the GIL's, that the child would inherit locked forever); otherwise
+    /// returns what the child inherits. Read into a stack buffer: whatever the zygote
+    /// writes after a fork is copied on write, since its last child shares those pages.
+    pub fn before_fork(&self) -> io::Result<AtFork> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; STATUS_BUFFER];
+        let mut len = 0;
+        while len < buf.len() {
+            match self.0.read_at(&mut buf[len..], len as u64)? {
+                0 => break,
+                n => len += n,
+            }
+        }
+        let status = parse_status(&buf[..len])
+            .ok_or_else(|| io::Error::other("no Threads or VmData line in /proc/self/status"))?;
+        if status.threads != 1 {
+            return Err(io::Error::other(format!(
+                "the zygote has {} threads, expected 1",
+                status.threads
+            )));
+        }
+        Ok(AtFork {
+            data_bytes: status.data_bytes,
+        })
+    }
+}
+
+/// Room for `/proc/self/status` (about 1.5 KiB on Linux 6; `Threads` and `VmData` come
+/// early, so a truncated tail does not matter).
+const STATUS_BUFFER: usize = 4096;
+
+#[derive(Debug, PartialEq, Eq)]
+struct Status {
+    threads: usize,
+    data_bytes: u64,
+}
+
+/// `Threads` and `VmData` (in bytes) from the text of `/proc/PID/status`.
+fn parse_status(text: &[u8]) -> Option<Status> {
+    let (mut threads, mut data_bytes) = (None, None);
+    for line in text.split(|&b| b == b'\n') {
+        let value = |key: &[u8]| {
+            let rest = line.strip_prefix(key)?;
+            let field = rest
+                .split(u8::is_ascii_whitespace)
+                .find(|f| !f.is_empty())?;
+            std::str::from_utf8(field).ok()?.parse::<u64>().ok()
+        };
+        if let Some(n) = value(b"Threads:") {
+            threads = Some(usize::try_from(n).ok()?);
+        } else if let Some(kib) = value(b"VmData:") {
+            data_bytes = Some(kib.checked_mul(1024)?);
+        }
+    }
+    Some(Status {
+        threads: threads?,
+        data_bytes: data_bytes?,
+    })
+}
+
 /// How many threads this process has: field 20 of `/proc/self/stat`, read into a stack
-/// buffer. The zygote asks before every fork (and a worker before it joins a v1 cgroup
-/// through `tasks`, [`cgroup::join`]), and whatever either writes after a fork is
-/// copied on write, since its last child shares those pages: listing `/proc/self/task`
-/// took a 32 KiB directory buffer from the heap each time, and malloc's search for it
-/// touched ~20 heap pages per fork.
+/// buffer. The zygote asks at its start (before each fork it asks [`OwnStatus`]), and a
+/// worker before it joins a v1 cgroup through `tasks` ([`cgroup::join`]); what a worker
+/// writes is copied on write, since it shares the zygote's pages: listing
+/// `/proc/self/task` took a 32 KiB directory buffer from the heap each time, and malloc's
+/// search for it touched ~20 heap pages.
 fn thread_count() -> io::Result<usize> {
     let mut buf = [0u8; 1024];
     threads_in_stat(read_into(&mut buf, "/proc/self/stat")?)
@@ -172,6 +253,67 @@ fn threads_in_stat(stat: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn threads_and_the_data_size_are_read_from_the_status_text() {
+        let status = b"Name:\tzyg ote\nUmask:\t0022\nVmData:\t  123456 kB\nVmStk:\t 132 kB\n\
+                       Threads:\t1\nSigQ:\t0/94321\n";
+        let expected = Status {
+            threads: 1,
+            data_bytes: 123456 * 1024,
+        };
+        assert_eq!(parse_status(status), Some(expected));
+        assert_eq!(parse_status(b"Name:\tx\nThreads:\t3\n"), None);
+        assert_eq!(parse_status(b"VmData:\t 1 kB\n"), None);
+        assert_eq!(parse_status(b"Threads:\tmany\nVmData:\t 1 kB\n"), None);
+    }
+
+    #[test]
+    fn a_fork_is_refused_with_a_second_thread_and_tells_the_data_size_with_one() {
+        // In a forked child, which has exactly one thread whatever the test harness runs,
+        // and which opens the descriptor itself: one opened before the fork names the parent.
+        // SAFETY: the child reads /proc, starts and joins a thread (glibc's fork leaves
+        // malloc usable) and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let code = match OwnStatus::open().and_then(|own| own.before_fork().map(|a| (own, a))) {
+                Ok((own, alone)) if alone.data_bytes > 0 => {
+                    let (started, release) = (
+                        std::sync::Arc::new(std::sync::Barrier::new(2)),
+                        std::sync::Arc::new(std::sync::Barrier::new(2)),
+                    );
+                    let (s, r) = (started.clone(), release.clone());
+                    let extra = std::thread::spawn(move || {
+                        s.wait();
+                        r.wait();
+                    });
+                    started.wait();
+                    let during = own.before_fork();
+                    release.wait();
+                    let _ = extra.join();
+                    match during {
+                        Err(e) if e.to_string() == "the zygote has 2 threads, expected 1" => 0,
+                        Err(_) => 2,
+                        Ok(_) => 4,
+                    }
+                }
+                Ok(_) => 1,
+                Err(_) => 3,
+            };
+            // SAFETY: ends the child without running the harness's exit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "status {status:#x}");
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "1: no data size, 2: another refusal, 3: unreadable, 4: a second thread not seen"
+        );
+    }
 
     #[test]
     fn the_thread_count_is_read_past_a_command_name_with_spaces_and_parentheses() {

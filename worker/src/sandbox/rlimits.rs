@@ -7,8 +7,10 @@ use std::io;
 use nix::sys::resource::{Resource, setrlimit};
 use snakecage_worker::protocol::WorkerLimits;
 
-pub fn apply(limits: &WorkerLimits) -> io::Result<()> {
-    let data = current_data_bytes()?.saturating_add(limits.memory_limit_bytes);
+/// `data_bytes`: this process's data size (`VmData`) as the limits apply, which the job's
+/// memory budget goes on top of.
+pub fn apply(limits: &WorkerLimits, data_bytes: u64) -> io::Result<()> {
+    let data = data_bytes.saturating_add(limits.memory_limit_bytes);
     set(Resource::RLIMIT_DATA, data, data)?;
     // SIGXCPU at the soft limit, SIGKILL one second later: one job's CPU time, or a
     // session worker's life's until a job arrives (`for_one_job`).
@@ -55,37 +57,4 @@ pub fn for_one_job(limits: &WorkerLimits) -> io::Result<()> {
 
 fn set(resource: Resource, soft: u64, hard: u64) -> io::Result<()> {
     setrlimit(resource, soft, hard).map_err(|e| io::Error::other(format!("{resource:?}: {e}")))
-}
-
-/// VmData of this process, in bytes: what RLIMIT_DATA counts.
-///
-/// Read into a buffer on the stack: a fresh worker allocating from the heap it shares with
-/// the zygote would copy the allocator's pages it touches (about ten per worker with a
-/// growing `String`).
-fn current_data_bytes() -> io::Result<u64> {
-    let mut buf = [0u8; STATUS_BUFFER];
-    // VmData comes early in the file; a truncated tail does not matter.
-    let status = String::from_utf8_lossy(super::read_into(&mut buf, "/proc/self/status")?);
-    parse_vm_data(&status).ok_or_else(|| io::Error::other("no VmData line in /proc/self/status"))
-}
-
-/// Room for `/proc/self/status` (about 1.5 KiB on Linux 6).
-const STATUS_BUFFER: usize = 8192;
-
-fn parse_vm_data(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmData:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn vm_data_is_read_in_bytes() {
-        let status = "Name:\tx\nVmData:\t  123456 kB\nVmStk:\t 132 kB\n";
-        assert_eq!(parse_vm_data(status), Some(123456 * 1024));
-        assert_eq!(parse_vm_data("Name:\tx\n"), None);
-    }
 }
