@@ -210,7 +210,7 @@ async fn a_huge_allocation_is_a_memory_limit_verdict_with_memory_error() {
 /// which runs after the limits apply, may have mapped a little more.
 #[tokio::test]
 async fn an_idle_workers_data_limit_is_its_data_size_and_its_memory_budget() {
-    const BUDGET: u64 = 96 << 20;
+    const BUDGET: i64 = 96 << 20;
     let s =
         Server::start_with(Options::default().env("SNAKECAGE_LIMITS__MEMORY_LIMIT_MB", 96)).await;
     s.wait_for_every_tier().await;
@@ -246,12 +246,14 @@ async fn an_idle_workers_data_limit_is_its_data_size_and_its_memory_budget() {
                 "{} worker {worker}: limit {limit}, VmData {data}",
                 tier["name"]
             );
+            // Signed: a baseline set too low would leave less room than nothing.
+            let room = limit as i64 - data as i64;
             if tier["name"] == "bare" {
-                assert_eq!(limit - data, BUDGET, "{what}");
+                assert_eq!(room, BUDGET, "{what}");
                 checked += 1;
             } else {
-                assert!(limit - data <= BUDGET, "{what}");
-                assert!(limit - data > BUDGET - (8 << 20), "{what}");
+                assert!(room <= BUDGET, "{what}");
+                assert!(room > BUDGET - (8 << 20), "{what}");
             }
         }
     }

@@ -268,39 +268,15 @@ mod tests {
         assert_eq!(parse_status(b"Threads:\tmany\nVmData:\t 1 kB\n"), None);
     }
 
-    #[test]
-    fn a_fork_is_refused_with_a_second_thread_and_tells_the_data_size_with_one() {
-        // In a forked child, which has exactly one thread whatever the test harness runs,
-        // and which opens the descriptor itself: one opened before the fork names the parent.
-        // SAFETY: the child reads /proc, starts and joins a thread (glibc's fork leaves
-        // malloc usable) and leaves with _exit.
+    /// Runs `child` in a forked child, which has exactly one thread whatever the test
+    /// harness runs, and returns the code it exits with.
+    fn in_a_child(child: impl FnOnce() -> i32) -> i32 {
+        // SAFETY: the children of these tests read /proc, start and join a thread (glibc's
+        // fork leaves malloc usable) and leave with _exit.
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork failed");
         if pid == 0 {
-            let code = match OwnStatus::open().and_then(|own| own.before_fork().map(|a| (own, a))) {
-                Ok((own, alone)) if alone.data_bytes > 0 => {
-                    let (started, release) = (
-                        std::sync::Arc::new(std::sync::Barrier::new(2)),
-                        std::sync::Arc::new(std::sync::Barrier::new(2)),
-                    );
-                    let (s, r) = (started.clone(), release.clone());
-                    let extra = std::thread::spawn(move || {
-                        s.wait();
-                        r.wait();
-                    });
-                    started.wait();
-                    let during = own.before_fork();
-                    release.wait();
-                    let _ = extra.join();
-                    match during {
-                        Err(e) if e.to_string() == "the zygote has 2 threads, expected 1" => 0,
-                        Err(_) => 2,
-                        Ok(_) => 4,
-                    }
-                }
-                Ok(_) => 1,
-                Err(_) => 3,
-            };
+            let code = child();
             // SAFETY: ends the child without running the harness's exit handlers.
             unsafe { libc::_exit(code) };
         }
@@ -308,9 +284,45 @@ mod tests {
         // SAFETY: waits for the child forked above.
         assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
         assert!(libc::WIFEXITED(status), "status {status:#x}");
+        libc::WEXITSTATUS(status)
+    }
+
+    /// What `during` returns while a second thread runs beside this one.
+    fn with_a_second_thread<T>(during: impl FnOnce() -> T) -> T {
+        let (started, release) = (
+            std::sync::Arc::new(std::sync::Barrier::new(2)),
+            std::sync::Arc::new(std::sync::Barrier::new(2)),
+        );
+        let (s, r) = (started.clone(), release.clone());
+        let extra = std::thread::spawn(move || {
+            s.wait();
+            r.wait();
+        });
+        started.wait();
+        let seen = during();
+        release.wait();
+        let _ = extra.join();
+        seen
+    }
+
+    #[test]
+    fn a_fork_is_refused_with_a_second_thread_and_tells_the_data_size_with_one() {
+        // Opened in the child: a descriptor opened before the fork names the parent.
+        let code = in_a_child(|| {
+            match OwnStatus::open().and_then(|own| own.before_fork().map(|a| (own, a))) {
+                Ok((own, alone)) if alone.data_bytes > 0 => {
+                    match with_a_second_thread(|| own.before_fork()) {
+                        Err(e) if e.to_string() == "the zygote has 2 threads, expected 1" => 0,
+                        Err(_) => 2,
+                        Ok(_) => 4,
+                    }
+                }
+                Ok(_) => 1,
+                Err(_) => 3,
+            }
+        });
         assert_eq!(
-            libc::WEXITSTATUS(status),
-            0,
+            code, 0,
             "1: no data size, 2: another refusal, 3: unreadable, 4: a second thread not seen"
         );
     }
@@ -326,44 +338,15 @@ mod tests {
 
     #[test]
     fn the_thread_count_follows_the_threads_this_process_starts() {
-        // In a forked child, which has exactly one thread whatever the test harness runs.
-        // SAFETY: the child only reads /proc, starts and joins a thread (glibc's fork
-        // leaves malloc usable) and leaves with _exit.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork failed");
-        if pid == 0 {
-            let code = match thread_count() {
-                Ok(1) => {
-                    let (started, release) = (
-                        std::sync::Arc::new(std::sync::Barrier::new(2)),
-                        std::sync::Arc::new(std::sync::Barrier::new(2)),
-                    );
-                    let (s, r) = (started.clone(), release.clone());
-                    let extra = std::thread::spawn(move || {
-                        s.wait();
-                        r.wait();
-                    });
-                    started.wait();
-                    let during = thread_count();
-                    release.wait();
-                    let _ = extra.join();
-                    match during {
-                        Ok(2) => 0,
-                        Ok(_) => 2,
-                        Err(_) => 3,
-                    }
-                }
-                Ok(_) => 1,
+        let code = in_a_child(|| match thread_count() {
+            Ok(1) => match with_a_second_thread(thread_count) {
+                Ok(2) => 0,
+                Ok(_) => 2,
                 Err(_) => 3,
-            };
-            // SAFETY: ends the child without running the harness's exit handlers.
-            unsafe { libc::_exit(code) };
-        }
-        let mut status = 0;
-        // SAFETY: waits for the child forked above.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(libc::WIFEXITED(status), "status {status:#x}");
-        let code = libc::WEXITSTATUS(status);
+            },
+            Ok(_) => 1,
+            Err(_) => 3,
+        });
         assert_eq!(
             code, 0,
             "1: not one thread alone, 2: not two with one started, 3: unreadable"
