@@ -117,6 +117,7 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
     // Namespaces, the seccomp policy and the probe of every worker layer: before CPython
     // starts, while this process has one thread and the interpreter has opened nothing.
     let mut sandbox = Sandbox::setup(&config, &interpreter::python_home(&config));
+    let own_status = OwnStatus::open().map_err(io_err("opening /proc/self/status"))?;
     interpreter::initialize(&config)?;
 
     // SIGCHLD is read from a signalfd, so it must stay blocked; children unblock it.
@@ -137,7 +138,9 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
             preload_failures,
             packages,
         } = interpreter::prepare(py, &config)?;
-        sandbox::ensure_single_thread().map_err(io_err("checking threads after preload"))?;
+        own_status
+            .one_thread()
+            .map_err(io_err("checking threads after preload"))?;
         // The bulk of the seccomp policy, once: every worker forked from here inherits it.
         sandbox.seal_zygote();
         if config.snapshot {
@@ -146,7 +149,8 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
             // the zygote runs no Python of its own, only the fork loop below (Rust, the
             // interpreter's at-fork bookkeeping and the preloads' at-fork hooks); what it
             // writes becomes anonymous again.
-            sandbox::ensure_single_thread()
+            own_status
+                .one_thread()
                 .map_err(io_err("checking threads before the snapshot"))?;
             // SAFETY: this process has exactly one thread (checked just above), so nothing
             // writes to a mapping between its copy and its replacement.
@@ -181,7 +185,6 @@ pub fn run(control: OwnedFd, config: ZygoteConfig) -> Result<(), ZygoteError> {
             sandbox: sandbox.reports.clone(),
             packages,
         };
-        let own_status = OwnStatus::open().map_err(io_err("opening /proc/self/status"))?;
         let mut zygote = Zygote {
             runner,
             control,

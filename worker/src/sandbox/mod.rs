@@ -118,18 +118,6 @@ pub fn fixed_environment(config: &ZygoteConfig) {
     }
 }
 
-/// Fork is only safe with one thread: a second one could hold a lock (malloc's, the
-/// GIL's) that the child would inherit locked forever.
-pub fn ensure_single_thread() -> io::Result<()> {
-    let threads = thread_count()?;
-    if threads != 1 {
-        return Err(io::Error::other(format!(
-            "the zygote has {threads} threads, expected 1"
-        )));
-    }
-    Ok(())
-}
-
 /// This process's `/proc/self/status`, opened once by the zygote and read again through the
 /// same descriptor before every fork: a `pread` at offset 0 makes the kernel write the text
 /// anew, so a fork costs no path walk under `/proc`. It tells the two things a fork needs
@@ -148,6 +136,12 @@ pub struct AtFork {
 impl OwnStatus {
     pub fn open() -> io::Result<Self> {
         Ok(Self(std::fs::File::open("/proc/self/status")?))
+    }
+
+    /// The zygote's checks at its start (after the preloads, before a snapshot): that it
+    /// still has one thread, as [`Self::before_fork`] requires.
+    pub fn one_thread(&self) -> io::Result<()> {
+        self.before_fork().map(drop)
     }
 
     /// Refuses a fork unless this process has one thread (a second could hold a lock,
@@ -212,9 +206,9 @@ fn parse_status(text: &[u8]) -> Option<Status> {
 }
 
 /// How many threads this process has: field 20 of `/proc/self/stat`, read into a stack
-/// buffer. The zygote asks at its start (before each fork it asks [`OwnStatus`]), and a
-/// worker before it joins a v1 cgroup through `tasks` ([`cgroup::join`]); what a worker
-/// writes is copied on write, since it shares the zygote's pages: listing
+/// buffer. A worker asks before it joins a v1 cgroup through `tasks` ([`cgroup::join`])
+/// (the zygote asks [`OwnStatus`]); what a worker writes is copied on write, since it
+/// shares the zygote's pages: listing
 /// `/proc/self/task` took a 32 KiB directory buffer from the heap each time, and malloc's
 /// search for it touched ~20 heap pages.
 fn thread_count() -> io::Result<usize> {
